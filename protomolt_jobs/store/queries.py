@@ -1,0 +1,78 @@
+"""The named queries of ``queries.sql``, loaded once into a read-only mapping.
+
+Each block of ``queries.sql`` opens with ``-- name: <verb_noun>`` and one
+``-- description: ...`` line, and takes only ``%(name)s`` parameters. Store methods bear the
+name of the query they run. The values are typed :data:`typing.LiteralString` so a type
+checker flags SQL assembled from untrusted strings.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from types import MappingProxyType
+from typing import LiteralString, cast
+
+__all__ = ["QUERIES", "DESCRIPTIONS", "parse_queries"]
+
+_NAME = re.compile(r"^--\s*name:\s*([a-z][a-z0-9_]*)\s*$")
+_DESCRIPTION = re.compile(r"^--\s*description:\s*(.+?)\s*$")
+
+
+def parse_queries(text: str) -> tuple[dict[str, LiteralString], dict[str, str]]:
+    """Split the text of a named-query file into its blocks.
+
+    :param text: the file's contents.
+    :returns: ``(queries, descriptions)``, both keyed by query name; each query is the block's
+        SQL without its header lines and without a trailing semicolon.
+    :raises ValueError: on a duplicate name, a block without a description line, text before
+        the first ``-- name:`` line, or an empty block; the message names the query.
+    """
+    queries: dict[str, LiteralString] = {}
+    descriptions: dict[str, str] = {}
+    name: str | None = None
+    body: list[str] = []
+
+    def flush() -> None:
+        if name is None:
+            return
+        sql = "\n".join(body).strip().rstrip(";").strip()
+        if not sql:
+            raise ValueError(f"query {name!r} in queries.sql has no SQL")
+        if name not in descriptions:
+            raise ValueError(f"query {name!r} in queries.sql has no '-- description:' line")
+        queries[name] = cast(LiteralString, sql)
+
+    for line in text.splitlines():
+        named = _NAME.match(line)
+        if named:
+            flush()
+            name = named.group(1)
+            if name in queries:
+                raise ValueError(f"query {name!r} is defined twice in queries.sql")
+            body = []
+            continue
+        if name is None:
+            if line.strip() and not line.lstrip().startswith("--"):
+                raise ValueError("queries.sql has SQL before its first '-- name:' line")
+            continue
+        described = _DESCRIPTION.match(line)
+        if described and name not in descriptions:
+            descriptions[name] = described.group(1)
+            continue
+        body.append(line)
+    flush()
+    return queries, descriptions
+
+
+def _load() -> tuple[dict[str, LiteralString], dict[str, str]]:
+    text = resources.files("protomolt_jobs.store").joinpath("queries.sql").read_text("utf-8")
+    return parse_queries(text)
+
+
+_queries, _descriptions = _load()
+
+#: Query name -> SQL text, as written in ``queries.sql``.
+QUERIES: MappingProxyType[str, LiteralString] = MappingProxyType(_queries)
+#: Query name -> its one-line description.
+DESCRIPTIONS: MappingProxyType[str, str] = MappingProxyType(_descriptions)

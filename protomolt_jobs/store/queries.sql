@@ -1,0 +1,326 @@
+-- Every runtime query of protomolt-jobs, by name. Loaded once by queries.py.
+-- Conventions: each block opens with "-- name: <noun_verb>" and one "-- description:" line;
+-- parameters are %(name)s only; every time comparison and stored time is the database's now()
+-- (the transaction's start time), never the caller's clock.
+-- Fenced queries carry "status = 'RUNNING' AND job_id AND lease_owner AND attempt": zero rows
+-- returned means the caller's lease is lost (the store raises LeaseLost and rolls back).
+
+-- ---------------------------------------------------------------------------------------------
+-- migrations
+-- ---------------------------------------------------------------------------------------------
+
+-- name: migrate_lock
+-- description: session advisory lock serialising migration runners (blocks until granted).
+SELECT pg_advisory_lock(%(key)s)
+
+-- name: migrate_unlock
+-- description: release the migration runners' advisory lock.
+SELECT pg_advisory_unlock(%(key)s)
+
+-- name: migrate_history_create
+-- description: the history of applied migration files (created under the lock, idempotent).
+CREATE TABLE IF NOT EXISTS protomolt_jobs_schema_history (
+    version    TEXT        PRIMARY KEY,
+    name       TEXT        NOT NULL,
+    checksum   TEXT        NOT NULL,
+    applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+)
+
+-- name: migrate_history_list
+-- description: every applied migration, oldest version first.
+SELECT version, name, checksum, applied_at
+  FROM protomolt_jobs_schema_history
+ ORDER BY version
+
+-- name: migrate_history_insert
+-- description: record one applied migration file (same transaction as the file's SQL).
+INSERT INTO protomolt_jobs_schema_history (version, name, checksum)
+VALUES (%(version)s, %(name)s, %(checksum)s)
+
+-- ---------------------------------------------------------------------------------------------
+-- jobs: insert and reads
+-- ---------------------------------------------------------------------------------------------
+
+-- name: job_insert
+-- description: insert a new job idempotently on job_id; no row back means it already existed.
+INSERT INTO workflow_run (job_id, workflow_name, workflow_definition, input, status,
+                          max_attempts, error, completed_at)
+VALUES (%(job_id)s, %(workflow_name)s, %(workflow_definition)s, %(input)s, %(status)s,
+        %(max_attempts)s, %(error)s,
+        CASE WHEN %(status)s::text IN ('COMPLETED', 'FAILED', 'DEAD') THEN now() END)
+ON CONFLICT (job_id) DO NOTHING
+RETURNING job_id, workflow_name, workflow_definition, input, status, attempt, max_attempts,
+          run_after, outstanding_step, checkpoints, result, verdict, error, lease_owner,
+          lease_until, created_at, updated_at, completed_at, now() AS tx_now
+
+-- name: job_get
+-- description: one job's full row by job_id.
+SELECT job_id, workflow_name, workflow_definition, input, status, attempt, max_attempts,
+       run_after, outstanding_step, checkpoints, result, verdict, error, lease_owner,
+       lease_until, created_at, updated_at, completed_at
+  FROM workflow_run
+ WHERE job_id = %(job_id)s
+
+-- name: job_list
+-- description: jobs newest first, optionally filtered by status and/or workflow name (NULL = any).
+SELECT job_id, workflow_name, workflow_definition, input, status, attempt, max_attempts,
+       run_after, outstanding_step, checkpoints, result, verdict, error, lease_owner,
+       lease_until, created_at, updated_at, completed_at
+  FROM workflow_run
+ WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+   AND (%(workflow_name)s::text IS NULL OR workflow_name = %(workflow_name)s::text)
+ ORDER BY created_at DESC, job_id DESC
+ LIMIT %(limit)s OFFSET %(offset)s
+
+-- name: job_lock
+-- description: one job's full row under FOR UPDATE (the gate of parked completions).
+SELECT job_id, workflow_name, workflow_definition, input, status, attempt, max_attempts,
+       run_after, outstanding_step, checkpoints, result, verdict, error, lease_owner,
+       lease_until, created_at, updated_at, completed_at
+  FROM workflow_run
+ WHERE job_id = %(job_id)s
+   FOR UPDATE
+
+-- name: job_notify
+-- description: wake idle claim loops (LISTEN protomolt_jobs); delivered only if the transaction commits.
+SELECT pg_notify('protomolt_jobs', '')
+
+-- ---------------------------------------------------------------------------------------------
+-- jobs: the claim and the fenced writes of the lease holder
+-- ---------------------------------------------------------------------------------------------
+
+-- name: job_claim
+-- description: lease the oldest eligible QUEUED job in one statement (SKIP LOCKED), attempt + 1.
+UPDATE workflow_run
+   SET status = 'RUNNING',
+       lease_owner = %(worker_id)s,
+       lease_until = now() + make_interval(secs => %(lease_s)s),
+       attempt = attempt + 1,
+       updated_at = now()
+ WHERE job_id = (SELECT job_id
+                   FROM workflow_run
+                  WHERE status = 'QUEUED' AND run_after <= now()
+                  ORDER BY created_at, job_id
+                  FOR UPDATE SKIP LOCKED
+                  LIMIT 1)
+   AND status = 'QUEUED'
+RETURNING job_id, workflow_name, workflow_definition, input, status, attempt, max_attempts,
+          run_after, outstanding_step, checkpoints, result, verdict, error, lease_owner,
+          lease_until, created_at, updated_at, completed_at
+
+-- name: job_heartbeat
+-- description: fenced (status, lease_owner, attempt): extend lease_until to now() + lease_s.
+UPDATE workflow_run
+   SET lease_until = now() + make_interval(secs => %(lease_s)s),
+       updated_at = now()
+ WHERE job_id = %(job_id)s AND status = 'RUNNING'
+   AND lease_owner = %(owner)s AND attempt = %(attempt)s
+RETURNING lease_until
+
+-- name: job_checkpoint
+-- description: fenced (status, lease_owner, attempt): append one entry to checkpoints.
+UPDATE workflow_run
+   SET checkpoints = checkpoints || jsonb_build_array(%(entry)s::jsonb),
+       updated_at = now()
+ WHERE job_id = %(job_id)s AND status = 'RUNNING'
+   AND lease_owner = %(owner)s AND attempt = %(attempt)s
+RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
+
+-- name: job_park
+-- description: fenced (status, lease_owner, attempt): WAITING on outstanding_step, lease cleared.
+UPDATE workflow_run
+   SET status = 'WAITING',
+       outstanding_step = %(step)s,
+       lease_owner = NULL,
+       lease_until = NULL,
+       updated_at = now()
+ WHERE job_id = %(job_id)s AND status = 'RUNNING'
+   AND lease_owner = %(owner)s AND attempt = %(attempt)s
+RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
+
+-- name: job_complete
+-- description: fenced (status, lease_owner, attempt): COMPLETED with result, verdict and completed_at.
+UPDATE workflow_run
+   SET status = 'COMPLETED',
+       result = %(result)s,
+       verdict = %(verdict)s,
+       outstanding_step = NULL,
+       lease_owner = NULL,
+       lease_until = NULL,
+       completed_at = now(),
+       updated_at = now()
+ WHERE job_id = %(job_id)s AND status = 'RUNNING'
+   AND lease_owner = %(owner)s AND attempt = %(attempt)s
+RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
+
+-- name: job_fail
+-- description: fenced (status, lease_owner, attempt): FAILED with the verbatim error and completed_at.
+UPDATE workflow_run
+   SET status = 'FAILED',
+       error = %(error)s,
+       outstanding_step = NULL,
+       lease_owner = NULL,
+       lease_until = NULL,
+       completed_at = now(),
+       updated_at = now()
+ WHERE job_id = %(job_id)s AND status = 'RUNNING'
+   AND lease_owner = %(owner)s AND attempt = %(attempt)s
+RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
+
+-- name: job_retry
+-- description: fenced (status, lease_owner, attempt): back to QUEUED at now() + backoff_s, error kept.
+UPDATE workflow_run
+   SET status = 'QUEUED',
+       run_after = now() + make_interval(secs => %(backoff_s)s),
+       error = %(error)s,
+       lease_owner = NULL,
+       lease_until = NULL,
+       updated_at = now()
+ WHERE job_id = %(job_id)s AND status = 'RUNNING'
+   AND lease_owner = %(owner)s AND attempt = %(attempt)s
+RETURNING job_id, run_after
+
+-- name: job_dead
+-- description: fenced (status, lease_owner, attempt): DEAD (attempts exhausted) with the error.
+UPDATE workflow_run
+   SET status = 'DEAD',
+       error = %(error)s,
+       outstanding_step = NULL,
+       lease_owner = NULL,
+       lease_until = NULL,
+       completed_at = now(),
+       updated_at = now()
+ WHERE job_id = %(job_id)s AND status = 'RUNNING'
+   AND lease_owner = %(owner)s AND attempt = %(attempt)s
+RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
+
+-- name: job_release
+-- description: fenced (status, lease_owner, attempt): graceful stop, QUEUED now, the attempt given back.
+UPDATE workflow_run
+   SET status = 'QUEUED',
+       run_after = now(),
+       attempt = attempt - 1,
+       lease_owner = NULL,
+       lease_until = NULL,
+       updated_at = now()
+ WHERE job_id = %(job_id)s AND status = 'RUNNING'
+   AND lease_owner = %(owner)s AND attempt = %(attempt)s
+RETURNING job_id
+
+-- ---------------------------------------------------------------------------------------------
+-- jobs: the sweeper and parked completions
+-- ---------------------------------------------------------------------------------------------
+
+-- name: job_sweep_expired
+-- description: a batch of RUNNING jobs past lease_until: QUEUED, or DEAD when attempt >= max_attempts.
+UPDATE workflow_run AS w
+   SET status = CASE WHEN w.attempt >= w.max_attempts THEN 'DEAD' ELSE 'QUEUED' END,
+       error = CASE
+                 WHEN w.attempt >= w.max_attempts THEN
+                   'lease expired after attempt ' || w.attempt || ' of ' || w.max_attempts
+                   || ' (worker ' || coalesce(w.lease_owner, '(unknown)')
+                   || ' stopped heartbeating); no attempts left, the job is dead'
+                   || coalesce('; previous error: ' || w.error, '')
+                 ELSE w.error
+               END,
+       completed_at = CASE WHEN w.attempt >= w.max_attempts THEN now() END,
+       run_after = CASE WHEN w.attempt >= w.max_attempts THEN w.run_after ELSE now() END,
+       lease_owner = NULL,
+       lease_until = NULL,
+       updated_at = now()
+ WHERE w.job_id = ANY (ARRAY(SELECT e.job_id
+                               FROM workflow_run AS e
+                              WHERE e.status = 'RUNNING' AND e.lease_until < now()
+                              ORDER BY e.lease_until
+                              LIMIT %(limit)s
+                              FOR UPDATE SKIP LOCKED))
+   AND w.status = 'RUNNING'
+   AND w.lease_until < now()
+RETURNING w.job_id, w.workflow_name, w.status, w.attempt, w.error, now() AS tx_now
+
+-- name: job_complete_parked
+-- description: append the parked step's checkpoint and requeue (WAITING -> QUEUED, attempts reset).
+UPDATE workflow_run
+   SET status = 'QUEUED',
+       checkpoints = checkpoints || jsonb_build_array(%(entry)s::jsonb),
+       outstanding_step = NULL,
+       attempt = 0,
+       run_after = now(),
+       updated_at = now()
+ WHERE job_id = %(job_id)s AND status = 'WAITING' AND outstanding_step = %(step)s
+RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
+
+-- name: job_fail_parked
+-- description: fail a parked job as a verdict (WAITING -> FAILED) with the error and completed_at.
+UPDATE workflow_run
+   SET status = 'FAILED',
+       error = %(error)s,
+       outstanding_step = NULL,
+       completed_at = now(),
+       updated_at = now()
+ WHERE job_id = %(job_id)s AND status = 'WAITING' AND outstanding_step = %(step)s
+RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
+
+-- ---------------------------------------------------------------------------------------------
+-- outbox
+-- ---------------------------------------------------------------------------------------------
+
+-- name: outbox_insert
+-- description: one PENDING outbox row, created_at = the transaction's now() (same tx as the job change).
+INSERT INTO workflow_run_events_outbox (event_id, event_type, payload, kafka_key, created_at)
+VALUES (%(event_id)s, %(event_type)s, %(payload)s, %(kafka_key)s, now())
+
+-- name: outbox_claim
+-- description: lease up to limit PENDING rows by seq, skipping locked, leased and later-per-key rows.
+WITH candidates AS (
+    SELECT o.event_id
+      FROM workflow_run_events_outbox AS o
+     WHERE o.status = 'PENDING'
+       AND (o.claimed_until IS NULL OR o.claimed_until < now())
+       AND NOT EXISTS (SELECT 1
+                         FROM workflow_run_events_outbox AS earlier
+                        WHERE earlier.status = 'PENDING'
+                          AND earlier.kafka_key = o.kafka_key
+                          AND earlier.seq < o.seq)
+     ORDER BY o.seq
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE workflow_run_events_outbox AS o
+   SET claimed_until = now() + make_interval(secs => %(claim_s)s)
+  FROM candidates AS c
+ WHERE o.event_id = c.event_id
+   AND o.status = 'PENDING'
+RETURNING o.event_id, o.seq, o.event_type, o.payload, o.kafka_key, o.attempts, o.status,
+          o.created_at, o.published_at, o.last_error
+
+-- name: outbox_mark_published
+-- description: PENDING rows to PUBLISHED with published_at = now(); rows kept for ever.
+UPDATE workflow_run_events_outbox
+   SET status = 'PUBLISHED',
+       published_at = now(),
+       claimed_until = NULL
+ WHERE event_id = ANY (%(event_ids)s::uuid[])
+   AND status = 'PENDING'
+
+-- name: outbox_mark_failed
+-- description: one failed publish: attempts + 1, last_error, claim released; the 10th makes it FAILED.
+UPDATE workflow_run_events_outbox
+   SET attempts = attempts + 1,
+       last_error = %(error)s,
+       status = CASE WHEN attempts + 1 >= %(max_attempts)s THEN 'FAILED' ELSE 'PENDING' END,
+       claimed_until = NULL
+ WHERE event_id = %(event_id)s
+   AND status = 'PENDING'
+RETURNING event_id, seq, event_type, payload, kafka_key, attempts, status, created_at,
+          published_at, last_error
+
+-- ---------------------------------------------------------------------------------------------
+-- request-topic rejects
+-- ---------------------------------------------------------------------------------------------
+
+-- name: reject_insert
+-- description: keep a request-topic record that could not be decoded or validated.
+INSERT INTO workflow_run_rejects (topic, "partition", "offset", raw, reason)
+VALUES (%(topic)s, %(partition)s, %(offset)s, %(raw)s, %(reason)s)
+RETURNING id
