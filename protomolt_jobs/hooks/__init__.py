@@ -1,0 +1,40 @@
+"""The host contract of ProtoMolt roles (pluggy project ``protomolt``).
+
+``hookimpl`` marks a role plugin's implementation (eggsample pattern); the contract's types
+live in :mod:`protomolt_jobs.hooks.contract`, the specifications in
+:mod:`protomolt_jobs.hooks.hookspecs`, and the jobs role in :mod:`protomolt_jobs.hooks.module`.
+"""
+
+from protomolt_jobs.hooks.contract import (
+    Action,
+    ChannelFactory,
+    ComposerError,
+    Contributions,
+    FileDescriptorContribution,
+    InertMount,
+    InProcessService,
+    Mount,
+    RoleModule,
+    TypePool,
+    WireContext,
+    WorkflowRepository,
+)
+from protomolt_jobs.hooks.hookspecs import PROJECT, hookimpl, hookspec
+
+__all__ = [
+    "PROJECT",
+    "Action",
+    "ChannelFactory",
+    "ComposerError",
+    "Contributions",
+    "FileDescriptorContribution",
+    "InProcessService",
+    "InertMount",
+    "Mount",
+    "RoleModule",
+    "TypePool",
+    "WireContext",
+    "WorkflowRepository",
+    "hookimpl",
+    "hookspec",
+]

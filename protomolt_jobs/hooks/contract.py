@@ -1,0 +1,384 @@
+"""The host contract: what a role module is, what a host hands it, and what roles contribute.
+
+A *role module* (:class:`RoleModule`) has a ``role`` name, the set of roles it ``requires``
+(wired before it when they are mounted on the same node), and a two-phase lifecycle:
+
+1. ``wire(ctx)`` builds the role's objects, reads contributions it depends on and
+   contributes its own (actions, repositories, descriptors, in-process services). It binds
+   no port and starts no thread. It returns a :class:`Mount`.
+2. ``Mount.start()`` binds and starts background work, after *every* mounted role has wired,
+   so a contribution host (an actions route) sees every contribution before it serves.
+   ``Mount.close()`` stops what ``start()`` began; it is idempotent and is called even when
+   ``start()`` never ran (a later role failed to wire or start).
+
+Contributions are typed: the kind is a class from this module. The host owns one
+:class:`Contributions` registry per boot; it is frozen when the wire phase ends, and a late
+``contribute`` raises :class:`ComposerError`. Contributions never cross the network: a role
+that needs another role's contribution needs that role co-mounted.
+
+Kinds:
+
+- :class:`Action`: a verb for the host's catalog (contributed at wire).
+- :class:`WorkflowRepository`: named workflow definitions (the registry role's store).
+- :class:`FileDescriptorContribution`: a serialized ``FileDescriptorProto`` the host adds to
+  the shared :class:`TypePool` at start, so ``schema.type`` and checkpoints resolve it.
+- :class:`TypePool`: the node's shared descriptor pool (contributed by the host itself,
+  before any role wires).
+- :class:`InProcessService`: gRPC handlers the host serves on its in-process endpoint;
+  ``inprocess:NAME`` targets reach them through the :class:`ChannelFactory`.
+
+This module imports nothing from ``protomolt_jobs.host``: any host that implements the
+contract can mount the role.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+__all__ = [
+    "Action",
+    "ChannelFactory",
+    "ComposerError",
+    "Contributions",
+    "FileDescriptorContribution",
+    "InProcessService",
+    "InertMount",
+    "Mount",
+    "RoleModule",
+    "TypePool",
+    "WireContext",
+    "WorkflowRepository",
+]
+
+T = TypeVar("T")
+
+
+class ComposerError(RuntimeError):
+    """The node cannot be composed or booted: unknown or duplicate role, a dependency cycle,
+    a missing co-mounted contribution, a contribution after the wire phase, or a role whose
+    wire or start failed. The message says which role and why."""
+
+
+# --------------------------------------------------------------------------------------
+# Contribution kinds
+# --------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Action(Protocol):
+    """One JSON-object-in, JSON-object-out verb.
+
+    - ``name``: kebab-case, verb first (``submit-workflow``).
+    - ``description``: one sentence for a tool-using caller.
+    - ``scope``: the scope a restricted caller must hold (``workflow-run``, ``service-invoke``,
+      ``schema-read`` ...).
+    - ``input_schema``: a JSON Schema (draft 2020-12) object describing the input envelope.
+    - ``execute(input)``: returns a JSON object; answers with ``ok: false`` are returns, not
+      errors. Raises :class:`protomolt_jobs.errors.ActionError` when it cannot answer.
+    """
+
+    name: str
+    description: str
+    scope: str
+    input_schema: dict[str, Any]
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class WorkflowRepository(Protocol):
+    """Named workflow definitions (the JSON envelope ``run-workflow`` accepts).
+
+    - ``workflow(name)``: the definition, or None when no workflow has that name. A stored
+      definition that cannot be read raises (loudly, never "not found").
+    - ``names()``: every stored name, sorted.
+    - ``put(name, definition)``: store (replace) a definition.
+    """
+
+    def workflow(self, name: str) -> dict[str, Any] | None: ...
+
+    def names(self) -> list[str]: ...
+
+    def put(self, name: str, definition: dict[str, Any]) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FileDescriptorContribution:
+    """A serialized ``google.protobuf.FileDescriptorProto`` for the node's type pool.
+
+    Its imports must be contributed too, or be files of the default pool (well-known types and
+    generated modules); the host adds dependencies first.
+    """
+
+    serialized: bytes
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.serialized, (bytes, bytearray)) or not self.serialized:
+            raise ValueError(
+                "FileDescriptorContribution.serialized must be the non-empty bytes of a "
+                "serialized FileDescriptorProto"
+            )
+
+
+class TypePool:
+    """The node's shared descriptor pool (``google.protobuf.descriptor_pool.DescriptorPool``).
+
+    The host contributes one before any role wires. Roles read message types from ``pool``;
+    the host adds every :class:`FileDescriptorContribution` at start through :meth:`add_file`.
+
+    :param pool: the descriptor pool; a fresh empty pool when None.
+    """
+
+    def __init__(self, pool: Any = None) -> None:
+        from google.protobuf import descriptor_pool
+
+        self.pool = pool if pool is not None else descriptor_pool.DescriptorPool()
+        self._lock = threading.Lock()
+
+    def add_file(self, serialized: bytes, *, available: Mapping[str, bytes] | None = None) -> str:
+        """Add one serialized ``FileDescriptorProto``, its imports first.
+
+        An import missing from the pool is taken from ``available`` (file name -> serialized
+        proto, e.g. the other contributions), else from the default pool (well-known types,
+        generated modules). Adding a file that is already present with the same content is a
+        no-op.
+
+        :param serialized: bytes of a ``FileDescriptorProto``.
+        :param available: other files that may satisfy imports, by file name.
+        :returns: the file's name (``pkg/v1/thing.proto``).
+        :raises ValueError: unreadable bytes, an import found nowhere, or a conflicting
+            definition already in the pool.
+        """
+        from google.protobuf import descriptor_pb2
+
+        with self._lock:
+            return self._add(bytes(serialized), dict(available or {}), set(), descriptor_pb2)
+
+    def _add(
+        self, serialized: bytes, available: dict[str, bytes], visiting: set[str], pb2: Any
+    ) -> str:
+        from google.protobuf import descriptor_pool
+
+        proto = pb2.FileDescriptorProto()
+        try:
+            proto.ParseFromString(serialized)
+        except Exception as exc:  # the protobuf runtime raises DecodeError or others
+            raise ValueError(
+                f"contributed file descriptor is not a FileDescriptorProto: {exc}"
+            ) from exc
+        name = proto.name
+        if not name:
+            raise ValueError("contributed file descriptor has no name")
+        if self._has(name):
+            return name
+        if name in visiting:
+            raise ValueError(f"file descriptor import cycle through {name}")
+        visiting.add(name)
+        for dep in proto.dependency:
+            if self._has(dep):
+                continue
+            if dep in available:
+                self._add(available[dep], available, visiting, pb2)
+                continue
+            try:
+                default_file = descriptor_pool.Default().FindFileByName(dep)
+            except KeyError:
+                raise ValueError(
+                    f"file descriptor {name} imports {dep}, which is neither contributed nor "
+                    "in the default pool"
+                ) from None
+            self._add(default_file.serialized_pb, available, visiting, pb2)
+        try:
+            self.pool.Add(proto)
+        except Exception as exc:  # TypeError on conflicts in the upb runtime
+            raise ValueError(f"cannot add file descriptor {name} to the type pool: {exc}") from exc
+        return name
+
+    def _has(self, name: str) -> bool:
+        try:
+            self.pool.FindFileByName(name)
+        except KeyError:
+            return False
+        return True
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class InProcessService:
+    """gRPC handlers the host serves on its in-process endpoint, reachable as
+    ``inprocess:<name>`` through the node's :class:`ChannelFactory`.
+
+    :param name: a stable endpoint name (``parse``); targets snapshotted into job rows keep
+        working across restarts because the name does not change per boot.
+    :param handlers: ``grpc.GenericRpcHandler`` objects (e.g. from
+        ``grpc.method_handlers_generic_handler``).
+    """
+
+    name: str
+    handlers: Sequence[Any]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError("InProcessService.name must be a non-blank string")
+        if not self.handlers:
+            raise ValueError(f"InProcessService {self.name!r} has no handlers")
+
+
+@runtime_checkable
+class ChannelFactory(Protocol):
+    """Opens gRPC channels for step targets.
+
+    ``channel(target, tls)``: ``inprocess:NAME`` resolves to the host's in-process endpoint;
+    anything else is ``host:port`` (secure when ``tls``). The caller owns and closes the
+    returned channel.
+    """
+
+    def channel(self, target: str, tls: bool) -> Any: ...
+
+
+# --------------------------------------------------------------------------------------
+# The registry and the wire context
+# --------------------------------------------------------------------------------------
+
+
+class Contributions:
+    """Typed contributions of one boot: a multimap from kind (a class) to values, in
+    contribution order, frozen after the wire phase.
+
+    Thread-safe. Kinds are compared by identity: contribute and read with the same class.
+    """
+
+    def __init__(self) -> None:
+        self._by_kind: dict[type, list[Any]] = {}
+        self._frozen = False
+        self._lock = threading.Lock()
+
+    def contribute(self, kind: type[T], value: T) -> None:
+        """Add ``value`` under ``kind``.
+
+        :raises ComposerError: after the wire phase completed
+            (``contribution of <Kind> after the wire phase completed``).
+        :raises ValueError: ``value`` is None.
+        :raises TypeError: ``value`` is not a ``kind`` (protocol kinds check the members).
+        """
+        if value is None:
+            raise ValueError("contribution must not be null")
+        if not isinstance(kind, type):
+            raise TypeError(f"contribution kind must be a class; got {kind!r}")
+        if not isinstance(value, kind):
+            raise TypeError(
+                f"contribution of {kind.__name__} must be a {kind.__name__}; "
+                f"got {type(value).__name__}"
+            )
+        with self._lock:
+            if self._frozen:
+                raise ComposerError(
+                    f"contribution of {kind.__name__} after the wire phase completed"
+                )
+            self._by_kind.setdefault(kind, []).append(value)
+
+    def all(self, kind: type[T]) -> tuple[T, ...]:
+        """Every contribution of ``kind``, in contribution order (possibly empty)."""
+        with self._lock:
+            return tuple(self._by_kind.get(kind, ()))
+
+    def first(self, kind: type[T]) -> T | None:
+        """The first contribution of ``kind``, or None."""
+        with self._lock:
+            values = self._by_kind.get(kind)
+            return values[0] if values else None
+
+    def freeze(self) -> None:
+        """End the wire phase: later ``contribute`` calls raise :class:`ComposerError`."""
+        with self._lock:
+            self._frozen = True
+
+    @property
+    def frozen(self) -> bool:
+        """True once the wire phase has completed."""
+        return self._frozen
+
+
+@dataclasses.dataclass(frozen=True)
+class WireContext:
+    """What the host hands a role at wire.
+
+    :param node_id: short id unique to this boot (log correlation; not for endpoint names).
+    :param data_dir: the node's data directory (exists; roles keep files in a subdirectory
+        named after themselves).
+    :param settings: this role's configuration section (``[<role>]`` of ``protomolt.toml``
+        with ``PROTOMOLT_<ROLE>_<KEY>`` overrides applied); values may be strings.
+    :param contributions: the boot's registry (open for contributions during wire).
+    :param channels: the node's channel factory for step targets.
+    """
+
+    node_id: str
+    data_dir: Path
+    settings: Mapping[str, Any]
+    contributions: Contributions
+    channels: ChannelFactory
+
+
+# --------------------------------------------------------------------------------------
+# Role modules and mounts
+# --------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Mount(Protocol):
+    """A wired role: ``start()`` binds and starts work (called once, after every role
+    wired); ``close()`` stops it, is idempotent and is called even if ``start()`` never ran."""
+
+    def start(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class RoleModule(Protocol):
+    """One mountable role.
+
+    - ``role``: stable lowercase name (``jobs``), the vocabulary of ``[node] roles``.
+    - ``requires``: roles wired before this one when they are mounted on the node; a
+      required role that is not mounted is not an ordering error (the module decides whether
+      it can do without it, usually by looking for its contribution).
+    - ``wire(ctx)``: phase one (see the module docstring); raising aborts the boot.
+    """
+
+    role: str
+    requires: frozenset[str]
+
+    def wire(self, ctx: WireContext) -> Mount: ...
+
+
+class InertMount:
+    """A mount with optional start and close callables; ``close`` runs at most once.
+
+    :param start: called by :meth:`start` (None: nothing to start).
+    :param close: called by the first :meth:`close` (None: nothing to close).
+    """
+
+    def __init__(
+        self,
+        start: Callable[[], None] | None = None,
+        close: Callable[[], None] | None = None,
+    ) -> None:
+        self._start = start
+        self._close = close
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        if self._start is not None:
+            self._start()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._close is not None:
+            self._close()
