@@ -1,0 +1,1 @@
+"""Generated protobuf modules (scripts/gen_protos.py). Do not edit by hand."""

@@ -1,0 +1,777 @@
+"""Declared validation rules (the house ``ai.pipestream.proto.validate.v1`` dialect), enforced.
+
+Rules live in descriptor options: ``FieldRules`` on ``FieldOptions`` extension 59100481 and
+``MessageRules`` on ``MessageOptions`` extension 59100482. They are read **by extension
+number**: the options of any descriptor (generated, or built at run time from a descriptor set
+in a separate :class:`~google.protobuf.descriptor_pool.DescriptorPool`) are serialized and
+re-parsed into the default pool's ``FieldOptions``/``MessageOptions``, where the generated
+``validate_pb2`` extensions are registered. So a descriptor set made for the Java ProtoMolt
+validates the same here.
+
+Semantics (docs/contract.md has the full table):
+
+- ``required``: a string/bytes is non-empty, a number/enum non-zero, a bool true, a message
+  field set, a collection non-empty. When it fails, the field's other rules are not reported.
+- ``ignore_if_zero``: every rule of the field is skipped for the zero value.
+- Implicit-presence scalars are checked at their zero value; fields with explicit presence
+  (messages, ``optional``, oneof members) are checked only when set.
+- Collection size rules apply to empty collections too; ``repeated.items`` and
+  ``map.keys``/``map.values`` apply to each element.
+- Set sub-messages are walked (except well-known ``google.protobuf`` types and fields marked
+  ``inspect_only``). Paths: ``a.b``, ``a[2]``, ``a["k"]``, ``a["k"]#key``; ``""`` for message rules.
+- CEL rules bind ``this`` to the field value or to the message (a dict built with
+  ``MessageToDict(preserving_proto_field_name, always_print_fields_with_no_presence,
+  use_integers_for_enums)``, so enums are numbers and int64 values are strings). A bool result
+  passes when true; a string result fails when non-empty and is the message; an evaluation
+  error is a violation (fail closed).
+
+A schema whose rules cannot be compiled (a CEL expression that does not parse, a bad
+``pattern``, a ``skip_when`` naming no bool field) raises :class:`RuleError`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as _dt
+import ipaddress
+import logging
+import math
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import celpy
+from celpy import celtypes
+from google.protobuf import descriptor_pb2, json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import DecodeError, Message
+
+from protomolt_jobs import celenv
+from protomolt_jobs.pb.ai.pipestream.proto.validate.v1 import validate_pb2
+
+log = logging.getLogger("protomolt_jobs.validation")
+
+#: Extension numbers of the house dialect (stable; shared with upstream ProtoMolt).
+FIELD_RULES_EXTENSION = 59100481
+MESSAGE_RULES_EXTENSION = 59100482
+
+#: Compiled rule plans kept (one per message type per pool).
+PLAN_CACHE_SIZE = 2048
+
+FieldRules = validate_pb2.FieldRules
+MessageRules = validate_pb2.MessageRules
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule.
+
+    :ivar path: field path (``a.b[2]``, ``m["k"]``); ``""`` for a message-level rule.
+    :ivar rule_id: ``required``, ``<set>.<rule>`` (``string.uuid``, ``int32.gte``), or a CEL
+        rule's own id.
+    :ivar message: human-readable reason, e.g. ``field is required``.
+    """
+
+    path: str
+    rule_id: str
+    message: str
+
+
+class RuleError(ValueError):
+    """A message type declares rules that cannot be compiled.
+
+    :ivar where: ``full.Message.field`` (or the message name) carrying the rule.
+    """
+
+    def __init__(self, where: str, problem: str) -> None:
+        self.where = where
+        self.problem = problem
+        super().__init__(f"validation rule on {where}: {problem}")
+
+
+def summarize(violations: Iterable[Violation]) -> str:
+    """Render violations as ``"path: message; path: message"`` (message rules: ``": msg"``)."""
+    return "; ".join(f"{v.path}: {v.message}" for v in violations)
+
+
+def validate_message(msg: Message) -> list[Violation]:
+    """Check ``msg`` against the rules its descriptor declares, walking set sub-messages.
+
+    :param msg: any protobuf message (generated class or built from a runtime pool).
+    :returns: violations in field order, message-level rules last; empty when valid.
+    :raises RuleError: when the schema's rules cannot be compiled.
+    """
+    out: list[Violation] = []
+    _validate(msg, "", out)
+    return out
+
+
+def compile_rules(descriptor: Descriptor) -> None:
+    """Compile the rules of ``descriptor`` and every message type it reaches, eagerly.
+
+    Lets a verifier reject a schema with broken rules before any message exists.
+
+    :raises RuleError: naming the field or message whose rule does not compile.
+    """
+    seen: set[str] = set()
+    stack = [descriptor]
+    while stack:
+        d = stack.pop()
+        if d.full_name in seen:
+            continue
+        seen.add(d.full_name)
+        plan = _plan(d)
+        for fp in plan.fields:
+            if fp.fd.message_type is not None and not _is_wkt(fp.fd.message_type):
+                stack.append(fp.fd.message_type)
+
+
+# --------------------------------------------------------------------------- rule plans
+
+
+@dataclass(frozen=True)
+class _CelRule:
+    id: str
+    message: str
+    expression: str
+
+
+@dataclass(frozen=True)
+class _FieldPlan:
+    fd: FieldDescriptor
+    rules: FieldRules | None
+    is_map: bool
+    walk: bool  # message-valued and its own rules are enforced
+
+
+@dataclass(frozen=True)
+class _MessagePlan:
+    descriptor: Descriptor
+    fields: tuple[_FieldPlan, ...]
+    cel: tuple[_CelRule, ...]
+    skip_when: str
+
+
+_plans: OrderedDict[tuple[int, str], _MessagePlan] = OrderedDict()
+_plans_lock = threading.Lock()
+
+
+def _plan(descriptor: Descriptor) -> _MessagePlan:
+    key = (id(descriptor.file.pool), descriptor.full_name)
+    with _plans_lock:
+        plan = _plans.get(key)
+        # The identity check guards against a recycled id() of a collected pool.
+        if plan is not None and plan.descriptor is descriptor:
+            _plans.move_to_end(key)
+            return plan
+    plan = _compile(descriptor)
+    with _plans_lock:
+        _plans[key] = plan
+        while len(_plans) > PLAN_CACHE_SIZE:
+            _plans.popitem(last=False)
+    return plan
+
+
+def _options(descriptor: Any, cls: type[Message], where: str) -> Message:
+    # Re-parse the options bytes in the default pool, where validate_pb2 registered the
+    # extensions: works whichever pool built the descriptor.
+    if not descriptor.has_options:
+        return cls()
+    raw = descriptor.GetOptions().SerializeToString()
+    try:
+        return cls.FromString(raw)
+    except DecodeError as exc:
+        raise RuleError(where, f"options do not parse: {exc}") from exc
+
+
+def _field_rules(fd: FieldDescriptor) -> FieldRules | None:
+    opts = _options(fd, descriptor_pb2.FieldOptions, fd.full_name)
+    if not opts.HasExtension(validate_pb2.field):
+        return None
+    return opts.Extensions[validate_pb2.field]
+
+
+def _compile(descriptor: Descriptor) -> _MessagePlan:
+    opts = _options(descriptor, descriptor_pb2.MessageOptions, descriptor.full_name)
+    mrules = (
+        opts.Extensions[validate_pb2.message]
+        if opts.HasExtension(validate_pb2.message)
+        else MessageRules()
+    )
+    cel = tuple(_compile_cel(descriptor.full_name, r) for r in mrules.cel)
+    if mrules.skip_when:
+        target = descriptor.fields_by_name.get(mrules.skip_when)
+        if target is None or target.type != FieldDescriptor.TYPE_BOOL or target.is_repeated:
+            raise RuleError(
+                descriptor.full_name,
+                f"skip_when names {mrules.skip_when!r}, which is not a singular bool field",
+            )
+    fields = []
+    for fd in descriptor.fields:
+        rules = _field_rules(fd)
+        if rules is not None:
+            _check_field_rules(fd.full_name, rules)
+        is_map = _is_map(fd)
+        value_type = fd.message_type
+        if is_map:
+            value_type = fd.message_type.fields_by_name["value"].message_type
+        walk = (
+            value_type is not None
+            and not _is_wkt(value_type)
+            and not (rules is not None and rules.inspect_only)
+        )
+        if rules is not None or walk:
+            fields.append(_FieldPlan(fd=fd, rules=rules, is_map=is_map, walk=walk))
+    return _MessagePlan(
+        descriptor=descriptor, fields=tuple(fields), cel=cel, skip_when=mrules.skip_when
+    )
+
+
+def _compile_cel(where: str, rule: Any) -> _CelRule:
+    if not rule.id:
+        raise RuleError(where, f'a CEL rule has no id (expression "{rule.expression}")')
+    try:
+        celenv.program(rule.expression)
+    except celenv.CelCompileError as exc:
+        raise RuleError(where, f"CEL rule {rule.id!r}: {exc}") from exc
+    return _CelRule(id=rule.id, message=rule.message, expression=rule.expression)
+
+
+def _check_field_rules(where: str, rules: FieldRules) -> None:
+    for r in rules.cel:
+        _compile_cel(where, r)
+    if rules.HasField("string") and rules.string.HasField("pattern"):
+        try:
+            _regex(rules.string.pattern)
+        except re.error as exc:
+            raise RuleError(where, f"string.pattern {rules.string.pattern!r}: {exc}") from exc
+    for sub in ("repeated", "map"):
+        if rules.HasField(sub):
+            part = getattr(rules, sub)
+            for nested in ("items", "keys", "values"):
+                if nested in part.DESCRIPTOR.fields_by_name and part.HasField(nested):
+                    _check_field_rules(where, getattr(part, nested))
+
+
+def _is_map(fd: FieldDescriptor) -> bool:
+    return (
+        fd.is_repeated
+        and fd.message_type is not None
+        and fd.message_type.GetOptions().map_entry
+    )
+
+
+def _is_wkt(descriptor: Descriptor) -> bool:
+    return descriptor.full_name.startswith("google.protobuf.")
+
+
+@lru_cache(maxsize=1024)
+def _regex(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def _validate(msg: Message, prefix: str, out: list[Violation]) -> None:
+    plan = _plan(msg.DESCRIPTOR)
+    skip_fields = bool(plan.skip_when) and bool(getattr(msg, plan.skip_when))
+    if not skip_fields:
+        for fp in plan.fields:
+            path = f"{prefix}.{fp.fd.name}" if prefix else fp.fd.name
+            if fp.is_map:
+                _check_map(fp, getattr(msg, fp.fd.name), path, out)
+            elif fp.fd.is_repeated:
+                _check_repeated(fp, getattr(msg, fp.fd.name), path, out)
+            else:
+                _check_singular(fp, msg, path, out)
+    if plan.cel:
+        this = _message_dict(msg)
+        for rule in plan.cel:
+            _run_cel(rule, this, prefix, out)
+
+
+def _check_singular(fp: _FieldPlan, msg: Message, path: str, out: list[Violation]) -> None:
+    fd = fp.fd
+    present = msg.HasField(fd.name) if fd.has_presence else True
+    value = getattr(msg, fd.name)
+    if fp.rules is not None:
+        _check_value(fd, fp.rules, value, present, path, out)
+    if fp.walk and present:
+        _validate(value, path, out)
+
+
+def _check_repeated(fp: _FieldPlan, values: Any, path: str, out: list[Violation]) -> None:
+    rules = fp.rules
+    if rules is not None:
+        n = len(values)
+        if rules.ignore_if_zero and n == 0:
+            return
+        if rules.required and n == 0:
+            out.append(Violation(path, "required", "field is required"))
+            return
+        if rules.HasField("repeated"):
+            rr = rules.repeated
+            if rr.HasField("min_items") and n < rr.min_items:
+                out.append(_v(path, "repeated.min_items", f"must have at least {rr.min_items} items"))
+            if rr.HasField("max_items") and n > rr.max_items:
+                out.append(_v(path, "repeated.max_items", f"must have at most {rr.max_items} items"))
+            if rr.unique and not _all_unique(values):
+                out.append(_v(path, "repeated.unique", "items must be unique"))
+            if rr.HasField("items"):
+                for i, item in enumerate(values):
+                    _check_value(fp.fd, rr.items, item, True, f"{path}[{i}]", out)
+        if rules.cel:
+            this = celenv.to_cel([_plain(fp.fd, v) for v in values])
+            for r in rules.cel:
+                _run_cel(r, this, path, out)
+    if fp.walk:
+        for i, item in enumerate(values):
+            _validate(item, f"{path}[{i}]", out)
+
+
+def _check_map(fp: _FieldPlan, mapping: Any, path: str, out: list[Violation]) -> None:
+    rules = fp.rules
+    entry = fp.fd.message_type
+    key_fd = entry.fields_by_name["key"]
+    value_fd = entry.fields_by_name["value"]
+    keys = sorted(mapping.keys())
+    if rules is not None:
+        n = len(keys)
+        if rules.ignore_if_zero and n == 0:
+            return
+        if rules.required and n == 0:
+            out.append(Violation(path, "required", "field is required"))
+            return
+        if rules.HasField("map"):
+            mr = rules.map
+            if mr.HasField("min_pairs") and n < mr.min_pairs:
+                out.append(_v(path, "map.min_pairs", f"must have at least {mr.min_pairs} entries"))
+            if mr.HasField("max_pairs") and n > mr.max_pairs:
+                out.append(_v(path, "map.max_pairs", f"must have at most {mr.max_pairs} entries"))
+            for k in keys:
+                at = f"{path}[{_key_repr(k)}]"
+                if mr.HasField("keys"):
+                    _check_value(key_fd, mr.keys, k, True, f"{at}#key", out)
+                if mr.HasField("values"):
+                    _check_value(value_fd, mr.values, mapping[k], True, at, out)
+        if rules.cel:
+            this = celenv.to_cel({k: _plain(value_fd, mapping[k]) for k in keys})
+            for r in rules.cel:
+                _run_cel(r, this, path, out)
+    if fp.walk:
+        for k in keys:
+            _validate(mapping[k], f"{path}[{_key_repr(k)}]", out)
+
+
+def _key_repr(key: Any) -> str:
+    if isinstance(key, str):
+        return '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return str(key).lower() if isinstance(key, bool) else str(key)
+
+
+def _all_unique(values: Any) -> bool:
+    seen: list[Any] = []
+    for v in values:
+        key = v.SerializeToString(deterministic=True) if isinstance(v, Message) else v
+        if key in seen:
+            return False
+        seen.append(key)
+    return True
+
+
+def _is_zero(fd: FieldDescriptor, value: Any, present: bool) -> bool:
+    if fd.type == FieldDescriptor.TYPE_MESSAGE:
+        return not present
+    if fd.has_presence and not present:
+        return True
+    return not value
+
+
+def _check_value(
+    fd: FieldDescriptor,
+    rules: FieldRules,
+    value: Any,
+    present: bool,
+    path: str,
+    out: list[Violation],
+) -> None:
+    """Check one value (a singular field, or one element of a collection) against ``rules``."""
+    zero = _is_zero(fd, value, present)
+    if rules.ignore_if_zero and zero:
+        return
+    if rules.required and zero:
+        out.append(Violation(path, "required", "field is required"))
+        return
+    if fd.has_presence and not present:
+        return
+    check = _TYPE_CHECKS.get(fd.type)
+    if check is not None:
+        check(fd, rules, value, path, out)
+    if rules.cel:
+        this = celenv.to_cel(_plain(fd, value))
+        for r in rules.cel:
+            _run_cel(r, this, path, out)
+    if rules.taxonomy:
+        # No taxonomy catalogue is mounted in protomolt-jobs: a declared taxonomy fails closed.
+        out.append(_v(path, "taxonomy", f"taxonomy {rules.taxonomy!r} is not mounted"))
+
+
+def _v(path: str, rule_id: str, message: str) -> Violation:
+    return Violation(path, rule_id, message)
+
+
+# --- numbers
+
+
+def _fmt(x: Any) -> str:
+    return repr(x) if isinstance(x, float) else str(x)
+
+
+def _numeric(set_name: str) -> Callable[..., None]:
+    def check(fd: FieldDescriptor, rules: FieldRules, value: Any, path: str, out: list) -> None:
+        if not rules.HasField(set_name):
+            return
+        r = getattr(rules, set_name)
+        rid = f"{set_name}."
+        if "finite" in r.DESCRIPTOR.fields_by_name and r.finite and not math.isfinite(value):
+            out.append(_v(path, rid + "finite", "must be finite"))
+            return
+        if r.HasField("const") and value != r.const:
+            out.append(_v(path, rid + "const", f"must equal {_fmt(r.const)}"))
+        if r.HasField("gt") and not value > r.gt:
+            out.append(_v(path, rid + "gt", f"must be > {_fmt(r.gt)}"))
+        if r.HasField("gte") and not value >= r.gte:
+            out.append(_v(path, rid + "gte", f"must be >= {_fmt(r.gte)}"))
+        if r.HasField("lt") and not value < r.lt:
+            out.append(_v(path, rid + "lt", f"must be < {_fmt(r.lt)}"))
+        if r.HasField("lte") and not value <= r.lte:
+            out.append(_v(path, rid + "lte", f"must be <= {_fmt(r.lte)}"))
+        if len(getattr(r, "in")) and value not in list(getattr(r, "in")):
+            allowed = ", ".join(_fmt(x) for x in getattr(r, "in"))
+            out.append(_v(path, rid + "in", f"must be one of [{allowed}]"))
+        if len(r.not_in) and value in list(r.not_in):
+            banned = ", ".join(_fmt(x) for x in r.not_in)
+            out.append(_v(path, rid + "not_in", f"must not be one of [{banned}]"))
+
+    return check
+
+
+def _check_bool(fd: FieldDescriptor, rules: FieldRules, value: Any, path: str, out: list) -> None:
+    if rules.HasField("bool") and rules.bool.HasField("const") and value != rules.bool.const:
+        out.append(_v(path, "bool.const", f"must be {str(rules.bool.const).lower()}"))
+
+
+def _check_enum(fd: FieldDescriptor, rules: FieldRules, value: Any, path: str, out: list) -> None:
+    if not rules.HasField("enum"):
+        return
+    r = rules.enum
+    if r.defined_only and value not in fd.enum_type.values_by_number:
+        out.append(_v(path, "enum.defined_only", "value must be a defined enum value"))
+    if r.HasField("const") and value != r.const:
+        out.append(_v(path, "enum.const", f"must equal {r.const}"))
+    if len(getattr(r, "in")) and value not in list(getattr(r, "in")):
+        allowed = ", ".join(str(x) for x in getattr(r, "in"))
+        out.append(_v(path, "enum.in", f"must be one of [{allowed}]"))
+    if len(r.not_in) and value in list(r.not_in):
+        banned = ", ".join(str(x) for x in r.not_in)
+        out.append(_v(path, "enum.not_in", f"must not be one of [{banned}]"))
+
+
+def _check_bytes(fd: FieldDescriptor, rules: FieldRules, value: Any, path: str, out: list) -> None:
+    if not rules.HasField("bytes"):
+        return
+    r = rules.bytes
+    n = len(value)
+    if r.HasField("len") and n != r.len:
+        out.append(_v(path, "bytes.len", f"length must be exactly {r.len} bytes"))
+    if r.HasField("min_len") and n < r.min_len:
+        out.append(_v(path, "bytes.min_len", f"length must be at least {r.min_len} bytes"))
+    if r.HasField("max_len") and n > r.max_len:
+        out.append(_v(path, "bytes.max_len", f"length must be at most {r.max_len} bytes"))
+    if r.HasField("prefix") and not value.startswith(r.prefix):
+        out.append(_v(path, "bytes.prefix", "value does not have the required prefix"))
+    if r.HasField("suffix") and not value.endswith(r.suffix):
+        out.append(_v(path, "bytes.suffix", "value does not have the required suffix"))
+    if r.HasField("contains") and r.contains not in value:
+        out.append(_v(path, "bytes.contains", "value does not contain the required bytes"))
+
+
+# --- strings
+
+
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:[^\s]+$")
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_DATE_TIME = re.compile(
+    r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[Zz]|[+-]\d{2}:\d{2})$"
+)
+_MIME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}$")
+_LANGUAGE_TAG = re.compile(
+    r"^(?:[A-Za-z]{2,3}|[A-Za-z]{5,8})(?:-[A-Za-z]{4})?(?:-(?:[A-Za-z]{2}|\d{3}))?"
+    r"(?:-(?:[A-Za-z0-9]{5,8}|\d[A-Za-z0-9]{3}))*(?:-[A-WY-Za-wy-z0-9](?:-[A-Za-z0-9]{2,8})+)*"
+    r"(?:-[Xx](?:-[A-Za-z0-9]{1,8})+)?$"
+)
+_PHONE_STRIP = re.compile(r"[\s().\-]")
+_PHONE = re.compile(r"^\+?[1-9]\d{6,14}$")
+_SLUG = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_FQN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_PATH_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_DECIMAL = re.compile(r"^\d+(?:\.\d+)?$")
+_AUTHORITY = re.compile(r"^(\[[^\]]+\]|[^:/\[\]\s]+):(\d+)$")
+
+
+def _is_hostname(s: str) -> bool:
+    s = s[:-1] if s.endswith(".") else s
+    if not s or len(s) > 253:
+        return False
+    labels = s.split(".")
+    # An all-numeric last label is an IP address, not a host name.
+    return all(_LABEL.match(lb) for lb in labels) and not labels[-1].isdigit()
+
+
+def _is_ip(s: str, version: int | None = None) -> bool:
+    try:
+        addr = ipaddress.ip_address(s)
+    except ValueError:
+        return False
+    return version is None or addr.version == version
+
+
+def _is_date(s: str) -> bool:
+    if not _DATE.match(s):
+        return False
+    try:
+        _dt.date.fromisoformat(s)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_date_time(s: str) -> bool:
+    if not _DATE_TIME.match(s):
+        return False
+    try:
+        _dt.datetime.fromisoformat(s.upper().replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return True
+
+
+def _is_base64(s: str) -> bool:
+    if len(s) % 4:
+        return False
+    try:
+        base64.b64decode(s, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return True
+
+
+def _is_email(s: str) -> bool:
+    local, at, domain = s.rpartition("@")
+    return bool(at) and bool(local) and len(local) <= 64 and " " not in local and (
+        _is_hostname(domain) and "." in domain
+    )
+
+
+def _is_gtin(s: str) -> bool:
+    if not s.isascii() or not s.isdigit() or len(s) not in (8, 12, 13, 14):
+        return False
+    digits = [int(c) for c in s]
+    body, check = digits[:-1], digits[-1]
+    total = sum(d * (3 if i % 2 == 0 else 1) for i, d in enumerate(reversed(body)))
+    return (10 - total % 10) % 10 == check
+
+
+def _is_endpoint(s: str) -> bool:
+    m = _AUTHORITY.match(s)
+    if m:
+        host, port = m.group(1), int(m.group(2))
+        if not 1 <= port <= 65535:
+            return False
+        if host.startswith("["):
+            return _is_ip(host[1:-1], 6)
+        return _is_hostname(host) or _is_ip(host, 4)
+    return bool(_URI.match(s)) and "://" in s
+
+
+#: format rule -> (predicate, what the value must be)
+_FORMATS: dict[str, tuple[Callable[[str], bool], str]] = {
+    "uuid": (lambda s: bool(_UUID.match(s)), "a valid UUID"),
+    "email": (_is_email, "a valid email address"),
+    "hostname": (_is_hostname, "a valid hostname"),
+    "uri": (lambda s: bool(_URI.match(s)), "an absolute URI"),
+    "ip": (_is_ip, "a valid IP address"),
+    "ipv4": (lambda s: _is_ip(s, 4), "a valid IPv4 address"),
+    "ipv6": (lambda s: _is_ip(s, 6), "a valid IPv6 address"),
+    "date": (_is_date, "an ISO-8601 date (YYYY-MM-DD)"),
+    "date_time": (_is_date_time, "an RFC 3339 date-time with an offset"),
+    "mime_type": (lambda s: bool(_MIME.match(s)), "a media type (type/subtype)"),
+    "language_tag": (lambda s: bool(_LANGUAGE_TAG.match(s)), "a BCP 47 language tag"),
+    "currency_code": (lambda s: len(s) == 3 and s.isascii() and s.isupper(), "an ISO 4217 currency code"),
+    "phone_number": (lambda s: bool(_PHONE.match(_PHONE_STRIP.sub("", s))), "a telephone number"),
+    "sha256_hex": (lambda s: bool(re.fullmatch(r"[0-9a-f]{64}", s)), "a lowercase hex SHA-256 digest"),
+    "sha1_hex": (lambda s: bool(re.fullmatch(r"[0-9a-f]{40}", s)), "a lowercase hex SHA-1 digest"),
+    "hex": (lambda s: bool(re.fullmatch(r"[0-9a-f]+", s)), "lowercase hexadecimal"),
+    "base64": (_is_base64, "valid base64"),
+    "slug": (lambda s: bool(_SLUG.match(s)), "a lowercase slug"),
+    "region_code": (lambda s: len(s) == 2 and s.isascii() and s.isalpha() and s.isupper(), "an ISO 3166-1 alpha-2 region code"),
+    "protobuf_fqn": (lambda s: bool(_FQN.match(s)), "a fully-qualified protobuf name"),
+    "path_safe_name": (lambda s: bool(_PATH_SAFE.match(s)), "a path-safe name"),
+    "gtin": (_is_gtin, "a valid GTIN"),
+    "decimal": (lambda s: bool(_DECIMAL.match(s)), "an unsigned decimal number"),
+    "endpoint_address": (_is_endpoint, "a host:port address or an absolute URI"),
+    "identifier": (lambda s: bool(_IDENT.match(s)), "a bare identifier"),
+}
+
+
+def _check_string(fd: FieldDescriptor, rules: FieldRules, value: Any, path: str, out: list) -> None:
+    if not rules.HasField("string"):
+        return
+    r = rules.string
+    n = len(value)  # Python str length counts code points, as the dialect does
+    if r.HasField("const") and value != r.const:
+        out.append(_v(path, "string.const", f"must equal {r.const!r}"))
+    if r.HasField("len") and n != r.len:
+        out.append(_v(path, "string.len", f"length must be exactly {r.len} characters"))
+    if r.HasField("min_len") and n < r.min_len:
+        out.append(_v(path, "string.min_len", f"length must be at least {r.min_len} characters"))
+    if r.HasField("max_len") and n > r.max_len:
+        out.append(_v(path, "string.max_len", f"length must be at most {r.max_len} characters"))
+    if r.HasField("pattern") and not _regex(r.pattern).search(value):
+        out.append(_v(path, "string.pattern", f"value does not match pattern {r.pattern!r}"))
+    if r.HasField("prefix") and not value.startswith(r.prefix):
+        out.append(_v(path, "string.prefix", f"value must start with {r.prefix!r}"))
+    if r.HasField("suffix") and not value.endswith(r.suffix):
+        out.append(_v(path, "string.suffix", f"value must end with {r.suffix!r}"))
+    if r.HasField("contains") and r.contains not in value:
+        out.append(_v(path, "string.contains", f"value must contain {r.contains!r}"))
+    if r.HasField("not_contains") and r.not_contains in value:
+        out.append(_v(path, "string.not_contains", f"value must not contain {r.not_contains!r}"))
+    allowed = list(getattr(r, "in"))
+    if allowed and value not in allowed:
+        out.append(_v(path, "string.in", f"must be one of {allowed}"))
+    if len(r.not_in) and value in list(r.not_in):
+        out.append(_v(path, "string.not_in", f"must not be one of {list(r.not_in)}"))
+    for name, (ok, what) in _FORMATS.items():
+        if getattr(r, name) and not ok(value):
+            out.append(_v(path, f"string.{name}", f"value must be {what}"))
+
+
+# --- timestamps and durations (message-typed, checked as values)
+
+
+def _ts_nanos(m: Any) -> int:
+    return m.seconds * 1_000_000_000 + m.nanos
+
+
+def _check_message_value(
+    fd: FieldDescriptor, rules: FieldRules, value: Any, path: str, out: list
+) -> None:
+    name = fd.message_type.full_name
+    if name == "google.protobuf.Timestamp" and rules.HasField("timestamp"):
+        r, set_name = rules.timestamp, "timestamp"
+    elif name == "google.protobuf.Duration" and rules.HasField("duration"):
+        r, set_name = rules.duration, "duration"
+    else:
+        return
+    v = _ts_nanos(value)
+    for op, test, sym in (
+        ("gt", lambda a, b: a > b, ">"),
+        ("gte", lambda a, b: a >= b, ">="),
+        ("lt", lambda a, b: a < b, "<"),
+        ("lte", lambda a, b: a <= b, "<="),
+    ):
+        if r.HasField(op) and not test(v, _ts_nanos(getattr(r, op))):
+            bound = json_format.MessageToJson(getattr(r, op)).strip('"')
+            out.append(_v(path, f"{set_name}.{op}", f"must be {sym} {bound}"))
+    if set_name == "timestamp":
+        now = time.time_ns()
+        if r.HasField("lt_now") and r.lt_now and not v < now:
+            out.append(_v(path, "timestamp.lt_now", "must be in the past"))
+        if r.HasField("gt_now") and r.gt_now and not v > now:
+            out.append(_v(path, "timestamp.gt_now", "must be in the future"))
+        if r.HasField("within") and abs(v - now) > _ts_nanos(r.within):
+            within = json_format.MessageToJson(r.within).strip('"')
+            out.append(_v(path, "timestamp.within", f"must be within {within} of now"))
+
+
+_TYPE_CHECKS: dict[int, Callable[..., None]] = {
+    FieldDescriptor.TYPE_STRING: _check_string,
+    FieldDescriptor.TYPE_INT32: _numeric("int32"),
+    FieldDescriptor.TYPE_SINT32: _numeric("int32"),
+    FieldDescriptor.TYPE_SFIXED32: _numeric("int32"),
+    FieldDescriptor.TYPE_INT64: _numeric("int64"),
+    FieldDescriptor.TYPE_SINT64: _numeric("int64"),
+    FieldDescriptor.TYPE_SFIXED64: _numeric("int64"),
+    FieldDescriptor.TYPE_UINT32: _numeric("uint32"),
+    FieldDescriptor.TYPE_FIXED32: _numeric("uint32"),
+    FieldDescriptor.TYPE_UINT64: _numeric("uint64"),
+    FieldDescriptor.TYPE_FIXED64: _numeric("uint64"),
+    FieldDescriptor.TYPE_DOUBLE: _numeric("double"),
+    FieldDescriptor.TYPE_FLOAT: _numeric("float"),
+    FieldDescriptor.TYPE_BOOL: _check_bool,
+    FieldDescriptor.TYPE_ENUM: _check_enum,
+    FieldDescriptor.TYPE_BYTES: _check_bytes,
+    FieldDescriptor.TYPE_MESSAGE: _check_message_value,
+}
+
+
+# --- CEL
+
+
+def _message_dict(msg: Message) -> celtypes.Value:
+    return celenv.to_cel(
+        json_format.MessageToDict(
+            msg,
+            preserving_proto_field_name=True,
+            always_print_fields_with_no_presence=True,
+            use_integers_for_enums=True,
+        )
+    )
+
+
+def _plain(fd: FieldDescriptor, value: Any) -> Any:
+    """A field value (or element) as a JSON-shaped Python value for CEL."""
+    if isinstance(value, Message):
+        return json_format.MessageToDict(
+            value,
+            preserving_proto_field_name=True,
+            always_print_fields_with_no_presence=True,
+            use_integers_for_enums=True,
+        )
+    return value
+
+
+def _run_cel(rule: Any, this: celtypes.Value, path: str, out: list[Violation]) -> None:
+    expression = rule.expression
+    try:
+        result = celenv.program(expression).evaluate({"this": this})
+    except celenv.CelCompileError as exc:
+        raise RuleError(path or "<message>", f"CEL rule {rule.id!r}: {exc}") from exc
+    except celpy.CELEvalError as exc:
+        result = exc
+    except Exception as exc:  # cel-python surfaces some evaluation faults as plain errors
+        result = celpy.CELEvalError(f"{type(exc).__name__}: {exc}")
+    if isinstance(result, celpy.CELEvalError):
+        detail = result.args[0] if result.args else type(result).__name__
+        out.append(_v(path, rule.id, f'"{expression}" could not be evaluated: {detail}'))
+    elif isinstance(result, celtypes.BoolType) or isinstance(result, bool):
+        if not result:
+            out.append(_v(path, rule.id, rule.message or f'"{expression}" returned false'))
+    elif isinstance(result, celtypes.StringType | str):
+        if str(result):
+            out.append(_v(path, rule.id, str(result)))
+    else:
+        out.append(
+            _v(path, rule.id, f'"{expression}" returned {type(result).__name__}, not a bool')
+        )
