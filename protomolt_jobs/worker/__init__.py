@@ -1,0 +1,15 @@
+"""The worker fleet: claim loops woken by LISTEN, heartbeats, per-target permits, the segment
+executor and its settlement, and the lease sweeper.
+
+- :class:`Worker` (``fleet.py``): the claim loops, listener, heartbeat and permits of one
+  process, with the graceful stop.
+- :class:`Sweeper` (``sweeper.py``): expired leases back to QUEUED, or DEAD.
+
+Threads, not asyncio: see ``docs/worker.md``.
+"""
+
+from protomolt_jobs.worker.execute import Settlement
+from protomolt_jobs.worker.fleet import Worker
+from protomolt_jobs.worker.sweeper import Sweeper
+
+__all__ = ["Settlement", "Sweeper", "Worker"]

@@ -1,0 +1,464 @@
+"""One segment of one claimed job, and its settlement.
+
+For a claimed row the executor:
+
+1. tracks the lease with the heartbeat (before anything can block, so a wait for a permit
+   never lets the lease expire);
+2. parses and verifies the stored definition snapshot and parses the stored input. A
+   snapshot that is unreadable, does not parse or does not verify, or an input that is not
+   proto3 JSON for the input type, FAILS the job with the reference's texts
+   (``WORKFLOW: stored workflow ...``, ``MAPPING: stored input is not valid proto3 JSON for
+   <type>: ...``);
+3. takes the per-target permit for the next unexecuted step's target (none when every step
+   is already checkpointed);
+4. runs ``run_segment`` from the stored checkpoints, checkpointing each new step through the
+   fenced ``job_checkpoint`` write;
+5. settles with exactly one fenced write:
+
+   =========================================== ==========================================
+   outcome                                     write
+   =========================================== ==========================================
+   Completed                                   ``job_complete`` (verdict ``"<n> steps,
+                                               output <type>"``, n counts every step)
+   Parked(step)                                ``job_park`` (no lease, no permit after)
+   retryable, ``attempt < max_attempts``       ``job_retry`` after ``base * 2^(attempt-1)``
+   retryable, ``attempt >= max_attempts``      ``job_dead`` with the error verbatim
+   VALIDATION (a verdict), GATE, MAPPING,      ``job_fail`` with ``"<KIND>: <message>"``
+   WORKFLOW, EXTERNAL, other gRPC codes        and the failing step
+   =========================================== ==========================================
+
+   Retryable: gRPC ``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``RESOURCE_EXHAUSTED``; kind
+   ``DEADLINE``; a store failure inside the checkpoint callback (the response may not have
+   persisted, so the work is not judged failed).
+
+Lease lost (a fenced write or the heartbeat matched no row, or a graceful stop released
+the job): the run is abandoned, nothing more is written, ``action="lease_lost"`` is logged.
+A ``StoreError`` while settling is logged and the job is left to the sweeper (its lease
+expires; the next claim resumes from the checkpoints).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from protomolt_jobs.errors import LeaseLost, StoreError
+from protomolt_jobs.worker import crashpoints
+from protomolt_jobs.worker.heartbeat import Heartbeat, LeaseGuard
+from protomolt_jobs.worker.permits import PermitCancelled, TargetPermits
+
+__all__ = ["RETRYABLE_CODES", "SegmentExecutor", "Settlement", "backoff_s"]
+
+log = logging.getLogger("protomolt_jobs.worker")
+
+#: gRPC codes that send a job back to QUEUED (with backoff) rather than failing it.
+RETRYABLE_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
+
+# The exponent is capped (as upstream) so a huge max_attempts cannot overflow the backoff.
+_MAX_BACKOFF_EXPONENT = 20
+
+
+class Settlement(str, enum.Enum):
+    """How one execution of a claimed job ended (what the worker wrote)."""
+
+    COMPLETED = "completed"
+    PARKED = "parked"
+    RETRIED = "retried"
+    DEAD = "dead"
+    FAILED = "failed"
+    #: The lease was lost or released: nothing was written.
+    ABANDONED = "abandoned"
+    #: The settling write failed with a StoreError; the sweeper will take the job.
+    UNSETTLED = "unsettled"
+
+
+def backoff_s(base_s: float, attempt: int) -> float:
+    """Retry backoff in seconds: ``base_s * 2^(attempt-1)``, exponent clamped to 0..20.
+
+    :param base_s: ``backoff_base_seconds``.
+    :param attempt: the 1-based attempt that just failed.
+    """
+    exponent = min(max(attempt - 1, 0), _MAX_BACKOFF_EXPONENT)
+    return float(base_s) * (2**exponent)
+
+
+class _Abandon(Exception):
+    """Internal: the lease is gone; unwind without writing."""
+
+
+class _Fail(Exception):
+    """Internal: settle the job FAILED with ``detail`` on ``step``."""
+
+    def __init__(self, step: str, detail: str) -> None:
+        super().__init__(detail)
+        self.step = step
+        self.detail = detail
+
+
+class SegmentExecutor:
+    """Runs and settles claimed jobs; shared by every claim loop of a worker.
+
+    :param store: the job store.
+    :param runtime: the workflow engine's ``Runtime`` (type pool, in-process channels).
+    :param config: ``JobsConfig`` (``worker_id``, ``lease_seconds``, ``backoff_base_seconds``).
+    :param permits: per-target permits of this process.
+    :param heartbeat: the worker's heartbeat (must be running).
+    :param draining: set by a graceful stop once the grace period is over; a job tracked
+        after that is released at once instead of run.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        runtime: Any,
+        config: Any,
+        permits: TargetPermits,
+        heartbeat: Heartbeat,
+        draining: threading.Event,
+    ) -> None:
+        self._store = store
+        self._runtime = runtime
+        self._config = config
+        self._permits = permits
+        self._heartbeat = heartbeat
+        self._draining = draining
+        self.worker_id = config.worker_id
+
+    # -- entry ---------------------------------------------------------------------------
+
+    def execute(self, job: Any) -> Settlement:
+        """Run one segment of the claimed ``job`` and settle it.
+
+        Never raises for anything the job or the store does; a defect in the engine is
+        settled as a retryable WORKFLOW failure (bounded by ``max_attempts``).
+
+        :param job: a claimed ``JobRecord`` (status RUNNING, leased to this worker).
+        :returns: what was written.
+        """
+        lease = job.lease
+        ctx = {"job_id": str(job.job_id), "worker_id": self.worker_id, "attempt": job.attempt}
+        log.info(
+            "job claimed",
+            extra={
+                "action": "job_claimed",
+                "workflow_name": job.workflow_name,
+                "checkpoints": len(job.checkpoints or []),
+                **ctx,
+            },
+        )
+        crashpoints.reached("after_claim", job.workflow_name)
+        guard = self._heartbeat.track(lease)
+        try:
+            if self._draining.is_set():
+                # The stop's release pass may have run before this job was tracked.
+                self.release(guard)
+                return Settlement.ABANDONED
+            return self._execute(job, guard, ctx)
+        finally:
+            self._heartbeat.untrack(guard)
+
+    def release(self, guard: LeaseGuard) -> bool:
+        """Graceful stop: give the guard's job back to QUEUED (``job_release``, which also
+        gives back the attempt). Only the first caller for a guard writes.
+
+        :returns: True when the release was written.
+        """
+        if not guard.mark_lost("released"):
+            return False
+        lease = guard.lease
+        ctx = {"job_id": str(lease.job_id), "worker_id": lease.owner, "attempt": lease.attempt}
+        try:
+            self._store.job_release(lease)
+        except LeaseLost:
+            # The segment settled (or the sweeper took the job) first: nothing to give back.
+            log.info("job settled before its release", extra={"action": "release_skipped", **ctx})
+            return False
+        except StoreError as exc:
+            log.warning(
+                "could not release the job; the sweeper will requeue it when its lease expires",
+                extra={"action": "release_failed", "error": str(exc), **ctx},
+            )
+            return False
+        log.info("job released back to QUEUED", extra={"action": "job_released", **ctx})
+        return True
+
+    # -- the segment ---------------------------------------------------------------------
+
+    def _execute(self, job: Any, guard: LeaseGuard, ctx: dict[str, Any]) -> Settlement:
+        from protomolt_jobs.workflow import (
+            Completed,
+            Parked,
+            WorkflowExecutionError,
+            next_target,
+            run_segment,
+        )
+
+        try:
+            workflow = self._parse_snapshot(job)
+            message = self._parse_input(job, workflow)
+            prior = self._prior(job)
+        except _Fail as fail:
+            return self._settle_fail(guard, fail.step, fail.detail, ctx)
+
+        target = next_target(workflow, len(prior)) if len(prior) < len(workflow.steps) else None
+        try:
+            with self._permits.held(target, cancelled=lambda: guard.lost):
+                if guard.lost:
+                    raise _Abandon()
+                outcome = run_segment(
+                    workflow, message, prior, self._on_checkpoint(guard, ctx), runtime=self._runtime
+                )
+        except (PermitCancelled, _Abandon, LeaseLost):
+            return self._abandoned(guard, ctx, "segment")
+        except WorkflowExecutionError as exc:
+            if guard.lost:
+                return self._abandoned(guard, ctx, "checkpoint")
+            return self._settle_failure(job, guard, exc, ctx)
+        except StoreError as exc:
+            # Only reachable if the engine let the checkpoint callback's error through
+            # unwrapped: the response may not have persisted, so retry.
+            if guard.lost:
+                return self._abandoned(guard, ctx, "checkpoint")
+            return self._settle_retryable(job, guard, f"WORKFLOW: checkpoint failed: {exc}", ctx)
+        except Exception as exc:  # a defect in the engine: bounded retry, never a dead loop
+            if guard.lost:
+                return self._abandoned(guard, ctx, "segment")
+            log.exception(
+                "segment raised an unexpected error",
+                extra={"action": "segment_crashed", **ctx},
+            )
+            detail = f"WORKFLOW: unexpected error in the worker: {type(exc).__name__}: {exc}"
+            return self._settle_retryable(job, guard, detail, ctx)
+
+        if guard.lost:
+            return self._abandoned(guard, ctx, "segment")
+        crashpoints.reached("before_settle", job.workflow_name)
+        if isinstance(outcome, Completed):
+            verdict = f"{len(outcome.steps)} steps, output {outcome.output_type}"
+            return self._write(
+                guard,
+                ctx,
+                Settlement.COMPLETED,
+                "job_completed",
+                "job completed",
+                lambda: self._store.job_complete(
+                    guard.lease, result=outcome.output_json, verdict=verdict
+                ),
+                verdict=verdict,
+            )
+        if isinstance(outcome, Parked):
+            return self._write(
+                guard,
+                ctx,
+                Settlement.PARKED,
+                "job_parked",
+                "job parked on an external step",
+                lambda: self._store.job_park(guard.lease, outcome.step),
+                step=outcome.step,
+            )
+        detail = f"WORKFLOW: the engine returned {type(outcome).__name__}, not Completed or Parked"
+        return self._settle_fail(guard, "", detail, ctx)
+
+    def _on_checkpoint(self, guard: LeaseGuard, ctx: dict[str, Any]) -> Callable[[dict], None]:
+        def on_checkpoint(entry: dict) -> None:
+            if guard.lost:
+                raise LeaseLost(
+                    guard.lease.job_id, guard.lease.owner, guard.lease.attempt, "checkpoint"
+                )
+            try:
+                self._store.job_checkpoint(guard.lease, entry)
+            except LeaseLost:
+                guard.mark_lost("lease_lost")
+                raise
+            step = str(entry.get("name", ""))
+            log.debug(
+                "step checkpointed", extra={"action": "step_checkpointed", "step": step, **ctx}
+            )
+            crashpoints.reached("after_checkpoint", step)
+
+        return on_checkpoint
+
+    # -- snapshot and input --------------------------------------------------------------
+
+    def _parse_snapshot(self, job: Any) -> Any:
+        from protomolt_jobs.workflow import WorkflowParseError, parse_workflow, verify
+
+        definition = job.workflow_definition
+        if isinstance(definition, (str, bytes, bytearray)):
+            try:
+                definition = json.loads(definition)
+            except ValueError as exc:
+                raise _Fail(
+                    "", f"WORKFLOW: stored workflow definition is not readable JSON: {exc}"
+                ) from exc
+        if not isinstance(definition, dict):
+            raise _Fail("", "WORKFLOW: stored workflow definition is not a JSON object")
+        try:
+            workflow = parse_workflow(definition, self._runtime)
+        except WorkflowParseError as exc:
+            step = getattr(exc, "step", "") or ""
+            where = f" (step '{step}')" if step else ""
+            raise _Fail(
+                step, f"WORKFLOW: stored workflow does not parse{where}: {_message(exc)}"
+            ) from exc
+        findings = verify(workflow)
+        if findings:
+            n = len(findings)
+            listed = "".join(f"; [{f.kind}] {f.step}: {f.error}" for f in findings)
+            noun = "finding" if n == 1 else "findings"
+            raise _Fail(
+                findings[0].step or "",
+                f"WORKFLOW: stored workflow does not verify ({n} {noun}){listed}",
+            )
+        return workflow
+
+    def _parse_input(self, job: Any, workflow: Any) -> Any:
+        from protomolt_jobs.workflow import WorkflowParseError, parse_input
+
+        type_name = workflow.input_type.full_name
+        raw = job.input
+        if isinstance(raw, (str, bytes, bytearray)):
+            try:
+                raw = json.loads(raw)
+            except ValueError as exc:
+                raise _Fail(
+                    "", f"MAPPING: stored input is not valid proto3 JSON for {type_name}: {exc}"
+                ) from exc
+        try:
+            return parse_input(workflow, raw)
+        except WorkflowParseError as exc:
+            text = _message(exc)
+            prefix = f"stored input is not valid proto3 JSON for {type_name}: "
+            if not text.startswith("stored input"):
+                text = prefix + text
+            raise _Fail("", f"MAPPING: {text}") from exc
+
+    def _prior(self, job: Any) -> list[dict]:
+        prior = job.checkpoints
+        if prior is None:
+            return []
+        if not isinstance(prior, list):
+            raise _Fail("", "WORKFLOW: stored checkpoints are not an array")
+        return prior
+
+    # -- settlement ----------------------------------------------------------------------
+
+    def _settle_failure(
+        self, job: Any, guard: LeaseGuard, exc: Any, ctx: dict[str, Any]
+    ) -> Settlement:
+        kind = getattr(exc.kind, "value", str(exc.kind))
+        detail = f"{kind}: {_message(exc)}"
+        retryable = (
+            kind == "DEADLINE"
+            or (kind == "GRPC" and exc.code in RETRYABLE_CODES)
+            or bool(getattr(exc, "store_failure", False))
+        )
+        if retryable:
+            return self._settle_retryable(job, guard, detail, ctx)
+        return self._settle_fail(guard, exc.step or "", detail, ctx)
+
+    def _settle_retryable(
+        self, job: Any, guard: LeaseGuard, detail: str, ctx: dict[str, Any]
+    ) -> Settlement:
+        if job.attempt >= job.max_attempts:
+            return self._write(
+                guard,
+                ctx,
+                Settlement.DEAD,
+                "job_dead",
+                "job is DEAD: retries exhausted",
+                lambda: self._store.job_dead(guard.lease, detail),
+                error=detail,
+                max_attempts=job.max_attempts,
+                level=logging.WARNING,
+            )
+        delay_s = backoff_s(self._config.backoff_base_seconds, job.attempt)
+        return self._write(
+            guard,
+            ctx,
+            Settlement.RETRIED,
+            "job_retry_scheduled",
+            "job requeued after a retryable failure",
+            lambda: self._store.job_retry(guard.lease, delay_s, detail),
+            error=detail,
+            backoff_s=delay_s,
+        )
+
+    def _settle_fail(
+        self, guard: LeaseGuard, step: str, detail: str, ctx: dict[str, Any]
+    ) -> Settlement:
+        return self._write(
+            guard,
+            ctx,
+            Settlement.FAILED,
+            "job_failed",
+            "job FAILED",
+            lambda: self._store.job_fail(guard.lease, detail, step),
+            step=step,
+            error=detail,
+            level=logging.WARNING,
+        )
+
+    def _write(
+        self,
+        guard: LeaseGuard,
+        ctx: dict[str, Any],
+        settlement: Settlement,
+        action: str,
+        message: str,
+        write: Callable[[], Any],
+        *,
+        level: int = logging.INFO,
+        **fields: Any,
+    ) -> Settlement:
+        if guard.lost:
+            return self._abandoned(guard, ctx, "settle")
+        try:
+            write()
+        except LeaseLost:
+            guard.mark_lost("lease_lost")
+            return self._abandoned(guard, ctx, "settle")
+        except StoreError as exc:
+            log.error(
+                "settling the job failed; the sweeper will requeue it when its lease expires",
+                extra={
+                    "action": "settle_failed",
+                    "settlement": settlement.value,
+                    "error": str(exc),
+                    **ctx,
+                },
+            )
+            return Settlement.UNSETTLED
+        log.log(level, message, extra={"action": action, **fields, **ctx})
+        return settlement
+
+    def _abandoned(self, guard: LeaseGuard, ctx: dict[str, Any], operation: str) -> Settlement:
+        if guard.released:
+            log.info(
+                "run stopped after its job was released", extra={"action": "run_released", **ctx}
+            )
+        else:
+            guard.mark_lost("lease_lost")
+            log.warning(
+                "lease lost; the run is abandoned and writes nothing",
+                extra={"action": "lease_lost", "operation": operation, **ctx},
+            )
+        return Settlement.ABANDONED
+
+
+def _message(exc: BaseException) -> str:
+    message = getattr(exc, "message", None)
+    return str(message) if message is not None else str(exc)

@@ -1,0 +1,197 @@
+"""The Worker: claim loops, the listener, the heartbeat and the per-target permits of one
+process, with a graceful stop.
+
+Concurrency model: threads (see docs/worker.md). ``worker_count`` claim loops each run one
+segment at a time, so ``worker_count`` is the number of in-flight segments in the process.
+A loop holds a pooled connection only inside a store call, never across a gRPC call, so a
+pool of 10 carries hundreds of in-flight jobs.
+
+Graceful stop (STYLE 5), in this order:
+
+1. stop claiming: the loops finish their current job and exit;
+2. wait up to ``shutdown_grace_seconds`` for the in-flight segments to settle;
+3. release each job still in flight back to QUEUED with ``job_release`` (fenced): the
+   attempt it was claimed with is given back (``attempt - 1``), because a stop is not a
+   failure of the job; its checkpoints stay, so the next claim resumes after them. The
+   segment, if still running, is marked released and writes nothing more;
+4. end the heartbeat and the listener, join the threads.
+
+A segment stuck in a gRPC call after its release keeps its (daemon) thread until the call
+returns; it then writes nothing. Stopping never waits on a call beyond a short join.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from protomolt_jobs.worker.claim import ClaimLoop, Doorbell, Listener
+from protomolt_jobs.worker.execute import SegmentExecutor
+from protomolt_jobs.worker.heartbeat import Heartbeat
+from protomolt_jobs.worker.permits import TargetPermits
+
+__all__ = ["Worker"]
+
+log = logging.getLogger("protomolt_jobs.worker")
+
+# After the release pass, how long to wait for loop threads that are still in a call.
+_JOIN_AFTER_RELEASE_S = 2.0
+
+
+class Worker:
+    """The job worker of one process.
+
+    :param store: the job store.
+    :param runtime: the workflow engine's ``Runtime``.
+    :param config: ``JobsConfig`` (``worker_id``, ``worker_count``, ``lease_seconds``,
+        ``poll_interval_ms``, ``backoff_base_seconds``, ``max_concurrent_per_target``,
+        ``shutdown_grace_seconds``).
+    :param dsn: connection string of the LISTEN connection (the pool's database).
+    :raises ValueError: when ``dsn`` is empty.
+    """
+
+    name = "worker"
+
+    def __init__(self, store: Any, *, runtime: Any, config: Any, dsn: str) -> None:
+        if not dsn:
+            raise ValueError("the worker needs jobs.dsn for its LISTEN connection")
+        self._store = store
+        self._runtime = runtime
+        self.config = config
+        self.worker_id = config.worker_id
+        self._lock = threading.RLock()
+        self._stopping = threading.Event()
+        self._draining = threading.Event()
+        self.doorbell = Doorbell(config.worker_count)
+        self.permits = TargetPermits(config.max_concurrent_per_target)
+        self.heartbeat = Heartbeat(store, lease_s=config.lease_seconds, worker_id=self.worker_id)
+        self.listener = Listener(dsn, doorbell=self.doorbell, worker_id=self.worker_id)
+        self.executor = SegmentExecutor(
+            store,
+            runtime=runtime,
+            config=config,
+            permits=self.permits,
+            heartbeat=self.heartbeat,
+            draining=self._draining,
+        )
+        self._loops: list[ClaimLoop] = []
+        self._started = False
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """True between :meth:`start` and :meth:`stop`."""
+        return self._started
+
+    def start(self) -> None:
+        """Start the heartbeat, the listener and ``worker_count`` claim loops; returns once
+        they run. Idempotent; a stopped worker may be started again."""
+        with self._lock:
+            if self._started:
+                return
+            self._stopping.clear()
+            self._draining.clear()
+            self.doorbell.reopen()
+            self.heartbeat.start()
+            self.listener.start()
+            self._loops = [
+                ClaimLoop(
+                    claim=self._claim,
+                    execute=self.executor.execute,
+                    doorbell=self.doorbell,
+                    stopping=self._stopping,
+                    poll_interval_s=self.config.poll_interval_ms / 1000.0,
+                    name=f"protomolt-jobs-worker-{self.worker_id}-{i}",
+                    worker_id=self.worker_id,
+                )
+                for i in range(self.config.worker_count)
+            ]
+            for loop in self._loops:
+                loop.thread.start()
+            self._started = True
+        log.info(
+            "worker started",
+            extra={
+                "action": "worker_started",
+                "worker_id": self.worker_id,
+                "loops": self.config.worker_count,
+                "lease_s": self.config.lease_seconds,
+            },
+        )
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Graceful stop (see the module docstring); returns once stopped. Never-started and
+        double stop are fine.
+
+        :param timeout_s: grace period for in-flight segments, seconds; None uses
+            ``shutdown_grace_seconds``.
+        """
+        with self._lock:
+            if not self._started:
+                # run_once() may have started the heartbeat without start().
+                self.heartbeat.stop()
+                return
+            self._started = False
+            loops, self._loops = self._loops, []
+            grace_s = (
+                self.config.shutdown_grace_seconds if timeout_s is None else max(0.0, timeout_s)
+            )
+            log.info(
+                "worker stopping",
+                extra={
+                    "action": "worker_stopping",
+                    "worker_id": self.worker_id,
+                    "grace_s": grace_s,
+                },
+            )
+            # 1. stop claiming (the listener goes too: nothing is left to wake).
+            self._stopping.set()
+            self.doorbell.close()
+            self.listener.stop()
+            # 2. grace period for the segments in flight.
+            deadline = time.monotonic() + grace_s
+            for loop in loops:
+                loop.thread.join(max(0.0, deadline - time.monotonic()))
+            # 3. release the rest back to QUEUED.
+            self._draining.set()
+            released = 0
+            for guard in self.heartbeat.tracked():
+                if self.executor.release(guard):
+                    released += 1
+            self.permits.wake_all()
+            join_deadline = time.monotonic() + _JOIN_AFTER_RELEASE_S
+            for loop in loops:
+                loop.thread.join(max(0.0, join_deadline - time.monotonic()))
+            left = sum(1 for loop in loops if loop.thread.is_alive())
+            # 4. heartbeats end with their segments.
+            self.heartbeat.stop()
+        log.info(
+            "worker stopped",
+            extra={
+                "action": "worker_stopped",
+                "worker_id": self.worker_id,
+                "released": released,
+                "threads_left_in_calls": left,
+            },
+        )
+
+    def run_once(self) -> bool:
+        """Claim one job and execute it in the calling thread (tests, tools).
+
+        :returns: True when a job was claimed (and settled, abandoned or left unsettled).
+        :raises StoreError: when the claim fails.
+        """
+        self.heartbeat.start()
+        job = self._claim()
+        if job is None:
+            return False
+        self.executor.execute(job)
+        return True
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _claim(self) -> Any:
+        return self._store.job_claim(self.worker_id, self.config.lease_seconds)

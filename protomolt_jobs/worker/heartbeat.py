@@ -1,0 +1,242 @@
+"""Heartbeat: keeps the leases of a worker's in-flight jobs alive.
+
+Lease model (DESIGN 5, STYLE 3):
+
+- A claim stamps ``lease_owner = worker_id``, ``attempt = attempt + 1`` and
+  ``lease_until = now() + lease_s`` (database time). ``(job_id, owner, attempt)`` is the
+  :class:`~protomolt_jobs.store.records.Lease`, the fence every later write carries.
+- While the job is in flight (waiting for a permit, running its segment, settling) the
+  heartbeat extends ``lease_until = now() + lease_s`` about every third of the lease, under
+  the same fence. A segment longer than the lease therefore keeps its claim, and the
+  sweeper never re-queues it.
+- A heartbeat that matches no row raises ``LeaseLost``: the sweeper re-queued the job (the
+  process stalled past its lease) or a graceful stop released it. The :class:`LeaseGuard`
+  is marked lost and the segment writes nothing more. A heartbeat that fails for another
+  reason (store outage) is retried soon; if the outage outlasts the lease, the sweeper
+  takes the job and the next fenced write finds the lease lost.
+
+One :class:`Heartbeat` serves every in-flight job of a :class:`~protomolt_jobs.worker.Worker`
+from a single thread (a schedule of due times), so 256 in-flight jobs cost one thread and
+at most one pooled connection at a time, never one thread per job. The cadence is the
+local monotonic clock; only the database's ``now()`` decides when a lease has expired.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from protomolt_jobs.errors import LeaseLost, StoreError
+
+__all__ = ["Heartbeat", "LeaseGuard"]
+
+log = logging.getLogger("protomolt_jobs.heartbeat")
+
+# After a heartbeat fails for a reason other than a lost lease, retry after this share of
+# the interval (a store blip should not cost a third of the lease).
+_RETRY_SHARE = 0.25
+
+
+class LeaseGuard:
+    """This worker's hold on one claimed job: the lease and whether it is still ours.
+
+    ``lost`` is set once, by whoever first learns the lease is gone (a heartbeat or a
+    fenced write that raised ``LeaseLost``, or a graceful stop that released the job).
+    After that the segment writes nothing.
+    """
+
+    __slots__ = ("_lost", "failures", "lease", "next_due", "reason")
+
+    def __init__(self, lease: Any, next_due: float) -> None:
+        #: The fence: ``Lease(job_id, owner, attempt)``.
+        self.lease = lease
+        self._lost = threading.Event()
+        #: Why the lease is no longer ours: ``"lease_lost"`` or ``"released"``; "" while held.
+        self.reason = ""
+        #: Monotonic time (seconds) of the next heartbeat.
+        self.next_due = next_due
+        #: Consecutive heartbeat failures other than a lost lease.
+        self.failures = 0
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease is no longer ours (lost or released)."""
+        return self._lost.is_set()
+
+    @property
+    def released(self) -> bool:
+        """True when a graceful stop gave the job back (``job_release``)."""
+        return self._lost.is_set() and self.reason == "released"
+
+    def mark_lost(self, reason: str = "lease_lost") -> bool:
+        """Mark the lease gone. Returns True for the first caller only."""
+        if self._lost.is_set():
+            return False
+        self.reason = reason
+        self._lost.set()
+        return True
+
+
+class Heartbeat:
+    """Extends the leases of tracked jobs every ``lease_s / 3`` seconds.
+
+    :param store: the job store (``job_heartbeat(lease, lease_s)``).
+    :param lease_s: lease length, seconds (> 0).
+    :param worker_id: for log records.
+    :raises ValueError: when ``lease_s`` is not positive.
+    """
+
+    name = "heartbeat"
+
+    def __init__(self, store: Any, *, lease_s: float, worker_id: str) -> None:
+        if not lease_s or lease_s <= 0:
+            raise ValueError(f"lease_s must be a positive number of seconds; got {lease_s!r}")
+        self._store = store
+        self.lease_s = float(lease_s)
+        self.interval_s = self.lease_s / 3.0
+        self.worker_id = worker_id
+        self._cond = threading.Condition()
+        self._guards: dict[Any, LeaseGuard] = {}
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # -- tracking ------------------------------------------------------------------------
+
+    def track(self, lease: Any) -> LeaseGuard:
+        """Start heartbeating ``lease``; the first beat is due a third of a lease after now
+        (the claim has just stamped a full lease).
+
+        :returns: the job's :class:`LeaseGuard`.
+        """
+        guard = LeaseGuard(lease, time.monotonic() + self.interval_s)
+        with self._cond:
+            self._guards[id(guard)] = guard
+            self._cond.notify_all()
+        return guard
+
+    def untrack(self, guard: LeaseGuard) -> None:
+        """Stop heartbeating the guard's lease (the job settled or was abandoned)."""
+        with self._cond:
+            self._guards.pop(id(guard), None)
+
+    def tracked(self) -> list[LeaseGuard]:
+        """Guards of the jobs currently in flight (a snapshot)."""
+        with self._cond:
+            return list(self._guards.values())
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the heartbeat thread; returns at once. Idempotent."""
+        with self._cond:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._stopping = False
+            self._thread = threading.Thread(
+                target=self._loop, name=f"protomolt-jobs-heartbeat-{self.worker_id}", daemon=True
+            )
+            self._thread.start()
+        log.info(
+            "heartbeat started",
+            extra={
+                "action": "heartbeat_started",
+                "worker_id": self.worker_id,
+                "interval_s": self.interval_s,
+            },
+        )
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop the thread and return once it has ended. Never-started and double stop are
+        fine. Tracked guards stay tracked (the caller settles or releases them).
+
+        :param timeout_s: join bound, seconds (None: 10 s).
+        """
+        with self._cond:
+            thread = self._thread
+            if thread is None:
+                return
+            self._stopping = True
+            self._cond.notify_all()
+        thread.join(10.0 if timeout_s is None else timeout_s)
+        with self._cond:
+            if self._thread is thread:
+                self._thread = None
+        log.info(
+            "heartbeat stopped", extra={"action": "heartbeat_stopped", "worker_id": self.worker_id}
+        )
+
+    def run_once(self) -> int:
+        """Extend every lease whose beat is due.
+
+        :returns: the number of leases extended.
+        """
+        now = time.monotonic()
+        with self._cond:
+            due = [g for g in self._guards.values() if g.next_due <= now and not g.lost]
+        extended = 0
+        for guard in due:
+            if self._beat(guard):
+                extended += 1
+        return extended
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _beat(self, guard: LeaseGuard) -> bool:
+        lease = guard.lease
+        try:
+            self._store.job_heartbeat(lease, self.lease_s)
+        except LeaseLost:
+            if guard.mark_lost("lease_lost"):
+                log.warning(
+                    "lease lost on heartbeat; the run is abandoned",
+                    extra={
+                        "action": "lease_lost",
+                        "job_id": str(lease.job_id),
+                        "worker_id": lease.owner,
+                        "attempt": lease.attempt,
+                        "operation": "heartbeat",
+                    },
+                )
+            self.untrack(guard)
+            return False
+        except StoreError as exc:
+            guard.failures += 1
+            guard.next_due = time.monotonic() + self.interval_s * _RETRY_SHARE
+            log.warning(
+                "heartbeat failed; retrying",
+                extra={
+                    "action": "heartbeat_failed",
+                    "job_id": str(lease.job_id),
+                    "worker_id": lease.owner,
+                    "attempt": lease.attempt,
+                    "failures": guard.failures,
+                    "error": str(exc),
+                },
+            )
+            return False
+        guard.failures = 0
+        guard.next_due = time.monotonic() + self.interval_s
+        return True
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                if self._stopping:
+                    return
+                now = time.monotonic()
+                pending = [g.next_due for g in self._guards.values() if not g.lost]
+                wait_s = (min(pending) - now) if pending else self.interval_s
+                if wait_s > 0:
+                    self._cond.wait(wait_s)
+                    continue
+            try:
+                self.run_once()
+            except Exception:  # a defect must not end the heartbeat of every job
+                log.exception(
+                    "heartbeat pass failed",
+                    extra={"action": "heartbeat_pass_failed", "worker_id": self.worker_id},
+                )
+                with self._cond:
+                    self._cond.wait(min(1.0, self.interval_s))

@@ -1,0 +1,212 @@
+"""Worker parts without services: backoff, the doorbell, the heartbeat (fake store), the
+sweeper cadence, crash-point parsing and start/stop of components that were never started."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+import pytest
+
+from protomolt_jobs.config import JobsConfig
+from protomolt_jobs.errors import LeaseLost, StoreError
+from protomolt_jobs.worker import crashpoints
+from protomolt_jobs.worker.claim import Doorbell
+from protomolt_jobs.worker.execute import backoff_s
+from protomolt_jobs.worker.heartbeat import Heartbeat
+from protomolt_jobs.worker.sweeper import Sweeper
+
+
+@dataclass(frozen=True)
+class _Lease:
+    job_id: uuid.UUID
+    owner: str
+    attempt: int
+
+
+def _poll(condition, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
+
+
+def test_backoff_doubles_per_attempt_and_is_capped():
+    assert [backoff_s(5, a) for a in (1, 2, 3)] == [5.0, 10.0, 20.0]
+    assert backoff_s(0.2, 1) == pytest.approx(0.2)
+    assert backoff_s(1, 0) == 1.0  # a zero attempt is treated as the first
+    assert backoff_s(1, 500) == float(2**20)
+
+
+def test_doorbell_token_survives_a_ring_before_the_wait():
+    bell = Doorbell(4)
+    bell.ring()
+    t0 = time.monotonic()
+    assert bell.wait(5.0) is True
+    assert time.monotonic() - t0 < 1.0
+    assert bell.wait(0.05) is False  # the token was consumed
+
+
+def test_doorbell_caps_tokens_and_wakes_a_waiter():
+    bell = Doorbell(2)
+    bell.ring(10)
+    assert bell.wait(0.01) and bell.wait(0.01)
+    assert bell.wait(0.01) is False
+    woke = threading.Event()
+
+    def waiter():
+        if bell.wait(5.0):
+            woke.set()
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.05)
+    bell.ring()
+    t.join(5)
+    assert woke.is_set()
+
+
+def test_doorbell_close_releases_waiters():
+    bell = Doorbell(1)
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (bell.wait(30.0), done.set()))
+    t.start()
+    bell.close()
+    t.join(5)
+    assert done.is_set()
+    bell.reopen()
+    assert bell.wait(0.01) is False
+
+
+class _HeartbeatStore:
+    def __init__(self) -> None:
+        self.beats: list[tuple[object, float]] = []
+        self.lost: set[uuid.UUID] = set()
+        self.failing = False
+
+    def job_heartbeat(self, lease, lease_s):
+        if lease.job_id in self.lost:
+            raise LeaseLost(lease.job_id, lease.owner, lease.attempt, "heartbeat")
+        if self.failing:
+            raise StoreError("connection refused")
+        self.beats.append((lease, lease_s))
+
+
+def test_heartbeat_extends_tracked_leases_about_every_third_of_the_lease():
+    store = _HeartbeatStore()
+    hb = Heartbeat(store, lease_s=0.3, worker_id="w")
+    lease = _Lease(uuid.uuid4(), "w", 1)
+    hb.start()
+    try:
+        guard = hb.track(lease)
+        assert _poll(lambda: len(store.beats) >= 3)
+        assert all(b == (lease, 0.3) for b in store.beats)
+        assert not guard.lost
+        hb.untrack(guard)
+        n = len(store.beats)
+        time.sleep(0.3)
+        assert len(store.beats) <= n + 1  # at most one beat was already under way
+    finally:
+        hb.stop()
+
+
+def test_heartbeat_marks_the_guard_lost_on_lease_lost():
+    store = _HeartbeatStore()
+    hb = Heartbeat(store, lease_s=0.15, worker_id="w")
+    lease = _Lease(uuid.uuid4(), "w", 2)
+    store.lost.add(lease.job_id)
+    hb.start()
+    try:
+        guard = hb.track(lease)
+        assert _poll(lambda: guard.lost)
+        assert guard.reason == "lease_lost"
+        assert hb.tracked() == []
+    finally:
+        hb.stop()
+
+
+def test_heartbeat_retries_after_a_store_error():
+    store = _HeartbeatStore()
+    store.failing = True
+    hb = Heartbeat(store, lease_s=0.3, worker_id="w")
+    guard = hb.track(_Lease(uuid.uuid4(), "w", 1))
+    guard.next_due = 0.0
+    assert hb.run_once() == 0
+    assert guard.failures == 1 and not guard.lost
+    store.failing = False
+    guard.next_due = 0.0
+    assert hb.run_once() == 1
+    assert guard.failures == 0
+
+
+def test_components_tolerate_stop_before_start_and_double_stop():
+    hb = Heartbeat(_HeartbeatStore(), lease_s=1, worker_id="w")
+    hb.stop()
+    hb.start()
+    hb.start()
+    hb.stop()
+    hb.stop()
+
+    class _SweepStore:
+        def job_sweep_expired(self, limit=500):
+            from protomolt_jobs.store.records import SweepResult
+
+            return SweepResult(requeued=0, dead=0)
+
+    sweeper = Sweeper(_SweepStore(), config=JobsConfig(worker_id="w", sweep_interval_ms=10))
+    sweeper.stop()
+    sweeper.start()
+    sweeper.start()
+    sweeper.stop()
+    sweeper.stop()
+
+
+def test_sweeper_sweeps_on_its_own_cadence_and_survives_errors(caplog):
+    calls = {"n": 0}
+
+    class _SweepStore:
+        def job_sweep_expired(self, limit=500):
+            from protomolt_jobs.store.records import SweepResult
+
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise StoreError("database is restarting")
+            return SweepResult(requeued=1, dead=0)
+
+    sweeper = Sweeper(_SweepStore(), config=JobsConfig(worker_id="w", sweep_interval_ms=20))
+    caplog.set_level("INFO", logger="protomolt_jobs.sweeper")
+    sweeper.start()
+    try:
+        assert _poll(lambda: calls["n"] >= 4)
+    finally:
+        sweeper.stop()
+    actions = {r.action for r in caplog.records if hasattr(r, "action")}
+    assert {"sweep_requeued", "sweep_failed"} <= actions
+
+
+def test_crash_points_parse_and_match(monkeypatch):
+    exits: list[int] = []
+    monkeypatch.setattr(crashpoints.os, "_exit", exits.append)
+    try:
+        assert crashpoints.arm_for_tests({}) is None
+        crashpoints.reached("after_claim")
+        assert exits == []
+        assert crashpoints.arm_for_tests({crashpoints.ENV_VAR: "after_checkpoint:embed"}) == (
+            "after_checkpoint",
+            "embed",
+        )
+        crashpoints.reached("after_checkpoint", "tokenize")
+        assert exits == []
+        crashpoints.reached("after_checkpoint", "embed")
+        assert exits == [crashpoints.CRASH_EXIT_CODE]
+        crashpoints.arm_for_tests({crashpoints.ENV_VAR: "after_claim"})
+        crashpoints.reached("after_claim", "any-workflow")
+        assert exits == [crashpoints.CRASH_EXIT_CODE] * 2
+        with pytest.raises(ValueError, match=crashpoints.ENV_VAR):
+            crashpoints.arm_for_tests({crashpoints.ENV_VAR: "somewhere"})
+    finally:
+        crashpoints.disarm()
