@@ -25,17 +25,17 @@ if TYPE_CHECKING:
     from protomolt_jobs.store.store import JobStore
 
 __all__ = [
-    "JobStore",
+    "AlreadyDone",
+    "Completed",
+    "InsertOutcome",
     "JobRecord",
+    "JobStore",
     "Lease",
     "NewJob",
-    "InsertOutcome",
-    "ParkedCompletion",
-    "Completed",
-    "AlreadyDone",
-    "WrongState",
     "OutboxRow",
+    "ParkedCompletion",
     "SweepResult",
+    "WrongState",
 ]
 
 

@@ -13,7 +13,7 @@ from importlib import resources
 from types import MappingProxyType
 from typing import LiteralString, cast
 
-__all__ = ["QUERIES", "DESCRIPTIONS", "parse_queries"]
+__all__ = ["DESCRIPTIONS", "QUERIES", "parse_queries"]
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z][a-z0-9_]*)\s*$")
 _DESCRIPTION = re.compile(r"^--\s*description:\s*(.+?)\s*$")

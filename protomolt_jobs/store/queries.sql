@@ -315,6 +315,14 @@ UPDATE workflow_run_events_outbox
 RETURNING event_id, seq, event_type, payload, kafka_key, attempts, status, created_at,
           published_at, last_error
 
+-- name: outbox_for_job
+-- description: every outbox row of one job (kafka_key), in seq order (reads, tests, operators).
+SELECT event_id, seq, event_type, payload, kafka_key, attempts, status, created_at,
+       published_at, last_error
+  FROM workflow_run_events_outbox
+ WHERE kafka_key = %(kafka_key)s
+ ORDER BY seq
+
 -- ---------------------------------------------------------------------------------------------
 -- request-topic rejects
 -- ---------------------------------------------------------------------------------------------

@@ -1,0 +1,853 @@
+"""``JobStore``: the job row, the claim, fenced writes, the sweep, parked completions, the outbox.
+
+The row is the truth; the broker is only propagation. Every commit point writes its outbox
+row in the same transaction as the job change, so an event exists if and only if its change
+committed.
+
+Leases and fencing
+------------------
+``job_claim`` moves the oldest eligible QUEUED row to RUNNING in one statement, stamping
+``lease_owner`` (the worker id), ``lease_until = now() + lease_s`` and ``attempt + 1``. The
+triple ``(job_id, lease_owner, attempt)`` is the fence (:class:`~.records.Lease`). Every later
+write of that worker about the job (heartbeat, checkpoint, park, complete, fail, retry, dead,
+release) is conditioned on ``status = 'RUNNING'`` and the fence. A write that matches no row
+raises :class:`~protomolt_jobs.errors.LeaseLost` and rolls back: nothing changed, no outbox row.
+
+Who is authoritative: the database. A lease is live while ``lease_until >= now()`` by the
+database clock; the worker extends it with heartbeats. When a worker stops heartbeating (crash,
+partition, stall) the sweeper (``job_sweep_expired``) moves the row back to QUEUED, or to DEAD
+when ``attempt >= max_attempts`` (a crash loop ends). The next claim increments ``attempt``, so
+the old owner's fence can never match again, even if it wakes up and writes.
+
+Failures
+--------
+- The worker dies: its lease expires, the sweep requeues (or kills) the job.
+- The database connection drops mid-write: the transaction rolls back; the store raises
+  :class:`~protomolt_jobs.errors.StoreError` (driver error as ``__cause__``); the write may be
+  retried by the caller while its lease is live.
+- The process dies after commit and before the caller learns of it: the change and its event
+  are both durable; the caller's next fenced write is either valid (same lease) or LeaseLost.
+
+Outbox claims
+-------------
+``outbox_claim`` hands out PENDING rows oldest first by ``seq`` and *leases* them
+(``claimed_until = now() + claim_s``) in one committed statement, skipping rows locked or leased
+by another relay and any row whose job has an earlier PENDING row. So two relays never publish
+the same row at once while the lease lasts, and a job's later event is never handed out before
+its earlier one is PUBLISHED or FAILED. ``outbox_mark_published`` / ``outbox_mark_failed`` end
+the lease (a failed row is handed out again on the next claim). A relay that dies holding rows
+delays them by at most ``claim_s``; a relay slower than ``claim_s`` may see its rows published
+twice (at-least-once; consumers dedupe on ``event_id``).
+
+Transactions: every public method is exactly one transaction, opened by the method
+(``with pool.connection() as conn, conn.transaction():``); a private ``_name_txn(conn, ...)``
+does the work when two steps must share it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any, ParamSpec, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from protomolt_jobs.contract import EventType
+from protomolt_jobs.errors import LeaseLost, NotFound, StoreError
+from protomolt_jobs.events import MAX_ERROR_CHARS, build_event
+from protomolt_jobs.store.queries import QUERIES
+from protomolt_jobs.store.records import (
+    JOB_STATUSES,
+    OUTBOX_MAX_ATTEMPTS,
+    AlreadyDone,
+    Completed,
+    InsertOutcome,
+    JobRecord,
+    Lease,
+    NewJob,
+    OutboxRow,
+    ParkedCompletion,
+    SweepResult,
+    WrongState,
+)
+
+__all__ = [
+    "LIST_LIMIT_DEFAULT",
+    "LIST_LIMIT_MAX",
+    "NOTIFY_CHANNEL",
+    "OUTBOX_CLAIM_S_DEFAULT",
+    "JobStore",
+]
+
+log = logging.getLogger("protomolt_jobs.store")
+
+#: LISTEN channel of idle claim loops; the payload is empty.
+NOTIFY_CHANNEL = "protomolt_jobs"
+#: ``job_list`` page size when the caller asks for 0.
+LIST_LIMIT_DEFAULT = 50
+#: ``job_list`` page size ceiling.
+LIST_LIMIT_MAX = 500
+#: How long an outbox claim keeps rows from other relays, seconds.
+OUTBOX_CLAIM_S_DEFAULT = 30.0
+#: Pool: how long to wait for a connection (and for the first one at open), seconds.
+POOL_TIMEOUT_S = 10.0
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _translated(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Turn driver errors into StoreError (the driver's exception is the ``__cause__``)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return fn(*args, **kwargs)
+        except psycopg.Error as exc:
+            raise StoreError(f"{fn.__name__} failed: {type(exc).__name__}: {exc}") from exc
+
+    return wrapper
+
+
+class JobStore:
+    """The durable store of jobs and their outbox, over a psycopg connection pool.
+
+    :param pool: an open ``psycopg_pool.ConnectionPool``; the store closes it in :meth:`close`.
+    """
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        self._pool = pool
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, dsn: str, *, max_size: int = 10, timeout_s: float = POOL_TIMEOUT_S) -> JobStore:
+        """Open a pool on ``dsn`` and wait for its first connection.
+
+        The pool checks each connection before handing it out, so a connection killed by the
+        server is replaced instead of failing the caller.
+
+        :param dsn: libpq connection string of a migrated database.
+        :param max_size: most connections in the pool (>= 1).
+        :param timeout_s: how long to wait for the first connection, and for any connection
+            later, seconds.
+        :raises ValueError: when ``max_size`` < 1.
+        :raises StoreError: when the database cannot be reached within ``timeout_s``.
+        """
+        if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
+            raise ValueError(f"max_size: must be a positive integer; got {max_size!r}")
+        pool = ConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=max_size,
+            open=True,
+            check=ConnectionPool.check_connection,
+            timeout=timeout_s,
+            name="protomolt-jobs-store",
+        )
+        try:
+            pool.wait(timeout=timeout_s)
+        except psycopg.Error as exc:
+            pool.close()
+            raise StoreError(
+                f"cannot reach the jobs database within {timeout_s:g} s: {exc}"
+            ) from exc
+        return cls(pool)
+
+    @property
+    def pool(self) -> ConnectionPool:
+        """The connection pool (for LISTEN connections, use a dedicated connection instead)."""
+        return self._pool
+
+    def close(self) -> None:
+        """Close the pool. Idempotent."""
+        if not self._pool.closed:
+            self._pool.close()
+
+    # -- insert and reads -------------------------------------------------------------------
+
+    @_translated
+    def job_insert(self, new: NewJob) -> InsertOutcome:
+        """Insert a job idempotently on ``job_id``, with its event, and wake workers.
+
+        SQL: ``INSERT ... ON CONFLICT (job_id) DO NOTHING``; when a row was created, one outbox
+        row (ACCEPTED, attempt 0, ``detail.status`` QUEUED; or FAILED with the error for a job
+        failed at birth) and ``NOTIFY protomolt_jobs`` (QUEUED only); then the stored row is
+        read back. A resubmission changes nothing and returns the existing row untouched.
+
+        Transaction: one, covering insert, event, notify and read-back.
+
+        :returns: the stored row and whether this call created it.
+        :raises ValueError: on a malformed ``new`` (the message names the field).
+        :raises TypeError: when ``workflow_definition`` or ``input`` is not a JSON object.
+        :raises StoreError: on a database failure.
+        """
+        job_id = _uuid("job_id", new.job_id)
+        if new.status not in ("QUEUED", "FAILED"):
+            raise ValueError(f"status: a new job is QUEUED or FAILED; got {new.status!r}")
+        if new.status == "FAILED" and not new.error:
+            raise ValueError("error: a job failed at birth must say why")
+        _text("workflow_name", new.workflow_name)
+        _positive_int("max_attempts", new.max_attempts)
+        params = {
+            "job_id": job_id,
+            "workflow_name": new.workflow_name,
+            "workflow_definition": _jsonb("workflow_definition", new.workflow_definition, dict),
+            "input": _jsonb("input", new.input, dict),
+            "status": new.status,
+            "max_attempts": new.max_attempts,
+            "error": new.error,
+        }
+        with self._pool.connection() as conn, conn.transaction():
+            row = _one(conn, "job_insert", params)
+            if row is None:
+                existing = _one(conn, "job_get", {"job_id": job_id})
+                if existing is None:
+                    raise NotFound(f"workflow run not found: {job_id}")
+                return InsertOutcome(JobRecord.from_row(existing), created=False)
+            if new.status == "QUEUED":
+                self._outbox_txn(conn, row, EventType.TYPE_ACCEPTED)
+                _execute(conn, "job_notify", {})
+            else:
+                self._outbox_txn(conn, row, EventType.TYPE_FAILED, error=new.error or "")
+            return InsertOutcome(JobRecord.from_row(row), created=True)
+
+    @_translated
+    def job_get(self, job_id: uuid.UUID | str) -> JobRecord | None:
+        """One job's full row.
+
+        SQL: ``SELECT ... FROM workflow_run WHERE job_id = %(job_id)s``. Transaction: one,
+        read only.
+
+        :returns: the row, or None for an unknown id.
+        :raises ValueError: when ``job_id`` is not a UUID.
+        :raises StoreError: on a database failure.
+        """
+        key = _uuid("job_id", job_id)
+        with self._pool.connection() as conn, conn.transaction():
+            row = _one(conn, "job_get", {"job_id": key})
+        return JobRecord.from_row(row) if row else None
+
+    @_translated
+    def job_list(
+        self,
+        status: str | None = None,
+        workflow_name: str | None = None,
+        limit: int = LIST_LIMIT_DEFAULT,
+        offset: int = 0,
+    ) -> list[JobRecord]:
+        """Jobs newest first (``created_at DESC, job_id DESC``), optionally filtered.
+
+        SQL: ``SELECT ... WHERE status/workflow_name match (None = any) LIMIT OFFSET``.
+        Transaction: one, read only. ``limit`` 0 means 50; above 500 it is clamped to 500.
+
+        :param status: one of the six statuses, or None.
+        :param workflow_name: exact name, or None.
+        :param limit: page size, >= 0.
+        :param offset: rows to skip, >= 0.
+        :raises ValueError: for an unknown status, or a negative limit or offset.
+        :raises StoreError: on a database failure.
+        """
+        if status is not None and status not in JOB_STATUSES:
+            raise ValueError(
+                f"status: must be one of {', '.join(sorted(JOB_STATUSES))}; got {status!r}"
+            )
+        _non_negative_int("limit", limit)
+        _non_negative_int("offset", offset)
+        effective = LIST_LIMIT_DEFAULT if limit == 0 else min(limit, LIST_LIMIT_MAX)
+        params = {
+            "status": status,
+            "workflow_name": workflow_name,
+            "limit": effective,
+            "offset": offset,
+        }
+        with self._pool.connection() as conn, conn.transaction():
+            rows = _rows(conn, "job_list", params)
+        return [JobRecord.from_row(r) for r in rows]
+
+    # -- the claim and the fenced writes ----------------------------------------------------
+
+    @_translated
+    def job_claim(self, worker_id: str, lease_s: float) -> JobRecord | None:
+        """Lease the oldest eligible QUEUED job.
+
+        SQL (one statement): ``UPDATE workflow_run SET status='RUNNING', lease_owner,
+        lease_until = now() + lease_s, attempt = attempt + 1 WHERE job_id = (SELECT ... WHERE
+        status='QUEUED' AND run_after <= now() ORDER BY created_at, job_id FOR UPDATE SKIP
+        LOCKED LIMIT 1) AND status='QUEUED' RETURNING ...``. Concurrent claimers never get the
+        same row. Transaction: one. No event (a claim is not a lifecycle commit point).
+
+        :param worker_id: stamped into ``lease_owner``; not blank.
+        :param lease_s: lease length, seconds (> 0).
+        :returns: the claimed row (RUNNING, attempt incremented; ``.lease`` is its fence), or
+            None when nothing is eligible.
+        :raises ValueError: for a blank worker id or a non-positive lease.
+        :raises StoreError: on a database failure.
+        """
+        _text("worker_id", worker_id)
+        _positive_seconds("lease_s", lease_s)
+        with self._pool.connection() as conn, conn.transaction():
+            row = _one(conn, "job_claim", {"worker_id": worker_id, "lease_s": float(lease_s)})
+        return JobRecord.from_row(row) if row else None
+
+    @_translated
+    def job_heartbeat(self, lease: Lease, lease_s: float) -> datetime:
+        """Extend a live lease.
+
+        SQL: fenced ``UPDATE ... SET lease_until = now() + lease_s``. Transaction: one. No event.
+
+        :returns: the new ``lease_until`` (database time).
+        :raises LeaseLost: when the fence matches no row (nothing changed).
+        :raises ValueError: for a non-positive ``lease_s``.
+        :raises StoreError: on a database failure.
+        """
+        _positive_seconds("lease_s", lease_s)
+        with self._pool.connection() as conn, conn.transaction():
+            row = _fenced(conn, "job_heartbeat", lease, {"lease_s": float(lease_s)})
+        return row["lease_until"]
+
+    @_translated
+    def job_checkpoint(self, lease: Lease, entry: dict[str, Any]) -> None:
+        """Append one checkpoint entry, with its STEP_CHECKPOINT event.
+
+        SQL: fenced ``UPDATE ... SET checkpoints = checkpoints || [entry]``, then one outbox row
+        (STEP_CHECKPOINT, step = ``entry["name"]``, ``detail.status`` RUNNING). Transaction: one.
+
+        :param entry: ``{"name": str, "skipped": bool, "response"?: object}`` (stored as is).
+        :raises LeaseLost: when the fence matches no row (nothing changed, no event).
+        :raises TypeError: when ``entry`` is not a JSON object.
+        :raises ValueError: when ``entry`` has no non-blank ``name`` or cannot be JSON.
+        :raises StoreError: on a database failure.
+        """
+        step = _entry_name(entry)
+        entry_json = _jsonb("entry", entry, dict)
+        with self._pool.connection() as conn, conn.transaction():
+            row = _fenced(conn, "job_checkpoint", lease, {"entry": entry_json})
+            self._outbox_txn(conn, row, EventType.TYPE_STEP_CHECKPOINT, step=step)
+
+    @_translated
+    def job_park(self, lease: Lease, step: str) -> None:
+        """Park the job on an external step, with its WAITING event.
+
+        SQL: fenced ``UPDATE ... SET status='WAITING', outstanding_step=step``, lease cleared;
+        then one outbox row (WAITING, step). Transaction: one.
+
+        :raises LeaseLost: when the fence matches no row (nothing changed, no event).
+        :raises ValueError: for a blank step.
+        :raises StoreError: on a database failure.
+        """
+        _text("step", step)
+        with self._pool.connection() as conn, conn.transaction():
+            row = _fenced(conn, "job_park", lease, {"step": step})
+            self._outbox_txn(conn, row, EventType.TYPE_WAITING, step=step)
+
+    @_translated
+    def job_complete(self, lease: Lease, result: dict[str, Any], verdict: str) -> None:
+        """Complete the job, with its COMPLETED event.
+
+        SQL: fenced ``UPDATE ... SET status='COMPLETED', result, verdict, completed_at=now()``,
+        lease cleared; then one outbox row (COMPLETED, verdict). Transaction: one.
+
+        :param result: the composed output (proto3 JSON object).
+        :param verdict: one-line summary, not blank (the event's ``completed-carries-verdict``).
+        :raises LeaseLost: when the fence matches no row (nothing changed, no event).
+        :raises TypeError: when ``result`` is not a JSON object.
+        :raises ValueError: when ``verdict`` is blank or ``result`` cannot be JSON.
+        :raises StoreError: on a database failure.
+        """
+        _text("verdict", verdict)
+        result_json = _jsonb("result", result, dict)
+        with self._pool.connection() as conn, conn.transaction():
+            row = _fenced(
+                conn, "job_complete", lease, {"result": result_json, "verdict": verdict}
+            )
+            self._outbox_txn(conn, row, EventType.TYPE_COMPLETED, verdict=verdict)
+
+    @_translated
+    def job_fail(self, lease: Lease, error: str, step: str = "") -> None:
+        """Fail the job (a verdict or a non-retryable error), with its FAILED event.
+
+        SQL: fenced ``UPDATE ... SET status='FAILED', error, completed_at=now()``, lease
+        cleared; then one outbox row (FAILED, step, error truncated to 4000 in the event only).
+        Transaction: one.
+
+        :param error: the verbatim error, not blank; stored whole.
+        :param step: the failing step, or "".
+        :raises LeaseLost: when the fence matches no row (nothing changed, no event).
+        :raises ValueError: for a blank error.
+        :raises StoreError: on a database failure.
+        """
+        _text("error", error)
+        with self._pool.connection() as conn, conn.transaction():
+            row = _fenced(conn, "job_fail", lease, {"error": error})
+            self._outbox_txn(conn, row, EventType.TYPE_FAILED, step=step or "", error=error)
+
+    @_translated
+    def job_retry(self, lease: Lease, backoff_s: float, error: str) -> datetime:
+        """Requeue after a retryable failure.
+
+        SQL: fenced ``UPDATE ... SET status='QUEUED', run_after = now() + backoff_s, error``,
+        lease cleared (``attempt`` kept: the next claim increments it); ``NOTIFY
+        protomolt_jobs``. No event (a retry is not a lifecycle commit point). Transaction: one.
+
+        :param backoff_s: delay before the job is eligible again, seconds (>= 0).
+        :param error: the failure that caused the retry (kept in the row).
+        :returns: the new ``run_after`` (database time).
+        :raises LeaseLost: when the fence matches no row (nothing changed).
+        :raises ValueError: for a negative backoff.
+        :raises StoreError: on a database failure.
+        """
+        _non_negative_seconds("backoff_s", backoff_s)
+        with self._pool.connection() as conn, conn.transaction():
+            row = _fenced(
+                conn, "job_retry", lease, {"backoff_s": float(backoff_s), "error": error}
+            )
+            _execute(conn, "job_notify", {})
+        return row["run_after"]
+
+    @_translated
+    def job_dead(self, lease: Lease, error: str) -> None:
+        """Dead-letter the job (retryable failure, attempts exhausted), with its DEAD event.
+
+        SQL: fenced ``UPDATE ... SET status='DEAD', error, completed_at=now()``, lease cleared;
+        then one outbox row (DEAD, error). Transaction: one.
+
+        :raises LeaseLost: when the fence matches no row (nothing changed, no event).
+        :raises ValueError: for a blank error.
+        :raises StoreError: on a database failure.
+        """
+        _text("error", error)
+        with self._pool.connection() as conn, conn.transaction():
+            row = _fenced(conn, "job_dead", lease, {"error": error})
+            self._outbox_txn(conn, row, EventType.TYPE_DEAD, error=error)
+
+    @_translated
+    def job_release(self, lease: Lease) -> None:
+        """Give a claimed job back on a graceful stop.
+
+        SQL: fenced ``UPDATE ... SET status='QUEUED', run_after=now(), attempt = attempt - 1``,
+        lease cleared (the interrupted run does not count as an attempt); ``NOTIFY
+        protomolt_jobs``. No event. Transaction: one.
+
+        :raises LeaseLost: when the fence matches no row (nothing changed).
+        :raises StoreError: on a database failure.
+        """
+        with self._pool.connection() as conn, conn.transaction():
+            _fenced(conn, "job_release", lease, {})
+            _execute(conn, "job_notify", {})
+
+    # -- the sweeper ------------------------------------------------------------------------
+
+    @_translated
+    def job_sweep_expired(self, limit: int = 500) -> SweepResult:
+        """Recover up to ``limit`` RUNNING jobs whose lease expired (``lease_until < now()``).
+
+        SQL: one ``UPDATE`` over a ``FOR UPDATE SKIP LOCKED`` batch (oldest expiry first):
+        ``attempt < max_attempts`` -> QUEUED now (attempt kept, lease cleared, no event);
+        ``attempt >= max_attempts`` -> DEAD with the error "lease expired after attempt N of M
+        (worker W stopped heartbeating); ..." and ``completed_at``, plus one DEAD outbox row
+        each. ``NOTIFY protomolt_jobs`` when anything was requeued. Transaction: one.
+
+        :param limit: most rows handled in this pass (> 0); call again while it returns a full
+            batch.
+        :returns: the counts of requeued and dead jobs (and the dead jobs' ids).
+        :raises ValueError: for a non-positive limit.
+        :raises StoreError: on a database failure.
+        """
+        _positive_int("limit", limit)
+        with self._pool.connection() as conn, conn.transaction():
+            rows = _rows(conn, "job_sweep_expired", {"limit": limit})
+            dead = [r for r in rows if r["status"] == "DEAD"]
+            for row in dead:
+                self._outbox_txn(conn, row, EventType.TYPE_DEAD, error=row["error"] or "")
+            requeued = len(rows) - len(dead)
+            if requeued:
+                _execute(conn, "job_notify", {})
+        for row in dead:
+            log.warning(
+                "job %s is DEAD: %s",
+                row["job_id"],
+                row["error"],
+                extra={
+                    "action": "job_dead_lease_expired",
+                    "job_id": str(row["job_id"]),
+                    "attempt": row["attempt"],
+                },
+            )
+        if rows:
+            log.info(
+                "lease sweep: %d requeued, %d dead",
+                requeued,
+                len(dead),
+                extra={"action": "lease_sweep", "requeued": requeued, "dead": len(dead)},
+            )
+        return SweepResult(
+            requeued=requeued, dead=len(dead), dead_job_ids=tuple(r["job_id"] for r in dead)
+        )
+
+    # -- parked completions -----------------------------------------------------------------
+
+    @_translated
+    def job_complete_parked(
+        self, job_id: uuid.UUID | str, step: str, entry: dict[str, Any]
+    ) -> ParkedCompletion:
+        """Complete a parked step: the human-in-the-loop gate.
+
+        SQL: ``SELECT ... FOR UPDATE`` of the row, then in order: any checkpoint named ``step``
+        -> AlreadyDone (a redelivery; nothing changes); not WAITING on ``step`` -> WrongState;
+        else ``UPDATE ... SET status='QUEUED', checkpoints = checkpoints || [entry],
+        outstanding_step = NULL, run_after = now(), attempt = 0`` (the next segment gets its own
+        ``max_attempts`` tries), one outbox row (STEP_CHECKPOINT, step, ``detail.status``
+        QUEUED) and ``NOTIFY protomolt_jobs``. Transaction: one; the row lock serialises
+        concurrent completions, so exactly one of them is Completed.
+
+        :param entry: the checkpoint entry; its ``name`` must equal ``step``.
+        :returns: Completed(), AlreadyDone(status) or WrongState(status, outstanding_step).
+        :raises NotFound: for an unknown job id.
+        :raises ValueError: for a malformed id, blank step or an entry not naming ``step``.
+        :raises TypeError: when ``entry`` is not a JSON object.
+        :raises StoreError: on a database failure or unreadable stored checkpoints.
+        """
+        key = _uuid("job_id", job_id)
+        _text("step", step)
+        if _entry_name(entry) != step:
+            raise ValueError(f"entry.name: must be the completed step {step!r}; got {entry['name']!r}")
+        entry_json = _jsonb("entry", entry, dict)
+        with self._pool.connection() as conn, conn.transaction():
+            refusal = self._parked_gate_txn(conn, key, step)
+            if refusal is not None:
+                return refusal
+            row = _one(
+                conn, "job_complete_parked", {"job_id": key, "step": step, "entry": entry_json}
+            )
+            if row is None:  # pragma: no cover - the row lock makes the gate authoritative
+                raise StoreError(f"job {key} changed under its row lock")
+            self._outbox_txn(conn, row, EventType.TYPE_STEP_CHECKPOINT, step=step)
+            _execute(conn, "job_notify", {})
+        return Completed()
+
+    @_translated
+    def job_fail_parked(self, job_id: uuid.UUID | str, step: str, error: str) -> ParkedCompletion:
+        """Fail a parked job as a verdict (its completion was rejected, e.g. by validation).
+
+        SQL: the same gate as :meth:`job_complete_parked` under ``FOR UPDATE``; then ``UPDATE
+        ... SET status='FAILED', error, outstanding_step = NULL, completed_at = now()`` and one
+        outbox row (FAILED, step, error). Transaction: one.
+
+        :returns: Completed() when this call failed the job, else AlreadyDone / WrongState.
+        :raises NotFound: for an unknown job id.
+        :raises ValueError: for a malformed id, blank step or blank error.
+        :raises StoreError: on a database failure or unreadable stored checkpoints.
+        """
+        key = _uuid("job_id", job_id)
+        _text("step", step)
+        _text("error", error)
+        with self._pool.connection() as conn, conn.transaction():
+            refusal = self._parked_gate_txn(conn, key, step)
+            if refusal is not None:
+                return refusal
+            row = _one(conn, "job_fail_parked", {"job_id": key, "step": step, "error": error})
+            if row is None:  # pragma: no cover - the row lock makes the gate authoritative
+                raise StoreError(f"job {key} changed under its row lock")
+            self._outbox_txn(conn, row, EventType.TYPE_FAILED, step=step, error=error)
+        return Completed()
+
+    def _parked_gate_txn(
+        self, conn: psycopg.Connection[Any], job_id: uuid.UUID, step: str
+    ) -> AlreadyDone | WrongState | None:
+        """Lock the row and decide: None means the job is WAITING on ``step`` (proceed)."""
+        row = _one(conn, "job_lock", {"job_id": job_id})
+        if row is None:
+            raise NotFound(f"workflow run not found: {job_id}")
+        checkpoints = row["checkpoints"]
+        if not isinstance(checkpoints, list):
+            raise StoreError(f"stored checkpoints are not an array for job {job_id}")
+        if any(isinstance(c, dict) and c.get("name") == step for c in checkpoints):
+            return AlreadyDone(row["status"])
+        if row["status"] != "WAITING" or row["outstanding_step"] != step:
+            return WrongState(row["status"], row["outstanding_step"])
+        return None
+
+    # -- outbox -----------------------------------------------------------------------------
+
+    @_translated
+    def outbox_claim(self, limit: int, *, claim_s: float = OUTBOX_CLAIM_S_DEFAULT) -> list[OutboxRow]:
+        """Hand out up to ``limit`` PENDING events to this relay, oldest first by ``seq``.
+
+        SQL (one statement): select PENDING rows not leased (``claimed_until`` NULL or past)
+        and with no earlier PENDING row of the same ``kafka_key``, ``ORDER BY seq LIMIT
+        %(limit)s FOR UPDATE SKIP LOCKED``, and lease them: ``claimed_until = now() + claim_s``.
+        Transaction: one, committed before returning; the lease (not a held lock) keeps other
+        relays off these rows until this relay calls :meth:`outbox_mark_published` or
+        :meth:`outbox_mark_failed`, or ``claim_s`` passes.
+
+        Per-job order: at most one row per job is handed out at a time (the oldest PENDING
+        one), so a job's later event is never published before its earlier one is PUBLISHED
+        or FAILED, also across relays and partial failures.
+
+        :param limit: most rows (> 0).
+        :param claim_s: lease length, seconds (> 0); keep it above the publish timeout.
+        :returns: the rows, ordered by ``seq``.
+        :raises ValueError: for a non-positive limit or claim_s.
+        :raises StoreError: on a database failure.
+        """
+        _positive_int("limit", limit)
+        _positive_seconds("claim_s", claim_s)
+        with self._pool.connection() as conn, conn.transaction():
+            rows = _rows(conn, "outbox_claim", {"limit": limit, "claim_s": float(claim_s)})
+        return sorted((OutboxRow.from_row(r) for r in rows), key=lambda r: r.seq)
+
+    @_translated
+    def outbox_mark_published(self, event_ids: Iterable[uuid.UUID | str]) -> int:
+        """Mark acked events PUBLISHED (rows are kept for ever).
+
+        SQL: ``UPDATE ... SET status='PUBLISHED', published_at=now(), claimed_until=NULL WHERE
+        event_id = ANY(...) AND status='PENDING'``. Transaction: one.
+
+        :returns: how many rows moved (a row already PUBLISHED or FAILED is not counted).
+        :raises ValueError: when an id is not a UUID.
+        :raises StoreError: on a database failure.
+        """
+        ids = [_uuid("event_ids", e) for e in event_ids]
+        if not ids:
+            return 0
+        with self._pool.connection() as conn, conn.transaction():
+            cur = _execute(conn, "outbox_mark_published", {"event_ids": ids})
+            return cur.rowcount
+
+    @_translated
+    def outbox_mark_failed(self, event_id: uuid.UUID | str, error: str) -> OutboxRow | None:
+        """Record one failed publish of a PENDING event.
+
+        SQL: ``UPDATE ... SET attempts = attempts + 1, last_error = error[:4000],
+        claimed_until = NULL`` and ``status = 'FAILED'`` when this is the 10th failure (the
+        relay's dead letter, never handed out again). Transaction: one.
+
+        :returns: the updated row, or None when the row is missing or no longer PENDING.
+        :raises ValueError: when ``event_id`` is not a UUID.
+        :raises StoreError: on a database failure.
+        """
+        key = _uuid("event_id", event_id)
+        params = {
+            "event_id": key,
+            "error": (error or "")[:MAX_ERROR_CHARS],
+            "max_attempts": OUTBOX_MAX_ATTEMPTS,
+        }
+        with self._pool.connection() as conn, conn.transaction():
+            row = _one(conn, "outbox_mark_failed", params)
+        if row is not None and row["status"] == "FAILED":
+            log.warning(
+                "outbox event %s FAILED after %d attempts: %s",
+                key,
+                row["attempts"],
+                row["last_error"],
+                extra={"action": "outbox_event_failed", "event_id": str(key)},
+            )
+        return OutboxRow.from_row(row) if row else None
+
+    @_translated
+    def outbox_for_job(self, job_id: uuid.UUID | str) -> list[OutboxRow]:
+        """Every outbox row of one job, in ``seq`` order (whatever their status).
+
+        SQL: ``SELECT ... WHERE kafka_key = job_id ORDER BY seq``. Transaction: one, read only.
+
+        :raises ValueError: when ``job_id`` is not a UUID.
+        :raises StoreError: on a database failure.
+        """
+        key = _uuid("job_id", job_id)
+        with self._pool.connection() as conn, conn.transaction():
+            rows = _rows(conn, "outbox_for_job", {"kafka_key": str(key)})
+        return [OutboxRow.from_row(r) for r in rows]
+
+    # -- request-topic rejects --------------------------------------------------------------
+
+    @_translated
+    def reject_insert(
+        self, raw: bytes | None, topic: str, partition: int, offset: int, reason: str
+    ) -> int:
+        """Keep a request-topic record that could not be decoded or validated.
+
+        SQL: ``INSERT INTO workflow_run_rejects (topic, partition, offset, raw, reason)``
+        (``received_at`` = now()). Transaction: one.
+
+        :param raw: the record value as received (None for a tombstone).
+        :returns: the reject's id.
+        :raises ValueError: for a blank topic or reason.
+        :raises StoreError: on a database failure.
+        """
+        _text("topic", topic)
+        _text("reason", reason)
+        params = {
+            "topic": topic,
+            "partition": int(partition),
+            "offset": int(offset),
+            "raw": bytes(raw) if raw is not None else None,
+            "reason": reason,
+        }
+        with self._pool.connection() as conn, conn.transaction():
+            row = _one(conn, "reject_insert", params)
+        assert row is not None
+        return int(row["id"])
+
+    # -- shared pieces ----------------------------------------------------------------------
+
+    def _outbox_txn(
+        self,
+        conn: psycopg.Connection[Any],
+        row: dict[str, Any],
+        type: int,
+        *,
+        step: str = "",
+        verdict: str = "",
+        error: str = "",
+    ) -> None:
+        """Write the event of a change in the change's transaction. ``row`` carries job_id,
+        workflow_name, status (after), attempt and tx_now (the transaction's now())."""
+        event = build_event(
+            job_id=row["job_id"],
+            workflow_name=row["workflow_name"],
+            type=type,
+            attempt=row["attempt"],
+            status_after=row["status"],
+            occurred_at=row["tx_now"],
+            step=step,
+            verdict=verdict,
+            error=error,
+        )
+        _execute(
+            conn,
+            "outbox_insert",
+            {
+                "event_id": event.event_id,
+                "event_type": event.event_type,
+                "payload": event.payload,
+                "kafka_key": event.kafka_key,
+            },
+        )
+
+
+# -- statement helpers ----------------------------------------------------------------------
+
+
+def _execute(
+    conn: psycopg.Connection[Any], name: str, params: dict[str, Any]
+) -> psycopg.Cursor[Any]:
+    return conn.execute(QUERIES[name], params)
+
+
+def _rows(conn: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(QUERIES[name], params)
+        return cur.fetchall()
+
+
+def _one(conn: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(QUERIES[name], params)
+        return cur.fetchone()
+
+
+def _fenced(
+    conn: psycopg.Connection[Any], name: str, lease: Lease, params: dict[str, Any]
+) -> dict[str, Any]:
+    """Run a fenced query; no row back means the lease is lost (the caller's transaction then
+    rolls back as LeaseLost propagates)."""
+    if not isinstance(lease, Lease):
+        raise TypeError(f"lease: expected a Lease; got {type(lease).__name__}")
+    row = _one(
+        conn,
+        name,
+        {"job_id": lease.job_id, "owner": lease.owner, "attempt": lease.attempt, **params},
+    )
+    if row is None:
+        log.info(
+            "lease lost on job %s during %s",
+            lease.job_id,
+            name,
+            extra={
+                "action": "lease_lost",
+                "job_id": str(lease.job_id),
+                "worker_id": lease.owner,
+                "attempt": lease.attempt,
+                "operation": name,
+            },
+        )
+        raise LeaseLost(lease.job_id, lease.owner, lease.attempt, name)
+    return row
+
+
+# -- argument checks (programming errors of the caller; messages name the field) -------------
+
+
+def _uuid(field: str, value: Any) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, str):
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            pass
+    raise ValueError(f"{field}: must be a UUID; got {value!r}")
+
+
+def _text(field: str, value: Any) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{field}: must be a non-blank string; got {value!r}")
+
+
+def _positive_int(field: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{field}: must be a positive integer; got {value!r}")
+
+
+def _non_negative_int(field: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{field}: must be an integer >= 0; got {value!r}")
+
+
+def _positive_seconds(field: str, value: Any) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{field}: must be a positive number of seconds; got {value!r}")
+
+
+def _non_negative_seconds(field: str, value: Any) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ValueError(f"{field}: must be a number of seconds >= 0; got {value!r}")
+
+
+def _entry_name(entry: Any) -> str:
+    if not isinstance(entry, dict):
+        raise TypeError(f"entry: must be a JSON object; got {type(entry).__name__}")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"entry.name: must be a non-blank string; got {name!r}")
+    return name
+
+
+def _jsonb(field: str, value: Any, kind: type) -> Jsonb:
+    """Serialise now, so a value JSON cannot hold fails here with the field's name."""
+    if not isinstance(value, kind):
+        raise TypeError(f"{field}: must be a JSON {kind.__name__}; got {type(value).__name__}")
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{field}: not representable as JSON: {exc}") from None
+    return Jsonb(value, dumps=lambda _obj: text)
