@@ -1,0 +1,289 @@
+"""Node configuration: ``protomolt.toml`` plus ``PROTOMOLT_*`` environment overrides.
+
+The file has a ``[node]`` table and one table per role (``[jobs]``, ``[registry]`` ...). Any
+key can be overridden by ``PROTOMOLT_<SECTION>_<KEY>`` (``PROTOMOLT_JOBS_DSN``,
+``PROTOMOLT_NODE_HTTP_PORT``); the role list also by ``PROTOMOLT_ROLES`` (a comma list).
+Aliases: ``PROTOMOLT_JOBS_KAFKA`` for ``jobs.kafka_bootstrap`` and ``PROTOMOLT_API_TOKEN``
+for ``node.api_token`` (the canonical name wins when both are set).
+
+Configuration is demanded only for the roles the node mounts: ``[jobs]`` is checked (through
+:class:`protomolt_jobs.config.JobsConfig`) only when ``jobs`` is in ``roles``. Every error is
+a :class:`~protomolt_jobs.config.ConfigError` naming the key, where it came from and the
+expected form. ``docs/configuration.md`` lists every key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from protomolt_jobs.config import ConfigError, JobsConfig
+
+__all__ = ["DEFAULT_DATA_DIR", "DEFAULT_ROLES", "ENV_PREFIX", "ConfigError", "NodeConfig"]
+
+#: Prefix of every override variable.
+ENV_PREFIX = "PROTOMOLT_"
+#: Roles a node mounts when neither the file nor ``PROTOMOLT_ROLES`` names any.
+DEFAULT_ROLES: tuple[str, ...] = ("registry", "parse", "jobs")
+#: Data directory when none is configured (relative to the working directory).
+DEFAULT_DATA_DIR = ".protomolt-data"
+
+#: ``[node]`` keys and their defaults.
+_NODE_DEFAULTS: dict[str, Any] = {
+    "roles": None,
+    "data_dir": DEFAULT_DATA_DIR,
+    "http_host": "127.0.0.1",
+    "http_port": 8081,
+    "grpc_host": "127.0.0.1",
+    "grpc_port": 9090,
+    "api_token": None,
+}
+
+#: Environment aliases: variable -> (section, key). The canonical variable wins.
+_ALIASES: dict[str, tuple[str, str]] = {
+    "PROTOMOLT_JOBS_KAFKA": ("jobs", "kafka_bootstrap"),
+    "PROTOMOLT_API_TOKEN": ("node", "api_token"),
+    "PROTOMOLT_ROLES": ("node", "roles"),
+}
+
+
+def _env_name(section: str, key: str) -> str:
+    return f"{ENV_PREFIX}{section.upper().replace('-', '_')}_{key.upper()}"
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeConfig:
+    """One node's configuration.
+
+    :ivar roles: roles to mount, lowercase, in the configured order, no duplicates.
+    :ivar data_dir: absolute data directory (not created here).
+    :ivar http_host: actions route bind address (default loopback).
+    :ivar http_port: actions route port, 0 picks a free port (default 8081).
+    :ivar grpc_host: ``ProtoMoltService`` bind address (default loopback).
+    :ivar grpc_port: ``ProtoMoltService`` port, 0 picks a free port (default 9090).
+    :ivar api_token: operator token the surfaces require, or None for an open node.
+    :ivar source: the file the configuration was read from, or None.
+    """
+
+    roles: list[str]
+    data_dir: Path
+    http_host: str = "127.0.0.1"
+    http_port: int = 8081
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = 9090
+    api_token: str | None = None
+    source: Path | None = None
+    #: role sections with overrides applied: section -> key -> (value, origin).
+    _sections: Mapping[str, Mapping[str, tuple[Any, str]]] = dataclasses.field(
+        default_factory=dict, repr=False
+    )
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def load(
+        cls, path: Path | str | None = None, environ: Mapping[str, str] | None = None
+    ) -> NodeConfig:
+        """Read ``path`` (TOML; None: no file) and apply ``environ`` overrides.
+
+        :param path: a ``protomolt.toml``; a missing file is an error.
+        :param environ: the environment (None: ``os.environ``).
+        :raises ConfigError: unreadable file, wrong types, unknown ``[node]`` keys, duplicate
+            roles, a bad ``[jobs]`` section on a node that mounts jobs.
+        """
+        environ = os.environ if environ is None else environ
+        source = Path(path).expanduser().resolve() if path is not None else None
+        document: dict[str, Any] = {}
+        if source is not None:
+            try:
+                with source.open("rb") as fh:
+                    document = tomllib.load(fh)
+            except FileNotFoundError:
+                raise ConfigError(f"config file {source} does not exist") from None
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"config file {source} is not valid TOML: {exc}") from None
+            except OSError as exc:
+                raise ConfigError(f"config file {source} cannot be read: {exc}") from None
+
+        sections: dict[str, dict[str, tuple[Any, str]]] = {}
+        for name, table in document.items():
+            if not isinstance(table, dict):
+                raise ConfigError(
+                    f"top-level key {name!r} in {source}: expected a table like [node] or "
+                    f"[jobs]; got {type(table).__name__}"
+                )
+            sections[name.lower()] = {
+                str(k): (v, f"{source} [{name}] {k}") for k, v in table.items()
+            }
+        _apply_environment(sections, environ)
+
+        node = sections.get("node", {})
+        for key in node:
+            if key not in _NODE_DEFAULTS:
+                raise ConfigError(
+                    f"unknown key node.{key} ({node[key][1]}); known keys: "
+                    + ", ".join(sorted(_NODE_DEFAULTS))
+                )
+
+        roles = _parse_roles(node.get("roles"))
+        base = source.parent if source is not None else Path.cwd()
+        data_dir = _parse_path("data_dir", node.get("data_dir"), base)
+        config = cls(
+            roles=roles,
+            data_dir=data_dir,
+            http_host=_parse_host("http_host", node.get("http_host")),
+            http_port=_parse_port("http_port", node.get("http_port")),
+            grpc_host=_parse_host("grpc_host", node.get("grpc_host")),
+            grpc_port=_parse_port("grpc_port", node.get("grpc_port")),
+            api_token=_parse_token(node.get("api_token")),
+            source=source,
+            _sections={k: v for k, v in sections.items() if k != "node"},
+        )
+        if "jobs" in roles:
+            config.jobs_config()  # demanded only when mounted; raises ConfigError
+        return config
+
+    # ------------------------------------------------------------------ reading
+
+    def section(self, role: str) -> dict[str, Any]:
+        """The ``[<role>]`` table with ``PROTOMOLT_<ROLE>_<KEY>`` overrides applied
+        (override values are strings). Empty when neither sets anything."""
+        return {k: v for k, (v, _origin) in self._sections.get(role.lower(), {}).items()}
+
+    def origin(self, role: str, key: str) -> str | None:
+        """Where ``[<role>] key`` came from (a file position or a variable name), or None."""
+        entry = self._sections.get(role.lower(), {}).get(key)
+        return entry[1] if entry else None
+
+    def jobs_config(self) -> JobsConfig:
+        """The ``[jobs]`` section as a :class:`JobsConfig`.
+
+        :raises ConfigError: naming the key, where it came from and the expected form.
+        """
+        try:
+            return JobsConfig.from_mapping(self.section("jobs"))
+        except ConfigError as exc:
+            origins = [
+                origin
+                for key, (_v, origin) in self._sections.get("jobs", {}).items()
+                if f"jobs.{key}" in str(exc)
+            ]
+            suffix = f" (from {', '.join(origins)})" if origins else ""
+            raise ConfigError(f"{exc}{suffix}") from None
+
+
+def _apply_environment(
+    sections: dict[str, dict[str, tuple[Any, str]]], environ: Mapping[str, str]
+) -> None:
+    # Aliases first, so the canonical variable (applied after) wins when both are set.
+    for var, (section, key) in _ALIASES.items():
+        if var in environ:
+            sections.setdefault(section, {})[key] = (environ[var], var)
+    for var, value in environ.items():
+        if not var.startswith(ENV_PREFIX) or var in _ALIASES:
+            continue
+        rest = var[len(ENV_PREFIX) :]
+        if rest.startswith("NODE_"):
+            section, key = "node", rest[len("NODE_") :].lower()
+        elif rest.startswith("JOBS_"):
+            section, key = "jobs", rest[len("JOBS_") :].lower()
+        else:
+            # PROTOMOLT_<ROLE>_<KEY> for the other roles: the role is the longest section
+            # already present whose name prefixes the variable; variables naming no known
+            # section are left alone (test fixtures and other tools share the prefix).
+            match = None
+            for name in sections:
+                prefix = name.upper().replace("-", "_") + "_"
+                longer = match is None or len(name) > len(match)
+                if name != "node" and rest.startswith(prefix) and longer:
+                    match = name
+            if match is None:
+                continue
+            section = match
+            key = rest[len(match.upper().replace("-", "_")) + 1 :].lower()
+        if key:
+            sections.setdefault(section, {})[key] = (value, var)
+
+
+def _parse_roles(entry: tuple[Any, str] | None) -> list[str]:
+    if entry is None:
+        return list(DEFAULT_ROLES)
+    raw, origin = entry
+    if isinstance(raw, str):
+        items: list[Any] = raw.split(",")
+    elif isinstance(raw, list):
+        items = raw
+    else:
+        raise ConfigError(
+            f'node.roles ({origin}) must be a list of role names like ["registry", "jobs"] '
+            f"or a comma list; got {raw!r}"
+        )
+    roles: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ConfigError(f"node.roles ({origin}) must hold role names; got {item!r}")
+        role = item.strip().lower()
+        if not role:
+            continue
+        if role in roles:
+            raise ConfigError(f"node.roles ({origin}) names the {role} role twice")
+        roles.append(role)
+    if not roles:
+        raise ConfigError(
+            f"node.roles ({origin}) is empty: name at least one role, e.g. registry,jobs"
+        )
+    return roles
+
+
+def _parse_path(key: str, entry: tuple[Any, str] | None, base: Path) -> Path:
+    raw, origin = entry if entry is not None else (DEFAULT_DATA_DIR, "default")
+    if not isinstance(raw, str) or not raw.strip():
+        raise ConfigError(f"node.{key} ({origin}) must be a directory path; got {raw!r}")
+    path = Path(raw.strip()).expanduser()
+    if not path.is_absolute():
+        # File values are relative to the file; variables and the default to the cwd.
+        path = (base if origin.endswith(f" {key}") else Path.cwd()) / path
+    return path.resolve()
+
+
+def _parse_host(key: str, entry: tuple[Any, str] | None) -> str:
+    if entry is None:
+        return str(_NODE_DEFAULTS[key])
+    raw, origin = entry
+    if not isinstance(raw, str) or not raw.strip():
+        raise ConfigError(
+            f"node.{key} ({origin}) must be a host name or address like 127.0.0.1; got {raw!r}"
+        )
+    return raw.strip()
+
+
+def _parse_port(key: str, entry: tuple[Any, str] | None) -> int:
+    if entry is None:
+        return int(_NODE_DEFAULTS[key])
+    raw, origin = entry
+    value: int | None = None
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        value = raw
+    elif isinstance(raw, str) and raw.strip().isdigit():
+        value = int(raw.strip())
+    if value is None or not 0 <= value <= 65535:
+        raise ConfigError(
+            f"node.{key} ({origin}) must be a port number 0-65535 (0 picks a free port); "
+            f"got {raw!r}"
+        )
+    return value
+
+
+def _parse_token(entry: tuple[Any, str] | None) -> str | None:
+    if entry is None:
+        return None
+    raw, origin = entry
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        raise ConfigError(f"node.api_token ({origin}) must be a string; got {type(raw).__name__}")
+    return raw.strip() or None
