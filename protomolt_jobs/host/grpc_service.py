@@ -1,0 +1,320 @@
+"""``ProtoMoltService`` over gRPC: typed RPCs transcoded to the action catalog.
+
+Each RPC is one verb: ``SubmitWorkflow`` is ``submit-workflow`` (kebab case of the RPC name).
+A call prints its request as canonical proto3 JSON (lowerCamelCase, default values omitted),
+which is the verb's JSON envelope, runs ``catalog.execute`` and parses the answer into the
+response message, ignoring keys the message does not declare.
+
+Errors (DESIGN.md section 4): an :class:`~protomolt_jobs.errors.ActionError` aborts the call with
+``grpc.StatusCode[err.grpc_status]`` and the description ``"<code>: <message>"``; the trailing
+metadata carries ``protomolt-error`` (the code) and, when the error has details,
+``protomolt-error-details-bin`` (UTF-8 JSON). An unexpected exception is ``INTERNAL``
+``"internal-error: <Method> failed"``; the traceback stays in the server log.
+
+The server also serves health (``grpc.health.v1``) and server reflection under both
+``grpc.reflection.v1alpha`` and ``grpc.reflection.v1`` (grpcio-reflection serves only v1alpha;
+the v1 service is the same servicer under the v1 name, LIBRARIES.md section 5). With an API
+token configured every call but health needs metadata ``api_token: <t>`` or
+``authorization: Bearer <t>``, otherwise ``UNAUTHENTICATED``. It binds 127.0.0.1 by default.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool, json_format
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection, reflection_pb2
+
+from protomolt_jobs.errors import ActionError
+from protomolt_jobs.host.http_route import _token_ok
+from protomolt_jobs.pb.ai.pipestream.proto.service.v1 import protomolt_service_pb2 as pb
+
+__all__ = [
+    "REFLECTION_V1",
+    "REFLECTION_V1ALPHA",
+    "RPCS",
+    "SERVICE_NAME",
+    "ProtoMoltGrpcServer",
+    "verb_of",
+]
+
+log = logging.getLogger("protomolt_jobs.grpc_service")
+
+#: Full name of the service.
+SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["ProtoMoltService"].full_name
+REFLECTION_V1ALPHA = "grpc.reflection.v1alpha.ServerReflection"
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+HEALTH_SERVICE = "grpc.health.v1.Health"
+
+_SERVICE_DESCRIPTOR = pb.DESCRIPTOR.services_by_name["ProtoMoltService"]
+
+
+def verb_of(rpc_name: str) -> str:
+    """The verb an RPC name stands for: ``SubmitWorkflow`` -> ``submit-workflow``."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "-", rpc_name).lower()
+
+
+def _message_class(descriptor: Any) -> type:
+    return getattr(pb, descriptor.name)
+
+
+#: ``{rpc name: (verb, request class, response class)}`` for every RPC of the service.
+RPCS: dict[str, tuple[str, type, type]] = {
+    m.name: (verb_of(m.name), _message_class(m.input_type), _message_class(m.output_type))
+    for m in _SERVICE_DESCRIPTOR.methods
+}
+
+
+def _ensure_reflection_v1_descriptor(pool: descriptor_pool.DescriptorPool) -> None:
+    """Describe ``grpc.reflection.v1`` in ``pool`` so reflection can describe itself.
+
+    grpcio-reflection ships only the v1alpha proto; v1 is the same file under another package.
+    """
+    try:
+        pool.FindServiceByName(REFLECTION_V1)
+        return
+    except KeyError:
+        pass
+    fdp = descriptor_pb2.FileDescriptorProto.FromString(reflection_pb2.DESCRIPTOR.serialized_pb)
+    fdp.name = "grpc/reflection/v1/reflection.proto"
+    fdp.package = "grpc.reflection.v1"
+    # Type references are fully qualified (".grpc.reflection.v1alpha.X"): point them at v1.
+    for message in fdp.message_type:
+        for f in message.field:
+            if f.type_name.startswith(".grpc.reflection.v1alpha."):
+                f.type_name = f.type_name.replace(".v1alpha.", ".v1.", 1)
+    for service in fdp.service:
+        for method in service.method:
+            method.input_type = method.input_type.replace(".v1alpha.", ".v1.", 1)
+            method.output_type = method.output_type.replace(".v1alpha.", ".v1.", 1)
+    text = fdp.SerializeToString()
+    try:
+        pool.AddSerializedFile(text)
+    except (TypeError, ValueError):  # a conflicting definition: reflection still works
+        log.debug("reflection v1 descriptor not added", extra={"action": "reflection_v1_skipped"})
+
+
+class _TokenInterceptor(grpc.ServerInterceptor):
+    """Refuses every call but health without the node's API token."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    def intercept_service(self, continuation, handler_call_details):
+        if handler_call_details.method.startswith(f"/{HEALTH_SERVICE}/"):
+            return continuation(handler_call_details)
+        metadata = {k.lower(): v for k, v in (handler_call_details.invocation_metadata or ())}
+        presented = metadata.get("api_token")
+        if not presented:
+            scheme, _, value = str(metadata.get("authorization", "")).partition(" ")
+            presented = value.strip() if scheme.lower() == "bearer" and value.strip() else None
+        if _token_ok(self._token, presented):
+            return continuation(handler_call_details)
+        message = "Missing API token 'api_token'" if presented is None else "Invalid API token"
+        handler = continuation(handler_call_details)
+        return _refusing(handler, message)
+
+
+def _refusing(handler: grpc.RpcMethodHandler | None, message: str) -> grpc.RpcMethodHandler:
+    def deny(request_or_iterator: Any, context: grpc.ServicerContext) -> Any:
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    if handler is None or handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(
+            deny,
+            request_deserializer=handler.request_deserializer if handler else None,
+            response_serializer=handler.response_serializer if handler else None,
+        )
+    kind = (
+        grpc.unary_stream_rpc_method_handler
+        if handler.unary_stream
+        else grpc.stream_unary_rpc_method_handler
+        if handler.stream_unary
+        else grpc.stream_stream_rpc_method_handler
+    )
+    return kind(
+        deny,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+class ProtoMoltGrpcServer:
+    """A sync ``grpc.server`` serving ProtoMoltService, health and reflection (v1 and v1alpha).
+
+    :param catalog: the node catalog (``execute(name, input) -> dict``, raising ActionError).
+    :param host: bind address; 127.0.0.1 by default.
+    :param port: TCP port; 0 picks a free one (read :attr:`port` after :meth:`start`).
+    :param api_token: when set, calls need it (health excepted).
+    :param max_workers: handler threads, the number of calls served at once.
+    :param extra_handlers: more generic handlers to serve on the same port.
+    """
+
+    def __init__(
+        self,
+        catalog: Any,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 9090,
+        api_token: str | None = None,
+        max_workers: int = 64,
+        extra_handlers: Iterable[grpc.GenericRpcHandler] = (),
+    ) -> None:
+        self.catalog = catalog
+        self.host = host
+        self._requested_port = port
+        self.api_token = api_token or None
+        self.max_workers = max_workers
+        self._extra = tuple(extra_handlers)
+        self._server: grpc.Server | None = None
+        self._port: int | None = None
+        self._health: health.HealthServicer | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def port(self) -> int:
+        """The bound port (after :meth:`start`), else the requested one."""
+        return self._port if self._port is not None else self._requested_port
+
+    @property
+    def target(self) -> str:
+        """``HOST:PORT`` a client dials."""
+        host = self.host if ":" not in self.host else f"[{self.host}]"
+        return f"{host}:{self.port}"
+
+    def start(self) -> ProtoMoltGrpcServer:
+        """Bind and start serving; returns once the port is bound.
+
+        :raises RuntimeError: when the address cannot be bound.
+        """
+        with self._lock:
+            if self._server is not None:
+                return self
+            interceptors = [_TokenInterceptor(self.api_token)] if self.api_token else []
+            server = grpc.server(
+                ThreadPoolExecutor(
+                    max_workers=self.max_workers, thread_name_prefix="protomolt-grpc"
+                ),
+                interceptors=interceptors,
+                maximum_concurrent_rpcs=None,
+            )
+            handlers = {name: self._rpc_handler(name) for name in RPCS}
+            server.add_generic_rpc_handlers(
+                (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers), *self._extra)
+            )
+            hs = health.HealthServicer()
+            health_pb2_grpc.add_HealthServicer_to_server(hs, server)
+            pool = descriptor_pool.Default()
+            _ensure_reflection_v1_descriptor(pool)
+            names = (SERVICE_NAME, HEALTH_SERVICE, REFLECTION_V1ALPHA, REFLECTION_V1)
+            reflection.enable_server_reflection(names, server)
+            servicer = reflection.ReflectionServicer(names)
+            server.add_generic_rpc_handlers(
+                (
+                    grpc.method_handlers_generic_handler(
+                        REFLECTION_V1,
+                        {
+                            "ServerReflectionInfo": grpc.stream_stream_rpc_method_handler(
+                                servicer.ServerReflectionInfo,
+                                request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+                                response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+                            )
+                        },
+                    ),
+                )
+            )
+            address = f"{self.host if ':' not in self.host else '[' + self.host + ']'}:{self._requested_port}"
+            try:
+                port = server.add_insecure_port(address)
+            except RuntimeError as exc:
+                raise RuntimeError(f"cannot bind gRPC on {address}: {exc}") from exc
+            if port == 0:
+                raise RuntimeError(f"cannot bind gRPC on {address}")
+            server.start()
+            for name in ("", SERVICE_NAME):
+                hs.set(name, health_pb2.HealthCheckResponse.SERVING)
+            self._server, self._port, self._health = server, port, hs
+        log.info(
+            "grpc listening on %s",
+            self.target,
+            extra={"action": "grpc_started", "target": self.target},
+        )
+        return self
+
+    def close(self, grace_s: float = 2.0) -> None:
+        """Stop serving: health turns NOT_SERVING, in-flight calls get ``grace_s`` seconds.
+        Idempotent."""
+        with self._lock:
+            server, hs = self._server, self._health
+            self._server = self._health = None
+        if server is None:
+            return
+        if hs is not None:
+            hs.enter_graceful_shutdown()
+        server.stop(grace_s).wait(grace_s + 5)
+        log.info("grpc stopped", extra={"action": "grpc_stopped"})
+
+    def _rpc_handler(self, rpc_name: str) -> grpc.RpcMethodHandler:
+        verb, request_cls, response_cls = RPCS[rpc_name]
+        call = self._transcoder(rpc_name, verb, response_cls)
+        return grpc.unary_unary_rpc_method_handler(
+            call,
+            request_deserializer=request_cls.FromString,
+            response_serializer=response_cls.SerializeToString,
+        )
+
+    def _transcoder(
+        self, rpc_name: str, verb: str, response_cls: type
+    ) -> Callable[[Any, grpc.ServicerContext], Any]:
+        catalog = self.catalog
+
+        def handle(request: Any, context: grpc.ServicerContext) -> Any:
+            envelope = json_format.MessageToDict(request)
+            failure: tuple[grpc.StatusCode, str] | None = None
+            try:
+                result = catalog.execute(verb, envelope)
+            except ActionError as err:
+                trailers: list[tuple[str, Any]] = [("protomolt-error", err.code)]
+                if err.details:
+                    trailers.append(
+                        ("protomolt-error-details-bin", json.dumps(err.details).encode("utf-8"))
+                    )
+                context.set_trailing_metadata(tuple(trailers))
+                failure = (grpc.StatusCode[err.grpc_status], f"{err.code}: {err.message}")
+            except Exception:
+                log.exception(
+                    "%s failed",
+                    rpc_name,
+                    extra={"action": "grpc_internal_error", "rpc": rpc_name},
+                )
+                context.set_trailing_metadata((("protomolt-error", "internal-error"),))
+                failure = (grpc.StatusCode.INTERNAL, f"internal-error: {rpc_name} failed")
+            if failure is None:
+                try:
+                    return json_format.ParseDict(result, response_cls(), ignore_unknown_fields=True)
+                except (json_format.ParseError, TypeError, ValueError) as exc:
+                    log.error(
+                        "result of %s does not parse as %s: %s",
+                        verb,
+                        response_cls.DESCRIPTOR.full_name,
+                        exc,
+                        extra={"action": "grpc_result_unparseable", "rpc": rpc_name},
+                    )
+                    failure = (
+                        grpc.StatusCode.INTERNAL,
+                        (
+                            f"internal-error: Result of '{verb}' does not parse as "
+                            f"{response_cls.DESCRIPTOR.full_name}: {exc}"
+                        ),
+                    )
+            context.abort(*failure)
+
+        return handle

@@ -1,0 +1,254 @@
+"""The ``registry`` role: named workflow definitions in files, and their HTTP endpoints.
+
+Storage: one file per workflow, ``<data_dir>/workflows/<name>.json``, holding the definition
+(the JSON envelope ``run-workflow`` accepts). Names match :data:`NAME_PATTERN` (lower case,
+so names mean the same on case-insensitive file systems). A write goes to a temporary file
+that replaces the old one, so a reader never sees half a definition.
+
+The role requires nothing. At wire it contributes:
+
+- a :class:`~protomolt_jobs.hooks.contract.WorkflowRepository` (:class:`WorkflowStore`). A stored
+  file that is not JSON, or not a JSON object, raises :class:`CorruptWorkflow`: it is never
+  "not found", so a submit by that name fails loudly instead of quietly.
+- :class:`~protomolt_jobs.host.http_route.HttpRoute` values for the actions route:
+
+  - ``GET /protomolt/workflows``: the sorted names (JSON array).
+  - ``GET /protomolt/workflows/{name}``: the stored JSON verbatim; 404 ``not-found`` when absent;
+    500 ``workflow-corrupt`` when the file does not read as a JSON object.
+  - ``PUT /protomolt/workflows/{name}``: the body must be a JSON object (else 400
+    ``invalid-input``). The definition is verified first with the catalog's
+    ``check-workflow``; one that does not verify is refused with **422**
+    ``{"error": "does-not-verify", "message", "findings": [{step, kind, error}]}`` and nothing
+    is stored. Without ``check-workflow`` in the catalog (no jobs role mounted) the PUT is
+    refused with 503 ``unavailable``, never stored unchecked. Success: 200 ``{"name": name}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from protomolt_jobs.errors import UnknownAction
+from protomolt_jobs.hooks.contract import InertMount, Mount, WireContext, WorkflowRepository
+from protomolt_jobs.hooks.hookspecs import hookimpl
+from protomolt_jobs.host.http_route import HttpRequest, HttpResponse, HttpRoute, error_response
+
+__all__ = [
+    "NAME_PATTERN",
+    "CorruptWorkflow",
+    "RegistryModule",
+    "WorkflowStore",
+    "protomolt_role_module",
+    "workflow_routes",
+]
+
+log = logging.getLogger("protomolt_jobs.registry")
+
+#: What a stored workflow's name looks like.
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,199}$")
+
+
+class CorruptWorkflow(RuntimeError):
+    """A stored workflow file exists but does not read as a JSON object. Raised by
+    :meth:`WorkflowStore.workflow`; the message names the workflow and the file."""
+
+    def __init__(self, name: str, path: Path, reason: str) -> None:
+        super().__init__(f"Stored workflow '{name}' {reason} ({path})")
+        self.name = name
+        self.path = path
+
+
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise ValueError(
+            f"workflow names match {NAME_PATTERN.pattern} (lower case letters, digits, '.', "
+            f"'_', '-'; at most 200 characters); got {name!r}"
+        )
+    return name
+
+
+class WorkflowStore:
+    """Workflow definitions as ``<directory>/<name>.json`` files (a WorkflowRepository).
+
+    :param directory: where the files live; created when missing.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    def path_of(self, name: str) -> Path:
+        """The file of workflow ``name``.
+
+        :raises ValueError: ``name`` does not match :data:`NAME_PATTERN`.
+        """
+        return self.directory / f"{_check_name(name)}.json"
+
+    def read_text(self, name: str) -> str | None:
+        """The stored text of ``name`` verbatim, or None when absent or not a valid name.
+
+        :raises CorruptWorkflow: the file exists but cannot be read.
+        """
+        if not isinstance(name, str) or not NAME_PATTERN.match(name):
+            return None
+        path = self.path_of(name)
+        try:
+            return path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CorruptWorkflow(name, path, f"cannot be read: {exc}") from exc
+
+    def workflow(self, name: str) -> dict[str, Any] | None:
+        """The definition stored as ``name``; None when there is none.
+
+        :raises CorruptWorkflow: the stored file is not JSON or not a JSON object.
+        """
+        text = self.read_text(name)
+        if text is None:
+            return None
+        path = self.path_of(name)
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CorruptWorkflow(name, path, f"is not valid JSON: {exc}") from exc
+        if not isinstance(value, dict):
+            raise CorruptWorkflow(name, path, "is not a JSON object")
+        return value
+
+    def names(self) -> list[str]:
+        """Every stored name, sorted."""
+        return sorted(
+            p.stem
+            for p in self.directory.glob("*.json")
+            if p.is_file() and NAME_PATTERN.match(p.stem)
+        )
+
+    def put(self, name: str, definition: dict[str, Any]) -> None:
+        """Store (replace) ``definition`` as ``name``, atomically.
+
+        :raises ValueError: a bad name.
+        :raises TypeError: a definition that is not a JSON object.
+        """
+        path = self.path_of(name)
+        if not isinstance(definition, dict):
+            raise TypeError(f"workflow '{name}' must be a JSON object")
+        text = json.dumps(definition, indent=2, ensure_ascii=False) + "\n"
+        with self._lock:
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.directory)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    fh.write(text)
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        log.info(
+            "stored workflow %s",
+            name,
+            extra={"action": "workflow_stored", "workflow_name": name},
+        )
+
+
+def _summary(name: str, findings: list[dict[str, Any]]) -> str:
+    n = len(findings)
+    first = findings[0] if findings else {}
+    where = f" (step '{first.get('step')}')" if first.get("step") else ""
+    return (
+        f"Workflow '{name}' does not verify ({n} finding{'s' if n != 1 else ''}); first: "
+        f"[{first.get('kind', '?')}] {first.get('error', '')}{where}"
+    )
+
+
+def workflow_routes(store: WorkflowStore) -> list[HttpRoute]:
+    """The registry's routes over ``store`` (see the module docstring)."""
+
+    def list_names(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200, store.names())
+
+    def get_one(request: HttpRequest) -> HttpResponse:
+        name = request.params["name"]
+        try:
+            text = store.read_text(name)
+            if text is not None:
+                store.workflow(name)  # refuse to serve a corrupt file as if it were fine
+        except CorruptWorkflow as exc:
+            return error_response(500, "workflow-corrupt", str(exc))
+        if text is None:
+            return error_response(404, "not-found", f"Workflow not found: {name}")
+        return HttpResponse(200, text.encode("utf-8"))
+
+    def put_one(request: HttpRequest) -> HttpResponse:
+        name = request.params["name"]
+        try:
+            _check_name(name)
+        except ValueError as exc:
+            return error_response(400, "invalid-input", str(exc))
+        try:
+            definition = request.json_object()
+        except ValueError:
+            return error_response(
+                400, "invalid-input", "The body must be a workflow definition (a JSON object)"
+            )
+        try:
+            verdict = request.catalog.execute("check-workflow", {"workflow": definition})
+        except UnknownAction:
+            return error_response(
+                503,
+                "unavailable",
+                "check-workflow is not mounted on this node (mount the jobs role); "
+                "a workflow is stored only once it verifies",
+            )
+        if not verdict.get("ok"):
+            findings = list(verdict.get("findings") or [])
+            log.info(
+                "refused workflow %s: %d findings",
+                name,
+                len(findings),
+                extra={"action": "workflow_refused", "workflow_name": name},
+            )
+            return error_response(
+                422, "does-not-verify", _summary(name, findings), findings=findings
+            )
+        store.put(name, definition)
+        return HttpResponse(200, {"name": name})
+
+    one = r"/protomolt/workflows/(?P<name>[^/]+)"
+    return [
+        HttpRoute(frozenset({"GET"}), r"/protomolt/workflows/?", list_names),
+        HttpRoute(frozenset({"GET"}), one, get_one),
+        HttpRoute(frozenset({"PUT"}), one, put_one),
+    ]
+
+
+class RegistryModule:
+    """The registry role: requires nothing; contributes the store and its routes at wire."""
+
+    role = "registry"
+    requires: frozenset[str] = frozenset()
+
+    def wire(self, ctx: WireContext) -> Mount:
+        """Open ``<data_dir>/workflows`` and contribute the repository and the routes."""
+        store = WorkflowStore(Path(ctx.data_dir) / "workflows")
+        ctx.contributions.contribute(WorkflowRepository, store)
+        for route in workflow_routes(store):
+            ctx.contributions.contribute(HttpRoute, route)
+        log.info(
+            "registry wired at %s",
+            store.directory,
+            extra={"action": "registry_wired", "directory": str(store.directory)},
+        )
+        return InertMount()
+
+
+@hookimpl
+def protomolt_role_module() -> RegistryModule:
+    """The registry role module (entry point ``protomolt.roles: registry``)."""
+    return RegistryModule()

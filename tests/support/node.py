@@ -1,0 +1,91 @@
+"""Test helpers for the node surfaces: a stub catalog whose verbs raise any action error."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from protomolt_jobs.errors import ERROR_CLASSES, error_for_code
+from protomolt_jobs.host.catalog import Catalog
+
+#: Every action error code with its (gRPC status name, HTTP status), per DESIGN.md section 4.
+ERROR_TABLE: dict[str, tuple[str, int]] = {
+    "invalid-input": ("INVALID_ARGUMENT", 400),
+    "unknown-action": ("UNIMPLEMENTED", 404),
+    "permission-denied": ("PERMISSION_DENIED", 403),
+    "resource-exhausted": ("RESOURCE_EXHAUSTED", 429),
+    "unavailable": ("UNAVAILABLE", 503),
+    "job-corrupt": ("DATA_LOSS", 500),
+    "internal-error": ("INTERNAL", 500),
+}
+assert set(ERROR_TABLE) == set(ERROR_CLASSES)
+
+
+class StubAction:
+    """A verb that answers per its input: ``{"raise": code}`` raises that action error,
+    ``{"boom": true}`` raises RuntimeError, ``{"answer": {...}}`` returns it, else echoes."""
+
+    scope = "service-invoke"
+    input_schema: dict[str, Any] = {"type": "object"}
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.description = f"stub {name}"
+        self.calls: list[dict[str, Any]] = []
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(input)
+        code = input.get("raise") or input.get("workflowName", "")
+        if code in ERROR_CLASSES:
+            raise error_for_code(code, f"stub {code}", {"field": "x"})
+        if input.get("boom") or code == "boom":
+            raise RuntimeError("secret stack detail")
+        if "answer" in input:
+            return input["answer"]
+        if code == "bad-answer":
+            return {"ok": True, "jobId": {"not": "a string"}}
+        return {"ok": True, "echo": input, "jobId": "j-1", "status": "QUEUED"}
+
+
+def stub_catalog(*names: str) -> tuple[Catalog, dict[str, StubAction]]:
+    """A real Catalog holding a StubAction per name (default: the six surface verbs)."""
+    names = names or (
+        "submit-workflow",
+        "get-job",
+        "list-jobs",
+        "complete-step",
+        "run-workflow",
+    )
+    catalog = Catalog()
+    actions = {}
+    for n in names:
+        actions[n] = StubAction(n)
+        catalog.register(actions[n])
+    return catalog, actions
+
+
+def http(
+    method: str,
+    url: str,
+    body: Any = None,
+    *,
+    headers: dict[str, str] | None = None,
+    raw: bytes | None = None,
+    timeout: float = 10,
+) -> tuple[int, Any, dict[str, str]]:
+    """One HTTP call: ``(status, decoded JSON body or bytes, headers)``."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    req = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, payload, hdrs = resp.status, resp.read(), dict(resp.headers)
+    except urllib.error.HTTPError as err:
+        status, payload, hdrs = err.code, err.read(), dict(err.headers)
+    try:
+        return status, json.loads(payload), hdrs
+    except ValueError:
+        return status, payload, hdrs
