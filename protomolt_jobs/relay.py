@@ -1,0 +1,479 @@
+"""The outbox relay: PENDING outbox rows -> the events topic, marked PUBLISHED after the ack.
+
+Model (at least once; consumers dedupe on ``event_id``):
+
+- **Claim.** ``store.outbox_claim(limit, claim_s=...)`` hands out PENDING rows oldest first by
+  ``seq`` and stamps a claim lease (``claimed_until``) on them, skipping rows another relay
+  holds and any row whose job still has an earlier PENDING row. So two relays never publish
+  the same row at once, and a job's later event is never handed out before its earlier one
+  is PUBLISHED or FAILED. The claim lease is longer than the longest pass
+  (``message.timeout.ms`` plus the wait for delivery reports), so it cannot lapse under a
+  relay that is still waiting for its acks.
+- **Check.** Each payload is decoded as a ``WorkflowRunEvent`` and checked against its CEL and
+  field rules (``contract.validate_event``), and its ``job_id`` must equal the row's key. A
+  row that fails is a recorded failure (``outbox_mark_failed(event_id, "<rule>: ...")``),
+  never a crash; the row's later events in the batch are held back.
+- **Publish.** The raw protobuf bytes go to ``config.events_topic`` keyed by the job id, with
+  an idempotent ``acks=all`` producer and the ``murmur2_random`` partitioner (the partition a
+  Java client picks for the same key). The whole batch is produced, then the relay waits for
+  every delivery report.
+- **Mark.** Acked rows become PUBLISHED in one statement. A delivery failure caused by the
+  event itself (too large, refused as invalid) is recorded with ``outbox_mark_failed``:
+  attempts + 1, ``last_error``, and FAILED (the DLQ) at the 10th. A failure caused by the
+  broker lane (unreachable, timed out, fatal producer state) does not count against the
+  event: nothing is written, the producer is rebuilt (an idempotent producer livelocks after
+  a broker restart, LIBRARIES.md section 1), the claim lease runs out, and the rows are
+  claimed again after a backoff. A broker outage therefore delays events and never
+  dead-letters them.
+- **Crash.** Killed between the publish and the mark (crash point ``after_publish``), the
+  rows stay PENDING; once their claim lease runs out they are published again.
+
+Per-job order on the topic follows state order: one job's events share a key and a
+partition, the idempotent producer keeps their order in the partition, and the claim never
+hands out an event before its predecessor is settled.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+from google.protobuf.message import DecodeError
+
+from protomolt_jobs.config import ConfigError, JobsConfig
+from protomolt_jobs.errors import StoreError
+
+__all__ = [
+    "CRASH_EXIT_CODE",
+    "CRASH_POINTS",
+    "Relay",
+    "arm_crash_point",
+    "check_payload",
+    "disarm_crash_points",
+    "is_lane_failure",
+]
+
+log = logging.getLogger("protomolt_jobs.relay")
+
+#: Default bound on one record's delivery, milliseconds (librdkafka's default is 300 s).
+MESSAGE_TIMEOUT_MS = 30_000
+#: Extra time beyond ``message.timeout.ms`` the relay waits for the last delivery reports.
+REPORT_MARGIN_S = 5.0
+#: Waits of the loop after a failed pass, seconds (doubling up to the max).
+BACKOFF_MIN_S = 0.5
+BACKOFF_MAX_S = 10.0
+
+#: Test-only named crash points this module passes (``os._exit`` there, like a SIGKILL).
+CRASH_POINTS = frozenset({"after_publish"})
+#: Exit status of a process that stopped at a crash point.
+CRASH_EXIT_CODE = 97
+_armed_points: set[str] = set()
+
+#: Delivery errors that say the broker lane is down, not that the event is bad.
+_LANE_CODES = frozenset(
+    {
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._PURGE_QUEUE,
+        KafkaError._PURGE_INFLIGHT,
+        KafkaError._FATAL,
+        KafkaError._DESTROY,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        KafkaError.UNKNOWN_PRODUCER_ID,
+        KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+    }
+)
+#: Lane failures after which the producer is replaced (its idempotence state is suspect).
+_REBUILD_CODES = frozenset(
+    {
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._FATAL,
+        KafkaError.UNKNOWN_PRODUCER_ID,
+        KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+    }
+)
+
+
+def arm_crash_point(point: str) -> None:
+    """Arm a crash point (tests only): reaching it ends the process with :data:`CRASH_EXIT_CODE`.
+
+    :raises ValueError: naming the point when it is not one of :data:`CRASH_POINTS`.
+    """
+    if point not in CRASH_POINTS:
+        raise ValueError(f"unknown crash point {point!r}; known: {', '.join(sorted(CRASH_POINTS))}")
+    _armed_points.add(point)
+
+
+def disarm_crash_points() -> None:
+    """Disarm every crash point of this module."""
+    _armed_points.clear()
+
+
+def _reached(point: str) -> None:
+    if point in _armed_points:
+        os._exit(CRASH_EXIT_CODE)
+
+
+def is_lane_failure(err: KafkaError) -> bool:
+    """True when a delivery error blames the broker lane (outage, timeout, producer state)
+    rather than the event; such failures are not counted against the row."""
+    return err.code() in _LANE_CODES or err.fatal() or err.retriable()
+
+
+def check_payload(payload: bytes, kafka_key: str) -> str | None:
+    """Decode and check one outbox payload before it is published.
+
+    :param payload: the row's serialized ``WorkflowRunEvent``.
+    :param kafka_key: the row's key (the job id string).
+    :returns: None when publishable, else the failure text for ``last_error``, starting with
+        the rule id (``"terminal-carries-error: ..."``), ``undecodable`` or ``key-mismatch``.
+    """
+    from protomolt_jobs.contract import WorkflowRunEvent, validate_event
+
+    try:
+        event = WorkflowRunEvent.FromString(payload)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        return f"undecodable: the payload is not a WorkflowRunEvent: {exc or type(exc).__name__}"
+    violations = validate_event(event)
+    if violations:
+        return "; ".join(
+            f"{v.rule_id}: {v.path or '(message)'}: {v.message}" for v in violations
+        )
+    if event.job_id != kafka_key:
+        return (
+            f"key-mismatch: the event's job_id {event.job_id!r} differs from the row's "
+            f"kafka_key {kafka_key!r}"
+        )
+    return None
+
+
+class Relay:
+    """Drains the outbox to ``config.events_topic`` (see the module doc).
+
+    :param store: the job store (``outbox_claim``, ``outbox_mark_published``,
+        ``outbox_mark_failed``).
+    :param config: the jobs configuration; ``kafka_bootstrap`` must be set. Uses
+        ``events_topic``, ``relay_batch_size`` and ``relay_poll_interval_ms``.
+    :param producer_config: librdkafka settings merged over the defaults (e.g. a shorter
+        ``message.timeout.ms`` in tests). ``enable.idempotence``, ``acks`` and
+        ``partitioner`` cannot be overridden: ordering and interop depend on them.
+    :raises ConfigError: when no broker is configured or an override is refused.
+    """
+
+    name = "relay"
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        config: JobsConfig,
+        producer_config: dict[str, Any] | None = None,
+    ) -> None:
+        if not config.kafka_bootstrap:
+            raise ConfigError("jobs.kafka_bootstrap is not set: the relay needs a broker")
+        overrides = dict(producer_config or {})
+        for key in ("enable.idempotence", "acks", "partitioner"):
+            if key in overrides:
+                raise ConfigError(f"producer_config may not override {key!r}")
+        self._store = store
+        self._config = config
+        self.topic = config.events_topic
+        self._settings: dict[str, Any] = {
+            "bootstrap.servers": config.kafka_bootstrap,
+            "client.id": f"protomolt-jobs-relay-{config.worker_id}",
+            "linger.ms": 5,
+            "message.timeout.ms": MESSAGE_TIMEOUT_MS,
+            **overrides,
+            "enable.idempotence": True,
+            "acks": "all",
+            "partitioner": "murmur2_random",
+            "error_cb": self._on_client_error,
+        }
+        message_timeout_s = int(self._settings["message.timeout.ms"]) / 1000.0
+        if message_timeout_s <= 0:
+            raise ConfigError("producer_config 'message.timeout.ms' must be positive")
+        #: Longest wait for a batch's delivery reports, seconds.
+        self.report_wait_s = message_timeout_s + REPORT_MARGIN_S
+        #: The claim lease on outbox rows, seconds: longer than a pass can take.
+        self.claim_s = 2 * self.report_wait_s
+        self._producer: Producer | None = None
+        self._fatal = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lane_trouble = False
+        self._last_client_error: tuple[int, float] | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the relay loop in a daemon thread; returns at once (idempotent)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="protomolt-jobs-relay", daemon=True)
+        self._thread.start()
+        log.info(
+            "relay publishing outbox events to topic %s on %s (batch %d, idle poll %d ms)",
+            self.topic,
+            self._config.kafka_bootstrap,
+            self._config.relay_batch_size,
+            self._config.relay_poll_interval_ms,
+            extra={
+                "action": "relay_started",
+                "topic": self.topic,
+                "bootstrap": self._config.kafka_bootstrap,
+            },
+        )
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop the loop (a pass waiting for acks gives up; its rows are claimed again later),
+        then close the producer. Never-started and repeated stops are fine.
+
+        :param timeout_s: how long to wait for the loop thread; None waits for it.
+        """
+        self._stop.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+            if thread.is_alive():
+                log.warning(
+                    "relay did not stop within %ss",
+                    timeout_s,
+                    extra={"action": "relay_stop_timeout"},
+                )
+                return
+            self._thread = None
+            log.info("relay stopped", extra={"action": "relay_stopped"})
+        with self._lock:
+            self._drop_producer()
+
+    # -- one pass ----------------------------------------------------------------------------
+
+    def run_once(self) -> int:
+        """Claim one batch, check, publish, wait for the acks and mark.
+
+        :returns: rows this pass marked PUBLISHED.
+        :raises StoreError: when the claim or a mark fails (published rows stay PENDING and
+            are published again once their claim lease runs out).
+        """
+        with self._lock:
+            self._lane_trouble = False
+            rows = self._store.outbox_claim(self._config.relay_batch_size, claim_s=self.claim_s)
+            if not rows:
+                return 0
+            return self._relay(sorted(rows, key=lambda r: r.seq))
+
+    @property
+    def lane_trouble(self) -> bool:
+        """True when the last pass left rows unpublished because of the broker lane."""
+        return self._lane_trouble
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _relay(self, rows: list[Any]) -> int:
+        failures: list[tuple[Any, str]] = []
+        held_keys: set[str] = set()
+        reports: dict[Any, KafkaError | None] = {}
+        produced: list[Any] = []
+        unproduced = 0
+        producer = self._ensure_producer()
+
+        for row in rows:
+            if row.kafka_key in held_keys:
+                continue  # an earlier event of this job failed here; keep state order
+            problem = check_payload(row.payload, row.kafka_key)
+            if problem is not None:
+                failures.append((row, problem))
+                held_keys.add(row.kafka_key)
+                continue
+            if not self._produce(producer, row, reports):
+                held_keys.add(row.kafka_key)
+                unproduced += 1
+                continue
+            produced.append(row)
+
+        self._await_reports(producer, produced, reports)
+        _reached("after_publish")
+
+        published: list[Any] = []
+        rebuild = self._fatal
+        lane_rows = unproduced
+        for row in produced:
+            err = reports.get(row.event_id)
+            if row.event_id not in reports:
+                lane_rows += 1  # no report: treated as a lane failure below
+                rebuild = True
+                continue
+            if err is None:
+                published.append(row)
+                continue
+            if is_lane_failure(err):
+                lane_rows += 1
+                rebuild = rebuild or err.code() in _REBUILD_CODES or err.fatal()
+                continue
+            failures.append((row, f"delivery refused: {err.name()}: {err.str()}"))
+
+        if lane_rows:
+            self._lane_trouble = True
+            log.warning(
+                "%d events not acked by %s (broker unreachable or timed out); they stay PENDING "
+                "and are claimed again after their claim lease",
+                lane_rows,
+                self._config.kafka_bootstrap,
+                extra={"action": "relay_lane_failed", "events": lane_rows, "topic": self.topic},
+            )
+        if rebuild:
+            self._rebuild_producer()
+
+        count = 0
+        if published:
+            count = self._store.outbox_mark_published([r.event_id for r in published])
+            log.info(
+                "published %d events to %s",
+                len(published),
+                self.topic,
+                extra={"action": "relay_published", "events": len(published), "topic": self.topic},
+            )
+        for row, error in failures:
+            settled = self._store.outbox_mark_failed(row.event_id, error)
+            dead = settled is not None and settled.status == "FAILED"
+            log.warning(
+                "event %s (%s, job %s) not published, attempt %d: %s%s",
+                row.event_id,
+                row.event_type,
+                row.kafka_key,
+                row.attempts + 1,
+                error,
+                "; the row is FAILED (outbox dead letter)" if dead else "",
+                extra={
+                    "action": "relay_event_dead" if dead else "relay_event_failed",
+                    "event_id": str(row.event_id),
+                    "job_id": row.kafka_key,
+                    "attempt": row.attempts + 1,
+                },
+            )
+        return count
+
+    def _produce(self, producer: Producer, row: Any, reports: dict[Any, KafkaError | None]) -> bool:
+        event_id = row.event_id
+
+        def on_delivery(err: KafkaError | None, _msg: Any) -> None:
+            reports[event_id] = err
+
+        while True:
+            try:
+                producer.produce(
+                    self.topic, value=row.payload, key=row.kafka_key, on_delivery=on_delivery
+                )
+                return True
+            except BufferError:
+                # The local queue is full: let deliveries drain it, then try again.
+                producer.poll(0.1)
+                if self._stop.is_set():
+                    return False
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if isinstance(err, KafkaError) and not is_lane_failure(err):
+                    reports[event_id] = err
+                    return True  # recorded as the event's failure with the other reports
+                self._fatal = self._fatal or (isinstance(err, KafkaError) and err.fatal())
+                return False
+
+    def _await_reports(
+        self, producer: Producer, produced: list[Any], reports: dict[Any, KafkaError | None]
+    ) -> None:
+        deadline = time.monotonic() + self.report_wait_s
+        while any(r.event_id not in reports for r in produced):
+            if self._stop.is_set() or time.monotonic() > deadline:
+                # Give up on this batch: purge what is queued so the reports arrive now
+                # (as _PURGE_* lane failures) and nothing is sent after we return.
+                try:
+                    producer.purge(in_queue=True, in_flight=True, blocking=False)
+                except KafkaException:
+                    pass
+                producer.poll(0.5)
+                return
+            producer.poll(0.05)
+
+    def _ensure_producer(self) -> Producer:
+        if self._producer is None:
+            self._producer = Producer(self._settings)
+            self._fatal = False
+        return self._producer
+
+    def _drop_producer(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                producer.purge(in_queue=True, in_flight=True, blocking=False)
+                producer.flush(0)
+            except (KafkaException, RuntimeError):
+                pass
+
+    def _rebuild_producer(self) -> None:
+        log.warning(
+            "rebuilding the relay's producer after delivery timeouts or a fatal producer error",
+            extra={"action": "relay_producer_rebuilt", "topic": self.topic},
+        )
+        self._drop_producer()
+
+    def _on_client_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self._fatal = True
+        # An outage repeats the same error every second; say it once per 30 s.
+        now = time.monotonic()
+        last = self._last_client_error
+        if last is not None and last[0] == err.code() and now - last[1] < 30.0:
+            return
+        self._last_client_error = (err.code(), now)
+        log.warning(
+            "relay producer: %s",
+            err,
+            extra={"action": "relay_broker_error", "error_code": err.name(), "topic": self.topic},
+        )
+
+    def _loop(self) -> None:
+        idle_s = self._config.relay_poll_interval_ms / 1000.0
+        backoff = 0.0
+        while not self._stop.is_set():
+            try:
+                published = self.run_once()
+                failed = self._lane_trouble
+            except StoreError as exc:
+                log.warning(
+                    "relay pass failed on the store: %s; retrying",
+                    exc,
+                    extra={"action": "relay_store_failed"},
+                )
+                published, failed = 0, True
+            except Exception:
+                log.exception(
+                    "relay pass failed; the loop continues", extra={"action": "relay_pass_failed"}
+                )
+                published, failed = 0, True
+            if failed:
+                backoff = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, backoff * 2))
+                self._stop.wait(backoff)
+                continue
+            backoff = 0.0
+            if published == 0:
+                self._stop.wait(idle_s)

@@ -1,0 +1,538 @@
+"""The request-topic consumer: one ``WorkflowRunRequest`` record is one ``submit-workflow``.
+
+Model (at least once, idempotent on ``job_id``):
+
+- Group ``protomolt-jobs-worker`` (:data:`~protomolt_jobs.config.CONSUMER_GROUP`), auto commit
+  off, ``auto.offset.reset = earliest``. Records are handled one at a time, in partition order.
+- Each record ends in exactly one committed database write before its offset is committed:
+
+  ======================================================= ==========================================
+  the record                                              what is written
+  ======================================================= ==========================================
+  no value, undecodable, or breaks the request rules      a ``workflow_run_rejects`` row
+  submitter ``ok``                                        the job row (or nothing: it already exists)
+  submitter reason ``unknown-workflow``, ``no-repository``, a FAILED row at birth with the loud error
+  ``corrupt-workflow``                                    (idempotent on ``job_id``)
+  submitter reason ``invalid-input``, ``invalid-job-id``,  a ``workflow_run_rejects`` row
+  ``invalid-definition`` (or any other refusal)
+  ======================================================= ==========================================
+
+- The offset (``record offset + 1``) is committed synchronously only after that write commits.
+  A crash in between (crash point ``after_row_commit``) replays the record: the job insert is
+  idempotent, so there is still exactly one row (a reject may be stored twice).
+- A :class:`~protomolt_jobs.errors.StoreError` (database outage) commits nothing: the record is
+  held and handled again after a backoff; the loop never dies. A broker outage makes ``poll``
+  return nothing (librdkafka reconnects on its own); a commit that fails for a transient reason
+  is retried before the next record is read.
+
+Values are raw protobuf bytes; a record in Confluent wire framing (magic byte 0, schema id,
+message-index path ``[1]``, as Java ProtoMolt producers write it) is accepted as well: raw
+protobuf never starts with a zero byte, so the two cannot be confused.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+
+from protomolt_jobs.config import CONSUMER_GROUP, ConfigError, JobsConfig
+from protomolt_jobs.errors import StoreError
+
+__all__ = [
+    "CRASH_EXIT_CODE",
+    "CRASH_POINTS",
+    "FAIL_AT_BIRTH_REASONS",
+    "RequestConsumer",
+    "arm_crash_point",
+    "decode_request",
+    "disarm_crash_points",
+]
+
+log = logging.getLogger("protomolt_jobs.request_consumer")
+
+#: Submitter refusals that leave a FAILED row (the name cannot run), not a reject.
+FAIL_AT_BIRTH_REASONS = frozenset({"unknown-workflow", "no-repository", "corrupt-workflow"})
+
+#: First and largest wait after a store failure or a broker error, seconds.
+BACKOFF_MIN_S = 0.2
+BACKOFF_MAX_S = 5.0
+
+#: Test-only named crash points this module passes (``os._exit`` there, like a SIGKILL).
+CRASH_POINTS = frozenset({"after_row_commit"})
+#: Exit status of a process that stopped at a crash point.
+CRASH_EXIT_CODE = 97
+_armed_points: set[str] = set()
+
+#: Broker errors on which a failed offset commit is worth retrying (the others mean the
+#: partition moved or the group changed: the record is redelivered and replays idempotently).
+_RETRY_COMMIT = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TIMED_OUT,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.NETWORK_EXCEPTION,
+    }
+)
+
+
+def arm_crash_point(point: str) -> None:
+    """Arm a crash point (tests only): reaching it ends the process with :data:`CRASH_EXIT_CODE`.
+
+    :raises ValueError: naming the point when it is not one of :data:`CRASH_POINTS`.
+    """
+    if point not in CRASH_POINTS:
+        raise ValueError(f"unknown crash point {point!r}; known: {', '.join(sorted(CRASH_POINTS))}")
+    _armed_points.add(point)
+
+
+def disarm_crash_points() -> None:
+    """Disarm every crash point of this module."""
+    _armed_points.clear()
+
+
+def _reached(point: str) -> None:
+    if point in _armed_points:
+        os._exit(CRASH_EXIT_CODE)
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    shift = 0
+    value = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise ValueError("truncated varint in the Confluent message-index array")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+
+
+def _zigzag(n: int) -> int:
+    return (n >> 1) ^ -(n & 1)
+
+
+def _unframe(raw: bytes) -> bytes:
+    """Strip Confluent wire framing (``00 <schema id:4> <index path> <protobuf>``).
+
+    :raises ValueError: when the frame is short or names another message than the request.
+    """
+    if len(raw) < 6:
+        raise ValueError(f"a Confluent frame needs at least 6 bytes; got {len(raw)}")
+    pos = 5
+    count, pos = _read_varint(raw, pos)
+    count = _zigzag(count)
+    if count == 0:
+        path = [0]
+    else:
+        if count < 0 or count > 16:
+            raise ValueError(f"message-index array of length {count} is not plausible")
+        path = []
+        for _ in range(count):
+            index, pos = _read_varint(raw, pos)
+            path.append(_zigzag(index))
+    if path != [1]:
+        raise ValueError(
+            f"the frame names message index path {path}; WorkflowRunRequest is [1] in jobs.proto"
+        )
+    return raw[pos:]
+
+
+def decode_request(raw: bytes | None) -> tuple[Any | None, str | None]:
+    """Decode a request record's value.
+
+    :param raw: the record value (raw protobuf, or Confluent-framed protobuf), or None.
+    :returns: ``(WorkflowRunRequest, None)``, or ``(None, reason)`` where reason starts with
+        ``undecodable:``. Never raises.
+    """
+    from protomolt_jobs.contract import WorkflowRunRequest
+
+    if raw is None:
+        return None, "undecodable: the record has no value (a tombstone)"
+    body = bytes(raw)
+    if body[:1] == b"\x00":
+        try:
+            body = _unframe(body)
+        except ValueError as exc:
+            return None, f"undecodable: bad Confluent framing: {exc}"
+    try:
+        return WorkflowRunRequest.FromString(body), None
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        return None, f"undecodable: not a WorkflowRunRequest: {exc or type(exc).__name__}"
+
+
+def _summarize(violations: list[Any]) -> str:
+    return "; ".join(f"{v.rule_id} at {v.path or '(message)'}: {v.message}" for v in violations)
+
+
+class RequestConsumer:
+    """Reads ``config.effective_request_topic`` and submits each record (see the module doc).
+
+    :param store: the job store (``job_insert``, ``reject_insert``).
+    :param submitter: a :class:`~protomolt_jobs.submitter.Submitter`.
+    :param config: the jobs configuration; ``kafka_bootstrap`` must be set.
+    :param consumer_config: librdkafka settings merged over the defaults (tests use it to
+        shorten timeouts); ``group.id`` and ``enable.auto.commit`` cannot be overridden.
+    :raises ConfigError: when no broker or request topic is configured.
+    """
+
+    name = "request_consumer"
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        submitter: Any,
+        config: JobsConfig,
+        consumer_config: dict[str, Any] | None = None,
+    ) -> None:
+        if not config.kafka_bootstrap:
+            raise ConfigError("jobs.kafka_bootstrap is not set: the request consumer needs a broker")
+        topic = config.effective_request_topic
+        if not topic:
+            raise ConfigError("jobs.request_topic is not set")
+        self._store = store
+        self._submitter = submitter
+        self._config = config
+        self.topic = topic
+        overrides = dict(consumer_config or {})
+        for key in ("group.id", "enable.auto.commit"):
+            if key in overrides:
+                raise ConfigError(f"consumer_config may not override {key!r}")
+        self._settings: dict[str, Any] = {
+            "bootstrap.servers": config.kafka_bootstrap,
+            "group.id": CONSUMER_GROUP,
+            "client.id": f"protomolt-jobs-{config.worker_id}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            # Tansu joins in about half the session timeout (LIBRARIES.md section 1).
+            "session.timeout.ms": 2000,
+            "heartbeat.interval.ms": 200,
+            # A request topic created after we subscribed is noticed within seconds.
+            "topic.metadata.refresh.interval.ms": 5000,
+            "error_cb": self._on_client_error,
+            **overrides,
+        }
+        self._consumer: Consumer | None = None
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: A record whose write failed on a store error: handled again before the next poll.
+        self._held: Message | None = None
+        #: A handled record whose offset commit failed transiently: committed before the next.
+        self._uncommitted: Message | None = None
+        self._backoff_s = 0.0
+        self._last_client_error: tuple[int, float] | None = None
+        #: Test hook: called with (outcome, message) after each record's offset is committed.
+        self.on_handled: Callable[[str, Message], None] | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the consume loop in a daemon thread; returns at once (idempotent)."""
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._stop.clear()
+            self._thread = threading.Thread(
+                target=self._loop, name="protomolt-jobs-request-consumer", daemon=True
+            )
+            self._thread.start()
+        log.info(
+            "request consumer reading %s on %s as group %s",
+            self.topic,
+            self._config.kafka_bootstrap,
+            CONSUMER_GROUP,
+            extra={
+                "action": "request_consumer_started",
+                "topic": self.topic,
+                "bootstrap": self._config.kafka_bootstrap,
+                "group": CONSUMER_GROUP,
+            },
+        )
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop the loop, then leave the group and close the consumer.
+
+        Uncommitted records are redelivered to the next member (idempotent). Never-started
+        and repeated stops are fine.
+
+        :param timeout_s: how long to wait for the loop thread; None waits for it.
+        """
+        self._stop.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+            if thread.is_alive():
+                log.warning(
+                    "request consumer did not stop within %ss",
+                    timeout_s,
+                    extra={"action": "request_consumer_stop_timeout"},
+                )
+                return
+        self._thread = None
+        with self._lock:
+            consumer, self._consumer = self._consumer, None
+            self._held = None
+            self._uncommitted = None
+        if consumer is not None:
+            try:
+                consumer.close()
+            except (KafkaException, RuntimeError) as exc:
+                log.warning(
+                    "closing the request consumer failed: %s",
+                    exc,
+                    extra={"action": "request_consumer_close_failed"},
+                )
+            log.info("request consumer stopped", extra={"action": "request_consumer_stopped"})
+
+    # -- one pass ----------------------------------------------------------------------------
+
+    def run_once(self, timeout_s: float = 1.0) -> int:
+        """Handle at most one record: a held one first, else the next polled one.
+
+        :param timeout_s: how long ``poll`` may wait for a record, seconds.
+        :returns: 1 when a record was handled and its offset committed (or the commit is
+            queued for retry), else 0 (nothing arrived, a broker error, or a store failure:
+            then the record is held for the next pass and a backoff is suggested).
+        """
+        with self._lock:
+            consumer = self._ensure_consumer()
+            self._backoff_s = 0.0
+            if self._uncommitted is not None and not self._commit(consumer, self._uncommitted):
+                return 0
+            message = self._held
+            self._held = None
+            if message is None:
+                message = consumer.poll(timeout_s)
+                if message is None:
+                    return 0
+                err = message.error()
+                if err is not None:
+                    self._on_message_error(err)
+                    return 0
+            try:
+                outcome = self._handle(message)
+            except StoreError as exc:
+                self._held = message
+                self._backoff_s = BACKOFF_MIN_S
+                log.warning(
+                    "request %s[%d]@%d not handled, the store failed: %s; retrying the same record",
+                    message.topic(),
+                    message.partition(),
+                    message.offset(),
+                    exc,
+                    extra={
+                        "action": "request_store_failed",
+                        "topic": message.topic(),
+                        "partition": message.partition(),
+                        "offset": message.offset(),
+                    },
+                )
+                return 0
+            _reached("after_row_commit")
+            self._commit(consumer, message)
+            if self.on_handled is not None:
+                self.on_handled(outcome, message)
+            return 1
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _ensure_consumer(self) -> Consumer:
+        if self._consumer is None:
+            consumer = Consumer(self._settings)
+            consumer.subscribe([self.topic], on_revoke=self._on_revoke)
+            self._consumer = consumer
+        return self._consumer
+
+    def _on_revoke(self, _consumer: Consumer, partitions: list[Any]) -> None:
+        # A held or uncommitted record of a partition we no longer own belongs to its new
+        # owner now, which reads it again from the committed offset.
+        revoked = {(p.topic, p.partition) for p in partitions}
+        for attr in ("_held", "_uncommitted"):
+            m = getattr(self, attr)
+            if m is not None and (m.topic(), m.partition()) in revoked:
+                setattr(self, attr, None)
+
+    def _commit(self, consumer: Consumer, message: Message) -> bool:
+        try:
+            consumer.commit(message=message, asynchronous=False)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            code = err.code() if isinstance(err, KafkaError) else None
+            retry = code in _RETRY_COMMIT or (isinstance(err, KafkaError) and err.retriable())
+            self._uncommitted = message if retry else None
+            if retry:
+                self._backoff_s = max(self._backoff_s, BACKOFF_MIN_S)
+            log.warning(
+                "offset commit of %s[%d]@%d failed: %s (%s)",
+                message.topic(),
+                message.partition(),
+                message.offset(),
+                err,
+                "will retry" if retry else "the record may be redelivered; it replays idempotently",
+                extra={
+                    "action": "request_commit_failed",
+                    "topic": message.topic(),
+                    "partition": message.partition(),
+                    "offset": message.offset(),
+                    "retry": retry,
+                },
+            )
+            return False
+        self._uncommitted = None
+        return True
+
+    def _on_message_error(self, err: KafkaError) -> None:
+        if err.code() == KafkaError._PARTITION_EOF:
+            return
+        self._backoff_s = BACKOFF_MIN_S
+        self._log_client_error(err, "request_consumer_message_error")
+
+    def _on_client_error(self, err: KafkaError) -> None:
+        self._log_client_error(err, "request_consumer_broker_error")
+
+    def _log_client_error(self, err: KafkaError, action: str) -> None:
+        # An outage repeats the same error every second; say it once per 30 s.
+        now = time.monotonic()
+        last = self._last_client_error
+        if last is not None and last[0] == err.code() and now - last[1] < 30.0:
+            return
+        self._last_client_error = (err.code(), now)
+        log.warning(
+            "request consumer: %s (waiting and retrying)",
+            err,
+            extra={"action": action, "error_code": err.name(), "topic": self.topic},
+        )
+
+    def _reject(self, message: Message, reason: str) -> str:
+        self._store.reject_insert(
+            message.value(), message.topic(), message.partition(), message.offset(), reason
+        )
+        log.warning(
+            "request %s[%d]@%d rejected: %s",
+            message.topic(),
+            message.partition(),
+            message.offset(),
+            reason,
+            extra={
+                "action": "request_rejected",
+                "topic": message.topic(),
+                "partition": message.partition(),
+                "offset": message.offset(),
+                "reason": reason,
+            },
+        )
+        return "rejected"
+
+    def _handle(self, message: Message) -> str:
+        """Write the record's one outcome; returns its name. Raises only StoreError."""
+        from protomolt_jobs.contract import validate_request
+
+        request, problem = decode_request(message.value())
+        if problem is not None:
+            return self._reject(message, problem)
+        violations = validate_request(request)
+        if violations:
+            return self._reject(message, f"invalid-request: {_summarize(violations)}")
+        try:
+            job_uuid = uuid.UUID(request.job_id)
+        except ValueError:
+            return self._reject(message, f"invalid-job-id: job_id {request.job_id!r} is not a uuid")
+        input_json = json_format.MessageToDict(request.input)
+        try:
+            outcome = self._submitter.submit(
+                workflow_name=request.workflow_name, input=input_json, job_id=request.job_id
+            )
+        except StoreError:
+            raise
+        except Exception as exc:
+            # A defect in the submission path must not stall the partition behind this record.
+            log.exception(
+                "submitting request job %s failed unexpectedly",
+                request.job_id,
+                extra={"action": "request_submit_crashed", "job_id": request.job_id},
+            )
+            return self._reject(message, f"internal-error: {type(exc).__name__}: {exc}")
+        if outcome.ok:
+            log.info(
+                "request job %s %s (%s)",
+                outcome.job_id,
+                "submitted" if outcome.created else "already exists",
+                request.workflow_name,
+                extra={
+                    "action": "request_submitted" if outcome.created else "request_duplicate",
+                    "job_id": outcome.job_id,
+                    "workflow_name": request.workflow_name,
+                },
+            )
+            return "submitted" if outcome.created else "duplicate"
+        reason = outcome.reason or "refused"
+        if reason in FAIL_AT_BIRTH_REASONS:
+            return self._fail_at_birth(job_uuid, request.workflow_name, input_json, outcome.error)
+        detail = outcome.error or "the submitter refused the request"
+        if outcome.failed_step:
+            detail = f"step {outcome.failed_step}: {detail}"
+        return self._reject(message, f"{reason}: {detail}")
+
+    def _fail_at_birth(
+        self, job_id: uuid.UUID, workflow_name: str, input_json: dict[str, Any], error: str
+    ) -> str:
+        from protomolt_jobs.store.records import NewJob
+
+        error = error or f"workflow {workflow_name!r} cannot be run"
+        inserted = self._store.job_insert(
+            NewJob(
+                job_id=job_id,
+                workflow_name=workflow_name,
+                workflow_definition={},
+                input=input_json,
+                max_attempts=self._config.max_attempts,
+                status="FAILED",
+                error=error,
+            )
+        )
+        log.warning(
+            "workflow run %s FAILED at birth: %s",
+            job_id,
+            error,
+            extra={
+                "action": "request_failed_at_birth",
+                "job_id": str(job_id),
+                "workflow_name": workflow_name,
+                "row_created": inserted.created,
+            },
+        )
+        return "failed_at_birth"
+
+    def _loop(self) -> None:
+        backoff = 0.0
+        while not self._stop.is_set():
+            try:
+                self.run_once(0.5)
+                wanted = self._backoff_s
+            except Exception:
+                log.exception(
+                    "request consumer pass failed; the loop continues",
+                    extra={"action": "request_consumer_pass_failed"},
+                )
+                wanted = BACKOFF_MIN_S
+            if wanted:
+                backoff = min(BACKOFF_MAX_S, max(wanted, backoff * 2))
+                self._stop.wait(backoff)
+            else:
+                backoff = 0.0
