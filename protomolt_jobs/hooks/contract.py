@@ -232,8 +232,9 @@ class ChannelFactory(Protocol):
     """Opens gRPC channels for step targets.
 
     ``channel(target, tls)``: ``inprocess:NAME`` resolves to the host's in-process endpoint;
-    anything else is ``host:port`` (secure when ``tls``). The caller owns and closes the
-    returned channel.
+    anything else is ``host:port`` (secure when ``tls``). The factory owns the returned
+    channel (it may hand the same one to every caller and closes it when the node closes);
+    callers must not close it.
     """
 
     def channel(self, target: str, tls: bool) -> Any: ...

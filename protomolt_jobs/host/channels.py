@@ -5,7 +5,8 @@ grpcio has no in-process transport, so co-mounted roles' gRPC services
 gRPC server bound to a unix socket under the node's data directory. ``inprocess:NAME``
 targets resolve to that socket; the name is stable across restarts, so a job row that
 snapshotted ``inprocess:parse`` keeps working after the node reboots. Any other target is a
-normal ``host:port`` channel, secure when the step says ``tls``.
+normal ``host:port`` channel, secure when the step says ``tls``. Channels are node-owned:
+one per ``(target, tls)``, shared by every caller, closed when the node closes.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class Channels:
         self._server: grpc.Server | None = None
         self._socket_path: Path | None = None
         self._temp_dir: str | None = None
+        self._channels: dict[tuple[str, bool], grpc.Channel] = {}
         self._lock = threading.Lock()
         self._closed = False
 
@@ -113,11 +115,15 @@ class Channels:
         )
 
     def close(self, grace_s: float = 1.0) -> None:
-        """Stop the in-process server and remove its socket. Idempotent."""
+        """Close every channel handed out, stop the in-process server and remove its socket.
+        Idempotent."""
         with self._lock:
             self._closed = True
             server, self._server = self._server, None
             path = self._socket_path
+            channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            channel.close()
         if server is not None:
             server.stop(grace_s).wait()
             log.info("in-process endpoint stopped", extra={"action": "inprocess_stopped"})
@@ -130,17 +136,20 @@ class Channels:
     # ------------------------------------------------------------------ channels
 
     def channel(self, target: str, tls: bool) -> grpc.Channel:
-        """A new channel to ``target``; the caller closes it.
+        """The node-owned channel to ``target`` (one per ``(target, tls)``, reused by every
+        caller and closed by :meth:`close`); callers must not close it.
 
         :param target: ``inprocess:NAME`` or ``host:port``.
         :param tls: secure channel with the default roots (ignored for in-process targets).
-        :raises ValueError: an ``inprocess:`` name no co-mounted role serves, or a blank target.
+        :raises ValueError: an ``inprocess:`` name no co-mounted role serves, a blank target,
+            or the node is closed.
         """
         if not isinstance(target, str) or not target.strip():
             raise ValueError(
                 f"a gRPC target must be 'host:port' or 'inprocess:NAME'; got {target!r}"
             )
-        if target.startswith(IN_PROCESS_PREFIX):
+        in_process = target.startswith(IN_PROCESS_PREFIX)
+        if in_process:
             name = target[len(IN_PROCESS_PREFIX) :]
             if name not in self._services:
                 known = ", ".join(self.names) or "none"
@@ -148,11 +157,20 @@ class Channels:
                     f"no in-process service named {name!r} on this node (in-process services: "
                     f"{known}); mount the role that serves it"
                 )
-            path = self._socket_path or self._choose_socket_path()
-            return grpc.insecure_channel(f"unix:{path}")
-        if tls:
-            return grpc.secure_channel(target, grpc.ssl_channel_credentials())
-        return grpc.insecure_channel(target)
+        key = (target, bool(tls) and not in_process)
+        with self._lock:
+            if self._closed:
+                raise ValueError(f"the node's channels are closed; cannot open {target}")
+            channel = self._channels.get(key)
+            if channel is None:
+                if in_process:
+                    channel = grpc.insecure_channel(f"unix:{self._choose_socket_path()}")
+                elif key[1]:
+                    channel = grpc.secure_channel(target, grpc.ssl_channel_credentials())
+                else:
+                    channel = grpc.insecure_channel(target)
+                self._channels[key] = channel
+        return channel
 
     def _choose_socket_path(self) -> Path:
         if self._socket_path is not None:

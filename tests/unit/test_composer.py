@@ -282,9 +282,10 @@ def test_in_process_services_are_reachable_by_name(tmp_path):
     )
     with node:
         assert node.channels.names == ["shout"]
-        with node.channels.channel("inprocess:shout", False) as channel:
-            call = channel.unary_unary("/demo.v1.Shout/Upper")
-            assert call(b"hello", timeout=10) == b"HELLO"
+        channel = node.channels.channel("inprocess:shout", False)
+        assert node.channels.channel("inprocess:shout", True) is channel
+        call = channel.unary_unary("/demo.v1.Shout/Upper")
+        assert call(b"hello", timeout=10) == b"HELLO"
         with pytest.raises(ValueError, match="no in-process service named 'nope'"):
             node.channels.channel("inprocess:nope", False)
         socket_path = node.channels.socket_path
