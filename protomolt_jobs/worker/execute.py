@@ -431,7 +431,9 @@ class SegmentExecutor:
         except LeaseLost:
             guard.mark_lost("lease_lost")
             return self._abandoned(guard, ctx, "settle")
-        except StoreError as exc:
+        except (StoreError, ValueError, TypeError) as exc:
+            # ValueError/TypeError: the store refused the write's arguments (a defect); the
+            # job is left to the sweeper like any other settle failure.
             log.error(
                 "settling the job failed; the sweeper will requeue it when its lease expires",
                 extra={

@@ -162,3 +162,79 @@ class WorkerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# -- helpers the worker tests share ----------------------------------------------------------
+
+
+def wait_for(condition: Any, timeout_s: float = 20.0, interval_s: float = 0.02) -> Any:
+    """Poll ``condition()`` until it returns a truthy value; return that value.
+
+    :raises AssertionError: when it stays falsy for ``timeout_s`` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"condition not met within {timeout_s}s: {condition}")
+        time.sleep(interval_s)
+
+
+def enqueue(store: Any, workflow: dict, input: dict, *, max_attempts: int = 3) -> Any:
+    """Insert a QUEUED job carrying ``workflow`` and ``input`` through the real store (the
+    submitter's write, without its checks); returns the JobRecord."""
+    import uuid
+
+    from protomolt_jobs.store import NewJob
+
+    outcome = store.job_insert(
+        NewJob(
+            job_id=uuid.uuid4(),
+            workflow_name=workflow.get("name") or "inline",
+            workflow_definition=workflow,
+            input=input,
+            max_attempts=max_attempts,
+        )
+    )
+    assert outcome.created
+    return outcome.job
+
+
+def event_types(store: Any, job_id: Any) -> list[tuple[str, str]]:
+    """The job's outbox rows as ``(event_type, step)`` in commit order."""
+    from protomolt_jobs.contract import WorkflowRunEvent
+
+    out = []
+    for row in store.outbox_for_job(job_id):
+        event = WorkflowRunEvent.FromString(row.payload)
+        out.append((row.event_type, event.step))
+    return out
+
+
+def events(store: Any, job_id: Any) -> list[Any]:
+    """The job's outbox payloads decoded as ``WorkflowRunEvent``, in commit order."""
+    from protomolt_jobs.contract import WorkflowRunEvent
+
+    return [WorkflowRunEvent.FromString(r.payload) for r in store.outbox_for_job(job_id)]
+
+
+def jobs_config(dsn: str, **overrides: Any) -> Any:
+    """A JobsConfig for tests: short lease and backoff, quick polls and sweeps."""
+    from protomolt_jobs.config import JobsConfig
+
+    values: dict[str, Any] = {
+        "dsn": dsn,
+        "worker_id": "test-worker",
+        "worker_count": 2,
+        "lease_seconds": 2.0,
+        "poll_interval_ms": 200,
+        "backoff_base_seconds": 0.2,
+        "max_attempts": 3,
+        "sweep_interval_ms": 100,
+        "pool_max_size": 10,
+        "shutdown_grace_seconds": 5.0,
+    }
+    values.update(overrides)
+    return JobsConfig(**values)

@@ -1,0 +1,281 @@
+"""The running worker: wake-ups, heartbeats, permits, 256 in flight, graceful stop, start/stop
+stress. Real PostgreSQL and real gRPC test servers on loopback."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+
+from protomolt_jobs.store import JobStore
+from protomolt_jobs.worker import Sweeper, Worker
+from protomolt_jobs.workflow import Runtime
+from tests.support.grpc_servers import METHODS, TestServices, seed_workflow
+from tests.support.worker_proc import enqueue, event_types, jobs_config, wait_for
+
+
+@pytest.fixture(scope="module")
+def svc():
+    with TestServices(max_workers=320) as services:
+        yield services
+
+
+@pytest.fixture
+def services(svc):
+    svc.reset()
+    yield svc
+    svc.reset()
+
+
+@pytest.fixture
+def store(fresh_dsn):
+    s = JobStore.open(fresh_dsn, max_size=10)
+    yield s
+    s.close()
+
+
+def _worker(store, dsn, **overrides):
+    return Worker(store, runtime=Runtime(), config=jobs_config(dsn, **overrides), dsn=dsn)
+
+
+def _our_threads() -> list[str]:
+    return [
+        t.name
+        for t in threading.enumerate()
+        if t.name.startswith("protomolt-jobs-") and t.is_alive()
+    ]
+
+
+class _Concurrency:
+    """Wraps every test method's default behaviour to count calls in flight across methods."""
+
+    def __init__(self, services: TestServices, hold_s: float = 0.0) -> None:
+        self.lock = threading.Lock()
+        self.now = 0
+        self.max = 0
+        self.hold_s = hold_s
+        for method in METHODS:
+            default = getattr(services, f"_do_{method.lower()}")
+            services.set_handler(method, self._wrap(default))
+
+    def _wrap(self, default):
+        def handle(request, context):
+            with self.lock:
+                self.now += 1
+                self.max = max(self.max, self.now)
+            try:
+                time.sleep(self.hold_s)
+                return default(request, context)
+            finally:
+                with self.lock:
+                    self.now -= 1
+
+        return handle
+
+
+def test_pickup_follows_notify_not_the_poll_interval(store, fresh_dsn, services):
+    # a 30 s poll: only the NOTIFY can explain a pickup within a few seconds
+    worker = _worker(store, fresh_dsn, poll_interval_ms=30_000)
+    worker.start()
+    try:
+        wait_for(worker.listener.listening.is_set)
+        time.sleep(0.2)  # let the loops finish their start-up claims and go idle
+        job = enqueue(store, seed_workflow(services.target), {"text": "quick"})
+        t0 = time.monotonic()
+        wait_for(lambda: store.job_get(job.job_id).status == "WAITING", timeout_s=10)
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        worker.stop()
+
+
+def test_listener_reconnects_and_polls_after_a_killed_connection(store, fresh_dsn, services):
+    worker = _worker(store, fresh_dsn, poll_interval_ms=30_000)
+    worker.start()
+    try:
+        wait_for(worker.listener.listening.is_set)
+        with psycopg.connect(fresh_dsn, autocommit=True) as conn:
+            killed = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND query ILIKE 'LISTEN%%'"
+            ).fetchall()
+        assert killed and all(k[0] for k in killed)
+        wait_for(lambda: worker.listener.connects >= 2, timeout_s=10)
+        job = enqueue(store, seed_workflow(services.target), {"text": "after reconnect"})
+        wait_for(lambda: store.job_get(job.job_id).status == "WAITING", timeout_s=10)
+    finally:
+        worker.stop()
+
+
+def test_a_step_three_times_longer_than_the_lease_completes_once(store, fresh_dsn, services):
+    lease_s = 1.0
+    services.set_delay("Tokenize", 3 * lease_s + 0.3)
+    job = enqueue(store, seed_workflow(services.target, review="invoke"), {"text": "slow step"})
+    w1 = _worker(store, fresh_dsn, worker_id="w1", lease_seconds=lease_s)
+    w2 = _worker(store, fresh_dsn, worker_id="w2", lease_seconds=lease_s)
+    sweeper = Sweeper(store, config=jobs_config(fresh_dsn, sweep_interval_ms=50))
+    w1.start()
+    try:
+        wait_for(lambda: services.calls("Tokenize") == 1)
+        # a competing worker and an eager sweeper run throughout the long step
+        w2.start()
+        sweeper.start()
+        wait_for(lambda: store.job_get(job.job_id).status == "COMPLETED", timeout_s=30)
+        row = store.job_get(job.job_id)
+        assert row.attempt == 1, "a second claim happened"
+        assert services.calls("Tokenize") == 1
+        kinds = [t for t, _ in event_types(store, job.job_id)]
+        assert kinds.count("COMPLETED") == 1
+    finally:
+        sweeper.stop()
+        w2.stop()
+        w1.stop()
+
+
+def test_per_target_cap_bounds_concurrent_calls_from_one_worker(store, fresh_dsn, services):
+    probe = _Concurrency(services, hold_s=0.05)
+    jobs = [
+        enqueue(store, seed_workflow(services.target, review="invoke"), {"text": f"job {i}"})
+        for i in range(20)
+    ]
+    worker = _worker(store, fresh_dsn, worker_count=8, max_concurrent_per_target=2)
+    worker.start()
+    try:
+        wait_for(
+            lambda: all(store.job_get(j.job_id).status == "COMPLETED" for j in jobs), timeout_s=60
+        )
+    finally:
+        worker.stop()
+    assert probe.max == 2
+    assert services.calls("Tokenize") == 20
+
+
+def test_256_jobs_in_flight_in_one_worker_with_a_pool_of_10(fresh_dsn, services):
+    """Each tokenize call holds until all 256 are in flight (bounded), then sleeps 2 s: the
+    server sees 256 concurrent calls only if the worker runs 256 segments at once."""
+    n = 256
+    store = JobStore.open(fresh_dsn, max_size=10)
+    gate = threading.Condition()
+    state = {"now": 0, "max": 0}
+
+    def tokenize(request, context):
+        with gate:
+            state["now"] += 1
+            state["max"] = max(state["max"], state["now"])
+            gate.notify_all()
+            gate.wait_for(lambda: state["max"] >= n, timeout=60)
+        time.sleep(2.0)
+        with gate:
+            state["now"] -= 1
+        return services._do_tokenize(request, context)
+
+    services.set_handler("Tokenize", tokenize)
+    workflow = seed_workflow(services.target)
+    jobs = [enqueue(store, workflow, {"text": f"w{i}"}) for i in range(n)]
+    worker = _worker(
+        store,
+        fresh_dsn,
+        worker_count=n,
+        pool_max_size=10,
+        max_concurrent_per_target=n,
+        lease_seconds=60,
+        poll_interval_ms=500,
+    )
+    peak_connections = 0
+    worker.start()
+    try:
+
+        def all_parked() -> bool:
+            nonlocal peak_connections
+            with psycopg.connect(fresh_dsn, autocommit=True) as conn:
+                (conns,) = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid()"
+                ).fetchone()
+                (waiting,) = conn.execute(
+                    "SELECT count(*) FROM workflow_run WHERE status = 'WAITING'"
+                ).fetchone()
+            peak_connections = max(peak_connections, conns)
+            return waiting == n
+
+        wait_for(all_parked, timeout_s=120, interval_s=0.2)
+    finally:
+        worker.stop()
+        store.close()
+    assert state["max"] == n
+    assert services.calls("Tokenize") == n
+    assert len(jobs) == n
+    # the pool (10) plus the worker's LISTEN connection
+    assert peak_connections <= 11
+
+
+def test_graceful_stop_releases_what_outlives_the_grace_and_gives_back_the_attempt(
+    store, fresh_dsn, services
+):
+    services.set_delay("Embed", 3.0)
+    job = enqueue(store, seed_workflow(services.target, review="invoke"), {"text": "stop me"})
+    worker = _worker(store, fresh_dsn, lease_seconds=30)
+    worker.start()
+    wait_for(lambda: services.calls("Embed") == 1)
+    t0 = time.monotonic()
+    worker.stop(timeout_s=0.3)
+    assert time.monotonic() - t0 < 5.0
+    row = store.job_get(job.job_id)
+    assert row.status == "QUEUED"
+    assert row.attempt == 0, "a graceful release gives the attempt back"
+    assert row.lease_owner is None
+    assert [c["name"] for c in row.checkpoints] == ["tokenize"]
+    # the released segment's embed call returns later; it must write nothing
+    time.sleep(3.5)
+    row = store.job_get(job.job_id)
+    assert row.status == "QUEUED" and [c["name"] for c in row.checkpoints] == ["tokenize"]
+    # another worker resumes at embed and completes with attempt 1
+    services.set_delay("Embed", 0)
+    w2 = _worker(store, fresh_dsn, worker_id="w2")
+    w2.start()
+    try:
+        wait_for(lambda: store.job_get(job.job_id).status == "COMPLETED", timeout_s=20)
+    finally:
+        w2.stop()
+    assert store.job_get(job.job_id).attempt == 1
+    assert services.calls("Tokenize") == 1
+
+
+def test_graceful_stop_lets_a_segment_finish_within_the_grace(store, fresh_dsn, services):
+    services.set_delay("Embed", 0.5)
+    job = enqueue(store, seed_workflow(services.target, review="invoke"), {"text": "finish me"})
+    worker = _worker(store, fresh_dsn, lease_seconds=30)
+    worker.start()
+    wait_for(lambda: services.calls("Embed") == 1)
+    worker.stop(timeout_s=10)
+    row = store.job_get(job.job_id)
+    assert row.status == "COMPLETED"
+    assert row.attempt == 1
+
+
+def test_start_stop_stress(store, fresh_dsn, services):
+    baseline = set(_our_threads())
+    never_started = _worker(store, fresh_dsn)
+    never_started.stop()
+    never_started.stop()
+    worker = _worker(store, fresh_dsn, worker_count=4)
+    for _ in range(15):
+        worker.start()
+        worker.start()
+        worker.stop(timeout_s=1)
+    worker.stop()
+    for _ in range(5):
+        w = _worker(store, fresh_dsn, worker_count=3)
+        w.start()
+        w.stop(timeout_s=1)
+        w.stop()
+    assert set(_our_threads()) - baseline == set()
+    # a restarted worker still works
+    job = enqueue(store, seed_workflow(services.target), {"text": "after stress"})
+    worker.start()
+    try:
+        wait_for(lambda: store.job_get(job.job_id).status == "WAITING", timeout_s=15)
+    finally:
+        worker.stop()
+    assert set(_our_threads()) - baseline == set()

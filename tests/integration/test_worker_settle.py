@@ -1,0 +1,245 @@
+"""The worker's settlement of one job, driven by ``Worker.run_once()`` in the test thread:
+real PostgreSQL, real gRPC test servers on loopback, short leases and backoff."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import grpc
+import psycopg
+import pytest
+
+from protomolt_jobs.store import JobStore
+from protomolt_jobs.worker import Settlement, Sweeper, Worker
+from protomolt_jobs.workflow import Runtime
+from tests.support.grpc_servers import TestServices, expected_tokens, seed_workflow
+from tests.support.worker_proc import enqueue, event_types, events, jobs_config, wait_for
+
+
+@pytest.fixture(scope="module")
+def svc():
+    with TestServices() as services:
+        yield services
+
+
+@pytest.fixture
+def services(svc):
+    svc.reset()
+    yield svc
+    svc.reset()
+
+
+@pytest.fixture
+def store(fresh_dsn):
+    s = JobStore.open(fresh_dsn, max_size=4)
+    yield s
+    s.close()
+
+
+def _worker(store, dsn, **overrides):
+    return Worker(store, runtime=Runtime(), config=jobs_config(dsn, **overrides), dsn=dsn)
+
+
+def _sql(dsn, query, *params):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(query, params).fetchone()
+
+
+def test_seed_scenario_retry_replay_park_complete(store, fresh_dsn, services):
+    """Issue 5's first acceptance bullet."""
+    workflow = seed_workflow(services.target)
+    job = enqueue(store, workflow, {"text": "hello brave world"})
+    services.fail_next("Embed", 1, grpc.StatusCode.UNAVAILABLE, "model loading")
+    # a 1 s backoff base: long enough to observe the job waiting out its run_after
+    worker = _worker(store, fresh_dsn, backoff_base_seconds=1.0)
+    try:
+        # attempt 1: tokenize checkpoints, embed answers UNAVAILABLE -> QUEUED with backoff
+        assert worker.run_once() is True
+        row = store.job_get(job.job_id)
+        assert row.status == "QUEUED"
+        assert row.attempt == 1
+        assert row.error == f"GRPC: gRPC UNAVAILABLE from {services.target}: model loading"
+        assert [c["name"] for c in row.checkpoints] == ["tokenize"]
+        (in_future,) = _sql(
+            fresh_dsn, "SELECT run_after > now() FROM workflow_run WHERE job_id = %s", job.job_id
+        )
+        assert in_future, "run_after must be in the future after a retryable failure"
+        # the backoff is real: the job is not claimable until run_after passes
+        assert worker.run_once() is False
+
+        # attempt 2: tokenize is replayed (not called), embed succeeds, review parks
+        wait_for(worker.run_once, timeout_s=10)
+        row = store.job_get(job.job_id)
+        assert row.status == "WAITING"
+        assert row.outstanding_step == "review"
+        assert row.attempt == 2
+        assert row.lease_owner is None
+        assert services.calls("Tokenize") == 1
+        assert services.calls("Embed") == 2
+        assert services.calls("Review") == 0
+        assert worker.run_once() is False  # a parked job is not claimable
+
+        # complete-step: requeues; the next segment composes the output
+        from protomolt_jobs.store import Completed
+
+        entry = {"name": "review", "skipped": False, "response": {"approved": True, "note": "ok"}}
+        assert isinstance(store.job_complete_parked(job.job_id, "review", entry), Completed)
+        assert store.job_get(job.job_id).status == "QUEUED"
+        assert worker.run_once() is True
+        row = store.job_get(job.job_id)
+        assert row.status == "COMPLETED"
+        assert row.verdict == "3 steps, output jobs.test.Summary"
+        assert row.result["ids"] == [str(i) for i in expected_tokens("hello brave world")]
+        assert row.result["approved"] is True
+        assert row.result["tier"] == "long"
+        assert services.calls("Tokenize") == 1
+        assert services.calls("Embed") == 2
+        assert services.calls("Review") == 0  # the human answered, nobody called the desk
+
+        assert event_types(store, job.job_id) == [
+            ("ACCEPTED", ""),
+            ("STEP_CHECKPOINT", "tokenize"),
+            ("STEP_CHECKPOINT", "embed"),
+            ("WAITING", "review"),
+            ("STEP_CHECKPOINT", "review"),
+            ("COMPLETED", ""),
+        ]
+        assert events(store, job.job_id)[-1].verdict == "3 steps, output jobs.test.Summary"
+    finally:
+        worker.stop()
+
+
+def test_retries_exhausted_go_dead_with_the_last_error_verbatim(store, fresh_dsn, services):
+    workflow = seed_workflow(services.target)
+    job = enqueue(store, workflow, {"text": "a b"}, max_attempts=3)
+    services.fail_next("Tokenize", 100, grpc.StatusCode.RESOURCE_EXHAUSTED, "quota spent")
+    worker = _worker(store, fresh_dsn, backoff_base_seconds=0.05)
+    sweeper = Sweeper(store, config=jobs_config(fresh_dsn))
+    try:
+        outcomes = []
+        for _ in range(3):
+            wait_for(lambda: store.job_get(job.job_id).status != "RUNNING" and worker.run_once())
+            outcomes.append(store.job_get(job.job_id).status)
+        assert outcomes == ["QUEUED", "QUEUED", "DEAD"]
+        row = store.job_get(job.job_id)
+        detail = f"GRPC: gRPC RESOURCE_EXHAUSTED from {services.target}: quota spent"
+        assert row.error == detail
+        assert row.attempt == 3
+        assert services.calls("Tokenize") == 3
+        dead = [e for e in events(store, job.job_id) if e.type == 6]
+        assert len(dead) == 1 and dead[0].error == detail
+        # nothing requeues a DEAD job: not the sweeper, not a claim
+        sweeper.run_once()
+        time.sleep(0.2)  # past any backoff the job could have had
+        assert worker.run_once() is False
+        assert store.job_get(job.job_id).status == "DEAD"
+        assert services.calls("Tokenize") == 3
+    finally:
+        worker.stop()
+
+
+def test_validation_failure_is_a_verdict_with_the_violations(store, fresh_dsn, services):
+    # an empty text tokenizes to no ids; the embedder then answers no values, which breaks
+    # Embedding.values min_items = 1, and the embed step declares validate: true
+    workflow = seed_workflow(services.target)
+    job = enqueue(store, workflow, {"text": ""})
+    worker = _worker(store, fresh_dsn)
+    try:
+        assert worker.run_once() is True
+        row = store.job_get(job.job_id)
+        assert row.status == "FAILED"
+        assert row.error.startswith("VALIDATION: response failed validation: ")
+        assert "values" in row.error
+        assert row.attempt == 1
+        assert services.calls("Embed") == 1  # never retried
+        assert event_types(store, job.job_id) == [
+            ("ACCEPTED", ""),
+            ("STEP_CHECKPOINT", "tokenize"),
+            ("FAILED", "embed"),
+        ]
+        assert events(store, job.job_id)[-1].error == row.error
+    finally:
+        worker.stop()
+
+
+def test_a_non_retryable_grpc_code_fails_loud(store, fresh_dsn, services):
+    job = enqueue(store, seed_workflow(services.target), {"text": "x", "fail": True})
+    worker = _worker(store, fresh_dsn)
+    try:
+        assert worker.run_once() is True
+        row = store.job_get(job.job_id)
+        assert row.status == "FAILED"
+        assert row.error == (
+            f"GRPC: gRPC FAILED_PRECONDITION from {services.target}: asked to fail"
+        )
+        assert event_types(store, job.job_id)[-1] == ("FAILED", "tokenize")
+    finally:
+        worker.stop()
+
+
+def test_unparseable_snapshot_and_bad_input_fail_with_the_reference_texts(
+    store, fresh_dsn, services
+):
+    bad_method = seed_workflow(services.target)
+    bad_method["steps"][0]["method"] = "jobs.test.Tokenizer/Nope"
+    j1 = enqueue(store, bad_method, {"text": "x"})
+    j2 = enqueue(store, seed_workflow(services.target), {"text": 5, "nosuchfield": 1})
+    worker = _worker(store, fresh_dsn)
+    try:
+        assert worker.run_once() and worker.run_once()
+        r1, r2 = store.job_get(j1.job_id), store.job_get(j2.job_id)
+        assert r1.status == "FAILED"
+        assert r1.error.startswith("WORKFLOW: stored workflow does not parse")
+        assert r2.status == "FAILED"
+        assert r2.error.startswith(
+            "MAPPING: stored input is not valid proto3 JSON for jobs.test.Text: "
+        )
+        assert services.calls("Tokenize") == 0
+    finally:
+        worker.stop()
+
+
+def test_lost_lease_abandons_the_run_and_writes_nothing(store, fresh_dsn, services, caplog):
+    job = enqueue(store, seed_workflow(services.target), {"text": "one two"})
+    services.set_delay("Tokenize", 1.0)
+    worker = _worker(store, fresh_dsn, lease_seconds=30)
+    caplog.set_level(logging.INFO, logger="protomolt_jobs")
+    result: list[bool] = []
+    t = threading.Thread(target=lambda: result.append(worker.run_once()))
+    t.start()
+    try:
+        wait_for(lambda: services.calls("Tokenize") == 1)
+        # the lease expires under the worker (a stall); the sweeper takes the job back
+        _sql(
+            fresh_dsn,
+            "UPDATE workflow_run SET lease_until = now() - interval '1 second' "
+            "WHERE job_id = %s RETURNING 1",
+            job.job_id,
+        )
+        assert Sweeper(store, config=jobs_config(fresh_dsn)).run_once().requeued == 1
+        t.join(20)
+        assert result == [True]
+        row = store.job_get(job.job_id)
+        assert row.status == "QUEUED"
+        assert row.checkpoints == []  # the late tokenize response was not written
+        assert event_types(store, job.job_id) == [("ACCEPTED", "")]
+        assert any(getattr(r, "action", None) == "lease_lost" for r in caplog.records)
+    finally:
+        t.join(20)
+        worker.stop()
+
+
+def test_settle_outcome_enum_names_what_was_written(store, fresh_dsn, services):
+    job = enqueue(store, seed_workflow(services.target, review="invoke"), {"text": "a b c"})
+    worker = _worker(store, fresh_dsn)
+    try:
+        claimed = store.job_claim("test-worker", 5)
+        assert claimed.job_id == job.job_id
+        worker.heartbeat.start()
+        assert worker.executor.execute(claimed) is Settlement.COMPLETED
+        assert store.job_get(job.job_id).verdict == "3 steps, output jobs.test.Summary"
+        assert services.calls("Review") == 1
+    finally:
+        worker.stop()
