@@ -1,0 +1,628 @@
+"""The four job verbs: ``submit-workflow``, ``get-job``, ``list-jobs``, ``complete-step``.
+
+Envelopes, messages and defaults follow the reference (upstream ``jobs/service/actions``), with
+the deliberate differences of DESIGN.md section 4 and ``docs/verbs.md``:
+
+- ``submit-workflow`` enforces exactly one definition source with the CEL rule
+  :data:`SOURCE_RULE` on ``{workflow?, workflow_name}``; breaking it is ``invalid-input``.
+- Every field error is ``invalid-input`` naming the field (``details.field``), unknown fields
+  included (the input schemas say ``additionalProperties: false`` and are enforced); a
+  missing or non-object ``input`` and a malformed ``jobId`` on submit are ``invalid-input``
+  too, not ``ok: false`` answers.
+- Values PostgreSQL cannot store (NUL characters, non-finite numbers) are refused up front.
+- With no database configured every verb raises ``unavailable`` saying how to configure one.
+
+Answers with ``ok: false`` (unknown job, wrong state, a definition that does not verify) are
+returns, never exceptions. Nothing here imports ``protomolt_jobs.host``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from protomolt_jobs.errors import InvalidInput, JobCorrupt, NotFound, Unavailable
+from protomolt_jobs.store.records import JOB_STATUSES, AlreadyDone, Completed, WrongState
+from protomolt_jobs.submitter import Submitter, parse_job_id
+
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "NOT_CONFIGURED",
+    "SOURCE_RULE",
+    "CompleteStepAction",
+    "GetJobAction",
+    "JobsBackend",
+    "ListJobsAction",
+    "SubmitWorkflowAction",
+    "iso_instant",
+    "job_json",
+    "jobs_actions",
+]
+
+log = logging.getLogger("protomolt_jobs.actions")
+
+#: The ``unavailable`` message of a node without ``jobs.dsn``.
+NOT_CONFIGURED = (
+    "workflow runs are not configured on this node "
+    "(set jobs.dsn in protomolt.toml or PROTOMOLT_JOBS_DSN)"
+)
+#: The ``unavailable`` message of a configured node whose jobs role is not running.
+NOT_RUNNING = (
+    "workflow runs are not running on this node (the jobs role has not started or has closed)"
+)
+#: ``submit-workflow``: exactly one definition source (CEL over ``{workflow?, workflow_name}``).
+SOURCE_RULE = "has(this.workflow) != (this.workflow_name != '')"
+#: Deepest nesting accepted in free-form objects (protobuf's JSON parser stops near 100).
+MAX_JSON_DEPTH = 100
+#: Largest offset PostgreSQL's bigint holds.
+_MAX_OFFSET = 2**63 - 1
+_MAX_LIMIT = 500
+
+
+# --------------------------------------------------------------------------------------
+# The late-bound backend
+# --------------------------------------------------------------------------------------
+
+
+class JobsBackend:
+    """What the verbs need at call time: the store and the submitter.
+
+    The jobs role contributes its verbs at wire, before any database is opened; it binds the
+    store at start and unbinds it at close, so the same verb objects answer ``unavailable``
+    before, ``ok`` while running, and ``unavailable`` after.
+
+    :param configured: True when a database is configured (selects the ``unavailable`` text).
+    """
+
+    def __init__(self, *, configured: bool) -> None:
+        self.configured = configured
+        self._store: Any = None
+        self._submitter: Submitter | None = None
+        self._lock = threading.Lock()
+
+    def bind(self, store: Any, submitter: Submitter) -> None:
+        """Serve with ``store`` and ``submitter`` (called by the role's start)."""
+        with self._lock:
+            self._store, self._submitter = store, submitter
+
+    def unbind(self) -> None:
+        """Stop serving (called by the role's close)."""
+        with self._lock:
+            self._store, self._submitter = None, None
+
+    def require(self) -> tuple[Any, Submitter]:
+        """The bound store and submitter.
+
+        :raises Unavailable: no database configured, or the role is not running.
+        """
+        with self._lock:
+            store, submitter = self._store, self._submitter
+        if store is None or submitter is None:
+            raise Unavailable(NOT_CONFIGURED if not self.configured else NOT_RUNNING)
+        return store, submitter
+
+
+# --------------------------------------------------------------------------------------
+# Field readers: every failure is invalid-input naming the field
+# --------------------------------------------------------------------------------------
+
+
+def _invalid(field: str, message: str) -> InvalidInput:
+    return InvalidInput(message, {"field": field})
+
+
+def _only_known(verb: str, input: dict[str, Any], known: tuple[str, ...]) -> None:
+    for key in input:
+        if key not in known:
+            raise _invalid(str(key), f"Unknown field '{key}'; {verb} accepts: {', '.join(known)}")
+
+
+def _check_text(field: str, value: str) -> str:
+    if "\x00" in value:
+        raise _invalid(field, f"Field '{field}' must not contain NUL characters")
+    return value
+
+
+def _require_string(input: dict[str, Any], field: str) -> str:
+    value = input.get(field)
+    if value is None:
+        raise _invalid(field, f"Missing required string field '{field}'")
+    if not isinstance(value, str):
+        raise _invalid(field, f"Field '{field}' must be a string")
+    return _check_text(field, value)
+
+
+def _optional_string(input: dict[str, Any], field: str) -> str | None:
+    value = input.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _invalid(field, f"Field '{field}' must be a string")
+    return _check_text(field, value)
+
+
+def _require_object(input: dict[str, Any], field: str) -> dict[str, Any]:
+    value = input.get(field)
+    if value is None:
+        raise _invalid(field, f"Missing required object field '{field}'")
+    if not isinstance(value, dict):
+        raise _invalid(field, f"Field '{field}' must be a JSON object")
+    _check_json(field, value)
+    return value
+
+
+def _optional_object(input: dict[str, Any], field: str) -> dict[str, Any] | None:
+    value = input.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _invalid(field, f"Field '{field}' must be a JSON object")
+    _check_json(field, value)
+    return value
+
+
+def _check_json(field: str, value: Any) -> None:
+    """Refuse what JSON or PostgreSQL ``jsonb`` cannot hold (iteratively: no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise _invalid(field, f"Field '{field}' is nested deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    raise _invalid(field, f"Field '{field}' must be JSON: object keys are strings")
+                if "\x00" in key:
+                    raise _invalid(field, f"Field '{field}' must not contain NUL characters")
+                stack.append((child, depth + 1))
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+        elif isinstance(item, str):
+            if "\x00" in item:
+                raise _invalid(field, f"Field '{field}' must not contain NUL characters")
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise _invalid(field, f"Field '{field}' must hold only finite numbers")
+        elif item is None or isinstance(item, (bool, int)):
+            continue
+        else:
+            raise _invalid(field, f"Field '{field}' must be JSON; it holds a {type(item).__name__}")
+
+
+def _as_integer(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _job_id(raw: str) -> uuid.UUID:
+    parsed = parse_job_id(raw)
+    if parsed is None:
+        raise _invalid("jobId", f"'jobId' must be a uuid; got '{raw}'")
+    return parsed
+
+
+# --------------------------------------------------------------------------------------
+# The job document
+# --------------------------------------------------------------------------------------
+
+
+def iso_instant(moment: datetime | None) -> str | None:
+    """ISO-8601 UTC with a ``Z``, fractions in groups of 3 only as needed (Java
+    ``Instant.toString``): ``2026-01-01T00:00:00Z``, ``...00:00:00.120Z``."""
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    moment = moment.astimezone(UTC)
+    text = moment.strftime("%Y-%m-%dT%H:%M:%S")
+    micros = moment.microsecond
+    if micros:
+        text += f".{micros // 1000:03d}" if micros % 1000 == 0 else f".{micros:06d}"
+    return text + "Z"
+
+
+def job_json(job: Any, *, full: bool) -> dict[str, Any]:
+    """A job row as the verbs show it (camelCase, nulls omitted).
+
+    Keys in order: ``jobId, workflowName, status, attempt, outstandingStep?``, then when
+    ``full`` ``input, checkpoints, result?``, then ``verdict?, error?, createdAt?, updatedAt?,
+    completedAt?``. Never shown: max attempts, run_after, the lease, the definition.
+    """
+    body: dict[str, Any] = {
+        "jobId": str(job.job_id),
+        "workflowName": job.workflow_name,
+        "status": job.status,
+        "attempt": job.attempt,
+    }
+    if job.outstanding_step is not None:
+        body["outstandingStep"] = job.outstanding_step
+    if full:
+        body["input"] = job.input
+        body["checkpoints"] = job.checkpoints if job.checkpoints is not None else []
+        if job.result is not None:
+            body["result"] = job.result
+    for key, value in (
+        ("verdict", job.verdict),
+        ("error", job.error),
+        ("createdAt", iso_instant(job.created_at)),
+        ("updatedAt", iso_instant(job.updated_at)),
+        ("completedAt", iso_instant(job.completed_at)),
+    ):
+        if value is not None:
+            body[key] = value
+    return body
+
+
+def _wrong_state(job_id: uuid.UUID, status: str, outstanding: str | None, step: str) -> dict:
+    where = f", parked on step '{outstanding}'" if outstanding else ""
+    body: dict[str, Any] = {"ok": False, "status": status}
+    if outstanding is not None:
+        body["outstandingStep"] = outstanding
+    body["error"] = f"job {job_id} is {status}{where}; it is not waiting on step '{step}'"
+    return body
+
+
+def _not_found(job_id: uuid.UUID) -> dict[str, Any]:
+    return {"ok": False, "error": f"no workflow run {job_id}"}
+
+
+# --------------------------------------------------------------------------------------
+# The verbs
+# --------------------------------------------------------------------------------------
+
+
+class SubmitWorkflowAction:
+    """``submit-workflow`` (scope ``workflow-run``): queue a workflow run as a durable job."""
+
+    name = "submit-workflow"
+    scope = "workflow-run"
+    description = (
+        "Queue a workflow run as a durable job: give either an inline 'workflow' or a stored "
+        "'workflowName' (exactly one), its 'input', and optionally a 'jobId' (uuid) that makes "
+        "the submission idempotent; answers the job id and status."
+    )
+    fields = ("workflow", "workflowName", "input", "jobId")
+
+    def __init__(self, backend: JobsBackend) -> None:
+        self.backend = backend
+        self.input_schema: dict[str, Any] = {
+            "type": "object",
+            "properties": {
+                "workflow": {
+                    "type": "object",
+                    "description": "An inline workflow definition (the run-workflow envelope).",
+                },
+                "workflowName": {
+                    "type": "string",
+                    "description": "The name of a workflow stored in the registry.",
+                },
+                "input": {"type": "object", "description": "Proto3 JSON of the inputType."},
+                "jobId": {
+                    "type": "string",
+                    "format": "uuid",
+                    "description": "Idempotency key; a uuid4 is minted when absent.",
+                },
+            },
+            "required": ["input"],
+            "additionalProperties": False,
+            "x-cel-rules": [{"id": "exactly-one-source", "expression": SOURCE_RULE}],
+        }
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """Validate the envelope, then hand it to the submitter.
+
+        :returns: ``{ok: true, jobId, status}`` or ``{ok: false, failedStep?, error}``.
+        :raises Unavailable: no database configured (or the role is not running).
+        :raises InvalidInput: a field is missing, mistyped, unknown, or the source rule fails.
+        """
+        _, submitter = self.backend.require()
+        _only_known(self.name, input, self.fields)
+        workflow = _optional_object(input, "workflow")
+        workflow_name = _optional_string(input, "workflowName")
+        payload = _require_object(input, "input")
+        raw_job_id = _optional_string(input, "jobId")
+        _check_source_rule(workflow, workflow_name)
+        job_id = None
+        if raw_job_id is not None and raw_job_id.strip():
+            job_id = str(_job_id(raw_job_id))
+        outcome = submitter.submit(
+            workflow=workflow, workflow_name=workflow_name, input=payload, job_id=job_id
+        )
+        return outcome.to_json()
+
+
+def _check_source_rule(workflow: dict[str, Any] | None, workflow_name: str | None) -> None:
+    from protomolt_jobs import celenv
+
+    # Only presence matters to the rule: an empty object stands in for the definition, so
+    # no user payload is converted to CEL values.
+    this: dict[str, Any] = {"workflow_name": (workflow_name or "").strip()}
+    if workflow is not None:
+        this["workflow"] = {}
+    verdict = celenv.program(SOURCE_RULE).evaluate({"this": celenv.to_cel(this)})
+    if not bool(verdict):
+        given = "both" if workflow is not None else "neither"
+        raise InvalidInput(
+            f"rule exactly-one-source ({SOURCE_RULE}) failed: give exactly one of 'workflow' "
+            f"and 'workflowName' (got {given})",
+            {"rule": SOURCE_RULE, "fields": ["workflow", "workflowName"]},
+        )
+
+
+class GetJobAction:
+    """``get-job`` (scope ``service-invoke``): one job with input, checkpoints and result."""
+
+    name = "get-job"
+    scope = "service-invoke"
+    description = (
+        "Read one workflow job by 'jobId': status, attempt, parked step, input, checkpoints, "
+        "result, verdict and error."
+    )
+    fields = ("jobId",)
+
+    def __init__(self, backend: JobsBackend) -> None:
+        self.backend = backend
+        self.input_schema: dict[str, Any] = {
+            "type": "object",
+            "properties": {"jobId": {"type": "string", "format": "uuid"}},
+            "required": ["jobId"],
+            "additionalProperties": False,
+        }
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """:returns: ``{ok: true, job}`` or ``{ok: false, error: "no workflow run <id>"}``.
+
+        :raises Unavailable: no database configured.
+        :raises InvalidInput: missing, mistyped or non-uuid ``jobId``; unknown fields.
+        """
+        store, _ = self.backend.require()
+        _only_known(self.name, input, self.fields)
+        job_id = _job_id(_require_string(input, "jobId"))
+        job = store.job_get(job_id)
+        if job is None:
+            return _not_found(job_id)
+        return {"ok": True, "job": job_json(job, full=True)}
+
+
+class ListJobsAction:
+    """``list-jobs`` (scope ``service-invoke``): job summaries, newest first."""
+
+    name = "list-jobs"
+    scope = "service-invoke"
+    description = (
+        "List workflow jobs newest first, optionally filtered by 'status' and 'workflowName'; "
+        "'limit' (default 50, at most 500) and 'offset' page through them."
+    )
+    fields = ("status", "workflowName", "limit", "offset")
+
+    def __init__(self, backend: JobsBackend) -> None:
+        self.backend = backend
+        self.input_schema: dict[str, Any] = {
+            "type": "object",
+            "properties": {
+                "status": {"type": "string", "enum": sorted(JOB_STATUSES)},
+                "workflowName": {"type": "string"},
+                "limit": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "0 or absent means 50; above 500 is clamped to 500.",
+                },
+                "offset": {"type": "integer", "minimum": 0},
+            },
+            "additionalProperties": False,
+        }
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """:returns: ``{ok: true, jobs: [summary...]}``.
+
+        :raises Unavailable: no database configured.
+        :raises InvalidInput: unknown status, mistyped fields, negative limit or offset.
+        """
+        store, _ = self.backend.require()
+        _only_known(self.name, input, self.fields)
+        status = _optional_string(input, "status")
+        if status is not None and status not in JOB_STATUSES:
+            raise _invalid(
+                "status",
+                f"'status' must be one of {', '.join(sorted(JOB_STATUSES))}; got '{status}'",
+            )
+        workflow_name = _optional_string(input, "workflowName")
+        limit = 0
+        if input.get("limit") is not None:
+            limit_value = _as_integer(input["limit"])
+            if limit_value is None:
+                raise _invalid("limit", "Field 'limit' must be an integer")
+            if limit_value < 0:
+                raise _invalid("limit", "Field 'limit' must be >= 0")
+            limit = min(limit_value, _MAX_LIMIT)
+        offset = 0
+        if input.get("offset") is not None:
+            offset_value = _as_integer(input["offset"])
+            if offset_value is None or offset_value < 0:
+                raise _invalid("offset", "Field 'offset' must be a non-negative integer")
+            if offset_value > _MAX_OFFSET:
+                raise _invalid("offset", f"Field 'offset' must be at most {_MAX_OFFSET}")
+            offset = offset_value
+        jobs = store.job_list(
+            status=status, workflow_name=workflow_name, limit=limit, offset=offset
+        )
+        return {"ok": True, "jobs": [job_json(job, full=False) for job in jobs]}
+
+
+class CompleteStepAction:
+    """``complete-step`` (scope ``service-invoke``): supply the response of a parked step."""
+
+    name = "complete-step"
+    scope = "service-invoke"
+    description = (
+        "Supply the 'response' of the external step 'stepName' a job ('jobId') is parked on; "
+        "the job resumes, or fails as a verdict when the response breaks the step's rules."
+    )
+    fields = ("jobId", "stepName", "response")
+
+    def __init__(self, backend: JobsBackend, runtime: Any) -> None:
+        self.backend = backend
+        self.runtime = runtime
+        self.input_schema: dict[str, Any] = {
+            "type": "object",
+            "properties": {
+                "jobId": {"type": "string", "format": "uuid"},
+                "stepName": {"type": "string"},
+                "response": {
+                    "type": "object",
+                    "description": "Proto3 JSON of the step method's output type.",
+                },
+            },
+            "required": ["jobId", "stepName", "response"],
+            "additionalProperties": False,
+        }
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """Gate, resolve the step, parse and (when declared) validate the response, then
+        complete the parked step.
+
+        :returns: ``{ok: true, status: "QUEUED"}`` (resumed), ``{ok: true, status}`` (already
+            done), ``{ok: false, status, outstandingStep?, error}`` (wrong state),
+            ``{ok: false, status: "FAILED", error}`` (rejected by the step's rules) or
+            ``{ok: false, error: "no workflow run <id>"}``.
+        :raises Unavailable: no database configured.
+        :raises InvalidInput: a malformed field, an unknown step, a response that is not
+            proto3 JSON of the step's output type.
+        :raises JobCorrupt: the job's stored definition cannot be read.
+        """
+        store, _ = self.backend.require()
+        _only_known(self.name, input, self.fields)
+        raw_job_id = _require_string(input, "jobId")
+        step_name = _require_string(input, "stepName")
+        response = _require_object(input, "response")
+        job_id = _job_id(raw_job_id)
+
+        job = store.job_get(job_id)
+        if job is None:
+            return _not_found(job_id)
+        # Pre-gate without the lock; the store re-gates under the row lock.
+        if job.status != "WAITING" or job.outstanding_step != step_name:
+            if any(
+                isinstance(c, dict) and c.get("name") == step_name for c in job.checkpoints or []
+            ):
+                return {"ok": True, "status": job.status}
+            return _wrong_state(job_id, job.status, job.outstanding_step, step_name)
+
+        step = self._resolve_step(job, step_name)
+        message = self._parse_response(step, response)
+
+        if step.validate:
+            from protomolt_jobs.workflow.validation import summarize, validate_message
+
+            violations = validate_message(message)
+            if violations:
+                summary = summarize(violations)
+                error = f"VALIDATION: complete-step response failed validation: {summary}"
+                try:
+                    outcome = store.job_fail_parked(job_id, step_name, error)
+                except NotFound:
+                    return _not_found(job_id)
+                if isinstance(outcome, Completed):
+                    log.info(
+                        "job %s failed: response to %s broke its rules",
+                        job_id,
+                        step_name,
+                        extra={
+                            "action": "parked_step_rejected",
+                            "job_id": str(job_id),
+                            "step": step_name,
+                        },
+                    )
+                    return {"ok": False, "status": "FAILED", "error": summary}
+                return self._answer(job_id, step_name, outcome)
+
+        from google.protobuf import json_format
+
+        # The canonical proto3 JSON of the parsed response: replay re-parses it against the
+        # step's output type, so unknown fields the caller sent are not kept.
+        entry = {
+            "name": step_name,
+            "skipped": False,
+            "response": json_format.MessageToDict(message),
+        }
+        try:
+            outcome = store.job_complete_parked(job_id, step_name, entry)
+        except NotFound:
+            return _not_found(job_id)
+        if isinstance(outcome, Completed):
+            log.info(
+                "job %s resumed after %s",
+                job_id,
+                step_name,
+                extra={"action": "parked_step_completed", "job_id": str(job_id), "step": step_name},
+            )
+        return self._answer(job_id, step_name, outcome)
+
+    @staticmethod
+    def _answer(job_id: uuid.UUID, step: str, outcome: Any) -> dict[str, Any]:
+        if isinstance(outcome, Completed):
+            return {"ok": True, "status": "QUEUED"}
+        if isinstance(outcome, AlreadyDone):
+            return {"ok": True, "status": outcome.status}
+        if isinstance(outcome, WrongState):
+            return _wrong_state(job_id, outcome.status, outcome.outstanding_step, step)
+        raise TypeError(f"unexpected parked completion {outcome!r}")
+
+    def _resolve_step(self, job: Any, step_name: str) -> Any:
+        from protomolt_jobs.workflow.envelope import parse_workflow
+        from protomolt_jobs.workflow.types import WorkflowParseError
+
+        definition = job.workflow_definition
+        if not isinstance(definition, dict):
+            raise JobCorrupt(
+                "the job's stored workflow definition is not readable: "
+                f"expected a JSON object, found {type(definition).__name__}"
+            )
+        try:
+            compiled = parse_workflow(definition, self.runtime)
+        except WorkflowParseError as exc:
+            raise JobCorrupt(f"the job's stored workflow definition does not parse: {exc}") from exc
+        step = compiled.step(step_name)
+        if step is None:
+            raise _invalid("stepName", f"the workflow has no step named '{step_name}'")
+        if step.output_type is None:
+            raise JobCorrupt(
+                f"the job's stored workflow definition does not parse: step '{step_name}' "
+                "has no resolvable method"
+            )
+        return step
+
+    @staticmethod
+    def _parse_response(step: Any, response: dict[str, Any]) -> Any:
+        from google.protobuf import json_format, message_factory
+
+        message = message_factory.GetMessageClass(step.output_type)()
+        try:
+            json_format.ParseDict(response, message, ignore_unknown_fields=True)
+        except Exception as exc:  # ParseError, and TypeError/ValueError/OverflowError on odd values
+            raise _invalid(
+                "response",
+                f"'response' is not valid proto3 JSON for {step.output_type.full_name}: {exc}",
+            ) from exc
+        return message
+
+
+def jobs_actions(
+    backend: JobsBackend, runtime: Any
+) -> list[SubmitWorkflowAction | GetJobAction | ListJobsAction | CompleteStepAction]:
+    """The four verbs over one backend, in manifest order."""
+    return [
+        SubmitWorkflowAction(backend),
+        GetJobAction(backend),
+        ListJobsAction(backend),
+        CompleteStepAction(backend, runtime),
+    ]

@@ -1,0 +1,245 @@
+"""The jobs role: durable workflow runs mounted into any ProtoMolt host.
+
+Role ``jobs``, requires ``registry`` (its :class:`WorkflowRepository`, read at wire).
+
+- **wire**: take the first contributed repository (none is
+  ``jobs requires a co-mounted registry contributing a WorkflowRepository``), read the
+  ``[jobs]`` settings into a :class:`~protomolt_jobs.config.JobsConfig`, build the engine's
+  ``Runtime`` over the node's shared type pool and channel factory, and contribute six
+  actions: the four job verbs plus ``run-workflow`` and ``check-workflow``. Nothing is opened.
+- **start** (only with ``jobs.dsn``): migrate, open the store's pool, bind the verbs, start
+  the sweeper, the relay and the request consumer when ``jobs.kafka_bootstrap`` is set
+  (topics ensured first; otherwise one log line says the Kafka lanes are off), and the
+  worker last. Without ``jobs.dsn`` the verbs stay mounted and answer ``unavailable``.
+- **close**: the exact reverse (worker first, so nothing claims work mid-shutdown; the relay
+  last of the duties, so it drains what the others wrote), then the pool. Idempotent.
+
+This module imports nothing from ``protomolt_jobs.host``; the worker, relay and request
+consumer are imported inside ``start()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from protomolt_jobs.actions import JobsBackend, jobs_actions
+from protomolt_jobs.config import JobsConfig
+from protomolt_jobs.hooks.contract import (
+    Action,
+    ComposerError,
+    FileDescriptorContribution,
+    TypePool,
+    WireContext,
+    WorkflowRepository,
+)
+from protomolt_jobs.hooks.hookspecs import hookimpl
+
+__all__ = ["ROLE", "JobsModule", "JobsMount", "protomolt_role_module"]
+
+log = logging.getLogger("protomolt_jobs.jobs_role")
+
+#: The role name.
+ROLE = "jobs"
+#: The wire error when no registry contributes a repository (exact upstream text).
+MISSING_REGISTRY = "jobs requires a co-mounted registry contributing a WorkflowRepository"
+
+
+class JobsModule:
+    """The jobs :class:`~protomolt_jobs.hooks.contract.RoleModule`."""
+
+    role = ROLE
+    requires = frozenset({"registry"})
+
+    def wire(self, ctx: WireContext) -> JobsMount:
+        """Contribute the six actions; open nothing.
+
+        :raises ComposerError: no co-mounted registry contributed a WorkflowRepository.
+        :raises ConfigError: a ``[jobs]`` setting is malformed (names the key).
+        """
+        repository = ctx.contributions.first(WorkflowRepository)
+        if repository is None:
+            raise ComposerError(MISSING_REGISTRY)
+        config = JobsConfig.from_mapping(ctx.settings)
+
+        from protomolt_jobs.workflow.actions import CheckWorkflowAction, RunWorkflowAction
+        from protomolt_jobs.workflow.types import Runtime
+
+        type_pool = ctx.contributions.first(TypePool)
+        if type_pool is None:
+            # A host without a shared pool: the role keeps its own.
+            type_pool = TypePool()
+        runtime = Runtime(pool=type_pool.pool, channel_factory=ctx.channels.channel)
+        backend = JobsBackend(configured=config.configured)
+        for action in jobs_actions(backend, runtime):
+            ctx.contributions.contribute(Action, action)
+        ctx.contributions.contribute(Action, RunWorkflowAction(runtime, repository))
+        ctx.contributions.contribute(Action, CheckWorkflowAction(runtime, repository))
+        return JobsMount(
+            config=config,
+            repository=repository,
+            runtime=runtime,
+            backend=backend,
+            type_pool=type_pool,
+            descriptors=lambda: ctx.contributions.all(FileDescriptorContribution),
+        )
+
+
+class JobsMount:
+    """The started (or startable) jobs role. ``close()`` is idempotent and safe before
+    ``start()``.
+
+    :ivar store: the open store while started, else None.
+    :ivar components: the running duties in start order (``name`` -> object).
+    """
+
+    def __init__(
+        self,
+        *,
+        config: JobsConfig,
+        repository: WorkflowRepository,
+        runtime: Any,
+        backend: JobsBackend,
+        type_pool: TypePool,
+        descriptors: Any,
+    ) -> None:
+        self.config = config
+        self.repository = repository
+        self.runtime = runtime
+        self.backend = backend
+        self.type_pool = type_pool
+        self._descriptors = descriptors
+        self.store: Any = None
+        self.submitter: Any = None
+        self.components: list[tuple[str, Any]] = []
+        self._lock = threading.Lock()
+        self._started = False
+        self._closed = False
+
+    def start(self) -> None:
+        """Open the store and start the duties (see the module docstring).
+
+        :raises StoreError: the database cannot be reached or migrated.
+        :raises ConfigError: a component refused the configuration.
+        """
+        with self._lock:
+            if self._started or self._closed:
+                return
+            self._started = True
+        self._register_descriptors()
+        if not self.config.configured:
+            log.info(
+                "jobs role mounted without a database: the verbs answer unavailable "
+                "(set jobs.dsn or PROTOMOLT_JOBS_DSN)",
+                extra={"action": "jobs_unconfigured"},
+            )
+            return
+        try:
+            self._start_configured()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_configured(self) -> None:
+        from protomolt_jobs.store.migrate import migrate
+        from protomolt_jobs.store.store import JobStore
+        from protomolt_jobs.submitter import Submitter
+        from protomolt_jobs.worker import Sweeper, Worker
+
+        config = self.config
+        dsn = config.dsn
+        assert dsn is not None
+        migrate(dsn)
+        self.store = JobStore.open(dsn, max_size=config.pool_max_size)
+        self.submitter = Submitter(self.store, self.repository, self.runtime, config.max_attempts)
+        self.backend.bind(self.store, self.submitter)
+
+        self._start_component("sweeper", Sweeper(self.store, config=config))
+        if config.kafka_bootstrap:
+            from protomolt_jobs.relay import Relay
+            from protomolt_jobs.topics import ensure_topics
+
+            ensure_topics(config)
+            self._start_component("relay", Relay(self.store, config=config))
+            if config.effective_request_topic:
+                from protomolt_jobs.requests import RequestConsumer
+
+                self._start_component(
+                    "request_consumer",
+                    RequestConsumer(self.store, submitter=self.submitter, config=config),
+                )
+        else:
+            log.info(
+                "no Kafka configured: the relay and the request consumer are off; outbox rows "
+                "wait as PENDING (set jobs.kafka_bootstrap or PROTOMOLT_JOBS_KAFKA_BOOTSTRAP)",
+                extra={"action": "kafka_lanes_off"},
+            )
+        self._start_component(
+            "worker", Worker(self.store, runtime=self.runtime, config=config, dsn=dsn)
+        )
+        log.info(
+            "jobs role started (worker %s, %d claim loops)",
+            config.worker_id,
+            config.worker_count,
+            extra={
+                "action": "jobs_started",
+                "worker_id": config.worker_id,
+                "components": [name for name, _ in self.components],
+            },
+        )
+
+    def _start_component(self, name: str, component: Any) -> None:
+        # Recorded before start() so a component that half-started is still stopped.
+        self.components.append((name, component))
+        component.start()
+
+    def _register_descriptors(self) -> None:
+        contributions = tuple(self._descriptors())
+        if not contributions:
+            return
+        from google.protobuf import descriptor_pb2
+
+        available = {
+            descriptor_pb2.FileDescriptorProto.FromString(c.serialized).name: c.serialized
+            for c in contributions
+        }
+        # The host normally added them already; adding again is a no-op.
+        for contribution in contributions:
+            self.type_pool.add_file(contribution.serialized, available=available)
+
+    def close(self) -> None:
+        """Stop the duties in reverse start order (worker first), unbind the verbs, close
+        the pool. Idempotent; errors are logged and the rest still closes."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            components, self.components = list(self.components), []
+        grace = self.config.shutdown_grace_seconds
+        for name, component in reversed(components):
+            try:
+                component.stop(grace + 5.0 if name == "worker" else 10.0)
+            except Exception:
+                log.exception(
+                    "jobs component %s failed to stop",
+                    name,
+                    extra={"action": "jobs_component_stop_failed", "component": name},
+                )
+        self.backend.unbind()
+        if self.store is not None:
+            try:
+                self.store.close()
+            except Exception:
+                log.exception(
+                    "jobs store failed to close", extra={"action": "jobs_store_close_failed"}
+                )
+            self.store = None
+        if self._started and self.config.configured:
+            log.info("jobs role closed", extra={"action": "jobs_closed"})
+
+
+@hookimpl
+def protomolt_role_module() -> JobsModule:
+    """The jobs role (entry point ``protomolt.roles: jobs``)."""
+    return JobsModule()

@@ -1,0 +1,243 @@
+"""The submitter: turn a submission into a QUEUED job row, or an ``ok: false`` answer.
+
+Checks run in the reference's order (upstream ``WorkflowRunSubmitter``):
+
+1. resolve the definition: an inline ``workflow`` wins; else a non-blank ``workflow_name``
+   through the :class:`~protomolt_jobs.hooks.contract.WorkflowRepository`;
+2. the definition and the input must be JSON objects;
+3. parse the definition (the engine's ``parse_workflow``);
+4. verify it (the engine's ``verify``);
+5. check the input against the workflow's ``inputType`` (the engine's ``parse_input``);
+6. take the job id (a uuid) or mint a uuid4;
+7. insert the row with the definition and the input snapshotted (``ON CONFLICT (job_id) DO
+   NOTHING``: a resubmission returns the stored row untouched).
+
+Failures in 1-6 are answers (:class:`SubmitOutcome` with ``ok`` false, a ``reason`` the
+request consumer routes on, ``failed_step`` and ``error``), never exceptions. Store failures
+propagate as :class:`~protomolt_jobs.errors.StoreError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import uuid
+from typing import Any
+
+from protomolt_jobs.hooks.contract import WorkflowRepository
+from protomolt_jobs.store.records import NewJob
+
+__all__ = ["REASONS", "SubmitOutcome", "Submitter", "parse_job_id"]
+
+log = logging.getLogger("protomolt_jobs.submitter")
+
+#: Every ``reason`` an ``ok: false`` outcome carries.
+REASONS = frozenset(
+    {
+        "unknown-workflow",
+        "no-repository",
+        "corrupt-workflow",
+        "invalid-definition",
+        "invalid-input",
+        "invalid-job-id",
+    }
+)
+
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+
+
+def parse_job_id(raw: str) -> uuid.UUID | None:
+    """The uuid in ``raw`` (surrounding blanks ignored; the 8-4-4-4-12 hex form, any
+    version), or None when it is not one."""
+    text = raw.strip()
+    if not _UUID.match(text):
+        return None
+    return uuid.UUID(text)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SubmitOutcome:
+    """The answer to one submission.
+
+    :ivar ok: True when a row exists for ``job_id`` (created now or before).
+    :ivar job_id: the stored row's id (None when not ok).
+    :ivar status: the stored row's status (QUEUED when created; the existing status on an
+        idempotent resubmit; None when not ok).
+    :ivar created: True when this call inserted the row.
+    :ivar failed_step: the step a definition problem belongs to ("" when none).
+    :ivar error: why it was refused ("" when ok).
+    :ivar reason: one of :data:`REASONS` when not ok, else None.
+    """
+
+    ok: bool
+    job_id: str | None
+    status: str | None
+    created: bool = False
+    failed_step: str = ""
+    error: str = ""
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``submit-workflow`` envelope: ``{ok, jobId, status}`` or
+        ``{ok: false, failedStep?, error}``."""
+        if self.ok:
+            return {"ok": True, "jobId": self.job_id, "status": self.status}
+        body: dict[str, Any] = {"ok": False}
+        if self.failed_step:
+            body["failedStep"] = self.failed_step
+        body["error"] = self.error
+        return body
+
+
+def _refuse(reason: str, error: str, failed_step: str = "") -> SubmitOutcome:
+    return SubmitOutcome(
+        ok=False,
+        job_id=None,
+        status=None,
+        failed_step=failed_step or "",
+        error=error,
+        reason=reason,
+    )
+
+
+class Submitter:
+    """Validates and inserts submissions (the ``submit-workflow`` verb and the request topic).
+
+    :param store: a :class:`~protomolt_jobs.store.store.JobStore` (anything with ``job_insert``).
+    :param repository: the stored workflows, or None when no registry is mounted.
+    :param runtime: the engine's ``Runtime`` (type pool, channel factory).
+    :param max_attempts: attempts stamped into each new row (positive).
+    :raises ValueError: ``max_attempts`` is not a positive integer.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        repository: WorkflowRepository | None,
+        runtime: Any,
+        max_attempts: int,
+    ) -> None:
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ValueError(f"max_attempts must be a positive integer; got {max_attempts!r}")
+        self.store = store
+        self.repository = repository
+        self.runtime = runtime
+        self.max_attempts = max_attempts
+
+    def submit(
+        self,
+        *,
+        workflow: Any = None,
+        workflow_name: str | None = None,
+        input: Any = None,
+        job_id: str | None = None,
+    ) -> SubmitOutcome:
+        """Validate a submission and insert its row.
+
+        :param workflow: an inline definition (a JSON object); wins over ``workflow_name``.
+        :param workflow_name: a stored workflow's name.
+        :param input: the workflow input (a JSON object, proto3 JSON of ``inputType``).
+        :param job_id: the idempotency key (a uuid string); blank or None mints a uuid4.
+        :returns: the outcome; never raises for bad input.
+        :raises StoreError: the database failed.
+        """
+        from protomolt_jobs.workflow.envelope import parse_input, parse_workflow
+        from protomolt_jobs.workflow.types import WorkflowParseError
+        from protomolt_jobs.workflow.verifier import verify
+
+        name = workflow_name.strip() if isinstance(workflow_name, str) else ""
+        definition = workflow
+        # 1. Resolve: inline wins; the name is looked up only without an inline definition.
+        if definition is None and name:
+            if self.repository is None:
+                return _refuse(
+                    "no-repository",
+                    "No workflow repository is mounted; submit with an inline 'workflow' or "
+                    "start a server with a registry",
+                )
+            try:
+                definition = self.repository.workflow(name)
+            except Exception as exc:  # noqa: BLE001 - any repository failure is "corrupt", loudly
+                log.warning(
+                    "stored workflow %s is not readable: %s",
+                    name,
+                    exc,
+                    extra={"action": "stored_workflow_unreadable", "workflow_name": name},
+                )
+                return _refuse(
+                    "corrupt-workflow", f"stored workflow '{name}' is not readable: {exc}"
+                )
+            if definition is None:
+                return _refuse("unknown-workflow", f"No stored workflow named '{name}'")
+        # 2. Both must be objects.
+        if not isinstance(definition, dict) or not isinstance(input, dict):
+            reason = "invalid-definition" if not isinstance(definition, dict) else "invalid-input"
+            return _refuse(
+                reason, "'workflow' (or 'workflowName') and 'input' objects are required"
+            )
+        # 3. Parse.
+        try:
+            compiled = parse_workflow(definition, self.runtime)
+        except WorkflowParseError as exc:
+            return _refuse("invalid-definition", exc.message, exc.step)
+        # 4. Verify.
+        findings = verify(compiled)
+        if findings:
+            first = findings[0]
+            noun = "finding" if len(findings) == 1 else "findings"
+            return _refuse(
+                "invalid-definition",
+                f"workflow does not verify ({len(findings)} {noun}); "
+                f"first: [{first.kind}] {first.error}",
+                first.step,
+            )
+        # 5. The input against inputType.
+        try:
+            parse_input(compiled, input)
+        except WorkflowParseError as exc:
+            message = exc.message
+            if not message.startswith("'input'"):
+                message = (
+                    f"'input' is not valid proto3 JSON for {compiled.input_type.full_name}: "
+                    f"{message}"
+                )
+            return _refuse("invalid-input", message)
+        # 6. The job id, after the workflow checks (as the reference orders them).
+        if job_id is None or (isinstance(job_id, str) and not job_id.strip()):
+            key = uuid.uuid4()
+        else:
+            parsed = parse_job_id(job_id) if isinstance(job_id, str) else None
+            if parsed is None:
+                return _refuse("invalid-job-id", f"'jobId' must be a uuid; got '{job_id}'")
+            key = parsed
+        # 7. Insert (idempotent on job_id).
+        stored_name = name or (
+            definition.get("name")
+            if isinstance(definition.get("name"), str) and definition.get("name").strip()
+            else "inline"
+        )
+        outcome = self.store.job_insert(
+            NewJob(
+                job_id=key,
+                workflow_name=stored_name,
+                workflow_definition=definition,
+                input=input,
+                max_attempts=self.max_attempts,
+            )
+        )
+        job = outcome.job
+        if outcome.created:
+            log.info(
+                "job %s accepted (%s)",
+                job.job_id,
+                job.workflow_name,
+                extra={
+                    "action": "job_submitted",
+                    "job_id": str(job.job_id),
+                    "workflow_name": job.workflow_name,
+                },
+            )
+        return SubmitOutcome(
+            ok=True, job_id=str(job.job_id), status=job.status, created=outcome.created
+        )
