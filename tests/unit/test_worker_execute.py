@@ -1,0 +1,323 @@
+"""The executor's settlement rules with a fake store and a stubbed engine (no services)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import pytest
+
+import protomolt_jobs.workflow as wf
+from protomolt_jobs.config import JobsConfig
+from protomolt_jobs.errors import LeaseLost, StoreError
+from protomolt_jobs.store.records import Lease
+from protomolt_jobs.worker.execute import SegmentExecutor, Settlement
+from protomolt_jobs.worker.heartbeat import Heartbeat
+from protomolt_jobs.worker.permits import TargetPermits
+from protomolt_jobs.workflow.types import (
+    Completed,
+    FailureKind,
+    Finding,
+    Parked,
+    WorkflowExecutionError,
+    WorkflowParseError,
+)
+
+
+@dataclass
+class _Job:
+    attempt: int = 1
+    max_attempts: int = 3
+    checkpoints: list = field(default_factory=list)
+    workflow_definition: Any = field(default_factory=lambda: {"name": "wf"})
+    input: Any = field(default_factory=lambda: {"text": "x"})
+    workflow_name: str = "wf"
+    job_id: uuid.UUID = field(default_factory=uuid.uuid4)
+
+    @property
+    def lease(self) -> Lease:
+        return Lease(self.job_id, "w", self.attempt)
+
+
+class _Store:
+    def __init__(self) -> None:
+        self.writes: list[tuple] = []
+        self.lose_on: set[str] = set()
+        self.fail_on: set[str] = set()
+
+    def _do(self, op: str, lease: Lease, *args: Any) -> None:
+        if op in self.lose_on:
+            raise LeaseLost(lease.job_id, lease.owner, lease.attempt, op)
+        if op in self.fail_on:
+            raise StoreError(f"{op} failed")
+        self.writes.append((op, *args))
+
+    def job_checkpoint(self, lease, entry):
+        self._do("checkpoint", lease, entry["name"])
+
+    def job_complete(self, lease, result, verdict):
+        self._do("complete", lease, result, verdict)
+
+    def job_park(self, lease, step):
+        self._do("park", lease, step)
+
+    def job_fail(self, lease, error, step=""):
+        self._do("fail", lease, error, step)
+
+    def job_retry(self, lease, backoff_s, error):
+        self._do("retry", lease, backoff_s, error)
+
+    def job_dead(self, lease, error):
+        self._do("dead", lease, error)
+
+    def job_release(self, lease):
+        self._do("release", lease)
+
+    def job_heartbeat(self, lease, lease_s):
+        pass
+
+
+class _Input:
+    full_name = "t.In"
+
+
+class _Workflow:
+    input_type = _Input()
+    steps = ("a", "b")
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    """Stub the engine entry points the executor imports; ``engine.segment`` decides the run."""
+
+    class Engine:
+        segment = None  # (prior, on_checkpoint) -> outcome, or raises
+        findings: list = []
+        parse_error: Exception | None = None
+        input_error: Exception | None = None
+        targets: list = []
+
+    def parse_workflow(obj, runtime):
+        if Engine.parse_error:
+            raise Engine.parse_error
+        return _Workflow()
+
+    def parse_input(workflow, obj):
+        if Engine.input_error:
+            raise Engine.input_error
+        return obj
+
+    def next_target(workflow, n):
+        Engine.targets.append(n)
+        return "t:1"
+
+    def run_segment(workflow, message, prior, on_checkpoint, *, runtime):
+        return Engine.segment(prior, on_checkpoint)
+
+    for name, value in {
+        "parse_workflow": parse_workflow,
+        "verify": lambda w: list(Engine.findings),
+        "parse_input": parse_input,
+        "next_target": next_target,
+        "run_segment": run_segment,
+        "Completed": Completed,
+        "Parked": Parked,
+        "WorkflowExecutionError": WorkflowExecutionError,
+        "WorkflowParseError": WorkflowParseError,
+    }.items():
+        monkeypatch.setattr(wf, name, value, raising=False)
+    return Engine
+
+
+def _executor(store, *, draining=None, limit=8):
+    config = JobsConfig(worker_id="w", backoff_base_seconds=0.5, lease_seconds=60)
+    return SegmentExecutor(
+        store,
+        runtime=None,
+        config=config,
+        permits=TargetPermits(limit),
+        heartbeat=Heartbeat(store, lease_s=60, worker_id="w"),
+        draining=draining or threading.Event(),
+    )
+
+
+def _completed(n_steps=2):
+    return Completed(
+        output=None,
+        output_json={"ok": True},
+        output_type="t.Out",
+        steps=[{"name": str(i), "skipped": False} for i in range(n_steps)],
+    )
+
+
+def test_completed_writes_checkpoints_then_complete_with_the_verdict(engine):
+    store = _Store()
+
+    def segment(prior, on_checkpoint):
+        on_checkpoint({"name": "a", "skipped": False, "response": {}})
+        on_checkpoint({"name": "b", "skipped": False, "response": {}})
+        return _completed(2)
+
+    engine.segment = segment
+    assert _executor(store).execute(_Job()) is Settlement.COMPLETED
+    assert store.writes == [
+        ("checkpoint", "a"),
+        ("checkpoint", "b"),
+        ("complete", {"ok": True}, "2 steps, output t.Out"),
+    ]
+
+
+def test_parked_parks_on_the_step(engine):
+    store = _Store()
+    engine.segment = lambda prior, cb: Parked("review")
+    assert _executor(store).execute(_Job()) is Settlement.PARKED
+    assert store.writes == [("park", "review")]
+
+
+@pytest.mark.parametrize(
+    ("kind", "code", "store_failure"),
+    [
+        (FailureKind.GRPC, grpc.StatusCode.UNAVAILABLE, False),
+        (FailureKind.GRPC, grpc.StatusCode.DEADLINE_EXCEEDED, False),
+        (FailureKind.GRPC, grpc.StatusCode.RESOURCE_EXHAUSTED, False),
+        (FailureKind.DEADLINE, None, False),
+        (FailureKind.WORKFLOW, None, True),
+    ],
+)
+def test_retryable_failures_retry_with_backoff_then_go_dead(engine, kind, code, store_failure):
+    def segment(prior, cb):
+        raise WorkflowExecutionError(kind, "a", "boom", code, store_failure)
+
+    engine.segment = segment
+    store = _Store()
+    assert _executor(store).execute(_Job(attempt=2, max_attempts=3)) is Settlement.RETRIED
+    assert store.writes == [("retry", 1.0, f"{kind.value}: boom")]  # 0.5 * 2^(2-1)
+    store = _Store()
+    assert _executor(store).execute(_Job(attempt=3, max_attempts=3)) is Settlement.DEAD
+    assert store.writes == [("dead", f"{kind.value}: boom")]
+
+
+@pytest.mark.parametrize(
+    ("kind", "code"),
+    [
+        (FailureKind.VALIDATION, None),
+        (FailureKind.GATE, None),
+        (FailureKind.MAPPING, None),
+        (FailureKind.WORKFLOW, None),
+        (FailureKind.EXTERNAL, None),
+        (FailureKind.GRPC, grpc.StatusCode.INTERNAL),
+        (FailureKind.GRPC, grpc.StatusCode.INVALID_ARGUMENT),
+    ],
+)
+def test_non_retryable_failures_fail_with_kind_and_step(engine, kind, code):
+    def segment(prior, cb):
+        raise WorkflowExecutionError(kind, "b", "nope", code)
+
+    engine.segment = segment
+    store = _Store()
+    assert _executor(store).execute(_Job(attempt=1)) is Settlement.FAILED
+    assert store.writes == [("fail", f"{kind.value}: nope", "b")]
+
+
+def test_lease_lost_on_a_checkpoint_abandons_without_writing(engine):
+    store = _Store()
+    store.lose_on.add("checkpoint")
+
+    def segment(prior, on_checkpoint):
+        try:
+            on_checkpoint({"name": "a", "skipped": False})
+        except Exception as exc:  # the engine wraps observer failures
+            raise WorkflowExecutionError(
+                FailureKind.WORKFLOW, "a", "checkpoint observer failed", None, True
+            ) from exc
+        return _completed()
+
+    engine.segment = segment
+    assert _executor(store).execute(_Job()) is Settlement.ABANDONED
+    assert store.writes == []
+
+
+def test_lease_lost_on_settle_abandons_and_store_error_leaves_it_unsettled(engine):
+    engine.segment = lambda prior, cb: _completed()
+    store = _Store()
+    store.lose_on.add("complete")
+    assert _executor(store).execute(_Job()) is Settlement.ABANDONED
+    store = _Store()
+    store.fail_on.add("complete")
+    assert _executor(store).execute(_Job()) is Settlement.UNSETTLED
+    assert store.writes == []
+
+
+def test_snapshot_and_input_failures_use_the_reference_texts(engine):
+    store = _Store()
+    engine.segment = lambda prior, cb: pytest.fail("must not run")
+    assert _executor(store).execute(_Job(workflow_definition=[1])) is Settlement.FAILED
+    assert store.writes[-1] == (
+        "fail",
+        "WORKFLOW: stored workflow definition is not a JSON object",
+        "",
+    )
+
+    assert _executor(store).execute(_Job(workflow_definition="{nope")) is Settlement.FAILED
+    assert store.writes[-1][1].startswith(
+        "WORKFLOW: stored workflow definition is not readable JSON: "
+    )
+
+    engine.parse_error = WorkflowParseError("tok", "a step needs 'target' and 'method'")
+    _executor(store).execute(_Job())
+    assert store.writes[-1] == (
+        "fail",
+        "WORKFLOW: stored workflow does not parse (step 'tok'): a step needs 'target' and 'method'",
+        "tok",
+    )
+    engine.parse_error = None
+
+    engine.findings = [Finding("a", "method", "bad"), Finding("b", "rule", "worse")]
+    _executor(store).execute(_Job())
+    assert store.writes[-1] == (
+        "fail",
+        "WORKFLOW: stored workflow does not verify (2 findings); [method] a: bad; [rule] b: worse",
+        "a",
+    )
+    engine.findings = []
+
+    engine.input_error = WorkflowParseError("", "Failed to parse text field: bad")
+    _executor(store).execute(_Job())
+    assert store.writes[-1] == (
+        "fail",
+        "MAPPING: stored input is not valid proto3 JSON for t.In: Failed to parse text field: bad",
+        "",
+    )
+
+
+def test_no_permit_when_every_step_is_checkpointed(engine):
+    store = _Store()
+    engine.segment = lambda prior, cb: _completed()
+    done = [{"name": "a", "skipped": False}, {"name": "b", "skipped": False}]
+    assert _executor(store, limit=1).execute(_Job(checkpoints=done)) is Settlement.COMPLETED
+    assert engine.targets == []
+    _executor(store).execute(_Job(checkpoints=done[:1]))
+    assert engine.targets == [1]
+
+
+def test_a_job_claimed_while_draining_is_released_not_run(engine):
+    store = _Store()
+    engine.segment = lambda prior, cb: pytest.fail("must not run")
+    draining = threading.Event()
+    draining.set()
+    assert _executor(store, draining=draining).execute(_Job()) is Settlement.ABANDONED
+    assert store.writes == [("release",)]
+
+
+def test_an_unexpected_engine_error_is_a_bounded_retry(engine):
+    def segment(prior, cb):
+        raise KeyError("defect")
+
+    engine.segment = segment
+    store = _Store()
+    assert _executor(store).execute(_Job(attempt=3, max_attempts=3)) is Settlement.DEAD
+    assert store.writes[0][0] == "dead"
+    assert store.writes[0][1].startswith("WORKFLOW: unexpected error in the worker: KeyError")
