@@ -1,0 +1,106 @@
+"""``python -m bench <scenario>``: ceiling, throughput, latency, scale, memory, all, smoke.
+
+``all`` runs every scenario with the sizes in :data:`ALL` (reduced from the issue's defaults so
+the whole run fits in about ten minutes on two cores) and prints one table. ``smoke`` is the
+CI run: tiny sizes, no peers. ``--json PATH`` writes the raw results as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from importlib import metadata
+
+from bench import report
+from bench.scenarios import PEERS, SCENARIOS, Options
+
+#: ``all``: every scenario, sized to finish in about ten minutes on a 2-core machine.
+ALL = dict(n=2000, jobs_per_worker_cap=400, latency_n=300, scale_samples=300, ceiling_s=5)
+
+#: ``smoke``: tiny sizes, no peers; the CI run.
+SMOKE = dict(
+    n=20, jobs_per_worker_cap=20, workers=[2], peers=[], latency_n=5, scale_sizes=[1000],
+    scale_queued=20, scale_samples=20, memory_n=8, memory_slow_ms=200,
+    ceiling_clients=[1], ceiling_s=1, idle_window_s=0.5,
+)
+
+
+def versions() -> dict:
+    """Versions of the pieces the figures depend on."""
+    out = {"python": platform.python_version(), "machine": platform.machine()}
+    for dist in ("protomolt-jobs", "dbos", "procrastinate", "psycopg", "grpcio", "protobuf"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    p.add_argument("scenario", choices=[*SCENARIOS, "all", "smoke"])
+    p.add_argument("--n", type=int, help="throughput jobs per run")
+    p.add_argument("--workers", type=lambda s: [int(x) for x in s.split(",")],
+                   help="comma-separated W sweep, e.g. 1,4,16")
+    p.add_argument("--peers", type=lambda s: [x for x in s.split(",") if x],
+                   help=f"comma-separated subset of {','.join(PEERS)}; empty for none")
+    p.add_argument("--latency-n", type=int)
+    p.add_argument("--scale-sizes", type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--memory-n", type=int)
+    p.add_argument("--json", help="also write the raw results to this file")
+    return p.parse_args(argv)
+
+
+def options(args: argparse.Namespace) -> Options:
+    """Options for the scenario, with the command line's overrides applied.
+
+    :raises SystemExit: an unknown peer name.
+    """
+    base = {"all": ALL, "smoke": SMOKE}.get(args.scenario, {})
+    opts = Options(**base)
+    for name in ("n", "workers", "peers", "latency_n", "scale_sizes", "memory_n"):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(opts, name, value)
+    unknown = [p for p in opts.peers if p not in PEERS]
+    if unknown:
+        raise SystemExit(f"--peers: unknown peer(s) {', '.join(unknown)}; "
+                         f"choose from {', '.join(PEERS)}")
+    return opts
+
+
+def run(scenario: str, opts: Options) -> dict:
+    """Run one scenario (or all of them) and return the results with their context."""
+    names = list(SCENARIOS) if scenario in ("all", "smoke") else [scenario]
+    results: dict = {
+        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "scenario": scenario, "options": dataclasses.asdict(opts), "versions": versions(),
+    }
+    for name in names:
+        t = time.monotonic()
+        print(f"== {name}", flush=True)
+        results[name] = SCENARIOS[name](opts)
+        results.setdefault("wall_s", {})[name] = round(time.monotonic() - t, 1)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+    args = parse_args(argv)
+    opts = options(args)
+    results = run(args.scenario, opts)
+    report.print_table(results)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=2, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""The one results table (rich): ours, each peer's figure, and ours / peer."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.scenarios import PEERS
+from bench.stats import ratio
+
+#: Column order of the peers.
+PEER_ORDER = list(PEERS)
+
+
+def _fmt(v: float | None, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and v >= 100:
+        return f"{v:,.0f}{unit}"
+    return f"{v:g}{unit}"
+
+
+def rows(results: dict) -> list[dict]:
+    """Flatten scenario results into ``{metric, better, ours, peers: {name: value}}`` rows."""
+    out: list[dict] = []
+    ceiling = results.get("ceiling")
+    if ceiling:
+        for c, tps in ceiling["tps"].items():
+            out.append({"metric": f"ceiling: commits/s, {c} conn ({ceiling['method']})",
+                        "better": "", "ours": tps, "peers": {}})
+    tp = results.get("throughput")
+    if tp:
+        by = {(r["system"], r["workers"]): r for r in tp["runs"]}
+        for w in sorted({r["workers"] for r in tp["runs"]}):
+            ours = by.get(("ours", w))
+            for key, label, better in (("jobs_per_s", "jobs/s", "higher"),
+                                       ("tx_per_job", "transactions/job", "lower")):
+                out.append({
+                    "metric": f"throughput W={w}: {label}", "better": better,
+                    "ours": ours[key] if ours else None,
+                    "peers": {p: by[(p, w)][key] for p in PEER_ORDER if (p, w) in by},
+                })
+            if ceiling and ours and ours["tx_per_job"]:
+                clients = min(ceiling["tps"], key=lambda c: abs(int(c) - w))
+                share = ours["jobs_per_s"] * ours["tx_per_job"] / ceiling["tps"][clients]
+                out.append({"metric": f"throughput W={w}: share of ceiling ({clients} conn)",
+                            "better": "", "ours": round(100 * share, 1), "peers": {},
+                            "unit": "%"})
+    lat = results.get("latency")
+    if lat:
+        by = {r["system"]: r for r in lat["runs"]}
+        for phase in ("running", "completed"):
+            for q in ("p50_ms", "p95_ms", "p99_ms"):
+                out.append({
+                    "metric": f"latency submit->{phase.upper()} {q[:3]} (ms)", "better": "lower",
+                    "ours": by["ours"][phase][q] if "ours" in by else None,
+                    "peers": {p: by[p][phase][q] for p in PEER_ORDER if p in by},
+                })
+    sc = results.get("scale")
+    if sc:
+        for p in sc["points"]:
+            for what in ("claim", "sweep"):
+                for q in ("p50_ms", "p99_ms"):
+                    out.append({"metric": f"scale {p['terminal_rows']:,} terminal + "
+                                          f"{p['queued']} queued: {what} {q[:3]} (ms)",
+                                "better": "lower", "ours": p[what][q], "peers": {}})
+    if tp:
+        w = max(r["workers"] for r in tp["runs"])
+        for r in tp["runs"]:
+            if r["workers"] != w:
+                continue
+            for s in r["sizes"]:
+                out.append({
+                    "metric": f"after throughput W={w}: {s['table']} total MiB "
+                              f"(index MiB, dead tuples)",
+                    "better": "", "system": r["system"],
+                    "text": f"{s['total_bytes'] / 2**20:.1f} ({s['index_bytes'] / 2**20:.1f}, "
+                            f"{s['dead_tuples']})",
+                    "ours": None, "peers": {},
+                })
+    mem = results.get("memory")
+    if mem:
+        by = {r["system"]: r for r in mem["runs"]}
+        n = next(iter(by.values()))["concurrent"] if by else 0
+        out.append({"metric": f"memory: peak RSS MiB, {n} concurrent slow steps",
+                    "better": "lower", "ours": by["ours"]["peak_rss_mib"] if "ours" in by else None,
+                    "peers": {p: by[p]["peak_rss_mib"] for p in PEER_ORDER if p in by}})
+    return out
+
+
+def table(results: dict, title: str = "protomolt-jobs benchmarks") -> Table:
+    """The rich table; ``x`` columns are ours / peer."""
+    t = Table(title=title, show_lines=False)
+    t.add_column("metric")
+    t.add_column("better")
+    t.add_column("ours", justify="right")
+    peers = [p for p in PEER_ORDER if any(p in r["peers"] for r in rows(results))]
+    for p in peers:
+        t.add_column(p, justify="right")
+        t.add_column("ours/" + p.split("-")[0][:5], justify="right")
+    for r in rows(results):
+        if "text" in r:
+            # Table-size rows: the system's figure goes in its own column.
+            cells = {"ours": r["text"] if r["system"] == "ours" else ""}
+            line = [r["metric"], "", cells["ours"]]
+            for p in peers:
+                line += [r["text"] if r["system"] == p else "", ""]
+            if r["system"] == "ours" or r["system"] in peers:
+                t.add_row(*line)
+            continue
+        unit = r.get("unit", "")
+        line = [r["metric"], r["better"], _fmt(r["ours"], unit)]
+        for p in peers:
+            v = r["peers"].get(p)
+            line += [_fmt(v), _fmt(ratio(r["ours"], v), "x") if v is not None else ""]
+        t.add_row(*line)
+    return t
+
+
+def print_table(results: dict, console: Console | None = None) -> None:
+    """Print the one table to the terminal (width permitting, else rich wraps cells)."""
+    (console or Console(width=220)).print(table(results))

@@ -1,0 +1,164 @@
+"""The scenarios: each builds its fresh databases, starts its servers and children, and returns
+plain dicts (JSON-ready) that :mod:`bench.report` turns into the table.
+
+Peers (issue 9 item 2) and how they are treated:
+
+- ``procrastinate``: one worker, ``concurrency=W``, pool W+4, LISTEN/NOTIFY, chained tasks;
+- ``dbos-direct``: ``DBOS.start_workflow`` from W threads, no queue;
+- ``dbos-queue-10ms``: a queue with ``worker_concurrency=W`` polled every 10 ms;
+- ``dbos-queue-1s``: the same queue at DBOS's default 1 s poll. One poll starts at most W
+  workflows, so it runs at about W jobs/s; its job count is capped (``DBOS_1S_JOBS_PER_W``
+  per worker) to keep the run short.
+
+Every system runs in a fresh database of the same cluster, one after the other, against the
+same no-op gRPC server process.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from bench.ceiling import ceiling as measure_ceiling
+from bench.child import run_child
+from bench.noop_grpc import NoopServer
+from bench.pgdb import BenchDatabase, relation_sizes
+from bench.stats import summary_ms
+
+log = logging.getLogger("protomolt_jobs.bench")
+
+#: Peer name -> (child system, extra params).
+PEERS: dict[str, tuple[str, dict]] = {
+    "procrastinate": ("procrastinate", {}),
+    "dbos-direct": ("dbos", {"mode": "direct"}),
+    "dbos-queue-10ms": ("dbos", {"mode": "queue", "poll_s": 0.01}),
+    "dbos-queue-1s": ("dbos", {"mode": "queue", "poll_s": 1.0}),
+}
+
+#: Tables measured after each throughput run, per child system.
+TABLES = {
+    "ours": ["workflow_run", "workflow_run_events_outbox"],
+    "procrastinate": ["procrastinate_jobs", "procrastinate_events"],
+    "dbos": ["dbos.workflow_status", "dbos.operation_outputs"],
+}
+
+#: dbos-queue-1s runs at about W jobs/s: it gets this many jobs per worker.
+DBOS_1S_JOBS_PER_W = 15
+#: ... and at most this many latency samples (each waits about half a poll).
+DBOS_1S_LATENCY_SAMPLES = 20
+
+
+@dataclass
+class Options:
+    """What to run and how big. Defaults are the issue's; ``all`` and ``smoke`` shrink them."""
+
+    n: int = 5000
+    jobs_per_worker_cap: int = 1000
+    workers: list[int] = field(default_factory=lambda: [1, 4, 16])
+    peers: list[str] = field(default_factory=lambda: list(PEERS))
+    latency_n: int = 1000
+    latency_workers: int = 1
+    scale_sizes: list[int] = field(default_factory=lambda: [1_000, 100_000, 1_000_000])
+    scale_queued: int = 1000
+    scale_samples: int = 500
+    memory_n: int = 256
+    memory_slow_ms: int = 2000
+    ceiling_clients: list[int] = field(default_factory=lambda: [1, 4, 8])
+    ceiling_s: int = 10
+    idle_window_s: float = 3.0
+
+
+def ceiling(opts: Options) -> dict:
+    """Commit rate of the cluster at each client count."""
+    return measure_ceiling(opts.ceiling_clients, opts.ceiling_s)
+
+
+def _systems(opts: Options) -> list[tuple[str, str, dict]]:
+    return [("ours", "ours", {})] + [(p, *PEERS[p]) for p in opts.peers]
+
+
+def throughput(opts: Options) -> dict:
+    """Jobs/s and transactions/job of every system at each W."""
+    runs = []
+    with NoopServer(threads=max(32, 2 * max(opts.workers))) as srv:
+        for w in opts.workers:
+            n = min(opts.n, opts.jobs_per_worker_cap * w)
+            for label, system, extra in _systems(opts):
+                n_run = min(n, DBOS_1S_JOBS_PER_W * w) if label == "dbos-queue-1s" else n
+                params = {"target": srv.target, "n": n_run, "workers": w, **extra}
+                with BenchDatabase(f"tp_{system}") as db:
+                    r = run_child(system, "throughput", {**params, "dsn": db.dsn},
+                                  dbname=db.name, idle_window_s=opts.idle_window_s)
+                    sizes = relation_sizes(db.dsn, TABLES[system])
+                jobs = r["jobs"]
+                run = {
+                    "system": label, "workers": w, "n": n_run, "jobs": jobs,
+                    "jobs_per_s": r["jobs_per_s"], "elapsed_s": r["elapsed_s"],
+                    "tx_per_job": round(r["commits_net"] / jobs, 2) if jobs else None,
+                    "commits": r["commits"], "idle_rate": r["idle_rate"], "sizes": sizes,
+                }
+                if r.get("not_completed"):
+                    run["not_completed"] = r["not_completed"]
+                log.info("throughput run done", extra={"action": "bench_throughput_run", **{
+                    k: run[k] for k in ("system", "workers", "jobs_per_s", "tx_per_job")}})
+                print(f"  throughput {label:16s} W={w:<3d} n={n_run:<5d} "
+                      f"{run['jobs_per_s']:8.1f} jobs/s  {run['tx_per_job']} tx/job", flush=True)
+                runs.append(run)
+    return {"runs": runs}
+
+
+def latency(opts: Options) -> dict:
+    """Pickup and completion latency of one-step jobs submitted one at a time at idle."""
+    out = []
+    with NoopServer(threads=16) as srv:
+        for label, system, extra in _systems(opts):
+            n = opts.latency_n
+            if label == "dbos-queue-1s":
+                n = min(n, DBOS_1S_LATENCY_SAMPLES)
+            params = {"target": srv.target, "n": n, "workers": opts.latency_workers, **extra}
+            with BenchDatabase(f"lat_{system}") as db:
+                r = run_child(system, "latency", {**params, "dsn": db.dsn}, dbname=None)
+            row = {"system": label, "running": summary_ms(r["running_s"]),
+                   "completed": summary_ms(r["completed_s"])}
+            print(f"  latency    {label:16s} running {row['running']}  "
+                  f"completed {row['completed']}", flush=True)
+            out.append(row)
+    return {"runs": out}
+
+
+def scale(opts: Options) -> dict:
+    """Claim and sweep latency of our store as terminal rows accumulate."""
+    from bench import ours
+
+    with BenchDatabase("scale") as db:
+        points = ours.scale(db.dsn, sizes=opts.scale_sizes, queued=opts.scale_queued,
+                            samples=opts.scale_samples)
+    for p in points:
+        print(f"  scale      {p['terminal_rows']:>9d} terminal rows: claim {p['claim']}  "
+              f"sweep {p['sweep']}", flush=True)
+    return {"points": points}
+
+
+def memory(opts: Options) -> dict:
+    """Peak RSS of one worker process running ``memory_n`` concurrent slow steps."""
+    out = []
+    systems = [s for s in _systems(opts) if s[0] in ("ours", "procrastinate", "dbos-direct")]
+    with NoopServer(threads=opts.memory_n + 44, slow_ms=opts.memory_slow_ms) as srv:
+        for label, system, extra in systems:
+            params = {"target": srv.target, "n": opts.memory_n, "workers": 4, **extra}
+            with BenchDatabase(f"mem_{system}") as db:
+                r = run_child(system, "memory", {**params, "dsn": db.dsn}, dbname=None)
+            r.pop("event", None)
+            out.append({"system": label, **r})
+            print(f"  memory     {label:16s} base {r['base_rss_mib']} MiB  "
+                  f"peak {r['peak_rss_mib']} MiB  ({r['elapsed_s']} s)", flush=True)
+    return {"runs": out}
+
+
+SCENARIOS = {
+    "ceiling": ceiling,
+    "throughput": throughput,
+    "latency": latency,
+    "scale": scale,
+    "memory": memory,
+}
