@@ -260,11 +260,7 @@ def _check_field_rules(where: str, rules: FieldRules) -> None:
 
 
 def _is_map(fd: FieldDescriptor) -> bool:
-    return (
-        fd.is_repeated
-        and fd.message_type is not None
-        and fd.message_type.GetOptions().map_entry
-    )
+    return fd.is_repeated and fd.message_type is not None and fd.message_type.GetOptions().map_entry
 
 
 def _is_wkt(descriptor: Descriptor) -> bool:
@@ -319,9 +315,13 @@ def _check_repeated(fp: _FieldPlan, values: Any, path: str, out: list[Violation]
         if rules.HasField("repeated"):
             rr = rules.repeated
             if rr.HasField("min_items") and n < rr.min_items:
-                out.append(_v(path, "repeated.min_items", f"must have at least {rr.min_items} items"))
+                out.append(
+                    _v(path, "repeated.min_items", f"must have at least {rr.min_items} items")
+                )
             if rr.HasField("max_items") and n > rr.max_items:
-                out.append(_v(path, "repeated.max_items", f"must have at most {rr.max_items} items"))
+                out.append(
+                    _v(path, "repeated.max_items", f"must have at most {rr.max_items} items")
+                )
             if rr.unique and not _all_unique(values):
                 out.append(_v(path, "repeated.unique", "items must be unique"))
             if rr.HasField("items"):
@@ -513,7 +513,9 @@ _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _DATE_TIME = re.compile(
     r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[Zz]|[+-]\d{2}:\d{2})$"
 )
-_MIME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}$")
+_MIME = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}$"
+)
 _LANGUAGE_TAG = re.compile(
     r"^(?:[A-Za-z]{2,3}|[A-Za-z]{5,8})(?:-[A-Za-z]{4})?(?:-(?:[A-Za-z]{2}|\d{3}))?"
     r"(?:-(?:[A-Za-z0-9]{5,8}|\d[A-Za-z0-9]{3}))*(?:-[A-WY-Za-wy-z0-9](?:-[A-Za-z0-9]{2,8})+)*"
@@ -530,7 +532,7 @@ _AUTHORITY = re.compile(r"^(\[[^\]]+\]|[^:/\[\]\s]+):(\d+)$")
 
 
 def _is_hostname(s: str) -> bool:
-    s = s[:-1] if s.endswith(".") else s
+    s = s.removesuffix(".")
     if not s or len(s) > 253:
         return False
     labels = s.split(".")
@@ -560,7 +562,7 @@ def _is_date_time(s: str) -> bool:
     if not _DATE_TIME.match(s):
         return False
     try:
-        _dt.datetime.fromisoformat(s.upper().replace("Z", "+00:00"))
+        _dt.datetime.fromisoformat(s.upper())
     except ValueError:
         return False
     return True
@@ -578,8 +580,12 @@ def _is_base64(s: str) -> bool:
 
 def _is_email(s: str) -> bool:
     local, at, domain = s.rpartition("@")
-    return bool(at) and bool(local) and len(local) <= 64 and " " not in local and (
-        _is_hostname(domain) and "." in domain
+    return (
+        bool(at)
+        and bool(local)
+        and len(local) <= 64
+        and " " not in local
+        and (_is_hostname(domain) and "." in domain)
     )
 
 
@@ -617,14 +623,23 @@ _FORMATS: dict[str, tuple[Callable[[str], bool], str]] = {
     "date_time": (_is_date_time, "an RFC 3339 date-time with an offset"),
     "mime_type": (lambda s: bool(_MIME.match(s)), "a media type (type/subtype)"),
     "language_tag": (lambda s: bool(_LANGUAGE_TAG.match(s)), "a BCP 47 language tag"),
-    "currency_code": (lambda s: len(s) == 3 and s.isascii() and s.isupper(), "an ISO 4217 currency code"),
+    "currency_code": (
+        lambda s: len(s) == 3 and s.isascii() and s.isupper(),
+        "an ISO 4217 currency code",
+    ),
     "phone_number": (lambda s: bool(_PHONE.match(_PHONE_STRIP.sub("", s))), "a telephone number"),
-    "sha256_hex": (lambda s: bool(re.fullmatch(r"[0-9a-f]{64}", s)), "a lowercase hex SHA-256 digest"),
+    "sha256_hex": (
+        lambda s: bool(re.fullmatch(r"[0-9a-f]{64}", s)),
+        "a lowercase hex SHA-256 digest",
+    ),
     "sha1_hex": (lambda s: bool(re.fullmatch(r"[0-9a-f]{40}", s)), "a lowercase hex SHA-1 digest"),
     "hex": (lambda s: bool(re.fullmatch(r"[0-9a-f]+", s)), "lowercase hexadecimal"),
     "base64": (_is_base64, "valid base64"),
     "slug": (lambda s: bool(_SLUG.match(s)), "a lowercase slug"),
-    "region_code": (lambda s: len(s) == 2 and s.isascii() and s.isalpha() and s.isupper(), "an ISO 3166-1 alpha-2 region code"),
+    "region_code": (
+        lambda s: len(s) == 2 and s.isascii() and s.isalpha() and s.isupper(),
+        "an ISO 3166-1 alpha-2 region code",
+    ),
     "protobuf_fqn": (lambda s: bool(_FQN.match(s)), "a fully-qualified protobuf name"),
     "path_safe_name": (lambda s: bool(_PATH_SAFE.match(s)), "a path-safe name"),
     "gtin": (_is_gtin, "a valid GTIN"),
@@ -760,12 +775,12 @@ def _run_cel(rule: Any, this: celtypes.Value, path: str, out: list[Violation]) -
         raise RuleError(path or "<message>", f"CEL rule {rule.id!r}: {exc}") from exc
     except celpy.CELEvalError as exc:
         result = exc
-    except Exception as exc:  # cel-python surfaces some evaluation faults as plain errors
+    except Exception as exc:  # noqa: BLE001 - cel-python raises plain errors for some faults; fail closed
         result = celpy.CELEvalError(f"{type(exc).__name__}: {exc}")
     if isinstance(result, celpy.CELEvalError):
         detail = result.args[0] if result.args else type(result).__name__
         out.append(_v(path, rule.id, f'"{expression}" could not be evaluated: {detail}'))
-    elif isinstance(result, celtypes.BoolType) or isinstance(result, bool):
+    elif isinstance(result, celtypes.BoolType | bool):
         if not result:
             out.append(_v(path, rule.id, rule.message or f'"{expression}" returned false'))
     elif isinstance(result, celtypes.StringType | str):

@@ -106,7 +106,9 @@ def topic(broker):
 
 def test_topic_already_exists_is_reported(broker, topic):
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    future = admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)])[topic]
+    future = admin.create_topics(
+        [NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)]
+    )[topic]
     with pytest.raises(Exception) as info:
         future.result(timeout=30)
     assert info.value.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS
@@ -180,7 +182,7 @@ def test_keyed_produce_then_group_consume_resumes_at_committed_offsets(broker, t
         first_offset.setdefault(msg.partition(), msg.offset())
     for partition, offset in first_offset.items():
         start = committed_by_first[partition]
-        assert offset == (start if start >= 0 else 0)
+        assert offset == (max(start, 0))
     seen = [(m.partition(), m.offset()) for m in head + tail]
     assert len(seen) == len(set(seen)) == RECORDS
     assert sorted(seen) == sorted((p, o) for _, p, o in delivered)

@@ -85,7 +85,9 @@ def upstream():
     pool.Add(file)
     return (
         message_factory.GetMessageClass(pool.FindMessageTypeByName("up.jobs.v1.WorkflowRunEvent")),
-        message_factory.GetMessageClass(pool.FindMessageTypeByName("up.jobs.v1.WorkflowRunRequest")),
+        message_factory.GetMessageClass(
+            pool.FindMessageTypeByName("up.jobs.v1.WorkflowRunRequest")
+        ),
     )
 
 
@@ -107,9 +109,15 @@ def _full_event(type_: int) -> WorkflowRunEvent:
 
 def _field_values(msg) -> dict:
     out = {}
-    for name, *_ in UPSTREAM_EVENT if "event_id" in msg.DESCRIPTOR.fields_by_name else UPSTREAM_REQUEST:
+    for name, *_ in (
+        UPSTREAM_EVENT if "event_id" in msg.DESCRIPTOR.fields_by_name else UPSTREAM_REQUEST
+    ):
         value = getattr(msg, name)
-        out[name] = value.SerializeToString(deterministic=True) if hasattr(value, "SerializeToString") else value
+        out[name] = (
+            value.SerializeToString(deterministic=True)
+            if hasattr(value, "SerializeToString")
+            else value
+        )
     return out
 
 
@@ -118,7 +126,12 @@ def test_our_field_layout_matches_upstream():
         proto = descriptor_pb2.DescriptorProto()
         ours.DESCRIPTOR.CopyToProto(proto)
         got = [
-            (f.name, f.number, f.type, f.type_name.replace(".ai.pipestream.proto.jobs.v1.", ".up.jobs.v1.") or None)
+            (
+                f.name,
+                f.number,
+                f.type,
+                f.type_name.replace(".ai.pipestream.proto.jobs.v1.", ".up.jobs.v1.") or None,
+            )
             for f in proto.field
         ]
         assert got == spec
@@ -136,7 +149,9 @@ def test_event_bytes_decode_with_the_upstream_layout(upstream, type_):
     )
     assert len(unknown_fields.UnknownFieldSet(theirs)) == 0
     # Nothing was left unknown: re-serializing gives the same bytes.
-    assert theirs.SerializeToString(deterministic=True) == ours.SerializeToString(deterministic=True)
+    assert theirs.SerializeToString(deterministic=True) == ours.SerializeToString(
+        deterministic=True
+    )
 
 
 def test_upstream_event_bytes_decode_with_ours(upstream):

@@ -13,7 +13,11 @@ SCRIPT = ROOT / "scripts" / "gen_protos.py"
 
 def run(script: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=120
+        [sys.executable, str(script), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
