@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -186,7 +186,9 @@ class TestServices:
         if self._server is not None:
             return self
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="jobs-test"),
+            futures.ThreadPoolExecutor(
+                max_workers=self.max_workers, thread_name_prefix="jobs-test"
+            ),
             maximum_concurrent_rpcs=None,
         )
         handlers = []
@@ -227,7 +229,7 @@ class TestServices:
         if server is not None:
             server.stop(grace_s).wait()
 
-    def __enter__(self) -> TestServices:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -1,0 +1,201 @@
+"""The engine's two verbs: ``run-workflow`` (synchronous run) and ``check-workflow`` (verify).
+
+Both follow the host's ``Action`` shape (``hooks/contract.py``): ``name``, ``description``,
+``scope``, ``input_schema``, ``execute(input) -> dict``. Malformed input (wrong JSON types)
+raises :class:`~protomolt_jobs.errors.InvalidInput` naming the field; a workflow that is not
+found, does not parse, does not verify or fails while running is an answer with ``ok: false``
+(reference 2.5 and 3.10).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar, Protocol
+
+from protomolt_jobs.errors import InternalError, InvalidInput
+from protomolt_jobs.workflow.envelope import parse_input, parse_workflow
+from protomolt_jobs.workflow.runner import run
+from protomolt_jobs.workflow.types import (
+    Runtime,
+    WorkflowExecutionError,
+    WorkflowParseError,
+)
+from protomolt_jobs.workflow.verifier import check, verify
+
+__all__ = ["NO_REPOSITORY", "CheckWorkflowAction", "RunWorkflowAction"]
+
+log = logging.getLogger("protomolt_jobs.workflow")
+
+NO_REPOSITORY = (
+    "No workflow repository is mounted; run with an inline 'workflow' or start a server with "
+    "a registry"
+)
+
+
+class _Repository(Protocol):
+    def workflow(self, name: str) -> dict[str, Any] | None: ...
+
+
+def _require_object(input: Any) -> dict[str, Any]:
+    if not isinstance(input, dict):
+        raise InvalidInput("the input must be a JSON object", {"field": ""})
+    return input
+
+
+def _resolve(
+    input: dict[str, Any], repository: _Repository | None
+) -> tuple[Any, dict[str, Any] | None]:
+    """``(definition, None)`` or ``(None, ok:false answer)``; inline ``workflow`` wins."""
+    if "workflow" in input and input["workflow"] is not None:
+        return input["workflow"], None
+    name = input.get("workflowName")
+    if name is None:
+        raise InvalidInput(
+            "one of 'workflow' (an object) or 'workflowName' (a string) is required",
+            {"field": "workflow"},
+        )
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidInput("'workflowName' must be a non-empty string", {"field": "workflowName"})
+    if repository is None:
+        return None, {"ok": False, "error": NO_REPOSITORY}
+    try:
+        definition = repository.workflow(name)
+    except Exception as exc:  # a stored definition that cannot be read is an answer, not a crash
+        log.warning(
+            "stored workflow unreadable",
+            exc_info=True,
+            extra={"action": "stored_workflow_unreadable", "workflow_name": name},
+        )
+        return None, {"ok": False, "error": f"stored workflow '{name}' cannot be read: {exc}"}
+    if definition is None:
+        return None, {"ok": False, "error": f"No stored workflow named '{name}'"}
+    return definition, None
+
+
+class RunWorkflowAction:
+    """``run-workflow``: run a workflow synchronously and answer with its output.
+
+    Input ``{"workflow": {...} | "workflowName": "...", "input": {...}}``; answer
+    ``{"ok": true, "outputType", "output", "steps": [{"name", "skipped"}]}`` or
+    ``{"ok": false, "failedStep"?, "error"}``.
+    """
+
+    name = "run-workflow"
+    description = (
+        "Run a descriptor-first workflow synchronously over gRPC and return its output; give an "
+        "inline 'workflow' or a stored 'workflowName', and the 'input' object."
+    )
+    scope = "workflow-run"
+    input_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "workflow": {"type": "object", "description": "the workflow envelope"},
+            "workflowName": {"type": "string", "description": "a stored workflow's name"},
+            "input": {"type": "object", "description": "proto3 JSON of the input type"},
+        },
+        "required": ["input"],
+        "additionalProperties": False,
+    }
+
+    def __init__(self, runtime: Runtime, repository: _Repository | None = None) -> None:
+        self.runtime = runtime
+        self.repository = repository
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """Run the workflow.
+
+        :raises InvalidInput: the input is not an object, ``workflow`` is not an object,
+            ``workflowName`` is not a string, ``input`` is not an object.
+        :raises InternalError: the engine failed unexpectedly.
+        """
+        input = _require_object(input)
+        if "input" not in input or not isinstance(input.get("input"), dict):
+            raise InvalidInput("'input' must be a JSON object", {"field": "input"})
+        definition, answer = _resolve(input, self.repository)
+        if answer is not None:
+            return answer
+        if not isinstance(definition, dict):
+            raise InvalidInput("'workflow' must be a JSON object", {"field": "workflow"})
+        try:
+            workflow = parse_workflow(definition, self.runtime)
+        except WorkflowParseError as exc:
+            return {"ok": False, "failedStep": exc.step, "error": exc.message}
+        findings = verify(workflow)
+        if findings:
+            first = findings[0]
+            plural = "finding" if len(findings) == 1 else "findings"
+            return {
+                "ok": False,
+                "failedStep": first.step,
+                "error": f"workflow does not verify ({len(findings)} {plural}); first: "
+                f"[{first.kind}] {first.error}",
+            }
+        try:
+            message = parse_input(workflow, input["input"])
+        except WorkflowParseError as exc:
+            return {"ok": False, "error": exc.message}
+        try:
+            result = run(workflow, message, runtime=self.runtime)
+        except WorkflowExecutionError as exc:
+            return {"ok": False, "failedStep": exc.step, "error": exc.message}
+        except Exception as exc:
+            log.exception(
+                "run-workflow failed",
+                extra={"action": "run_workflow_crashed", "workflow_name": workflow.name},
+            )
+            raise InternalError(f"run-workflow failed: {type(exc).__name__}") from exc
+        return {
+            "ok": True,
+            "outputType": result.output_type,
+            "output": result.output_json,
+            "steps": result.steps,
+        }
+
+
+class CheckWorkflowAction:
+    """``check-workflow``: parse and verify a workflow without running it.
+
+    Input ``{"workflow": {...}}`` (or ``{"workflowName": "..."}``); answer
+    ``{"ok": <no findings>, "findings": [{"step", "kind", "error"}]}``. Any JSON value given as
+    ``workflow`` gets findings, never an error.
+    """
+
+    name = "check-workflow"
+    description = (
+        "Statically check a workflow envelope (schema, methods, mapping rules, CEL, gates) and "
+        "list its findings without calling anything."
+    )
+    scope = "schema-read"
+    input_schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "workflow": {"type": "object", "description": "the workflow envelope"},
+            "workflowName": {"type": "string", "description": "a stored workflow's name"},
+        },
+        "additionalProperties": False,
+    }
+
+    def __init__(self, runtime: Runtime, repository: _Repository | None = None) -> None:
+        self.runtime = runtime
+        self.repository = repository
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """Check the workflow.
+
+        :raises InvalidInput: the input is not an object, or ``workflowName`` is not a string.
+        """
+        input = _require_object(input)
+        if "workflow" not in input and "workflowName" in input:
+            definition, answer = _resolve(input, self.repository)
+            if answer is not None:
+                return {
+                    "ok": False,
+                    "findings": [{"step": "", "kind": "workflow", "error": answer["error"]}],
+                }
+        else:
+            definition = input.get("workflow")
+        if definition is None:
+            findings = [{"step": "", "kind": "workflow", "error": "'workflow' object is required"}]
+        else:
+            findings = [f.to_json() for f in check(definition, self.runtime)]
+        return {"ok": not findings, "findings": findings}

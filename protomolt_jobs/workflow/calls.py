@@ -1,0 +1,111 @@
+"""Dynamic unary gRPC: descriptor-built messages over channels opened per segment.
+
+A segment opens at most one channel per ``(target, tls)`` and closes the ones it opened when it
+ends, however it ends. ``inprocess:NAME`` targets come from the host's channel factory
+(``Runtime.channel_factory``); those channels belong to the factory and are not closed here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Self
+
+import grpc
+from google.protobuf.message import Message
+
+from protomolt_jobs.workflow.envelope import message_class
+from protomolt_jobs.workflow.types import FailureKind, Runtime, Step, WorkflowExecutionError
+
+__all__ = ["INPROCESS_PREFIX", "SegmentChannels", "call_unary"]
+
+log = logging.getLogger("protomolt_jobs.workflow")
+
+#: Targets with this prefix are served by the host's in-process server.
+INPROCESS_PREFIX = "inprocess:"
+
+
+class SegmentChannels:
+    """The channels of one segment, keyed by ``(target, tls)``; use as a context manager."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self._open: dict[tuple[str, bool], grpc.Channel] = {}
+        self._owned: list[grpc.Channel] = []
+
+    def channel(self, step: Step) -> grpc.Channel:
+        """The channel for ``step``'s target, opened on first use.
+
+        :raises WorkflowExecutionError: WORKFLOW when an ``inprocess:`` target has no factory.
+        """
+        key = (step.target, step.tls)
+        ch = self._open.get(key)
+        if ch is not None:
+            return ch
+        if step.target.startswith(INPROCESS_PREFIX):
+            factory = self._runtime.channel_factory
+            if factory is None:
+                raise WorkflowExecutionError(
+                    FailureKind.WORKFLOW,
+                    step.name,
+                    f"outbound channel policy rejected step: target '{step.target}' needs the "
+                    "host's in-process channels and this runtime has none",
+                )
+            ch = factory(step.target, step.tls)
+        else:
+            if step.tls:
+                ch = grpc.secure_channel(step.target, grpc.ssl_channel_credentials())
+            else:
+                ch = grpc.insecure_channel(step.target)
+            self._owned.append(ch)
+        self._open[key] = ch
+        return ch
+
+    def close(self) -> None:
+        """Close the channels this segment opened (idempotent)."""
+        owned, self._owned = self._owned, []
+        self._open.clear()
+        for ch in owned:
+            try:
+                ch.close()
+            except Exception:  # closing is best effort; a broken channel must not mask the result
+                log.debug(
+                    "channel close failed", exc_info=True, extra={"action": "channel_close_failed"}
+                )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def call_unary(channel: grpc.Channel, step: Step, request: Message, timeout_s: float) -> Any:
+    """One unary call of ``step``'s method; the response parsed as the method's output type.
+
+    :param timeout_s: the call deadline from now, in seconds.
+    :raises WorkflowExecutionError: GRPC with the status code for any non-OK status (a call that
+        outlives ``timeout_s`` is ``DEADLINE_EXCEEDED``).
+    """
+    assert step.output_type is not None
+    response_cls = message_class(step.output_type)
+    multicallable = channel.unary_unary(
+        step.full_method,
+        request_serializer=_serialize,
+        response_deserializer=response_cls.FromString,
+    )
+    try:
+        return multicallable(request, timeout=timeout_s)
+    except grpc.RpcError as exc:
+        code = exc.code() if callable(getattr(exc, "code", None)) else grpc.StatusCode.UNKNOWN
+        details = exc.details() if callable(getattr(exc, "details", None)) else None
+        code = code or grpc.StatusCode.UNKNOWN
+        raise WorkflowExecutionError(
+            FailureKind.GRPC,
+            step.name,
+            f"gRPC {code.name} from {step.target}: {details if details else 'null'}",
+            code=code,
+        ) from exc
+
+
+def _serialize(msg: Message) -> bytes:
+    return msg.SerializeToString()

@@ -1,0 +1,619 @@
+"""The workflow JSON envelope -> :class:`CompiledWorkflow` (reference section 1 and 2.1).
+
+Only the camelCase keys below are read; other keys are ignored (as upstream). "Text" means a
+JSON string that is not blank; anything else counts as absent. Booleans and integers are read
+leniently (``"true"``, ``"5000"`` are coerced), as Jackson does upstream.
+
+Schemas (exactly one of):
+
+- ``{"descriptorSetBase64": ...}``: a serialized FileDescriptorSet;
+- ``{"sources": {path: proto text}, "root"?: path}``: compiled at run time with
+  ``grpc_tools.protoc``;
+- ``{"type": "pkg.Msg"}``: resolved from the host's type pool (``Runtime.pool``).
+
+Imports missing from a set or from the sources are satisfied from fallbacks: the well-known
+types and the house protos (``ai/pipestream/proto/validate/v1/validate.proto``,
+``.../meta/v1/metadata.proto``).
+
+Caching (the worker parses the same definition for every job): compiled workflows are cached
+per :class:`Runtime` by canonical definition text; descriptor pools are cached process-wide by
+the digest of the descriptor set (or of the sources), so ``sources`` are compiled once per
+process per text.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import importlib
+import importlib.resources
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import PurePosixPath
+from typing import Any
+
+from google.protobuf import descriptor as _d
+from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
+from google.protobuf.message import DecodeError, Message
+
+from protomolt_jobs.workflow import mapping
+from protomolt_jobs.workflow.types import (
+    DEFAULT_DEADLINE_MS,
+    CompiledWorkflow,
+    Output,
+    Runtime,
+    Step,
+    WorkflowParseError,
+)
+
+__all__ = ["canonical_text", "message_class", "parse_input", "parse_workflow"]
+
+log = logging.getLogger("protomolt_jobs.workflow")
+
+_SCHEMA_KEYS = ("type", "sources", "descriptorSetBase64")
+#: Compiled workflows kept per Runtime.
+WORKFLOW_CACHE_SIZE = 512
+#: Descriptor pools kept per process.
+POOL_CACHE_SIZE = 64
+#: Seconds protoc may take to compile a ``sources`` schema.
+PROTOC_TIMEOUT_S = 60.0
+
+_WKT_MODULES = (
+    "google.protobuf.any_pb2",
+    "google.protobuf.api_pb2",
+    "google.protobuf.descriptor_pb2",
+    "google.protobuf.duration_pb2",
+    "google.protobuf.empty_pb2",
+    "google.protobuf.field_mask_pb2",
+    "google.protobuf.source_context_pb2",
+    "google.protobuf.struct_pb2",
+    "google.protobuf.timestamp_pb2",
+    "google.protobuf.type_pb2",
+    "google.protobuf.wrappers_pb2",
+)
+_HOUSE_MODULES = (
+    "protomolt_jobs.pb.ai.pipestream.proto.validate.v1.validate_pb2",
+    "protomolt_jobs.pb.ai.pipestream.proto.meta.v1.metadata_pb2",
+)
+_HOUSE_PREFIXES = ("google/protobuf/", "ai/pipestream/proto/validate/", "ai/pipestream/proto/meta/")
+
+_pools: OrderedDict[str, tuple[descriptor_pool.DescriptorPool, tuple[str, ...]]] = OrderedDict()
+_pools_lock = threading.Lock()
+_compile_locks: dict[str, threading.Lock] = {}
+
+
+# -- lenient JSON readers --------------------------------------------------------------------
+
+
+def _text(obj: Mapping[str, Any], key: str) -> str | None:
+    value = obj.get(key)
+    if isinstance(value, str) and value.strip():
+        return value
+    return None
+
+
+def _bool(obj: Mapping[str, Any], key: str) -> bool:
+    value = obj.get(key)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return value.strip().lower() == "true"
+    if isinstance(value, int | float):
+        return value != 0
+    return False
+
+
+def _long(obj: Mapping[str, Any], key: str) -> int:
+    value = obj.get(key)
+    if isinstance(value, bool):
+        return 1 if value else 0
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and abs(value) < 2**63 else 0
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return 0
+    return 0
+
+
+def _as_rule_text(value: Any) -> str:
+    """Non-string rule elements are coerced as Jackson's ``asText`` does (objects -> "")."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return json.dumps(value)
+    return ""
+
+
+def canonical_text(obj: Any) -> str | None:
+    """Canonical JSON of a definition (sorted keys), or None when it is not JSON-serialisable."""
+    try:
+        return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError):
+        return None
+
+
+# -- descriptor pools ------------------------------------------------------------------------
+
+
+def _fallback_files() -> dict[str, descriptor_pb2.FileDescriptorProto]:
+    """File name -> FileDescriptorProto for every import a schema may omit."""
+    out: dict[str, descriptor_pb2.FileDescriptorProto] = {}
+    for name in (*_WKT_MODULES, *_HOUSE_MODULES):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # the house protos are generated code; absent only in a broken tree
+            continue
+        fdp = descriptor_pb2.FileDescriptorProto.FromString(module.DESCRIPTOR.serialized_pb)
+        out[fdp.name] = fdp
+    return out
+
+
+_FALLBACKS: dict[str, descriptor_pb2.FileDescriptorProto] | None = None
+
+
+def _fallbacks() -> dict[str, descriptor_pb2.FileDescriptorProto]:
+    global _FALLBACKS
+    if _FALLBACKS is None:
+        _FALLBACKS = _fallback_files()
+    return _FALLBACKS
+
+
+def _link(
+    fds: descriptor_pb2.FileDescriptorSet, where: str
+) -> tuple[descriptor_pool.DescriptorPool, tuple[str, ...]]:
+    """A fresh pool holding the set's files (dependencies first) plus needed fallbacks."""
+    given = {f.name: f for f in fds.file}
+    fallbacks = _fallbacks()
+    pool = descriptor_pool.DescriptorPool()
+    added: set[str] = set()
+    visiting: set[str] = set()
+
+    def add(name: str, required_by: str | None) -> None:
+        if name in added:
+            return
+        if name in visiting:
+            raise WorkflowParseError("", f"Cyclic proto import involving '{name}' (at '{where}')")
+        fdp = given.get(name) or fallbacks.get(name)
+        if fdp is None:
+            raise WorkflowParseError(
+                "", f"Unresolved import '{name}' required by '{required_by}' (at '{where}')"
+            )
+        visiting.add(name)
+        for dep in fdp.dependency:
+            add(dep, name)
+        visiting.discard(name)
+        try:
+            pool.Add(fdp)
+        except Exception as exc:  # upb raises TypeError/ValueError with the linker's text
+            raise WorkflowParseError(
+                "", f"Descriptor set does not link: {exc} (at '{where}')"
+            ) from exc
+        added.add(name)
+
+    for f in fds.file:
+        add(f.name, None)
+    return pool, tuple(given)
+
+
+def _cached_pool(key: str, build: Any) -> tuple[descriptor_pool.DescriptorPool, tuple[str, ...]]:
+    with _pools_lock:
+        hit = _pools.get(key)
+        if hit is not None:
+            _pools.move_to_end(key)
+            return hit
+        lock = _compile_locks.setdefault(key, threading.Lock())
+    with lock:  # one compile per key at a time; the others wait and take the result
+        with _pools_lock:
+            hit = _pools.get(key)
+            if hit is not None:
+                return hit
+        built = build()
+        with _pools_lock:
+            _pools[key] = built
+            while len(_pools) > POOL_CACHE_SIZE:
+                _pools.popitem(last=False)
+            _compile_locks.pop(key, None)
+        return built
+
+
+def _from_descriptor_set(value: Any) -> tuple[descriptor_pool.DescriptorPool, tuple[str, ...]]:
+    where = "/schema/descriptorSetBase64"
+    if not isinstance(value, str):
+        raise WorkflowParseError("", f"'descriptorSetBase64' must be a string (at '{where}')")
+    text = value.strip()
+    try:
+        # Java's basic decoder accepts missing padding and rejects whitespace and other alphabets.
+        raw = base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise WorkflowParseError(
+            "", f"'descriptorSetBase64' is not valid base64: {exc} (at '{where}')"
+        ) from exc
+
+    def build() -> tuple[descriptor_pool.DescriptorPool, tuple[str, ...]]:
+        try:
+            fds = descriptor_pb2.FileDescriptorSet.FromString(raw)
+        except (DecodeError, ValueError) as exc:
+            raise WorkflowParseError(
+                "", f"Not a serialized google.protobuf.FileDescriptorSet: {exc} (at '{where}')"
+            ) from exc
+        if not fds.file:
+            raise WorkflowParseError(
+                "",
+                f"Not a serialized google.protobuf.FileDescriptorSet: it holds no files (at '{where}')",
+            )
+        return _link(fds, where)
+
+    return _cached_pool("set:" + hashlib.sha256(raw).hexdigest(), build)
+
+
+def _house_set_file(tmp: str) -> str:
+    """Write the house protos as a FileDescriptorSet protoc can take as ``--descriptor_set_in``."""
+    fds = descriptor_pb2.FileDescriptorSet()
+    for name, fdp in _fallbacks().items():
+        if not name.startswith("google/protobuf/"):
+            fds.file.add().CopyFrom(fdp)
+    path = f"{tmp}/house.pb"
+    with open(path, "wb") as fh:
+        fh.write(fds.SerializeToString())
+    return path
+
+
+def _compile_sources(sources: dict[str, str], root: str | None) -> descriptor_pb2.FileDescriptorSet:
+    where = "/schema/sources"
+    with tempfile.TemporaryDirectory(prefix="protomolt-sources-") as tmp:
+        for name, text in sources.items():
+            path = PurePosixPath(name)
+            if path.is_absolute() or ".." in path.parts or not name.endswith(".proto"):
+                raise WorkflowParseError(
+                    "",
+                    f"Failed to compile proto sources: '{name}' is not a relative .proto path "
+                    f"(at '{where}')",
+                )
+            target = PurePosixPath(tmp) / path
+            os.makedirs(str(target.parent), exist_ok=True)
+            with open(str(target), "w", encoding="utf-8") as fh:
+                fh.write(text)
+        out = f"{tmp}/out.pb"
+        wkt = importlib.resources.files("grpc_tools") / "_proto"
+        files = [root] if root else sorted(sources)
+        args = [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{tmp}",
+            f"-I{wkt}",
+            f"--descriptor_set_in={_house_set_file(tmp)}",
+            "--include_imports",
+            f"--descriptor_set_out={out}",
+            *files,
+        ]
+        # A subprocess: protoc reports errors only on its stderr, which we want in the message.
+        try:
+            proc = subprocess.run(
+                args, capture_output=True, text=True, check=False, timeout=PROTOC_TIMEOUT_S, cwd=tmp
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise WorkflowParseError(
+                "", f"Failed to compile proto sources: protoc took over {PROTOC_TIMEOUT_S}s"
+            ) from exc
+        if proc.returncode != 0:
+            detail = (
+                proc.stderr.strip().replace(tmp + "/", "") or f"protoc exited {proc.returncode}"
+            )
+            raise WorkflowParseError(
+                "", f"Failed to compile proto sources: {detail} (at '{where}')"
+            )
+        with open(out, "rb") as fh:
+            return descriptor_pb2.FileDescriptorSet.FromString(fh.read())
+
+
+def _from_sources(
+    schema: Mapping[str, Any],
+) -> tuple[descriptor_pool.DescriptorPool, tuple[str, ...]]:
+    sources = schema.get("sources")
+    if not isinstance(sources, dict) or not sources:
+        raise WorkflowParseError(
+            "",
+            "'sources' must be a non-empty object of file path to proto text (at '/schema/sources')",
+        )
+    for name, text in sources.items():
+        if not isinstance(text, str):
+            raise WorkflowParseError(
+                "", f"'sources' entry '{name}' must be proto text (at '/schema/sources')"
+            )
+    root = _text(schema, "root")
+    if root is not None and root not in sources:
+        raise WorkflowParseError(
+            "", "'root' must name a file present in 'sources' (at '/schema/root')"
+        )
+    key_text = canonical_text({"sources": sources, "root": root}) or ""
+    key = "src:" + hashlib.sha256(key_text.encode("utf-8")).hexdigest()
+
+    def build() -> tuple[descriptor_pool.DescriptorPool, tuple[str, ...]]:
+        fds = _compile_sources(sources, root)
+        pool, files = _link(fds, "/schema/sources")
+        return pool, files
+
+    return _cached_pool(key, build)
+
+
+def _from_type(
+    name: Any, runtime: Runtime
+) -> tuple[descriptor_pool.DescriptorPool, tuple[str, ...], str]:
+    if not isinstance(name, str) or not name.strip():
+        raise WorkflowParseError("", "'type' must be a message name (at '/schema/type')")
+    if runtime.pool is None:
+        raise WorkflowParseError(
+            "", f"Unknown type '{name}': this node has no shared type pool (at '/schema/type')"
+        )
+    try:
+        desc = runtime.pool.FindMessageTypeByName(name)
+    except KeyError:
+        raise WorkflowParseError("", f"Unknown type '{name}' (at '/schema/type')") from None
+    files: list[str] = []
+
+    def walk(f: _d.FileDescriptor) -> None:
+        if f.name in files:
+            return
+        files.append(f.name)
+        for dep in f.dependencies:
+            walk(dep)
+
+    walk(desc.file)
+    return runtime.pool, tuple(files), name
+
+
+def _default_message(
+    pool: descriptor_pool.DescriptorPool, files: tuple[str, ...], root: str | None
+) -> str | None:
+    names: list[str] = []
+    candidates = [root] if root else [f for f in files if not f.startswith(_HOUSE_PREFIXES)]
+    for fname in candidates:
+        try:
+            fd = pool.FindFileByName(fname)
+        except KeyError:
+            continue
+        names.extend(m.full_name for m in fd.message_types_by_name.values())
+    return names[0] if len(names) == 1 else None
+
+
+def _find_type(pool: descriptor_pool.DescriptorPool, name: str, step: str = "") -> _d.Descriptor:
+    try:
+        desc = pool.FindMessageTypeByName(name)
+    except KeyError:
+        raise WorkflowParseError(step, f"Unknown type '{name}'") from None
+    if desc.GetOptions().map_entry:
+        raise WorkflowParseError(step, f"Unknown type '{name}'")
+    return desc
+
+
+def message_class(desc: _d.Descriptor) -> type[Message]:
+    """The message class for ``desc`` (cached by protobuf per descriptor)."""
+    return message_factory.GetMessageClass(desc)
+
+
+# -- steps -----------------------------------------------------------------------------------
+
+
+def _parse_cel_rules(value: Any, step: str) -> tuple[mapping.CelRule, ...]:
+    if not isinstance(value, list):
+        return ()
+    out = []
+    for item in value:
+        if not isinstance(item, dict):
+            raise WorkflowParseError(step, "each CEL rule must be an object")
+        target = _text(item, "target")
+        if target is None:
+            raise WorkflowParseError(step, "a CEL rule needs a 'target' path")
+        fallback = item.get("fallback")
+        out.append(
+            mapping.CelRule(
+                target=target.strip(),
+                filter=_text(item, "filter") or "",
+                selector=_text(item, "selector") or "",
+                fallback=tuple(_as_rule_text(f) for f in fallback)
+                if isinstance(fallback, list)
+                else (),
+            )
+        )
+    return tuple(out)
+
+
+def _parse_text_rules(value: Any) -> tuple[mapping.TextRule, ...]:
+    if not isinstance(value, list):
+        return ()
+    rules = (mapping.parse_text_rule(_as_rule_text(v)) for v in value)
+    return tuple(r for r in rules if r is not None)
+
+
+def _resolve_method(
+    pool: descriptor_pool.DescriptorPool, files: tuple[str, ...], method: str, step: str
+) -> _d.MethodDescriptor:
+    slash = method.find("/")
+    if slash <= 0 or slash >= len(method) - 1:
+        raise WorkflowParseError(step, f"method must be 'package.Service/Method'; got '{method}'")
+    service_name, method_name = method[:slash], method[slash + 1 :]
+    try:
+        service = pool.FindServiceByName(service_name)
+    except KeyError:
+        service = None
+    if (
+        service is None
+        or service.file.name not in files
+        or method_name not in service.methods_by_name
+    ):
+        raise WorkflowParseError(step, f"method '{method}' not found in the workflow's schema")
+    return service.methods_by_name[method_name]
+
+
+def _parse_step(
+    index: int, obj: Any, pool: descriptor_pool.DescriptorPool, files: tuple[str, ...]
+) -> Step:
+    if not isinstance(obj, dict):
+        raise WorkflowParseError("", "each step must be an object")
+    name = _text(obj, "name")
+    if name is None:
+        raise WorkflowParseError("", "each step needs a 'name'")
+    unsupported = tuple(k for k in ("structured", "edge", "fanOut") if k in obj)
+    target = _text(obj, "target") or ""
+    method_text = _text(obj, "method") or ""
+    method = None
+    if "structured" not in obj:
+        if not target or not method_text:
+            raise WorkflowParseError(name, "a step needs 'target' and 'method'")
+        method = _resolve_method(pool, files, method_text, name)
+    return Step(
+        index=index,
+        name=name,
+        target=target,
+        tls=_bool(obj, "tls"),
+        method=method,
+        method_name=method_text,
+        input_type=method.input_type if method is not None else None,
+        output_type=method.output_type if method is not None else None,
+        when=_text(obj, "when") or "",
+        rules=_parse_text_rules(obj.get("rules")),
+        cel_rules=_parse_cel_rules(obj.get("celRules"), name),
+        validate=_bool(obj, "validate"),
+        deadline_ms=_long(obj, "deadlineMs"),
+        completion=obj["completion"] if isinstance(obj.get("completion"), str) else "",
+        unsupported=unsupported,
+    )
+
+
+def _parse_output(obj: Any, pool: descriptor_pool.DescriptorPool) -> Output | None:
+    if not isinstance(obj, dict):
+        return None  # a non-object output is ignored, as upstream
+    type_name = _text(obj, "type")
+    if type_name is None:
+        raise WorkflowParseError("", "'output' needs a 'type'")
+    return Output(
+        type=_find_type(pool, type_name.strip()),
+        rules=_parse_text_rules(obj.get("rules")),
+        cel_rules=_parse_cel_rules(obj.get("celRules"), "output"),
+    )
+
+
+def _parse(obj: Any, runtime: Runtime) -> CompiledWorkflow:
+    if not isinstance(obj, dict):
+        raise WorkflowParseError("", "'workflow' must be a JSON object")
+    schema = obj.get("schema")
+    if not isinstance(schema, dict):
+        raise WorkflowParseError(
+            "",
+            "Schema must be an object with exactly one of 'type', 'sources', "
+            "'descriptorSetBase64' (at '/schema')",
+        )
+    present = [k for k in _SCHEMA_KEYS if k in schema]
+    if len(present) != 1:
+        raise WorkflowParseError(
+            "",
+            "Schema must contain exactly one of 'type', 'sources', 'descriptorSetBase64' but had "
+            f"{len(present)} (at '/schema')",
+        )
+    default: str | None
+    if present[0] == "type":
+        pool, files, default = _from_type(schema["type"], runtime)
+    elif present[0] == "sources":
+        pool, files = _from_sources(schema)
+        default = _default_message(pool, files, _text(schema, "root"))
+    else:
+        pool, files = _from_descriptor_set(schema["descriptorSetBase64"])
+        default = _default_message(pool, files, None)
+
+    input_name = _text(obj, "inputType")
+    if input_name is None:
+        if default is None:
+            raise WorkflowParseError(
+                "",
+                "A message 'type' is required because the schema does not identify a single "
+                "message (at '/workflow/inputType')",
+            )
+        input_name = default
+    input_type = _find_type(pool, input_name.strip())
+
+    raw_steps = obj.get("steps")
+    if not isinstance(raw_steps, list) or not raw_steps:
+        raise WorkflowParseError("", "'steps' must be a non-empty array")
+    steps = tuple(_parse_step(i, s, pool, files) for i, s in enumerate(raw_steps))
+    output = _parse_output(obj.get("output"), pool) if "output" in obj else None
+    deadline_ms = _long(obj, "deadlineMs")
+    return CompiledWorkflow(
+        name=_text(obj, "name") or "",
+        input_type=input_type,
+        steps=steps,
+        output=output,
+        deadline_ms=deadline_ms if deadline_ms > 0 else DEFAULT_DEADLINE_MS,
+        definition=obj,
+        pool=pool,
+        files=files,
+    )
+
+
+def parse_workflow(obj: Any, runtime: Runtime) -> CompiledWorkflow:
+    """Parse and resolve a workflow envelope.
+
+    Successful parses are cached on ``runtime`` by canonical JSON text, so a definition shared
+    by many jobs is compiled once.
+
+    :param obj: the envelope (a JSON object as a dict).
+    :param runtime: the host's :class:`Runtime` (type pool for the ``type`` schema form).
+    :returns: the :class:`CompiledWorkflow` (shared; treat as read-only).
+    :raises WorkflowParseError: with the step (``""`` for the workflow) and the reference's text.
+    """
+    key = canonical_text(obj)
+    cache = runtime.cache
+    if key is not None:
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
+    try:
+        workflow = _parse(obj, runtime)
+    except WorkflowParseError:
+        raise
+    except RecursionError as exc:
+        raise WorkflowParseError("", "the workflow is nested too deeply") from exc
+    if key is not None:
+        if len(cache) >= WORKFLOW_CACHE_SIZE:
+            # Drop the oldest entry (dicts keep insertion order).
+            try:
+                cache.pop(next(iter(cache)))
+            except (StopIteration, KeyError, RuntimeError):
+                pass
+        cache[key] = workflow
+    return workflow
+
+
+def parse_input(workflow: CompiledWorkflow, input_json: Any) -> Message:
+    """Parse a run's input as proto3 JSON of the workflow's input type (unknown fields ignored).
+
+    :raises WorkflowParseError: ``("", "'input' is not valid proto3 JSON for <type>: <detail>")``.
+    """
+    full = workflow.input_type.full_name
+    if not isinstance(input_json, dict):
+        raise WorkflowParseError(
+            "", f"'input' is not valid proto3 JSON for {full}: expected a JSON object"
+        )
+    msg = message_class(workflow.input_type)()
+    try:
+        json_format.ParseDict(
+            input_json, msg, ignore_unknown_fields=True, descriptor_pool=workflow.pool
+        )
+    except (json_format.ParseError, ValueError, TypeError, AttributeError, RecursionError) as exc:
+        raise WorkflowParseError("", f"'input' is not valid proto3 JSON for {full}: {exc}") from exc
+    return msg

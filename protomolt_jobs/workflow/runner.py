@@ -1,0 +1,321 @@
+"""Running workflows: :func:`run_segment` (resumable, for jobs) and :func:`run` (synchronous).
+
+A segment replays a checkpoint prefix, then runs the remaining steps in order (reference
+section 3 and 6):
+
+1. **Replay** ``prior[i]`` for step ``i``: the entry must name step ``i`` and its stored
+   response must parse as the step's current output type (strictly: an unknown field is drift).
+   Either mismatch is a WORKFLOW failure naming the drift. Replayed steps call nothing and are
+   not handed to ``on_checkpoint`` again.
+2. **External** step (``completion: "external"``): stop with :class:`Parked`.
+3. **Gate** (``when``): false binds the default instance of the output type and records a
+   skipped checkpoint. ``target`` is bound to an empty request, so a gate that reads it (the
+   verifier allows it) behaves the same at run time.
+4. **Request**: text rules then CEL rules over the scope; **budget**: what is left of the
+   segment's ``deadlineMs`` (it restarts every segment), <= 0 is DEADLINE before any call;
+   the call deadline is ``min(step deadlineMs, remaining)``.
+5. **Call**, optional **validation** of the response, **bind** into the scope, **checkpoint**
+   (``on_checkpoint`` gets ``{"name", "skipped", "response"?}`` before the next step starts; if it
+   raises, the run fails as WORKFLOW with ``store_failure=True``).
+
+The result is the output mapping, or else the last executed response (a gated-off step, live or
+replayed, does not replace it; upstream lets a replayed skip replace it, reference gap 3).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from protomolt_jobs.workflow import cel as _cel
+from protomolt_jobs.workflow import mapping
+from protomolt_jobs.workflow.calls import SegmentChannels, call_unary
+from protomolt_jobs.workflow.envelope import message_class, parse_input
+from protomolt_jobs.workflow.types import (
+    CompiledWorkflow,
+    Completed,
+    FailureKind,
+    Parked,
+    Runtime,
+    Step,
+    WorkflowExecutionError,
+    WorkflowParseError,
+)
+
+__all__ = ["CANNOT_PARK", "checkpoint_entry", "next_target", "run", "run_segment"]
+
+log = logging.getLogger("protomolt_jobs.workflow")
+
+#: The synchronous refusal at an external step (reference 3.1, verbatim).
+CANNOT_PARK = (
+    "step declares completion='external'; synchronous run-workflow cannot park - submit the "
+    "workflow as a job (submit-workflow) so complete-step can supply the response"
+)
+_DRIFT = "the workflow definition changed under the job"
+
+
+def _fail(kind: FailureKind, step: str, message: str, **kw: Any) -> WorkflowExecutionError:
+    return WorkflowExecutionError(kind, step, message, **kw)
+
+
+def checkpoint_entry(step: str, response: Message | None) -> dict[str, Any]:
+    """The stored form of one checkpoint: ``{"name", "skipped", "response"?}`` (proto3 JSON)."""
+    if response is None:
+        return {"name": step, "skipped": True}
+    return {"name": step, "skipped": False, "response": json_format.MessageToDict(response)}
+
+
+class _Scope:
+    """Names bound so far (``input`` and each step) and their CEL values, built lazily."""
+
+    def __init__(self, input_msg: Message) -> None:
+        self.values: dict[str, Message] = {"input": input_msg}
+        self._cel: dict[str, Any] = {}
+
+    def bind(self, name: str, value: Message) -> None:
+        self.values[name] = value
+        self._cel.pop(name, None)
+
+    def cel(self) -> dict[str, Any]:
+        for name, value in self.values.items():
+            if name not in self._cel:
+                self._cel[name] = _cel.message_to_cel(value)
+        return self._cel
+
+
+def _replay(workflow: CompiledWorkflow, i: int, step: Step, entry: Any) -> Message | None:
+    """The message a stored checkpoint binds (None for a skipped entry)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise _fail(
+            FailureKind.WORKFLOW,
+            step.name,
+            f"checkpoint {i} is not a {{name, skipped, response}} object; {_DRIFT}",
+        )
+    if entry["name"] != step.name:
+        raise _fail(
+            FailureKind.WORKFLOW,
+            step.name,
+            f"checkpoint {i} belongs to step '{entry['name']}' but the workflow's step {i} is "
+            f"'{step.name}'; {_DRIFT}",
+        )
+    if entry.get("skipped") is True:
+        return None
+    assert step.output_type is not None
+    response = entry.get("response")
+    if not isinstance(response, dict):
+        raise _fail(
+            FailureKind.WORKFLOW,
+            step.name,
+            f"checkpoint {i} for step '{step.name}' carries no response object; {_DRIFT}",
+        )
+    msg = message_class(step.output_type)()
+    try:
+        json_format.ParseDict(response, msg, descriptor_pool=workflow.pool)
+    except (json_format.ParseError, ValueError, TypeError, AttributeError, RecursionError) as exc:
+        raise _fail(
+            FailureKind.WORKFLOW,
+            step.name,
+            f"checkpoint {i} for step '{step.name}' does not parse as "
+            f"{step.output_type.full_name}: {exc}; {_DRIFT}",
+        ) from exc
+    return msg
+
+
+def _build(
+    type_desc: Any,
+    rules: Any,
+    cel_rules: Any,
+    scope: _Scope,
+    step_name: str,
+) -> Message:
+    msg = message_class(type_desc)()
+    try:
+        mapping.apply_text_rules(msg, rules, scope.values)
+        if cel_rules:
+            mapping.apply_cel_rules(msg, cel_rules, scope.cel())
+    except mapping.MappingError as exc:
+        raise _fail(FailureKind.MAPPING, step_name, f"mapping failed: {exc}") from exc
+    except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
+        # protobuf's own setters reject what the converters let through
+        raise _fail(FailureKind.MAPPING, step_name, f"mapping failed: {exc}") from exc
+    return msg
+
+
+def _gate(step: Step, scope: _Scope) -> bool:
+    activation = dict(scope.cel())
+    assert step.input_type is not None
+    activation["target"] = _cel.message_to_cel(message_class(step.input_type)())
+    try:
+        return _cel.evaluate_bool(step.when, activation)
+    except _cel.CelError as exc:
+        raise _fail(FailureKind.GATE, step.name, f"gate failed: {exc}") from exc
+
+
+def _validate(step: Step, response: Message) -> None:
+    from protomolt_jobs.workflow.validation import summarize, validate_message
+
+    try:
+        violations = validate_message(response)
+    except Exception as exc:  # a broken rule must fail the step, not escape untyped (gap 4)
+        raise _fail(
+            FailureKind.WORKFLOW,
+            step.name,
+            f"response validation could not run: {type(exc).__name__}: {exc}",
+        ) from exc
+    if violations:
+        raise _fail(
+            FailureKind.VALIDATION,
+            step.name,
+            f"response failed validation: {summarize(violations)}",
+        )
+
+
+def _record(
+    on_checkpoint: Callable[[dict[str, Any]], None], step: Step, response: Message | None
+) -> None:
+    entry = checkpoint_entry(step.name, response)
+    try:
+        on_checkpoint(entry)
+    except Exception as exc:
+        raise _fail(
+            FailureKind.WORKFLOW,
+            step.name,
+            f"checkpoint observer failed; the step's response may not have persisted: {exc}",
+            store_failure=True,
+        ) from exc
+
+
+def run_segment(
+    workflow: CompiledWorkflow,
+    input: Message | dict[str, Any],
+    prior: list[dict[str, Any]],
+    on_checkpoint: Callable[[dict[str, Any]], None],
+    *,
+    runtime: Runtime,
+) -> Completed | Parked:
+    """Replay ``prior`` and run the rest of ``workflow``.
+
+    :param workflow: a parsed (and verified) workflow.
+    :param input: the input message, or its proto3 JSON.
+    :param prior: stored checkpoint entries ``{"name", "skipped", "response"?}``, a prefix.
+    :param on_checkpoint: called with each new entry as the step lands (ready to store).
+    :param runtime: the host's runtime (channel factory for ``inprocess:`` targets).
+    :returns: :class:`Completed` or :class:`Parked` (at an external step).
+    :raises WorkflowExecutionError: kind, step, message (and code for GRPC).
+    """
+    if not isinstance(input, Message):
+        try:
+            input = parse_input(workflow, input)
+        except WorkflowParseError as exc:
+            raise _fail(FailureKind.MAPPING, "", exc.message) from exc
+    steps = workflow.steps
+    if not isinstance(prior, list):
+        raise _fail(FailureKind.WORKFLOW, "", f"checkpoints must be a list; {_DRIFT}")
+    if len(prior) > len(steps):
+        raise _fail(
+            FailureKind.WORKFLOW,
+            "",
+            f"{len(prior)} checkpoints for a workflow of {len(steps)} steps; {_DRIFT}",
+        )
+    deadline = time.monotonic() + workflow.deadline_ms / 1000.0
+    scope = _Scope(input)
+    outcomes: list[dict[str, Any]] = []
+    last: Message = input
+    with SegmentChannels(runtime) as channels:
+        for i, step in enumerate(steps):
+            if step.unsupported or step.output_type is None:
+                raise _fail(
+                    FailureKind.WORKFLOW,
+                    step.name,
+                    f"step '{step.name}' uses {', '.join(step.unsupported) or 'no method'}, which "
+                    "this engine does not run; verify the workflow first",
+                )
+            if i < len(prior):
+                replayed = _replay(workflow, i, step, prior[i])
+                skipped = replayed is None
+                value = message_class(step.output_type)() if replayed is None else replayed
+                scope.bind(step.name, value)
+                outcomes.append({"name": step.name, "skipped": skipped})
+                if not skipped:
+                    last = value
+                continue
+            if step.external:
+                return Parked(step.name)
+            if step.when.strip() and not _gate(step, scope):
+                scope.bind(step.name, message_class(step.output_type)())
+                outcomes.append({"name": step.name, "skipped": True})
+                _record(on_checkpoint, step, None)
+                continue
+            request = _build(step.input_type, step.rules, step.cel_rules, scope, step.name)
+            remaining_ms = math.floor((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                raise _fail(
+                    FailureKind.DEADLINE,
+                    step.name,
+                    "workflow deadline exhausted before the step ran",
+                )
+            call_ms = min(step.deadline_ms, remaining_ms) if step.deadline_ms > 0 else remaining_ms
+            response = call_unary(channels.channel(step), step, request, call_ms / 1000.0)
+            if step.validate:
+                _validate(step, response)
+            scope.bind(step.name, response)
+            outcomes.append({"name": step.name, "skipped": False})
+            _record(on_checkpoint, step, response)
+            last = response
+    if workflow.output is not None:
+        out = workflow.output
+        output = _build(out.type, out.rules, out.cel_rules, scope, "output")
+    else:
+        output = last
+    try:
+        output_json = json_format.MessageToDict(
+            output, always_print_fields_with_no_presence=True, descriptor_pool=workflow.pool
+        )
+    except Exception as exc:  # an Any whose type is not in the pool
+        raise _fail(
+            FailureKind.WORKFLOW, "output", f"failed to render the workflow output: {exc}"
+        ) from exc
+    return Completed(
+        output=output,
+        output_json=output_json,
+        output_type=output.DESCRIPTOR.full_name,
+        steps=outcomes,
+    )
+
+
+def _ignore(_entry: dict[str, Any]) -> None:
+    return None
+
+
+def run(
+    workflow: CompiledWorkflow, input: Message | dict[str, Any], *, runtime: Runtime
+) -> Completed:
+    """Run ``workflow`` synchronously, start to end, storing nothing.
+
+    A workflow with an external step is refused before anything is called (upstream calls
+    the earlier steps first; their side effects would be wasted).
+
+    :raises WorkflowExecutionError: as :func:`run_segment`; EXTERNAL with :data:`CANNOT_PARK`.
+    """
+    for step in workflow.steps:
+        if step.external:
+            raise _fail(FailureKind.EXTERNAL, step.name, CANNOT_PARK)
+    result = run_segment(workflow, input, [], _ignore, runtime=runtime)
+    if isinstance(result, Parked):
+        raise _fail(FailureKind.EXTERNAL, result.step, CANNOT_PARK)
+    return result
+
+
+def next_target(workflow: CompiledWorkflow, n_done: int) -> str | None:
+    """The target the next segment calls first: step ``n_done``'s, or None when every step is
+    done or that step is external (it parks without a call)."""
+    if n_done < 0 or n_done >= len(workflow.steps):
+        return None
+    step = workflow.steps[n_done]
+    return None if step.external else step.target
