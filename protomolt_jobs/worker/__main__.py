@@ -28,6 +28,7 @@ import threading
 from collections.abc import Mapping, Sequence
 
 from protomolt_jobs.config import ConfigError, JobsConfig
+from protomolt_jobs.errors import StoreError
 from protomolt_jobs.worker import crashpoints
 
 _ENV_PREFIX = "PROTOMOLT_JOBS_"
@@ -55,7 +56,8 @@ def _settings(environ: Mapping[str, str], args: argparse.Namespace) -> dict[str,
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Run the worker process.
 
-    :returns: the exit status (0 after a graceful stop, 2 on bad configuration).
+    :returns: the exit status (0 after a graceful stop, 1 when the database cannot be
+        reached, 2 on bad configuration).
     """
     environ = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(
@@ -66,12 +68,6 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     parser.add_argument("--no-sweeper", action="store_true", help="do not run the lease sweeper")
     parser.add_argument("--log-level", default=environ.get("PROTOMOLT_LOG_LEVEL", "INFO"))
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(action)s %(message)s",
-        defaults={"action": "-"},
-    )
     try:
         config = JobsConfig.from_mapping(_settings(environ, args))
         if not config.dsn:
@@ -81,11 +77,24 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        logging.Formatter(
+            "%(asctime)s %(levelname)s %(name)s %(action)s %(message)s",
+            defaults={"action": "-"},
+        )
+    )
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+
     from protomolt_jobs.store import JobStore
     from protomolt_jobs.worker import Sweeper, Worker
     from protomolt_jobs.workflow import Runtime
 
-    store = JobStore.open(config.dsn, max_size=config.pool_max_size)
+    try:
+        store = JobStore.open(config.dsn, max_size=config.pool_max_size)
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     worker = Worker(store, runtime=Runtime(), config=config, dsn=config.dsn)
     sweeper = None if args.no_sweeper else Sweeper(store, config=config)
     stop = threading.Event()

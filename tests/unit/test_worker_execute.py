@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
 import pytest
@@ -95,10 +95,10 @@ def engine(monkeypatch):
 
     class Engine:
         segment = None  # (prior, on_checkpoint) -> outcome, or raises
-        findings: list = []
+        findings: ClassVar[list] = []
         parse_error: Exception | None = None
         input_error: Exception | None = None
-        targets: list = []
+        targets: ClassVar[list] = []
 
     def parse_workflow(obj, runtime):
         if Engine.parse_error:

@@ -210,3 +210,17 @@ def test_crash_points_parse_and_match(monkeypatch):
             crashpoints.arm_for_tests({crashpoints.ENV_VAR: "somewhere"})
     finally:
         crashpoints.disarm()
+
+
+def test_worker_process_entry_refuses_bad_configuration(capsys):
+    from protomolt_jobs.worker.__main__ import main
+
+    assert main(["--set", "worker_count=0", "--dsn", "postgresql://x/y"], environ={}) == 2
+    assert "jobs.worker_count" in capsys.readouterr().err
+    assert main([], environ={}) == 2
+    assert "jobs.dsn is required" in capsys.readouterr().err
+    assert main(["--set", "nonsense"], environ={"PROTOMOLT_JOBS_DSN": "postgresql://x/y"}) == 2
+    assert "--set expects key=value" in capsys.readouterr().err
+    env = {"PROTOMOLT_JOBS_DSN": "postgresql://x/y", crashpoints.ENV_VAR: "nowhere"}
+    assert main([], environ=env) == 2
+    assert crashpoints.ENV_VAR in capsys.readouterr().err
