@@ -211,7 +211,9 @@ def _apply_pending(conn: psycopg.Connection[Any], files: list[MigrationFile]) ->
                     {"version": mf.version, "name": mf.name, "checksum": mf.checksum},
                 )
         except psycopg.Error as exc:
-            raise MigrationError(f"migration {mf.filename} failed and was rolled back: {exc}") from exc
+            raise MigrationError(
+                f"migration {mf.filename} failed and was rolled back: {exc}"
+            ) from exc
         log.info(
             "applied migration %s",
             mf.filename,

@@ -366,9 +366,7 @@ class JobStore:
         _text("verdict", verdict)
         result_json = _jsonb("result", result, dict)
         with self._pool.connection() as conn, conn.transaction():
-            row = _fenced(
-                conn, "job_complete", lease, {"result": result_json, "verdict": verdict}
-            )
+            row = _fenced(conn, "job_complete", lease, {"result": result_json, "verdict": verdict})
             self._outbox_txn(conn, row, EventType.TYPE_COMPLETED, verdict=verdict)
 
     @_translated
@@ -407,9 +405,7 @@ class JobStore:
         """
         _non_negative_seconds("backoff_s", backoff_s)
         with self._pool.connection() as conn, conn.transaction():
-            row = _fenced(
-                conn, "job_retry", lease, {"backoff_s": float(backoff_s), "error": error}
-            )
+            row = _fenced(conn, "job_retry", lease, {"backoff_s": float(backoff_s), "error": error})
             _execute(conn, "job_notify", {})
         return row["run_after"]
 
@@ -519,7 +515,9 @@ class JobStore:
         key = _uuid("job_id", job_id)
         _text("step", step)
         if _entry_name(entry) != step:
-            raise ValueError(f"entry.name: must be the completed step {step!r}; got {entry['name']!r}")
+            raise ValueError(
+                f"entry.name: must be the completed step {step!r}; got {entry['name']!r}"
+            )
         entry_json = _jsonb("entry", entry, dict)
         with self._pool.connection() as conn, conn.transaction():
             refusal = self._parked_gate_txn(conn, key, step)
@@ -579,7 +577,9 @@ class JobStore:
     # -- outbox -----------------------------------------------------------------------------
 
     @_translated
-    def outbox_claim(self, limit: int, *, claim_s: float = OUTBOX_CLAIM_S_DEFAULT) -> list[OutboxRow]:
+    def outbox_claim(
+        self, limit: int, *, claim_s: float = OUTBOX_CLAIM_S_DEFAULT
+    ) -> list[OutboxRow]:
         """Hand out up to ``limit`` PENDING events to this relay, oldest first by ``seq``.
 
         SQL (one statement): select PENDING rows not leased (``claimed_until`` NULL or past)

@@ -1,0 +1,174 @@
+"""The migration runner on real PostgreSQL: apply, re-apply, concurrency, refusals, indexes."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import uuid
+
+import psycopg
+import pytest
+
+from protomolt_jobs.store.migrate import MigrationError, migrate, migration_files, migrations_dir
+
+
+def q(dsn: str, sql: str, params: dict | None = None) -> list[tuple]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cur = conn.execute(sql, params)
+        return cur.fetchall() if cur.description else []
+
+
+def backends(dsn: str) -> int:
+    dbname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+    return q(
+        dsn,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = %(d)s AND pid <> pg_backend_pid()",
+        {"d": dbname},
+    )[0][0]
+
+
+def test_fresh_apply_creates_the_tables_and_records_history(empty_dsn):
+    applied = migrate(empty_dsn)
+    assert applied == [f.filename for f in migration_files()]
+    assert applied[0] == "0001_workflow_run.sql"
+    tables = {
+        r[0] for r in q(empty_dsn, "SELECT tablename FROM pg_tables WHERE schemaname='public'")
+    }
+    assert {
+        "workflow_run",
+        "workflow_run_events_outbox",
+        "workflow_run_rejects",
+        "protomolt_jobs_schema_history",
+    } <= tables
+    history = q(empty_dsn, "SELECT version, name, checksum FROM protomolt_jobs_schema_history")
+    assert [(v, n) for v, n, _ in history] == [("0001", "workflow_run")]
+    assert history[0][2] == migration_files()[0].checksum
+    # it closed its connection: a template copy of this database must be possible
+    assert backends(empty_dsn) == 0
+
+
+def test_reapply_is_a_no_op(empty_dsn):
+    migrate(empty_dsn)
+    before = q(empty_dsn, "SELECT version, applied_at FROM protomolt_jobs_schema_history")
+    assert migrate(empty_dsn) == []
+    assert q(empty_dsn, "SELECT version, applied_at FROM protomolt_jobs_schema_history") == before
+
+
+def test_two_concurrent_runners_apply_each_file_once(empty_dsn):
+    barrier = threading.Barrier(2)
+    results: list[list[str]] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            barrier.wait(timeout=10)
+            results.append(migrate(empty_dsn))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    assert sorted(results, key=len) == [[], ["0001_workflow_run.sql"]]
+    assert q(empty_dsn, "SELECT count(*) FROM protomolt_jobs_schema_history")[0][0] == 1
+
+
+def test_an_existing_connection_is_left_open(empty_dsn):
+    with psycopg.connect(empty_dsn) as conn:
+        assert migrate(conn) == ["0001_workflow_run.sql"]
+        assert not conn.closed
+        assert conn.autocommit is False
+        assert conn.execute("SELECT count(*) FROM workflow_run").fetchone()[0] == 0
+
+
+def test_check_constraints_refuse_unknown_statuses(fresh_dsn):
+    with pytest.raises(psycopg.errors.CheckViolation, match="chk_workflow_run_status"):
+        q(
+            fresh_dsn,
+            "INSERT INTO workflow_run (job_id, workflow_name, workflow_definition, input, status) "
+            "VALUES (%(id)s, 'w', '{}', '{}', 'PAUSED')",
+            {"id": uuid.uuid4()},
+        )
+    with pytest.raises(
+        psycopg.errors.CheckViolation, match="chk_workflow_run_events_outbox_status"
+    ):
+        q(
+            fresh_dsn,
+            "INSERT INTO workflow_run_events_outbox (event_id, event_type, payload, kafka_key, status)"
+            " VALUES (%(id)s, 'ACCEPTED', '\\x00', 'k', 'LOST')",
+            {"id": uuid.uuid4()},
+        )
+
+
+def test_reference_defaults_hold(fresh_dsn):
+    job_id = uuid.uuid4()
+    q(
+        fresh_dsn,
+        "INSERT INTO workflow_run (job_id, workflow_name, workflow_definition, input, status) "
+        "VALUES (%(id)s, 'w', '{}', '{}', 'QUEUED')",
+        {"id": job_id},
+    )
+    row = q(
+        fresh_dsn,
+        "SELECT attempt, max_attempts, checkpoints, run_after <= now(), created_at IS NOT NULL"
+        " FROM workflow_run WHERE job_id = %(id)s",
+        {"id": job_id},
+    )[0]
+    assert row == (0, 3, [], True, True)
+
+
+def test_the_claim_sweep_and_outbox_indexes_exist(fresh_dsn):
+    rows = q(fresh_dsn, "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname='public'")
+    defs = dict(rows)
+    assert "WHERE (status = 'QUEUED'::text)" in defs["idx_workflow_run_claim"]
+    assert "(created_at, job_id)" in defs["idx_workflow_run_claim"]
+    assert "WHERE (status = 'RUNNING'::text)" in defs["idx_workflow_run_sweep"]
+    assert "(lease_until)" in defs["idx_workflow_run_sweep"]
+    assert "WHERE (status = 'PENDING'::text)" in defs["idx_workflow_run_events_outbox_pending"]
+    assert "UNIQUE" in defs["uq_workflow_run_events_outbox_seq"]
+
+
+def test_a_changed_applied_file_is_a_loud_error(empty_dsn, tmp_path):
+    shutil.copytree(migrations_dir(), tmp_path / "m")
+    assert migrate(empty_dsn, directory=tmp_path / "m") == ["0001_workflow_run.sql"]
+    path = tmp_path / "m" / "0001_workflow_run.sql"
+    path.write_text(path.read_text() + "\n-- edited after release\n")
+    (tmp_path / "m" / "0002_more.sql").write_text("CREATE TABLE should_not_exist (x int);")
+    with pytest.raises(MigrationError, match="0001_workflow_run.sql was changed"):
+        migrate(empty_dsn, directory=tmp_path / "m")
+    assert q(empty_dsn, "SELECT to_regclass('should_not_exist') IS NULL")[0][0] is True
+    assert backends(empty_dsn) == 0
+
+
+def test_a_new_file_applies_and_a_failing_file_rolls_back(empty_dsn, tmp_path):
+    shutil.copytree(migrations_dir(), tmp_path / "m")
+    migrate(empty_dsn, directory=tmp_path / "m")
+    (tmp_path / "m" / "0002_extra.sql").write_text("CREATE TABLE extra_one (x int);")
+    (tmp_path / "m" / "0003_broken.sql").write_text(
+        "CREATE TABLE extra_two (x int);\nSELECT * FROM no_such_table;"
+    )
+    with pytest.raises(MigrationError, match="0003_broken.sql failed"):
+        migrate(empty_dsn, directory=tmp_path / "m")
+    versions = [
+        r[0] for r in q(empty_dsn, "SELECT version FROM protomolt_jobs_schema_history ORDER BY 1")
+    ]
+    assert versions == ["0001", "0002"]
+    assert q(
+        empty_dsn, "SELECT to_regclass('extra_one') IS NOT NULL, to_regclass('extra_two') IS NULL"
+    )[0] == (True, True)
+
+
+def test_a_malformed_file_name_is_refused(tmp_path):
+    (tmp_path / "1_oops.sql").write_text("SELECT 1;")
+    with pytest.raises(MigrationError, match="1_oops.sql"):
+        migration_files(tmp_path)
+
+
+def test_unreachable_database_is_a_store_error():
+    from protomolt_jobs.errors import StoreError
+
+    with pytest.raises(StoreError, match="cannot connect"):
+        migrate("postgresql://postgres@127.0.0.1:1/nowhere?connect_timeout=2")

@@ -1,0 +1,300 @@
+"""Fenced writes, the sweep, events written with their change, and failure atomicity."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import pytest
+
+from protomolt_jobs.contract import WorkflowRunEvent, validate_event
+from protomolt_jobs.errors import LeaseLost, StoreError
+from protomolt_jobs.store import JobStore, Lease
+from protomolt_jobs.store import store as store_module
+from tests.support.factories import claimed_job, queued_job
+
+
+@pytest.fixture
+def store(fresh_dsn):
+    s = JobStore.open(fresh_dsn, max_size=4)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def q(dsn: str, sql: str, params: dict | None = None) -> list[tuple]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cur = conn.execute(sql, params)
+        return cur.fetchall() if cur.description else []
+
+
+def expire(dsn: str, job_id: uuid.UUID) -> None:
+    """Age a lease with SQL: the database clock decides, so move the row, not the clock."""
+    q(
+        dsn,
+        "UPDATE workflow_run SET lease_until = now() - interval '1 s' WHERE job_id = %(id)s",
+        {"id": job_id},
+    )
+
+
+def snapshot(dsn: str, job_id: uuid.UUID) -> tuple:
+    row = q(dsn, "SELECT to_jsonb(w) FROM workflow_run w WHERE job_id = %(id)s", {"id": job_id})
+    outbox = q(
+        dsn,
+        "SELECT event_id, event_type, status FROM workflow_run_events_outbox "
+        "WHERE kafka_key = %(k)s ORDER BY seq",
+        {"k": str(job_id)},
+    )
+    return row, outbox
+
+
+def events(store: JobStore, job_id: uuid.UUID) -> list[WorkflowRunEvent]:
+    out = []
+    for row in store.outbox_for_job(job_id):
+        msg = WorkflowRunEvent()
+        msg.ParseFromString(row.payload)
+        assert row.event_type == WorkflowRunEvent.Type.Name(msg.type).removeprefix("TYPE_")
+        assert msg.event_id == str(row.event_id)
+        out.append(msg)
+    return out
+
+
+def old_owner_writes(store: JobStore, lease: Lease):
+    return [
+        ("job_heartbeat", lambda: store.job_heartbeat(lease, 30)),
+        (
+            "job_checkpoint",
+            lambda: store.job_checkpoint(lease, {"name": "first", "skipped": False}),
+        ),
+        ("job_park", lambda: store.job_park(lease, "approve")),
+        ("job_complete", lambda: store.job_complete(lease, {"x": 1}, "1 steps, output t.v1.O")),
+        ("job_fail", lambda: store.job_fail(lease, "MAPPING: nope", "first")),
+        ("job_retry", lambda: store.job_retry(lease, 1, "GRPC: transient")),
+        ("job_dead", lambda: store.job_dead(lease, "GRPC: gave up")),
+        ("job_release", lambda: store.job_release(lease)),
+    ]
+
+
+def test_after_a_sweep_every_old_owner_write_is_lease_lost_and_changes_nothing(store, fresh_dsn):
+    old = claimed_job(store, worker_id="old-owner")
+    expire(fresh_dsn, old.job_id)
+    assert store.job_sweep_expired().requeued == 1
+    new = store.job_claim("new-owner", 60)
+    assert new.job_id == old.job_id and new.attempt == 2
+
+    before = snapshot(fresh_dsn, old.job_id)
+    for operation, write in old_owner_writes(store, old.lease):
+        with pytest.raises(LeaseLost) as info:
+            write()
+        assert info.value.operation == operation
+        assert (info.value.owner, info.value.attempt) == ("old-owner", 1)
+        assert snapshot(fresh_dsn, old.job_id) == before, operation
+
+    # the new owner's fence holds
+    store.job_heartbeat(new.lease, 60)
+    store.job_checkpoint(new.lease, {"name": "first", "skipped": False, "response": {"a": 1}})
+    store.job_complete(new.lease, {"out": 1}, "1 steps, output t.v1.O")
+    done = store.job_get(new.job_id)
+    assert done.status == "COMPLETED" and done.result == {"out": 1}
+    assert [e.type for e in events(store, new.job_id)] == [1, 2, 4]
+
+
+def test_a_requeued_lease_is_lost_even_before_anyone_reclaims(store, fresh_dsn):
+    job = claimed_job(store)
+    expire(fresh_dsn, job.job_id)
+    store.job_sweep_expired()
+    with pytest.raises(LeaseLost):
+        store.job_checkpoint(job.lease, {"name": "first", "skipped": False})
+    assert store.outbox_for_job(job.job_id)[-1].event_type == "ACCEPTED"
+
+
+def test_same_owner_same_attempt_after_reclaim_by_itself_is_still_fenced(store, fresh_dsn):
+    # the same worker id reclaiming bumps the attempt, so its stale lease object is dead
+    first = claimed_job(store, worker_id="w")
+    expire(fresh_dsn, first.job_id)
+    store.job_sweep_expired()
+    second = store.job_claim("w", 60)
+    assert second.attempt == 2
+    with pytest.raises(LeaseLost):
+        store.job_heartbeat(first.lease, 60)
+    store.job_heartbeat(second.lease, 60)
+
+
+def test_each_fenced_write_sets_the_row_and_writes_its_event(store, fresh_dsn):
+    job = claimed_job(store)
+    until = store.job_heartbeat(job.lease, 600)
+    assert (until - store.job_get(job.job_id).updated_at).total_seconds() == pytest.approx(600)
+    store.job_checkpoint(job.lease, {"name": "first", "skipped": True})
+    store.job_park(job.lease, "approve")
+    row = store.job_get(job.job_id)
+    assert (row.status, row.outstanding_step, row.lease_owner, row.lease_until) == (
+        "WAITING",
+        "approve",
+        None,
+        None,
+    )
+    assert row.checkpoints == [{"name": "first", "skipped": True}]
+    evs = events(store, job.job_id)
+    assert [(e.type, e.step, e.detail["status"], e.attempt) for e in evs] == [
+        (1, "", "QUEUED", 0),
+        (2, "first", "RUNNING", 1),
+        (3, "approve", "WAITING", 1),
+    ]
+    # occurred_at is the transaction's now(): the row's updated_at of that change
+    assert evs[-1].occurred_at.ToDatetime().replace(tzinfo=row.updated_at.tzinfo) == row.updated_at
+    assert all(validate_event(e) == [] for e in evs)
+
+
+def test_fail_dead_retry_release_shape_the_row(store, fresh_dsn):
+    failed = claimed_job(store)
+    store.job_fail(failed.lease, "VALIDATION: " + "x" * 5000, step="first")
+    row = store.job_get(failed.job_id)
+    assert row.status == "FAILED" and row.completed_at is not None
+    assert len(row.error) == 5012  # the row keeps the error whole
+    ev = events(store, failed.job_id)[-1]
+    assert (ev.type, ev.step, len(ev.error), ev.detail["status"]) == (5, "first", 4000, "FAILED")
+
+    dead = claimed_job(store)
+    store.job_dead(dead.lease, "GRPC: gRPC UNAVAILABLE from x")
+    assert store.job_get(dead.job_id).status == "DEAD"
+    assert events(store, dead.job_id)[-1].type == 6
+
+    retried = claimed_job(store)
+    run_after = store.job_retry(retried.lease, 30, "GRPC: transient")
+    row = store.job_get(retried.job_id)
+    assert (row.status, row.attempt, row.error, row.lease_owner) == (
+        "QUEUED",
+        1,
+        "GRPC: transient",
+        None,
+    )
+    assert (run_after - row.updated_at).total_seconds() == pytest.approx(30)
+    assert [r.event_type for r in store.outbox_for_job(retried.job_id)] == ["ACCEPTED"]
+
+    released = queued_job(store)
+    q(
+        fresh_dsn,
+        "UPDATE workflow_run SET run_after = now() + interval '1 day' WHERE job_id = %(id)s",
+        {"id": retried.job_id},
+    )
+    lease = store.job_claim("w", 60).lease
+    assert lease.job_id == released.job_id
+    store.job_release(lease)
+    row = store.job_get(released.job_id)
+    assert (row.status, row.attempt, row.lease_owner) == ("QUEUED", 0, None)
+    assert store.job_claim("w", 60).attempt == 1
+
+
+def test_sweep_below_the_ceiling_requeues_without_an_event(store, fresh_dsn):
+    job = claimed_job(store, max_attempts=3)
+    expire(fresh_dsn, job.job_id)
+    live = claimed_job(store)  # a live lease is left alone
+    result = store.job_sweep_expired()
+    assert (result.requeued, result.dead) == (1, 0)
+    row = store.job_get(job.job_id)
+    assert (row.status, row.attempt, row.lease_owner, row.lease_until) == ("QUEUED", 1, None, None)
+    assert [r.event_type for r in store.outbox_for_job(job.job_id)] == ["ACCEPTED"]
+    assert store.job_get(live.job_id).status == "RUNNING"
+    assert store.job_sweep_expired() == type(result)(0, 0)
+
+
+def test_a_swept_job_at_its_last_attempt_is_dead_with_a_lease_expired_error(store, fresh_dsn):
+    job = claimed_job(store, worker_id="crashy", max_attempts=1)
+    expire(fresh_dsn, job.job_id)
+    result = store.job_sweep_expired()
+    assert (result.requeued, result.dead, result.dead_job_ids) == (0, 1, (job.job_id,))
+    row = store.job_get(job.job_id)
+    assert row.status == "DEAD" and row.completed_at is not None and row.lease_owner is None
+    assert row.error.startswith("lease expired after attempt 1 of 1 (worker crashy stopped")
+    ev = events(store, job.job_id)[-1]
+    assert (ev.type, ev.error, ev.detail["status"], ev.attempt) == (6, row.error, "DEAD", 1)
+    assert validate_event(ev) == []
+
+
+def test_a_crash_loop_ends_dead_after_max_attempts(store, fresh_dsn):
+    job = queued_job(store, max_attempts=3)
+    for attempt in (1, 2, 3):
+        claimed = store.job_claim(f"w{attempt}", 60)
+        assert claimed.attempt == attempt
+        expire(fresh_dsn, job.job_id)
+        store.job_sweep_expired()
+    row = store.job_get(job.job_id)
+    assert row.status == "DEAD" and "after attempt 3 of 3 (worker w3" in row.error
+    assert store.job_claim("w", 60) is None
+
+
+def test_sweep_works_in_batches(store, fresh_dsn):
+    jobs = [claimed_job(store) for _ in range(5)]
+    q(fresh_dsn, "UPDATE workflow_run SET lease_until = now() - interval '1 s'")
+    assert store.job_sweep_expired(limit=2).requeued == 2
+    assert store.job_sweep_expired(limit=2).requeued == 2
+    assert store.job_sweep_expired(limit=2).requeued == 1
+    assert {store.job_get(j.job_id).status for j in jobs} == {"QUEUED"}
+
+
+def test_failure_after_the_mutation_leaves_neither_change_nor_event(store, fresh_dsn, monkeypatch):
+    job = claimed_job(store)
+    before = snapshot(fresh_dsn, job.job_id)
+
+    def exploding_event(**_kw):
+        raise RuntimeError("crash point: after the job mutation, before the outbox row")
+
+    monkeypatch.setattr(store_module, "build_event", exploding_event)
+    for write in (
+        lambda: store.job_checkpoint(job.lease, {"name": "first", "skipped": False}),
+        lambda: store.job_park(job.lease, "approve"),
+        lambda: store.job_complete(job.lease, {"x": 1}, "done"),
+        lambda: store.job_fail(job.lease, "boom"),
+        lambda: store.job_dead(job.lease, "boom"),
+    ):
+        with pytest.raises(RuntimeError, match="crash point"):
+            write()
+        assert snapshot(fresh_dsn, job.job_id) == before
+
+    # an insert rolls back too: no row, no ACCEPTED event
+    from tests.support.factories import new_job
+
+    new = new_job()
+    with pytest.raises(RuntimeError, match="crash point"):
+        store.job_insert(new)
+    assert store.job_get(new.job_id) is None
+    assert store.outbox_for_job(new.job_id) == []
+
+    monkeypatch.undo()
+    store.job_checkpoint(job.lease, {"name": "first", "skipped": False})
+    assert [r.event_type for r in store.outbox_for_job(job.job_id)] == [
+        "ACCEPTED",
+        "STEP_CHECKPOINT",
+    ]
+
+
+def test_a_failing_outbox_insert_rolls_the_job_change_back(store, fresh_dsn):
+    job = claimed_job(store)
+    q(
+        fresh_dsn,
+        "ALTER TABLE workflow_run_events_outbox ADD CONSTRAINT no_more CHECK (false) NOT VALID",
+    )
+    with pytest.raises(StoreError, match="job_complete failed") as info:
+        store.job_complete(job.lease, {"x": 1}, "done")
+    assert isinstance(info.value.__cause__, psycopg.errors.CheckViolation)
+    assert store.job_get(job.job_id).status == "RUNNING"
+
+
+def test_fenced_writes_refuse_bad_arguments(store):
+    job = claimed_job(store)
+    with pytest.raises(ValueError, match="verdict"):
+        store.job_complete(job.lease, {}, "  ")
+    with pytest.raises(TypeError, match="result"):
+        store.job_complete(job.lease, [1], "v")
+    with pytest.raises(ValueError, match="result"):
+        store.job_complete(job.lease, {"x": float("nan")}, "v")
+    with pytest.raises(ValueError, match="entry.name"):
+        store.job_checkpoint(job.lease, {"skipped": False})
+    with pytest.raises(ValueError, match="error"):
+        store.job_fail(job.lease, "")
+    with pytest.raises(ValueError, match="backoff_s"):
+        store.job_retry(job.lease, -1, "e")
+    with pytest.raises(TypeError, match="lease"):
+        store.job_heartbeat(("not", "a", "lease"), 10)
+    assert store.job_get(job.job_id).status == "RUNNING"
