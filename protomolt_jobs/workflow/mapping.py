@@ -924,7 +924,7 @@ def check_text_rule(
     t_msg = tfd.type == _FD.TYPE_MESSAGE and not _is_map(tfd)
     if s_msg != t_msg:
         absorbing = t_msg and tfd.message_type.full_name in _OPAQUE | set(_cel._WRAPPERS)
-        source_opaque = s_msg and sfd.message_type.full_name in _OPAQUE | set(_cel._WRAPPERS)
+        source_opaque = s_msg and sfd.message_type.full_name in {VALUE} | set(_cel._WRAPPERS)
         if not absorbing and not source_opaque:
             return (
                 f"cannot convert between message and scalar "
