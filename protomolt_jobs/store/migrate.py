@@ -76,8 +76,10 @@ def migrations_dir() -> Traversable:
         checkout, editable install), else the ``_migrations`` resource of the installed package.
     :raises MigrationError: when neither exists.
     """
-    checkout = Path(__file__).resolve().parents[2] / "migrations"
-    if checkout.is_dir():
+    root = Path(__file__).resolve().parents[2]
+    checkout = root / "migrations"
+    # pyproject.toml marks a source tree; in site-packages a stray "migrations" dir is not ours
+    if checkout.is_dir() and (root / "pyproject.toml").is_file():
         return checkout
     packaged = resources.files("protomolt_jobs") / "_migrations"
     if packaged.is_dir():
