@@ -15,8 +15,9 @@ Protocol (one call of :func:`migrate`):
 4. release the lock; close the connection if :func:`migrate` opened it.
 
 Where the files are found: the repository's top-level ``migrations/`` (an editable install or a
-source checkout), else ``protomolt_jobs/_migrations`` inside an installed wheel (the packaging
-maps ``migrations/`` there).
+source checkout, recognised by the ``pyproject.toml`` beside it), else
+``protomolt_jobs/_migrations`` inside an installed wheel: in the repository that is a symlink to
+``../migrations``, so the wheel build packs the files as package data (``**/*.sql``).
 """
 
 from __future__ import annotations
