@@ -388,7 +388,7 @@ class Relay:
             except BufferError:
                 # The local queue is full: let deliveries drain it, then try again.
                 producer.poll(0.1)
-                if self._stop.is_set():
+                if self._stopping():
                     return False
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else None
@@ -403,7 +403,7 @@ class Relay:
     ) -> None:
         deadline = time.monotonic() + self.report_wait_s
         while any(r.event_id not in reports for r in produced):
-            if self._stop.is_set() or time.monotonic() > deadline:
+            if self._stopping() or time.monotonic() > deadline:
                 # Give up on this batch: purge what is queued so the reports arrive now
                 # (as _PURGE_* lane failures) and nothing is sent after we return.
                 try:
@@ -413,6 +413,11 @@ class Relay:
                 producer.poll(0.5)
                 return
             producer.poll(0.05)
+
+    def _stopping(self) -> bool:
+        # Only a running loop is interrupted by stop(); a direct run_once() after stop()
+        # (tests, a manual drain) still waits for its reports.
+        return self._stop.is_set() and self._thread is not None
 
     def _ensure_producer(self) -> Producer:
         if self._producer is None:
