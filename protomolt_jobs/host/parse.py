@@ -161,7 +161,7 @@ def _markdown(text: str) -> tuple[str, list[_Section]]:
     title = next((s.heading for s in headed if s.level == 1 and s.heading), "")
     title = title or next((s.heading for s in headed if s.heading), "")
     if not title:
-        title = next((p.splitlines()[0] for s in sections for p in s.paragraphs), "")
+        title = next((_inline(ln).strip() for ln in text.splitlines() if ln.strip()), "")
     kept = [s for s in sections if s.level > 0 or s.paragraphs]
     return title, kept
 

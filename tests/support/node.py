@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -28,9 +29,9 @@ class StubAction:
     ``{"boom": true}`` raises RuntimeError, ``{"answer": {...}}`` returns it, else echoes."""
 
     scope = "service-invoke"
-    input_schema: dict[str, Any] = {"type": "object"}
 
     def __init__(self, name: str) -> None:
+        self.input_schema: dict[str, Any] = {"type": "object"}
         self.name = name
         self.description = f"stub {name}"
         self.calls: list[dict[str, Any]] = []
@@ -89,3 +90,56 @@ def http(
         return status, json.loads(payload), hdrs
     except ValueError:
         return status, payload, hdrs
+
+
+def node_environ(
+    data_dir: Any,
+    dsn: str | None,
+    *,
+    roles: str = "registry,parse,jobs",
+    token: str | None = None,
+    **jobs: Any,
+) -> dict[str, str]:
+    """``PROTOMOLT_*`` variables for a test node: free ports, short cadences, ``dsn``."""
+    env = {
+        "PROTOMOLT_ROLES": roles,
+        "PROTOMOLT_NODE_DATA_DIR": str(data_dir),
+        "PROTOMOLT_NODE_HTTP_PORT": "0",
+        "PROTOMOLT_NODE_GRPC_PORT": "0",
+        "PROTOMOLT_JOBS_WORKER_COUNT": "2",
+        "PROTOMOLT_JOBS_POLL_INTERVAL_MS": "100",
+        "PROTOMOLT_JOBS_BACKOFF_BASE_SECONDS": "0.2",
+        "PROTOMOLT_JOBS_LEASE_SECONDS": "30",
+        "PROTOMOLT_JOBS_SHUTDOWN_GRACE_SECONDS": "2",
+    }
+    if dsn:
+        env["PROTOMOLT_JOBS_DSN"] = dsn
+    if token:
+        env["PROTOMOLT_API_TOKEN"] = token
+    env.update({f"PROTOMOLT_JOBS_{k.upper()}": str(v) for k, v in jobs.items()})
+    return env
+
+
+def start_node(environ: dict[str, str]) -> Any:
+    """Compose and start a node from ``environ`` with both surfaces (``NodeSurfaces``)."""
+    from protomolt_jobs.host.cli import start_surfaces
+    from protomolt_jobs.host.composer import compose
+    from protomolt_jobs.host.nodeconfig import NodeConfig
+
+    config = NodeConfig.load(None, environ)
+    return start_surfaces(compose(config), config)
+
+
+def wait_for(predicate: Any, *, timeout_s: float = 30.0, interval_s: float = 0.05) -> Any:
+    """Poll ``predicate()`` until it returns something truthy; that value.
+
+    :raises AssertionError: it stayed falsy for ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"condition not met within {timeout_s} s (last value {last!r})")
