@@ -126,8 +126,9 @@ class Worker:
         """Graceful stop (see the module docstring); returns once stopped. Never-started and
         double stop are fine.
 
-        :param timeout_s: grace period for in-flight segments, seconds; None uses
-            ``shutdown_grace_seconds``.
+        :param timeout_s: caps the grace period for in-flight segments, seconds: the grace
+            is ``min(shutdown_grace_seconds, timeout_s)``; None uses ``shutdown_grace_seconds``.
+            Stopping takes at most the grace plus about 2 s (the release pass and joins).
         """
         with self._lock:
             if not self._started:
@@ -136,9 +137,9 @@ class Worker:
                 return
             self._started = False
             loops, self._loops = self._loops, []
-            grace_s = (
-                self.config.shutdown_grace_seconds if timeout_s is None else max(0.0, timeout_s)
-            )
+            grace_s = self.config.shutdown_grace_seconds
+            if timeout_s is not None:
+                grace_s = max(0.0, min(grace_s, timeout_s))
             log.info(
                 "worker stopping",
                 extra={
