@@ -14,21 +14,37 @@ import logging
 import platform
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 
 from bench import report
 from bench.scenarios import PEERS, SCENARIOS, Options
 
 #: ``all``: every scenario, sized to finish in about ten minutes on a 2-core machine.
-ALL = dict(n=2000, jobs_per_worker_cap=400, latency_n=300, scale_samples=300, ceiling_s=5)
+ALL = {
+    "n": 2000,
+    "jobs_per_worker_cap": 400,
+    "latency_n": 300,
+    "scale_samples": 300,
+    "ceiling_s": 5,
+}
 
 #: ``smoke``: tiny sizes, no peers; the CI run.
-SMOKE = dict(
-    n=20, jobs_per_worker_cap=20, workers=[2], peers=[], latency_n=5, scale_sizes=[1000],
-    scale_queued=20, scale_samples=20, memory_n=8, memory_slow_ms=200,
-    ceiling_clients=[1], ceiling_s=1, idle_window_s=0.5,
-)
+SMOKE = {
+    "n": 20,
+    "jobs_per_worker_cap": 20,
+    "workers": [2],
+    "peers": [],
+    "latency_n": 5,
+    "scale_sizes": [1000],
+    "scale_queued": 20,
+    "scale_samples": 20,
+    "memory_n": 8,
+    "memory_slow_ms": 200,
+    "ceiling_clients": [1],
+    "ceiling_s": 1,
+    "idle_window_s": 0.5,
+}
 
 
 def versions() -> dict:
@@ -46,10 +62,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     p.add_argument("scenario", choices=[*SCENARIOS, "all", "smoke"])
     p.add_argument("--n", type=int, help="throughput jobs per run")
-    p.add_argument("--workers", type=lambda s: [int(x) for x in s.split(",")],
-                   help="comma-separated W sweep, e.g. 1,4,16")
-    p.add_argument("--peers", type=lambda s: [x for x in s.split(",") if x],
-                   help=f"comma-separated subset of {','.join(PEERS)}; empty for none")
+    p.add_argument(
+        "--workers",
+        type=lambda s: [int(x) for x in s.split(",")],
+        help="comma-separated W sweep, e.g. 1,4,16",
+    )
+    p.add_argument(
+        "--peers",
+        type=lambda s: [x for x in s.split(",") if x],
+        help=f"comma-separated subset of {','.join(PEERS)}; empty for none",
+    )
     p.add_argument("--latency-n", type=int)
     p.add_argument("--scale-sizes", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--memory-n", type=int)
@@ -70,8 +92,9 @@ def options(args: argparse.Namespace) -> Options:
             setattr(opts, name, value)
     unknown = [p for p in opts.peers if p not in PEERS]
     if unknown:
-        raise SystemExit(f"--peers: unknown peer(s) {', '.join(unknown)}; "
-                         f"choose from {', '.join(PEERS)}")
+        raise SystemExit(
+            f"--peers: unknown peer(s) {', '.join(unknown)}; choose from {', '.join(PEERS)}"
+        )
     return opts
 
 
@@ -79,8 +102,10 @@ def run(scenario: str, opts: Options) -> dict:
     """Run one scenario (or all of them) and return the results with their context."""
     names = list(SCENARIOS) if scenario in ("all", "smoke") else [scenario]
     results: dict = {
-        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "scenario": scenario, "options": dataclasses.asdict(opts), "versions": versions(),
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "scenario": scenario,
+        "options": dataclasses.asdict(opts),
+        "versions": versions(),
     }
     for name in names:
         t = time.monotonic()

@@ -81,8 +81,11 @@ def run_child(
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.child", system, scenario, json.dumps(params)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        cwd=str(Path(__file__).resolve().parent.parent), env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=str(Path(__file__).resolve().parent.parent),
+        env=env,
     )
     counter = XactCounter(dbname) if dbname else None
     try:

@@ -28,6 +28,7 @@ import threading
 import time
 from concurrent import futures
 from pathlib import Path
+from typing import Self
 
 #: Service and method names the workflows and peers call.
 SERVICE = "bench.v1.Noop"
@@ -63,8 +64,14 @@ def descriptor_set_b64() -> str:
         out = Path(tmp, "set.pb")
         include = str(importlib.resources.files("grpc_tools") / "_proto")
         rc = protoc.main(
-            ["protoc", f"-I{tmp}", f"-I{include}", "--include_imports",
-             f"--descriptor_set_out={out}", PROTO_PATH]
+            [
+                "protoc",
+                f"-I{tmp}",
+                f"-I{include}",
+                "--include_imports",
+                f"--descriptor_set_out={out}",
+                PROTO_PATH,
+            ]
         )
         if rc != 0:
             raise RuntimeError(f"protoc failed on {PROTO_PATH} (exit {rc})")
@@ -147,18 +154,27 @@ class NoopServer:
         """``127.0.0.1:<port>``."""
         return f"127.0.0.1:{self.port}"
 
-    def __enter__(self) -> NoopServer:
+    def __enter__(self) -> Self:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.noop_grpc", "--threads", str(self.threads),
-             "--slow-ms", str(self.slow_ms)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "bench.noop_grpc",
+                "--threads",
+                str(self.threads),
+                "--slow-ms",
+                str(self.slow_ms),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
             cwd=str(Path(__file__).resolve().parent.parent),
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         try:
             line = self.proc.stdout.readline()
             self.port = int(json.loads(line)["port"])
-        except Exception:
+        except (ValueError, KeyError, TypeError):
             self.__exit__()
             raise RuntimeError("the no-op gRPC server did not start") from None
         return self

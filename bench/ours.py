@@ -29,6 +29,7 @@ import psycopg
 
 from bench.child import ready_and_wait, wait_until
 from bench.noop_grpc import SERVICE, descriptor_set_b64
+from bench.pgdb import relation_sizes
 from bench.stats import summary_ms
 
 log = logging.getLogger("protomolt_jobs.bench")
@@ -43,8 +44,14 @@ def workflow(target: str, *, steps: int = 3, slow: bool = False, name: str = "be
     out = []
     for i in range(steps):
         source = "input" if i == 0 else f"s{i - 1}"
-        out.append({"name": f"s{i}", "target": target, "method": method,
-                    "rules": [f"text = {source}.text"]})
+        out.append(
+            {
+                "name": f"s{i}",
+                "target": target,
+                "method": method,
+                "rules": [f"text = {source}.text"],
+            }
+        )
     return {
         "name": name,
         "schema": {"descriptorSetBase64": descriptor_set_b64()},
@@ -76,6 +83,7 @@ class _Engine:
             pool_max_size=pool_max,
         )
         self.store = JobStore.open(dsn, max_size=pool_max)
+        self.calls = _count_calls(self.store)
         self.runtime = Runtime()
         self.submitter = Submitter(self.store, None, self.runtime, self.config.max_attempts)
         self.worker = Worker(self.store, runtime=self.runtime, config=self.config, dsn=dsn)
@@ -101,6 +109,28 @@ class _Engine:
             self.store.close()
 
 
+def _count_calls(store: object) -> dict[str, int]:
+    """Wrap each ``job_*``/``outbox_*`` method of this store instance with a call counter (each
+    is one transaction); ``job_claim`` that finds nothing counts as ``job_claim:empty``."""
+    calls: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def wrap(name: str, fn):
+        def counted(*args, **kwargs):
+            result = fn(*args, **kwargs)
+            key = f"{name}:empty" if name == "job_claim" and result is None else name
+            with lock:
+                calls[key] = calls.get(key, 0) + 1
+            return result
+
+        return counted
+
+    for name in dir(store):
+        if name.startswith(("job_", "outbox_")):
+            setattr(store, name, wrap(name, getattr(store, name)))
+    return calls
+
+
 def _counts(dsn: str) -> dict:
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute("SELECT status, count(*) FROM workflow_run GROUP BY status").fetchall()
@@ -119,6 +149,7 @@ def throughput(params: dict) -> dict:
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda i: engine.submit(definition, f"j{i}"), range(n)))
         with psycopg.connect(engine.dsn, autocommit=True) as conn:
+
             def done() -> bool:
                 q = f"SELECT count(*) FROM workflow_run WHERE status IN {_DONE}"
                 return conn.execute(q).fetchone()[0] >= n
@@ -138,6 +169,9 @@ def throughput(params: dict) -> dict:
         "elapsed_s": round(elapsed, 3),
         "jobs_per_s": round(completed / elapsed, 1),
         "own_commits": polls + 2,
+        "store_calls_per_job": {
+            k: round(v / max(1, n), 2) for k, v in sorted(engine.calls.items())
+        },
     }
 
 
@@ -170,11 +204,12 @@ def latency(params: dict) -> dict:
                 job_id = engine.submit(definition, f"l{i}")
                 submits[job_id] = t
                 wait_until(
-                    lambda: conn.execute(
+                    lambda j=job_id: conn.execute(
                         f"SELECT status IN {_DONE} FROM workflow_run WHERE job_id = %(j)s",
-                        {"j": job_id},
+                        {"j": j},
                     ).fetchone()[0],
-                    60, 0.002,
+                    60,
+                    0.002,
                 )
             rows = conn.execute(
                 "SELECT job_id::text, status, extract(epoch FROM at) FROM bench_transition"
@@ -202,19 +237,28 @@ def memory(params: dict) -> dict:
             engine.submit(definition, f"m{i}")
         with psycopg.connect(engine.dsn, autocommit=True) as conn:
             wait_until(
-                lambda: conn.execute(
-                    f"SELECT count(*) FROM workflow_run WHERE status IN {_DONE}"
-                ).fetchone()[0] >= n,
-                600, 0.2,
+                lambda: (
+                    conn.execute(
+                        f"SELECT count(*) FROM workflow_run WHERE status IN {_DONE}"
+                    ).fetchone()[0]
+                    >= n
+                ),
+                600,
+                0.2,
             )
         elapsed = time.time() - t0
         peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         threads = threading.active_count()
     finally:
         engine.close()
-    return {"base_rss_mib": round(base / 2**20, 1), "peak_rss_mib": round(peak_kib / 1024, 1),
-            "elapsed_s": round(elapsed, 2), "concurrent": n, "threads": threads,
-            "completed": _counts(params["dsn"]).get("COMPLETED", 0)}
+    return {
+        "base_rss_mib": round(base / 2**20, 1),
+        "peak_rss_mib": round(peak_kib / 1024, 1),
+        "elapsed_s": round(elapsed, 2),
+        "concurrent": n,
+        "threads": threads,
+        "completed": _counts(params["dsn"]).get("COMPLETED", 0),
+    }
 
 
 # --- scale: claim and sweep latency as terminal rows accumulate -----------------------------
@@ -231,8 +275,14 @@ FROM generate_series(1, %(rows)s) AS g
 """
 
 
-def scale(dsn: str, *, sizes: list[int], queued: int = 1000, samples: int = 500,
-          target: str = "127.0.0.1:1") -> list[dict]:
+def scale(
+    dsn: str,
+    *,
+    sizes: list[int],
+    queued: int = 1000,
+    samples: int = 500,
+    target: str = "127.0.0.1:1",
+) -> list[dict]:
     """Claim and sweep latency (p50/p99) with ``sizes`` terminal rows plus ``queued`` QUEUED.
 
     Per size: TRUNCATE, one ``generate_series`` INSERT of terminal rows (90 % COMPLETED, 10 %
@@ -253,13 +303,24 @@ def scale(dsn: str, *, sizes: list[int], queued: int = 1000, samples: int = 500,
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute("TRUNCATE workflow_run, workflow_run_events_outbox")
                 t = time.monotonic()
-                conn.execute(_TERMINAL_ROWS, {"definition": json.dumps(definition),
-                                              "checkpoints": json.dumps(checkpoints),
-                                              "rows": rows})
+                conn.execute(
+                    _TERMINAL_ROWS,
+                    {
+                        "definition": json.dumps(definition),
+                        "checkpoints": json.dumps(checkpoints),
+                        "rows": rows,
+                    },
+                )
                 build_s = time.monotonic() - t
             for i in range(queued):
-                store.job_insert(NewJob(job_id=uuid.uuid4(), workflow_name="bench-noop",
-                                        workflow_definition=definition, input={"text": f"q{i}"}))
+                store.job_insert(
+                    NewJob(
+                        job_id=uuid.uuid4(),
+                        workflow_name="bench-noop",
+                        workflow_definition=definition,
+                        input={"text": f"q{i}"},
+                    )
+                )
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute("VACUUM ANALYZE workflow_run")
             claims: list[float] = []
@@ -275,14 +336,17 @@ def scale(dsn: str, *, sizes: list[int], queued: int = 1000, samples: int = 500,
                 store.job_sweep_expired()
                 sweeps.append(time.perf_counter() - t)
             sizes_now = relation_sizes(dsn, ["workflow_run"])[0]
-            out.append({
-                "terminal_rows": rows, "queued": queued, "build_s": round(build_s, 1),
-                "claim": summary_ms(claims), "sweep": summary_ms(sweeps),
-                "table_mib": round(sizes_now["total_bytes"] / 2**20, 1),
-            })
+            out.append(
+                {
+                    "terminal_rows": rows,
+                    "queued": queued,
+                    "build_s": round(build_s, 1),
+                    "claim": summary_ms(claims),
+                    "sweep": summary_ms(sweeps),
+                    "table_mib": round(sizes_now["total_bytes"] / 2**20, 1),
+                }
+            )
             log.info("scale point measured", extra={"action": "bench_scale_point", "rows": rows})
     finally:
         store.close()
     return out
-
-

@@ -106,6 +106,7 @@ def throughput(params: dict) -> dict:
             finally:
                 conn.close()
         else:
+
             def loop(k: int) -> None:
                 for i in range(k, n, w):
                     DBOS.start_workflow(three_steps, f"j{i}").get_result()
@@ -122,8 +123,12 @@ def throughput(params: dict) -> dict:
             ).fetchone()
         polls += 1
         elapsed = last_ms / 1000.0 - t0
-        return {"jobs": done, "elapsed_s": round(elapsed, 3),
-                "jobs_per_s": round(done / elapsed, 1), "own_commits": polls}
+        return {
+            "jobs": done,
+            "elapsed_s": round(elapsed, 3),
+            "jobs_per_s": round(done / elapsed, 1),
+            "own_commits": polls,
+        }
     finally:
         DBOS.destroy(destroy_registry=False)
 
@@ -176,7 +181,11 @@ def memory(params: dict) -> dict:
         for h in handles:
             h.get_result()
         peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return {"base_rss_mib": round(base / 2**20, 1), "peak_rss_mib": round(peak_kib / 1024, 1),
-                "elapsed_s": round(time.time() - t0, 2), "concurrent": n}
+        return {
+            "base_rss_mib": round(base / 2**20, 1),
+            "peak_rss_mib": round(peak_kib / 1024, 1),
+            "elapsed_s": round(time.time() - t0, 2),
+            "concurrent": n,
+        }
     finally:
         DBOS.destroy(destroy_registry=False)

@@ -27,9 +27,7 @@ _channel: grpc.aio.Channel | None = None
 
 def _make_app(dsn: str, pool_max: int) -> procrastinate.App:
     app = procrastinate.App(
-        connector=procrastinate.PsycopgConnector(
-            conninfo=dsn, min_size=1, max_size=pool_max
-        )
+        connector=procrastinate.PsycopgConnector(conninfo=dsn, min_size=1, max_size=pool_max)
     )
 
     async def call(text: str) -> str:
@@ -86,8 +84,9 @@ async def _run(params: dict, body) -> dict:
                 await _channel.close()
 
 
-async def _poll(conn: psycopg.AsyncConnection, query: str, n: int, timeout_s: float,
-                poll_s: float) -> int:
+async def _poll(
+    conn: psycopg.AsyncConnection, query: str, n: int, timeout_s: float, poll_s: float
+) -> int:
     deadline = time.monotonic() + timeout_s
     polls = 0
     while True:
@@ -118,16 +117,24 @@ def throughput(params: dict) -> dict:
                 conn,
                 "SELECT count(*) FROM procrastinate_jobs WHERE task_name = 'step3' "
                 "AND status = 'succeeded'",
-                n, params.get("timeout_s", 1800), 0.2,
+                n,
+                params.get("timeout_s", 1800),
+                0.2,
             )
-            row = await (await conn.execute(
-                "SELECT extract(epoch FROM max(e.at)), count(*) FROM procrastinate_events e "
-                "JOIN procrastinate_jobs j ON j.id = e.job_id "
-                "WHERE j.task_name = 'step3' AND e.type = 'succeeded'"
-            )).fetchone()
+            row = await (
+                await conn.execute(
+                    "SELECT extract(epoch FROM max(e.at)), count(*) FROM procrastinate_events e "
+                    "JOIN procrastinate_jobs j ON j.id = e.job_id "
+                    "WHERE j.task_name = 'step3' AND e.type = 'succeeded'"
+                )
+            ).fetchone()
         elapsed = float(row[0]) - t0
-        return {"jobs": row[1], "elapsed_s": round(elapsed, 3),
-                "jobs_per_s": round(row[1] / elapsed, 1), "own_commits": polls + 1}
+        return {
+            "jobs": row[1],
+            "elapsed_s": round(elapsed, 3),
+            "jobs_per_s": round(row[1] / elapsed, 1),
+            "own_commits": polls + 1,
+        }
 
     return asyncio.run(_run(params, body))
 
@@ -147,13 +154,17 @@ def latency(params: dict) -> dict:
                     conn,
                     f"SELECT count(*) FROM procrastinate_jobs WHERE id = {int(job_id)} "
                     "AND status = 'succeeded'",
-                    1, 60, 0.002,
+                    1,
+                    60,
+                    0.002,
                 )
-            rows = await (await conn.execute(
-                "SELECT e.job_id, e.type::text, extract(epoch FROM e.at) "
-                "FROM procrastinate_events e JOIN procrastinate_jobs j ON j.id = e.job_id "
-                "WHERE j.task_name = 'single' AND e.type IN ('started', 'succeeded')"
-            )).fetchall()
+            rows = await (
+                await conn.execute(
+                    "SELECT e.job_id, e.type::text, extract(epoch FROM e.at) "
+                    "FROM procrastinate_events e JOIN procrastinate_jobs j ON j.id = e.job_id "
+                    "WHERE j.task_name = 'single' AND e.type IN ('started', 'succeeded')"
+                )
+            ).fetchall()
         running = [float(at) - submits[j] for j, typ, at in rows if typ == "started"]
         completed = [float(at) - submits[j] for j, typ, at in rows if typ == "succeeded"]
         return {"running_s": running, "completed_s": completed}
@@ -177,10 +188,20 @@ def memory(params: dict) -> dict:
         for i in range(n):
             await app.tasks["single"].defer_async(text=f"m{i}")
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            await _poll(conn, "SELECT count(*) FROM procrastinate_jobs WHERE "
-                        "task_name = 'single' AND status = 'succeeded'", n, 600, 0.2)
+            await _poll(
+                conn,
+                "SELECT count(*) FROM procrastinate_jobs WHERE "
+                "task_name = 'single' AND status = 'succeeded'",
+                n,
+                600,
+                0.2,
+            )
         peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return {"base_rss_mib": round(base / 2**20, 1), "peak_rss_mib": round(peak_kib / 1024, 1),
-                "elapsed_s": round(time.time() - t0, 2), "concurrent": n}
+        return {
+            "base_rss_mib": round(base / 2**20, 1),
+            "peak_rss_mib": round(peak_kib / 1024, 1),
+            "elapsed_s": round(time.time() - t0, 2),
+            "concurrent": n,
+        }
 
     return asyncio.run(_run(params, body))

@@ -14,6 +14,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Self
 
 import psycopg
 from psycopg import sql
@@ -22,9 +23,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 log = logging.getLogger("protomolt_jobs.bench")
 
 #: Maintenance DSN of the target cluster; the benchmark databases are siblings of it.
-ADMIN_DSN = os.environ.get(
-    "PROTOMOLT_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
+ADMIN_DSN = os.environ.get("PROTOMOLT_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
 def dsn_for(dbname: str) -> str:
@@ -53,7 +52,7 @@ class BenchDatabase:
         self.name = f"pmjb_{label}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
         self.dsn = dsn_for(self.name)
 
-    def __enter__(self) -> BenchDatabase:
+    def __enter__(self) -> Self:
         with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.name)))
         log.info("bench database created", extra={"action": "bench_db_created", "db": self.name})
@@ -62,9 +61,7 @@ class BenchDatabase:
     def __exit__(self, *exc: object) -> None:
         with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
             conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                    sql.Identifier(self.name)
-                )
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.name))
             )
         log.info("bench database dropped", extra={"action": "bench_db_dropped", "db": self.name})
 

@@ -26,65 +26,100 @@ def rows(results: dict) -> list[dict]:
     ceiling = results.get("ceiling")
     if ceiling:
         for c, tps in ceiling["tps"].items():
-            out.append({"metric": f"ceiling: commits/s, {c} conn ({ceiling['method']})",
-                        "better": "", "ours": tps, "peers": {}})
+            out.append(
+                {
+                    "metric": f"ceiling: commits/s, {c} conn ({ceiling['method']})",
+                    "better": "",
+                    "ours": tps,
+                    "peers": {},
+                }
+            )
     tp = results.get("throughput")
     if tp:
         by = {(r["system"], r["workers"]): r for r in tp["runs"]}
         for w in sorted({r["workers"] for r in tp["runs"]}):
             ours = by.get(("ours", w))
-            for key, label, better in (("jobs_per_s", "jobs/s", "higher"),
-                                       ("tx_per_job", "transactions/job", "lower")):
-                out.append({
-                    "metric": f"throughput W={w}: {label}", "better": better,
-                    "ours": ours[key] if ours else None,
-                    "peers": {p: by[(p, w)][key] for p in PEER_ORDER if (p, w) in by},
-                })
+            for key, label, better in (
+                ("jobs_per_s", "jobs/s", "higher"),
+                ("tx_per_job", "transactions/job", "lower"),
+            ):
+                out.append(
+                    {
+                        "metric": f"throughput W={w}: {label}",
+                        "better": better,
+                        "ours": ours[key] if ours else None,
+                        "peers": {p: by[(p, w)][key] for p in PEER_ORDER if (p, w) in by},
+                    }
+                )
             if ceiling and ours and ours["tx_per_job"]:
                 clients = min(ceiling["tps"], key=lambda c: abs(int(c) - w))
                 share = ours["jobs_per_s"] * ours["tx_per_job"] / ceiling["tps"][clients]
-                out.append({"metric": f"throughput W={w}: share of ceiling ({clients} conn)",
-                            "better": "", "ours": round(100 * share, 1), "peers": {},
-                            "unit": "%"})
+                out.append(
+                    {
+                        "metric": f"throughput W={w}: share of ceiling ({clients} conn)",
+                        "better": "",
+                        "ours": round(100 * share, 1),
+                        "peers": {},
+                        "unit": "%",
+                    }
+                )
     lat = results.get("latency")
     if lat:
         by = {r["system"]: r for r in lat["runs"]}
         for phase in ("running", "completed"):
             for q in ("p50_ms", "p95_ms", "p99_ms"):
-                out.append({
-                    "metric": f"latency submit->{phase.upper()} {q[:3]} (ms)", "better": "lower",
-                    "ours": by["ours"][phase][q] if "ours" in by else None,
-                    "peers": {p: by[p][phase][q] for p in PEER_ORDER if p in by},
-                })
+                out.append(
+                    {
+                        "metric": f"latency submit->{phase.upper()} {q[:3]} (ms)",
+                        "better": "lower",
+                        "ours": by["ours"][phase][q] if "ours" in by else None,
+                        "peers": {p: by[p][phase][q] for p in PEER_ORDER if p in by},
+                    }
+                )
     sc = results.get("scale")
     if sc:
         for p in sc["points"]:
             for what in ("claim", "sweep"):
                 for q in ("p50_ms", "p99_ms"):
-                    out.append({"metric": f"scale {p['terminal_rows']:,} terminal + "
-                                          f"{p['queued']} queued: {what} {q[:3]} (ms)",
-                                "better": "lower", "ours": p[what][q], "peers": {}})
+                    out.append(
+                        {
+                            "metric": f"scale {p['terminal_rows']:,} terminal + "
+                            f"{p['queued']} queued: {what} {q[:3]} (ms)",
+                            "better": "lower",
+                            "ours": p[what][q],
+                            "peers": {},
+                        }
+                    )
     if tp:
         w = max(r["workers"] for r in tp["runs"])
         for r in tp["runs"]:
             if r["workers"] != w:
                 continue
             for s in r["sizes"]:
-                out.append({
-                    "metric": f"after throughput W={w}: {s['table']} total MiB "
-                              f"(index MiB, dead tuples)",
-                    "better": "", "system": r["system"],
-                    "text": f"{s['total_bytes'] / 2**20:.1f} ({s['index_bytes'] / 2**20:.1f}, "
-                            f"{s['dead_tuples']})",
-                    "ours": None, "peers": {},
-                })
+                out.append(
+                    {
+                        "metric": f"after throughput W={w}: {s['table']} total MiB "
+                        f"(index MiB, dead tuples)",
+                        "better": "",
+                        "system": r["system"],
+                        "text": f"{s['total_bytes'] / 2**20:.1f} ({s['index_bytes'] / 2**20:.1f}, "
+                        f"{s['dead_tuples']})",
+                        "ours": None,
+                        "peers": {},
+                    }
+                )
     mem = results.get("memory")
     if mem:
         by = {r["system"]: r for r in mem["runs"]}
         n = next(iter(by.values()))["concurrent"] if by else 0
-        out.append({"metric": f"memory: peak RSS MiB, {n} concurrent slow steps",
-                    "better": "lower", "ours": by["ours"]["peak_rss_mib"] if "ours" in by else None,
-                    "peers": {p: by[p]["peak_rss_mib"] for p in PEER_ORDER if p in by}})
+        out.append(
+            {
+                "metric": f"memory: peak RSS MiB, {n} concurrent slow steps",
+                "better": "lower",
+                "ours": by["ours"]["peak_rss_mib"] if "ours" in by else None,
+                "peers": {p: by[p]["peak_rss_mib"] for p in PEER_ORDER if p in by},
+            }
+        )
     return out
 
 

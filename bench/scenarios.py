@@ -87,22 +87,41 @@ def throughput(opts: Options) -> dict:
                 n_run = min(n, DBOS_1S_JOBS_PER_W * w) if label == "dbos-queue-1s" else n
                 params = {"target": srv.target, "n": n_run, "workers": w, **extra}
                 with BenchDatabase(f"tp_{system}") as db:
-                    r = run_child(system, "throughput", {**params, "dsn": db.dsn},
-                                  dbname=db.name, idle_window_s=opts.idle_window_s)
+                    r = run_child(
+                        system,
+                        "throughput",
+                        {**params, "dsn": db.dsn},
+                        dbname=db.name,
+                        idle_window_s=opts.idle_window_s,
+                    )
                     sizes = relation_sizes(db.dsn, TABLES[system])
                 jobs = r["jobs"]
                 run = {
-                    "system": label, "workers": w, "n": n_run, "jobs": jobs,
-                    "jobs_per_s": r["jobs_per_s"], "elapsed_s": r["elapsed_s"],
+                    "system": label,
+                    "workers": w,
+                    "n": n_run,
+                    "jobs": jobs,
+                    "jobs_per_s": r["jobs_per_s"],
+                    "elapsed_s": r["elapsed_s"],
                     "tx_per_job": round(r["commits_net"] / jobs, 2) if jobs else None,
-                    "commits": r["commits"], "idle_rate": r["idle_rate"], "sizes": sizes,
+                    "commits": r["commits"],
+                    "idle_rate": r["idle_rate"],
+                    "sizes": sizes,
                 }
                 if r.get("not_completed"):
                     run["not_completed"] = r["not_completed"]
-                log.info("throughput run done", extra={"action": "bench_throughput_run", **{
-                    k: run[k] for k in ("system", "workers", "jobs_per_s", "tx_per_job")}})
-                print(f"  throughput {label:16s} W={w:<3d} n={n_run:<5d} "
-                      f"{run['jobs_per_s']:8.1f} jobs/s  {run['tx_per_job']} tx/job", flush=True)
+                log.info(
+                    "throughput run done",
+                    extra={
+                        "action": "bench_throughput_run",
+                        **{k: run[k] for k in ("system", "workers", "jobs_per_s", "tx_per_job")},
+                    },
+                )
+                print(
+                    f"  throughput {label:16s} W={w:<3d} n={n_run:<5d} "
+                    f"{run['jobs_per_s']:8.1f} jobs/s  {run['tx_per_job']} tx/job",
+                    flush=True,
+                )
                 runs.append(run)
     return {"runs": runs}
 
@@ -118,10 +137,15 @@ def latency(opts: Options) -> dict:
             params = {"target": srv.target, "n": n, "workers": opts.latency_workers, **extra}
             with BenchDatabase(f"lat_{system}") as db:
                 r = run_child(system, "latency", {**params, "dsn": db.dsn}, dbname=None)
-            row = {"system": label, "running": summary_ms(r["running_s"]),
-                   "completed": summary_ms(r["completed_s"])}
-            print(f"  latency    {label:16s} running {row['running']}  "
-                  f"completed {row['completed']}", flush=True)
+            row = {
+                "system": label,
+                "running": summary_ms(r["running_s"]),
+                "completed": summary_ms(r["completed_s"]),
+            }
+            print(
+                f"  latency    {label:16s} running {row['running']}  completed {row['completed']}",
+                flush=True,
+            )
             out.append(row)
     return {"runs": out}
 
@@ -131,11 +155,15 @@ def scale(opts: Options) -> dict:
     from bench import ours
 
     with BenchDatabase("scale") as db:
-        points = ours.scale(db.dsn, sizes=opts.scale_sizes, queued=opts.scale_queued,
-                            samples=opts.scale_samples)
+        points = ours.scale(
+            db.dsn, sizes=opts.scale_sizes, queued=opts.scale_queued, samples=opts.scale_samples
+        )
     for p in points:
-        print(f"  scale      {p['terminal_rows']:>9d} terminal rows: claim {p['claim']}  "
-              f"sweep {p['sweep']}", flush=True)
+        print(
+            f"  scale      {p['terminal_rows']:>9d} terminal rows: claim {p['claim']}  "
+            f"sweep {p['sweep']}",
+            flush=True,
+        )
     return {"points": points}
 
 
@@ -150,8 +178,11 @@ def memory(opts: Options) -> dict:
                 r = run_child(system, "memory", {**params, "dsn": db.dsn}, dbname=None)
             r.pop("event", None)
             out.append({"system": label, **r})
-            print(f"  memory     {label:16s} base {r['base_rss_mib']} MiB  "
-                  f"peak {r['peak_rss_mib']} MiB  ({r['elapsed_s']} s)", flush=True)
+            print(
+                f"  memory     {label:16s} base {r['base_rss_mib']} MiB  "
+                f"peak {r['peak_rss_mib']} MiB  ({r['elapsed_s']} s)",
+                flush=True,
+            )
     return {"runs": out}
 
 

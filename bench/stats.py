@@ -16,9 +16,9 @@ def percentile(values: list[float], q: float) -> float:
 
 def summary_ms(values_s: list[float]) -> dict:
     """p50/p95/p99 in milliseconds (rounded to 0.1 ms) of durations given in seconds."""
-    return {
-        f"p{q}_ms": round(percentile(values_s, q) * 1000.0, 1) for q in (50, 95, 99)
-    } | {"samples": len(values_s)}
+    return {f"p{q}_ms": round(percentile(values_s, q) * 1000.0, 1) for q in (50, 95, 99)} | {
+        "samples": len(values_s)
+    }
 
 
 def ratio(ours: float | None, theirs: float | None) -> float | None:

@@ -1,0 +1,77 @@
+"""The CI smoke run of the benchmark harness: tiny sizes, no peers, so ``bench/`` cannot rot.
+
+It asserts that every scenario produced figures, that every job the harness submitted
+completed, and that the harness left nothing behind (databases, processes). No timing is
+asserted: speed is measured by ``python -m bench all``, never by CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+
+from tests.support import pg
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench_databases() -> set[str]:
+    with psycopg.connect(pg.BASE_DSN, autocommit=True) as conn:
+        rows = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'pmjb_%'")
+        return {r[0] for r in rows}
+
+
+@pytest.mark.timeout(180)
+def test_bench_smoke_runs_every_scenario_and_cleans_up(tmp_path):
+    before = _bench_databases()
+    out = tmp_path / "smoke.json"
+    env = {**os.environ, "PROTOMOLT_BENCH_DSN": pg.BASE_DSN}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "smoke", "--json", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads(out.read_text())
+
+    assert results["ceiling"]["tps"]["1"] > 0
+
+    (tp,) = results["throughput"]["runs"]
+    assert tp["system"] == "ours"
+    assert tp["jobs"] == tp["n"] == 20
+    assert "not_completed" not in tp
+    assert tp["jobs_per_s"] > 0
+    assert tp["tx_per_job"] is not None and tp["tx_per_job"] > 0
+    sizes = {s["table"]: s for s in tp["sizes"]}
+    assert sizes["workflow_run"]["total_bytes"] > 0
+
+    (lat,) = results["latency"]["runs"]
+    assert lat["running"]["samples"] == lat["completed"]["samples"] == 5
+    assert 0 < lat["running"]["p50_ms"] <= lat["completed"]["p50_ms"]
+
+    (point,) = results["scale"]["points"]
+    assert point["terminal_rows"] == 1000
+    assert point["claim"]["samples"] == point["sweep"]["samples"] == 20
+
+    (mem,) = results["memory"]["runs"]
+    assert mem["completed"] == mem["concurrent"] == 8
+    assert mem["peak_rss_mib"] >= mem["base_rss_mib"] > 0
+
+    # The one table was printed with our figures.
+    assert "protomolt-jobs benchmarks" in proc.stdout
+    assert "throughput W=2: jobs/s" in proc.stdout
+
+    # Nothing left behind: no benchmark database, no child process of this test.
+    assert _bench_databases() == before
+    assert psutil.Process().children(recursive=True) == []
