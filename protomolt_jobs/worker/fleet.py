@@ -92,7 +92,9 @@ class Worker:
         with self._lock:
             if self._started:
                 return
-            self._stopping.clear()
+            # A fresh stop flag per run: a loop thread of an earlier run that is still inside
+            # a call (released on stop) must not resume claiming when this run clears its flag.
+            self._stopping = threading.Event()
             self._draining.clear()
             self.doorbell.reopen()
             self.heartbeat.start()
