@@ -1,0 +1,187 @@
+"""The request consumer against real PostgreSQL, the real Tansu broker and the real submitter."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from google.protobuf import struct_pb2
+
+from protomolt_jobs.config import CONSUMER_GROUP, JobsConfig
+from protomolt_jobs.contract import WorkflowRunRequest
+from protomolt_jobs.requests import CRASH_EXIT_CODE, RequestConsumer
+from protomolt_jobs.store import JobStore
+from protomolt_jobs.submitter import Submitter
+from protomolt_jobs.workflow import Runtime
+from tests.support.grpc_servers import seed_workflow
+from tests.support.kafka import create_topic, partitions_of, produce, unique_topic
+from tests.support.roles import MemoryRepository
+
+ROOT = Path(__file__).resolve().parents[2]
+#: The steps' target is never dialled: the consumer only submits.
+TARGET = "127.0.0.1:1"
+
+
+def request(job_id: str, name: str = "seed-review", input: dict | None = None) -> bytes:
+    s = struct_pb2.Struct()
+    s.update({"text": "hello brave new world"} if input is None else input)
+    return WorkflowRunRequest(job_id=job_id, workflow_name=name, input=s).SerializeToString()
+
+
+@pytest.fixture
+def store(fresh_dsn):
+    s = JobStore.open(fresh_dsn, max_size=4)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def topic(broker):
+    name = unique_topic("rq")
+    create_topic(broker.bootstrap, name, partitions=2)
+    return name
+
+
+@pytest.fixture
+def consumer(fresh_dsn, store, broker, topic):
+    repo = MemoryRepository({"seed-review": seed_workflow(TARGET)})
+    submitter = Submitter(store, repo, Runtime(), 3)
+    config = JobsConfig(dsn=fresh_dsn, kafka_bootstrap=broker.bootstrap, request_topic=topic)
+    rc = RequestConsumer(store, submitter=submitter, config=config)
+    rc.handled = []
+    rc.on_handled = lambda outcome, m: rc.handled.append((outcome, m.partition(), m.offset()))
+    try:
+        yield rc
+    finally:
+        rc.stop()
+
+
+def drain(rc: RequestConsumer, n: int, timeout_s: float = 60.0) -> list[tuple[str, int, int]]:
+    """Call run_once until ``n`` records have been handled and committed."""
+    deadline = time.monotonic() + timeout_s
+    while len(rc.handled) < n:
+        assert time.monotonic() < deadline, f"only {len(rc.handled)} of {n} records handled"
+        rc.run_once(0.5)
+    return rc.handled
+
+
+def committed(bootstrap: str, topic: str) -> dict[int, int]:
+    """The group's committed offsets per partition (read without joining the group)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": CONSUMER_GROUP})
+    try:
+        parts = partitions_of(bootstrap, topic)
+        tps = c.committed([TopicPartition(topic, p) for p in parts], timeout=10)
+        return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
+    finally:
+        c.close()
+
+
+def rows(dsn: str, sql: str, *args) -> list[tuple]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(sql, args).fetchall()
+
+
+def test_record_submits_the_job_once(fresh_dsn, store, broker, topic, consumer):
+    job = str(uuid.uuid4())
+    produce(broker.bootstrap, topic, request(job), key=job)
+    assert drain(consumer, 1)[0][0] == "submitted"
+    row = store.job_get(job)
+    assert (row.status, row.workflow_name, row.input) == (
+        "QUEUED", "seed-review", {"text": "hello brave new world"},
+    )
+    produce(broker.bootstrap, topic, request(job), key=job)
+    assert [h[0] for h in drain(consumer, 2)] == ["submitted", "duplicate"]
+    assert rows(fresh_dsn, "SELECT count(*) FROM workflow_run") == [(1,)]
+    partition = consumer.handled[1][1]
+    assert committed(broker.bootstrap, topic) == {partition: 2}
+
+
+def test_unknown_workflow_name_leaves_a_failed_row(fresh_dsn, store, broker, topic, consumer):
+    job = str(uuid.uuid4())
+    produce(broker.bootstrap, topic, request(job, name="no-such-workflow"), key=job)
+    assert drain(consumer, 1)[0][0] == "failed_at_birth"
+    row = store.job_get(job)
+    assert row.status == "FAILED"
+    assert row.error == "No stored workflow named 'no-such-workflow'"
+    assert [(r.event_type, r.status) for r in store.outbox_for_job(job)] == [("FAILED", "PENDING")]
+    assert rows(fresh_dsn, "SELECT count(*) FROM workflow_run_rejects") == [(0,)]
+
+
+def test_bad_records_are_rejected_and_the_next_valid_one_is_processed(
+    fresh_dsn, store, broker, topic, consumer
+):
+    key = "same-partition"  # one partition, so "next" is well defined
+    garbage = random.Random(7).randbytes(64)
+    produce(broker.bootstrap, topic, garbage, key=key)
+    produce(broker.bootstrap, topic, request("not-a-uuid"), key=key)
+    produce(broker.bootstrap, topic, request(str(uuid.uuid4()), input={"text": ["not", "a", "string"]}), key=key)
+    good = str(uuid.uuid4())
+    produce(broker.bootstrap, topic, request(good), key=key)
+    outcomes = drain(consumer, 4)
+    assert [o for o, _, _ in outcomes] == ["rejected", "rejected", "rejected", "submitted"]
+    assert store.job_get(good).status == "QUEUED"
+    rejects = rows(
+        fresh_dsn, 'SELECT topic, "offset", raw, reason FROM workflow_run_rejects ORDER BY "offset"'
+    )
+    assert [(t, o) for t, o, _, _ in rejects] == [(topic, 0), (topic, 1), (topic, 2)]
+    assert bytes(rejects[0][2]) == garbage
+    assert rejects[0][3].startswith(("undecodable", "invalid-request"))
+    assert rejects[1][3].startswith("invalid-request") and "job_id" in rejects[1][3]
+    assert rejects[2][3].startswith("invalid-input")
+    assert rows(fresh_dsn, "SELECT count(*) FROM workflow_run") == [(1,)]
+    assert committed(broker.bootstrap, topic) == {outcomes[0][1]: 4}
+
+
+_CRASHING_CONSUMER = """
+import sys, time
+from protomolt_jobs import requests
+from protomolt_jobs.config import JobsConfig
+from protomolt_jobs.store import JobStore
+from protomolt_jobs.submitter import Submitter
+from protomolt_jobs.workflow import Runtime
+from tests.support.grpc_servers import seed_workflow
+from tests.support.roles import MemoryRepository
+dsn, bootstrap, topic, target = sys.argv[1:5]
+store = JobStore.open(dsn, max_size=2)
+sub = Submitter(store, MemoryRepository({"seed-review": seed_workflow(target)}), Runtime(), 3)
+rc = requests.RequestConsumer(
+    store, submitter=sub,
+    config=JobsConfig(dsn=dsn, kafka_bootstrap=bootstrap, request_topic=topic))
+requests.arm_crash_point("after_row_commit")
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    rc.run_once(0.5)
+sys.exit(3)  # not reached: the crash point ends the process after the row commits
+"""
+
+
+def test_consumer_killed_between_row_commit_and_offset_commit(
+    fresh_dsn, store, broker, topic, consumer
+):
+    job = str(uuid.uuid4())
+    produce(broker.bootstrap, topic, request(job), key=job)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CRASHING_CONSUMER, fresh_dsn, broker.bootstrap, topic, TARGET],
+        capture_output=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert proc.returncode == CRASH_EXIT_CODE, proc.stderr.decode()[-2000:]
+    assert store.job_get(job).status == "QUEUED"  # the row committed
+    assert committed(broker.bootstrap, topic) == {}  # the offset did not
+    # the restarted consumer reads the record again; the insert is idempotent
+    assert drain(consumer, 1)[0][0] == "duplicate"
+    assert rows(fresh_dsn, "SELECT count(*) FROM workflow_run") == [(1,)]
+    assert committed(broker.bootstrap, topic) == {consumer.handled[0][1]: 1}
