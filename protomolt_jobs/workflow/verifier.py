@@ -13,6 +13,8 @@ value is not a boolean, is reported; errors that depend on data (an unset messag
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -121,11 +123,30 @@ def _check_mapping(
     return out
 
 
+#: Findings per compiled workflow: compiled workflows are immutable and shared by every job that
+#: carries the same definition, so the worker verifies each definition once per process.
+_verified: weakref.WeakKeyDictionary[CompiledWorkflow, tuple[Finding, ...]] = (
+    weakref.WeakKeyDictionary()
+)
+_verified_lock = threading.Lock()
+
+
 def verify(workflow: CompiledWorkflow) -> list[Finding]:
-    """Statically verify ``workflow``.
+    """Statically verify ``workflow`` (memoised per compiled workflow).
 
     :returns: findings in step order, the output mapping's last; empty when it verifies.
     """
+    with _verified_lock:
+        hit = _verified.get(workflow)
+    if hit is not None:
+        return list(hit)
+    findings = _verify(workflow)
+    with _verified_lock:
+        _verified[workflow] = tuple(findings)
+    return findings
+
+
+def _verify(workflow: CompiledWorkflow) -> list[Finding]:
     findings: list[Finding] = []
     scope: dict[str, _d.Descriptor] = {"input": workflow.input_type}
     for step in workflow.steps:
