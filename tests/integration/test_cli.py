@@ -1,0 +1,268 @@
+"""``protomolt-jobs serve`` as a subprocess, driven by ``protomolt-jobs call`` and ``jobs``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.support.grpc_servers import TestServices, seed_workflow
+from tests.support.node import node_environ, wait_for
+
+CLI = [sys.executable, "-m", "protomolt_jobs.host.cli"]
+
+
+class Served:
+    """A ``serve`` subprocess; its stdout lines are collected on a thread."""
+
+    def __init__(self, env: dict[str, str], cwd: Path, *args: str) -> None:
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("PROTOMOLT_")}
+        full_env.update(env)
+        self.proc = subprocess.Popen(
+            [*CLI, "serve", *args],
+            env=full_env,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.stderr = ""
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_ready(self) -> tuple[str, str]:
+        def ready():
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"serve exited {self.proc.returncode}: {self.proc.stderr.read()}"
+                )
+            text = "\n".join(self.lines)
+            http = re.search(r"^actions route: (http://\S+)/protomolt/actions$", text, re.MULTILINE)
+            grpc = re.search(r"^grpc: (\S+)$", text, re.MULTILINE)
+            return http and grpc and (http.group(1), grpc.group(1))
+
+        return wait_for(ready, timeout_s=60)
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        self.stderr = self.proc.stderr.read()
+        return code
+
+
+def cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = None):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PROTOMOLT_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [*CLI, *args], env=full_env, input=stdin, capture_output=True, text=True, timeout=60
+    )
+
+
+def call(url: str, verb: str, envelope: dict | str, *extra: str):
+    text = envelope if isinstance(envelope, str) else json.dumps(envelope)
+    return cli("call", verb, text, "--url", url, *extra)
+
+
+@pytest.fixture
+def services():
+    with TestServices(max_workers=16) as s:
+        yield s
+
+
+@pytest.fixture
+def served(tmp_path, fresh_dsn):
+    node = Served(node_environ(tmp_path / "data", fresh_dsn), tmp_path)
+    try:
+        yield node, *node.wait_ready()
+    finally:
+        code = node.stop()
+        assert code == 0, node.stderr
+
+
+def test_serve_prints_its_surfaces_and_the_kafka_lanes_off_then_stops_on_sigterm(
+    tmp_path, fresh_dsn
+):
+    node = Served(node_environ(tmp_path / "data", fresh_dsn), tmp_path)
+    url, target = node.wait_ready()
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+", url)
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", target)
+    assert not url.endswith(":0") and not target.endswith(":0")
+    assert any("Kafka lanes are off" in line for line in node.lines)
+    assert not any("embedded PostgreSQL" in line for line in node.lines)
+    assert cli("verbs", "--url", url).returncode == 0
+    assert node.stop(signal.SIGTERM) == 0
+    assert node.lines[-1] == "stopped"
+
+
+def test_sigint_stops_cleanly_too(tmp_path, fresh_dsn):
+    node = Served(node_environ(tmp_path / "data", fresh_dsn), tmp_path)
+    node.wait_ready()
+    assert node.stop(signal.SIGINT) == 0
+    assert "Traceback" not in node.stderr
+
+
+def test_seed_lifecycle_through_call(served, services):
+    _, url, _ = served
+    verbs = cli("verbs", "--url", url)
+    assert verbs.returncode == 0
+    for verb in ("submit-workflow", "get-job", "list-jobs", "complete-step"):
+        assert verb in verbs.stdout
+
+    put = subprocess.run(
+        [
+            "curl",
+            "-sS",
+            "-X",
+            "PUT",
+            "--data-binary",
+            json.dumps(seed_workflow(services.target)),
+            f"{url}/protomolt/workflows/seed-review",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(put.stdout) == {"name": "seed-review"}
+
+    sub = call(url, "submit-workflow", {"workflowName": "seed-review", "input": {"text": "a b c"}})
+    assert sub.returncode == 0, sub.stderr
+    answer = json.loads(sub.stdout)
+    assert answer["ok"] is True
+    job_id = answer["jobId"]
+
+    def status():
+        got = call(url, "get-job", {"jobId": job_id})
+        assert got.returncode == 0, got.stderr
+        return json.loads(got.stdout)["job"]
+
+    parked = wait_for(lambda: (j := status())["status"] == "WAITING" and j)
+    assert parked["outstandingStep"] == "review"
+
+    listed = call(url, "list-jobs", {"status": "WAITING"})
+    assert [j["jobId"] for j in json.loads(listed.stdout)["jobs"]] == [job_id]
+    table = cli("jobs", "list", "--url", url)
+    assert table.returncode == 0 and "WAITING" in table.stdout
+    assert cli("jobs", "get", job_id, "--url", url).returncode == 0
+
+    done = call(
+        url,
+        "complete-step",
+        {"jobId": job_id, "stepName": "review", "response": {"approved": True, "note": "fine"}},
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"ok": True, "status": "QUEUED"}
+    final = wait_for(lambda: (j := status())["status"] == "COMPLETED" and j)
+    assert [c["name"] for c in final["checkpoints"]] == ["tokenize", "embed", "review"]
+
+    watch = cli("jobs", "watch", "--count", "2", "--interval", "0.1", "--url", url)
+    assert watch.returncode == 0 and "COMPLETED" in watch.stdout
+
+
+def test_call_exit_codes(served):
+    _, url, _ = served
+    not_found = call(url, "get-job", {"jobId": "00000000-0000-0000-0000-000000000001"})
+    assert not_found.returncode == 0
+    assert json.loads(not_found.stdout)["ok"] is False
+
+    bad_input = call(url, "get-job", {"jobId": "nope"})
+    assert bad_input.returncode == 1
+    assert bad_input.stderr.startswith("invalid-input: ")
+
+    assert call(url, "no-such-verb", {}).returncode == 2
+    assert call(url, "get-job", "[1, 2]").returncode == 2
+    assert call(url, "get-job", "{oops").returncode == 2
+    assert cli("call").returncode == 2
+    from_stdin = cli("call", "list-jobs", "-", "--url", url, stdin="{}")
+    assert from_stdin.returncode == 0 and json.loads(from_stdin.stdout)["ok"] is True
+
+
+def test_an_unreachable_node_is_exit_1():
+    result = cli("call", "list-jobs", "{}", "--url", "http://127.0.0.1:1")
+    assert result.returncode == 1
+    assert "cannot reach the node" in result.stderr
+
+
+def test_token_on_serve_and_call(tmp_path, fresh_dsn):
+    node = Served(node_environ(tmp_path / "data", fresh_dsn, token="t0k"), tmp_path)
+    try:
+        url, _ = node.wait_ready()
+        refused = call(url, "list-jobs", {})
+        assert refused.returncode == 1
+        assert refused.stderr.startswith("unauthenticated: ")
+        assert call(url, "list-jobs", {}, "--token", "t0k").returncode == 0
+        assert (
+            cli(
+                "call", "list-jobs", "{}", "--url", url, env={"PROTOMOLT_API_TOKEN": "t0k"}
+            ).returncode
+            == 0
+        )
+    finally:
+        assert node.stop() == 0
+
+
+def test_a_bad_config_is_exit_2(tmp_path):
+    config = tmp_path / "protomolt.toml"
+    config.write_text('[node]\nhttp_port = "eighty"\n')
+    result = cli("serve", "--config", str(config))
+    assert result.returncode == 2
+    assert "http_port" in result.stderr
+
+
+def test_config_file_is_read(tmp_path, fresh_dsn):
+    config = tmp_path / "protomolt.toml"
+    config.write_text(
+        "[node]\n"
+        'roles = ["registry", "jobs"]\n'
+        f'data_dir = "{tmp_path / "cfgdata"}"\n'
+        "http_port = 0\n"
+        "grpc_port = 0\n"
+        "[jobs]\n"
+        f'dsn = "{fresh_dsn}"\n'
+    )
+    node = Served({}, tmp_path, "--config", str(config))
+    try:
+        url, _ = node.wait_ready()
+        assert any(line.startswith("roles: registry, jobs") for line in node.lines)
+        assert (tmp_path / "cfgdata" / "workflows").is_dir()
+    finally:
+        assert node.stop() == 0
+
+
+def test_serve_without_a_dsn_runs_on_the_embedded_postgresql_and_stops_it(tmp_path):
+    data = tmp_path / "data"
+    node = Served(node_environ(data, None), tmp_path)
+    try:
+        url, _ = node.wait_ready()
+        note = next(line for line in node.lines if line.startswith("embedded PostgreSQL: "))
+        assert str(data / "pg") in note
+        listed = call(url, "list-jobs", {})
+        assert listed.returncode == 0 and json.loads(listed.stdout) == {"ok": True, "jobs": []}
+        pid = int((data / "pg" / "postmaster.pid").read_text().split()[0])
+    finally:
+        assert node.stop() == 0, node.stderr
+
+    def gone():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_for(gone, timeout_s=30)
+    assert json.loads((data / "pg" / ".handle_pids.json").read_text()) == []
