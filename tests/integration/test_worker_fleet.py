@@ -279,3 +279,31 @@ def test_start_stop_stress(store, fresh_dsn, services):
     finally:
         worker.stop()
     assert set(_our_threads()) - baseline == set()
+
+
+def test_a_job_waiting_for_a_permit_keeps_its_lease(store, fresh_dsn, services):
+    lease_s = 1.0
+    services.set_delay("Tokenize", 2.5 * lease_s)
+    first = enqueue(store, seed_workflow(services.target), {"text": "holds the permit"})
+    worker = _worker(
+        store, fresh_dsn, worker_count=2, max_concurrent_per_target=1, lease_seconds=lease_s
+    )
+    sweeper = Sweeper(store, config=jobs_config(fresh_dsn, sweep_interval_ms=50))
+    worker.start()
+    sweeper.start()
+    try:
+        wait_for(lambda: services.calls("Tokenize") == 1)
+        second = enqueue(store, seed_workflow(services.target), {"text": "waits for it"})
+        wait_for(lambda: store.job_get(second.job_id).status == "RUNNING")
+        # the second job waits for the permit longer than its lease; the heartbeat keeps it
+        wait_for(
+            lambda: all(store.job_get(j.job_id).status == "WAITING" for j in (first, second)),
+            timeout_s=30,
+        )
+        assert store.job_get(first.job_id).attempt == 1
+        assert store.job_get(second.job_id).attempt == 1, "the waiting job was swept"
+        assert services.calls("Tokenize") == 2
+        assert services.max_in_flight("Tokenize") == 1
+    finally:
+        sweeper.stop()
+        worker.stop()
