@@ -70,7 +70,13 @@ def cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = None)
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("PROTOMOLT_")}
     full_env.update(env or {})
     return subprocess.run(
-        [*CLI, *args], env=full_env, input=stdin, capture_output=True, text=True, timeout=60
+        [*CLI, *args],
+        check=False,
+        env=full_env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -237,7 +243,7 @@ def test_config_file_is_read(tmp_path, fresh_dsn):
     )
     node = Served({}, tmp_path, "--config", str(config))
     try:
-        url, _ = node.wait_ready()
+        node.wait_ready()
         assert any(line.startswith("roles: registry, jobs") for line in node.lines)
         assert (tmp_path / "cfgdata" / "workflows").is_dir()
     finally:
