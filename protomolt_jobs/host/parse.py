@@ -308,7 +308,12 @@ def parse_document_workflow(target: str = TARGET) -> dict[str, Any]:
                 "name": "parse",
                 "target": target,
                 "method": METHOD,
-                "rules": ["text = input.text", "mime_type = input.mime_type", "name = input.name"],
+                "rules": [
+                    "text = input.text",
+                    "content = input.content",
+                    "mime_type = input.mime_type",
+                    "name = input.name",
+                ],
             }
         ],
     }
