@@ -10,8 +10,8 @@ What it does:
    ``demo-document`` workflow: parse (in-process) -> tokenize -> embed -> review, the review
    being an external step the job parks on.
 3. Submits one job per ``.txt``/``.md`` file under PATH (default: the shipped samples). Files
-   over 1 MiB or with NUL bytes are skipped and counted; text that is not UTF-8 is decoded
-   with replacement characters.
+   with NUL bytes are skipped (binary); text over 1 MiB is cut to its first MiB (the parser's
+   limit); text that is not UTF-8 is decoded with replacement characters.
 4. Shows a live progress bar of QUEUED / RUNNING / WAITING / COMPLETED, and completes parked
    reviews itself with ``--approve-all``; otherwise it prints the exact ``complete-step``
    command and keeps serving until every job is finished (Ctrl-C stops it; parked jobs stay
@@ -63,6 +63,7 @@ class Collected:
 
     documents: list[Document] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    truncated: list[str] = field(default_factory=list)
 
 
 def samples_dir() -> Path:
@@ -74,7 +75,8 @@ def collect_documents(path: Path) -> Collected:
     """Every ``.txt``/``.md`` file at or under ``path``, sorted by path.
 
     :param path: a file or a directory (searched recursively).
-    :returns: documents to submit and ``(name, reason)`` for each skipped file.
+    :returns: documents to submit (text over 1 MiB cut to its first MiB, listed in
+        ``truncated``) and ``(name, reason)`` for each skipped (binary) file.
     """
     path = Path(path)
     candidates = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
@@ -88,13 +90,14 @@ def collect_documents(path: Path) -> Collected:
         except OSError as exc:
             found.skipped.append((name, f"unreadable: {exc}"))
             continue
-        if len(raw) > _MAX_BYTES:
-            found.skipped.append((name, f"{len(raw)} bytes, over the parser's 1 MiB"))
-            continue
         if b"\x00" in raw:
             found.skipped.append((name, "binary (NUL bytes)"))
             continue
         text = raw.decode("utf-8", errors="replace")
+        if len(text.encode("utf-8")) > _MAX_BYTES:
+            # The parser refuses more than 1 MiB: submit the first MiB rather than nothing.
+            text = text.encode("utf-8")[:_MAX_BYTES].decode("utf-8", errors="ignore")
+            found.truncated.append(name)
         mime = "text/markdown" if file.suffix.lower() in (".md", ".markdown") else "text/plain"
         found.documents.append(Document(name, text, mime))
     return found
@@ -228,7 +231,9 @@ def run_demo(
         return 2
     collected = collect_documents(source)
     for name, reason in collected.skipped:
-        console.print(f"[yellow]skipped[/] {name}: {reason}")
+        console.print(f"[yellow]skipped[/] {name}: {reason}", soft_wrap=True)
+    for name in collected.truncated:
+        console.print(f"[yellow]truncated[/] {name} to its first MiB (the parser's limit)")
     if not collected.documents:
         console.print(f"[red]no .txt or .md documents under {source}[/]")
         return 2

@@ -101,9 +101,17 @@ def test_collect_documents_skips_what_the_parser_refuses(tmp_path):
     (tmp_path / "e.md").write_bytes(b"x" * (1024 * 1024 + 1))
     (tmp_path / "f.txt").write_bytes("caf\u00e9".encode("latin-1"))
     found = collect_documents(tmp_path)
-    assert [d.name for d in found.documents] == ["a.txt", "f.txt", "sub/b.md"]
-    assert [d.mime_type for d in found.documents] == ["text/plain", "text/plain", "text/markdown"]
-    assert sorted(name for name, _ in found.skipped) == ["d.txt", "e.md"]
+    assert [d.name for d in found.documents] == ["a.txt", "e.md", "f.txt", "sub/b.md"]
+    assert [d.mime_type for d in found.documents] == [
+        "text/plain",
+        "text/markdown",
+        "text/plain",
+        "text/markdown",
+    ]
+    assert [name for name, _ in found.skipped] == ["d.txt"]
+    assert found.truncated == ["e.md"]
+    assert len(found.documents[1].text.encode()) == 1024 * 1024
+    assert found.documents[2].text == "caf\ufffd"
 
 
 def test_no_documents_is_exit_2(tmp_path):
