@@ -35,15 +35,25 @@ class Verbs:
     repository: MemoryRepository
     workflow: dict[str, Any]
     dsn: str
+    _counter: psycopg.Connection | None = None
 
     def __call__(self, verb: str, body: dict[str, Any]) -> dict[str, Any]:
         return self.catalog.execute(verb, body)
 
     def counts(self) -> tuple[int, int]:
-        with psycopg.connect(self.dsn) as conn:
-            jobs = conn.execute("SELECT count(*) FROM workflow_run").fetchone()[0]
-            events = conn.execute("SELECT count(*) FROM workflow_run_events_outbox").fetchone()[0]
-        return jobs, events
+        """(job rows, outbox rows), read on one kept autocommit connection."""
+        if self._counter is None or self._counter.closed:
+            self._counter = psycopg.connect(self.dsn, autocommit=True)
+        row = self._counter.execute(
+            "SELECT (SELECT count(*) FROM workflow_run),"
+            " (SELECT count(*) FROM workflow_run_events_outbox)"
+        ).fetchone()
+        return row[0], row[1]
+
+    def close(self) -> None:
+        self.store.close()
+        if self._counter is not None:
+            self._counter.close()
 
     def parked(self, *, on: str = "review", definition: dict[str, Any] | None = None) -> uuid.UUID:
         """A job parked WAITING on ``on`` with tokenize and embed checkpointed."""
@@ -77,7 +87,7 @@ def services():
 
 
 def make_verbs(dsn: str, target: str) -> Verbs:
-    """The four verbs in a catalog over a real store on ``dsn`` (close ``.store`` after)."""
+    """The four verbs in a catalog over a real store on ``dsn`` (``close()`` after)."""
     store = JobStore.open(dsn, max_size=4)
     runtime = Runtime()
     workflow = seed_workflow(target)
@@ -96,7 +106,7 @@ def verbs(fresh_dsn, services):
     try:
         yield v
     finally:
-        v.store.close()
+        v.close()
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +116,7 @@ def shared_verbs(session_dsn, services):
     try:
         yield v
     finally:
-        v.store.close()
+        v.close()
 
 
 # ---------------------------------------------------------------------------- submit-workflow
