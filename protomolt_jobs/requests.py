@@ -236,6 +236,8 @@ class RequestConsumer:
         #: A handled record whose offset commit failed transiently: committed before the next.
         self._uncommitted: Message | None = None
         self._backoff_s = 0.0
+        #: True between an assignment and the next revocation (a rebalance in flight).
+        self._assigned = False
         self._last_client_error: tuple[int, float] | None = None
         #: Test hook: called with (outcome, message) after each record's offset is committed.
         self.on_handled: Callable[[str, Message], None] | None = None
@@ -289,6 +291,8 @@ class RequestConsumer:
             consumer, self._consumer = self._consumer, None
             self._held = None
             self._uncommitted = None
+            if consumer is not None:
+                self._settle_join(consumer)
         if consumer is not None:
             try:
                 consumer.close()
@@ -355,11 +359,36 @@ class RequestConsumer:
     def _ensure_consumer(self) -> Consumer:
         if self._consumer is None:
             consumer = Consumer(self._settings)
-            consumer.subscribe([self.topic], on_revoke=self._on_revoke)
+            self._assigned = False
+            consumer.subscribe(
+                [self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke
+            )
             self._consumer = consumer
         return self._consumer
 
+    def _settle_join(self, consumer: Consumer) -> None:
+        """Before leaving the group, let a join in flight finish (bounded).
+
+        The Tansu broker (tests, LIBRARIES.md section 1) never completes another join of a
+        group whose member left in the middle of a join: the whole group, every topic, stays
+        without assignments for minutes. Waiting for the assignment costs at most a couple of
+        session timeouts; records polled meanwhile are dropped uncommitted (redelivered).
+        """
+        if self._assigned:
+            return
+        session_s = int(self._settings.get("session.timeout.ms", 2000)) / 1000.0
+        deadline = time.monotonic() + 2 * session_s + 1.0
+        while not self._assigned and time.monotonic() < deadline:
+            try:
+                consumer.poll(0.1)
+            except (KafkaException, RuntimeError):
+                return
+
+    def _on_assign(self, _consumer: Consumer, _partitions: list[Any]) -> None:
+        self._assigned = True
+
     def _on_revoke(self, _consumer: Consumer, partitions: list[Any]) -> None:
+        self._assigned = False
         # A held or uncommitted record of a partition we no longer own belongs to its new
         # owner now, which reads it again from the committed offset.
         revoked = {(p.topic, p.partition) for p in partitions}
