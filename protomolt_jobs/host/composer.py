@@ -234,6 +234,16 @@ class Node:
         self._closed = False
         self._lock = threading.Lock()
 
+    def mount(self, role: str) -> Mount:
+        """The mount of ``role`` (for operators and tests).
+
+        :raises KeyError: the node does not mount ``role``.
+        """
+        for name, mount in self._mounts:
+            if name == role:
+                return mount
+        raise KeyError(f"role {role} is not mounted on this node")
+
     def start(self) -> None:
         """Add contributed descriptors to the type pool, start the in-process endpoint and
         every mount in wire order.

@@ -50,12 +50,12 @@ def services():
     svc.stop()
 
 
-def write_config(tmp_path, dsn: str | None) -> NodeConfig:
+def write_config(tmp_path, dsn: str | None, extra: str = "") -> NodeConfig:
     jobs = ""
     if dsn is not None:
         jobs = f"""
 [jobs]
-dsn = "{dsn}"
+{extra}dsn = "{dsn}"
 worker_count = 2
 lease_seconds = 10
 poll_interval_ms = 200
@@ -174,3 +174,43 @@ def test_unconfigured_node_answers_unavailable(tmp_path, services):
                 Unavailable, match="set jobs.dsn in protomolt.toml or PROTOMOLT_JOBS_DSN"
             ):
                 node.catalog.execute(verb, {})
+
+
+def test_kafka_lanes_start_with_a_broker_and_stop_with_the_node(tmp_path, fresh_dsn, broker):
+    from tests.support.kafka import unique_topic
+
+    events, requests = unique_topic("events"), unique_topic("requests")
+    extra = (
+        f'[jobs]\nkafka_bootstrap = "{broker.bootstrap}"\n'
+        f'events_topic = "{events}"\nrequest_topic = "{requests}"\n'
+    )
+    config = write_config(tmp_path, fresh_dsn, extra=extra.replace("[jobs]\n", ""))
+    threads_before = set(threading.enumerate())
+    node = boot(config, MemoryRepository({"seed-review": seed_workflow("127.0.0.1:1")}))
+    node.start()
+    try:
+        mount = node.mount("jobs")
+        assert [name for name, _ in mount.components] == [
+            "sweeper",
+            "relay",
+            "request_consumer",
+            "worker",
+        ]
+        answer = node.catalog.execute(
+            "submit-workflow", {"workflowName": "seed-review", "input": {"text": "x"}}
+        )
+        store = mount.store
+        wait_for(
+            lambda: any(
+                row.event_type == "ACCEPTED" and row.status == "PUBLISHED"
+                for row in store.outbox_for_job(answer["jobId"])
+            ),
+            30,
+            "the ACCEPTED event to be published",
+        )
+    finally:
+        node.close()
+    assert mount.components == [] and mount.store is None
+    leftover = [t for t in threading.enumerate() if t not in threads_before and not t.daemon]
+    assert leftover == []
+    wait_for(lambda: backends(fresh_dsn) == 0, 10, "the database connections to close")
