@@ -130,6 +130,7 @@ class NodeConfig:
                 )
 
         roles = _parse_roles(node.get("roles"))
+        _apply_role_environment(sections, environ, roles)
         base = source.parent if source is not None else Path.cwd()
         data_dir = _parse_path("data_dir", node.get("data_dir"), base)
         config = cls(
@@ -179,34 +180,43 @@ class NodeConfig:
 def _apply_environment(
     sections: dict[str, dict[str, tuple[Any, str]]], environ: Mapping[str, str]
 ) -> None:
+    """Apply aliases and ``PROTOMOLT_NODE_*`` / ``PROTOMOLT_JOBS_*`` variables."""
     # Aliases first, so the canonical variable (applied after) wins when both are set.
     for var, (section, key) in _ALIASES.items():
         if var in environ:
             sections.setdefault(section, {})[key] = (environ[var], var)
     for var, value in environ.items():
+        if var in _ALIASES:
+            continue
+        for section in ("node", "jobs"):
+            prefix = f"{ENV_PREFIX}{section.upper()}_"
+            if var.startswith(prefix) and len(var) > len(prefix):
+                sections.setdefault(section, {})[var[len(prefix) :].lower()] = (value, var)
+
+
+def _apply_role_environment(
+    sections: dict[str, dict[str, tuple[Any, str]]],
+    environ: Mapping[str, str],
+    roles: list[str],
+) -> None:
+    """Apply ``PROTOMOLT_<ROLE>_<KEY>`` for the other roles: those the node mounts and those
+    with a table in the file. The longest matching role name wins (``parse-text`` over
+    ``parse``); variables naming no such role are left alone (test fixtures and other tools
+    share the prefix)."""
+    names = sorted(
+        ({*sections, *roles} - {"node", "jobs"}),
+        key=len,
+        reverse=True,
+    )
+    for var, value in environ.items():
         if not var.startswith(ENV_PREFIX) or var in _ALIASES:
             continue
         rest = var[len(ENV_PREFIX) :]
-        if rest.startswith("NODE_"):
-            section, key = "node", rest[len("NODE_") :].lower()
-        elif rest.startswith("JOBS_"):
-            section, key = "jobs", rest[len("JOBS_") :].lower()
-        else:
-            # PROTOMOLT_<ROLE>_<KEY> for the other roles: the role is the longest section
-            # already present whose name prefixes the variable; variables naming no known
-            # section are left alone (test fixtures and other tools share the prefix).
-            match = None
-            for name in sections:
-                prefix = name.upper().replace("-", "_") + "_"
-                longer = match is None or len(name) > len(match)
-                if name != "node" and rest.startswith(prefix) and longer:
-                    match = name
-            if match is None:
-                continue
-            section = match
-            key = rest[len(match.upper().replace("-", "_")) + 1 :].lower()
-        if key:
-            sections.setdefault(section, {})[key] = (value, var)
+        for name in names:
+            prefix = name.upper().replace("-", "_") + "_"
+            if rest.startswith(prefix) and len(rest) > len(prefix):
+                sections.setdefault(name, {})[rest[len(prefix) :].lower()] = (value, var)
+                break
 
 
 def _parse_roles(entry: tuple[Any, str] | None) -> list[str]:

@@ -161,3 +161,20 @@ def test_env_data_dir_relative_to_cwd(tmp_path, monkeypatch):
     path = write(tmp_path, "[node]\n")
     cfg = NodeConfig.load(path, environ={"PROTOMOLT_NODE_DATA_DIR": "rel"})
     assert cfg.data_dir == Path.cwd() / "rel"
+
+
+def test_mounted_role_without_a_table_still_gets_overrides():
+    cfg = NodeConfig.load(
+        None,
+        environ={
+            "PROTOMOLT_ROLES": "registry,parse-text,parse",
+            "PROTOMOLT_REGISTRY_ROOT": "/srv/wf",
+            "PROTOMOLT_PARSE_TEXT_LIMIT": "5",
+            "PROTOMOLT_PARSE_LIMIT": "6",
+            "PROTOMOLT_OTHER_THING": "ignored",
+        },
+    )
+    assert cfg.section("registry") == {"root": "/srv/wf"}
+    assert cfg.section("parse-text") == {"limit": "5"}
+    assert cfg.section("parse") == {"limit": "6"}
+    assert cfg.section("other") == {}
