@@ -17,6 +17,8 @@ import time
 from datetime import UTC, datetime
 from importlib import metadata
 
+import psycopg
+
 from bench import report
 from bench.scenarios import PEERS, SCENARIOS, Options
 
@@ -110,7 +112,12 @@ def run(scenario: str, opts: Options) -> dict:
     for name in names:
         t = time.monotonic()
         print(f"== {name}", flush=True)
-        results[name] = SCENARIOS[name](opts)
+        try:
+            results[name] = SCENARIOS[name](opts)
+        except (RuntimeError, TimeoutError, OSError, psycopg.Error) as exc:
+            # One broken scenario must not lose the others' figures; the table says FAILED.
+            print(f"!! {name} failed: {exc}", flush=True)
+            results[name] = {"error": str(exc)}
         results.setdefault("wall_s", {})[name] = round(time.monotonic() - t, 1)
     return results
 
@@ -120,11 +127,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     opts = options(args)
     results = run(args.scenario, opts)
-    report.print_table(results)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2, default=str)
-    return 0
+    report.print_table(results)
+    failed = [k for k in SCENARIOS if "error" in (results.get(k) or {})]
+    failed += [
+        f"{k}/{r['system']}"
+        for k in SCENARIOS
+        for r in (results.get(k) or {}).get("runs", [])
+        if "error" in r
+    ]
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -141,7 +142,20 @@ def _read_event(proc: subprocess.Popen) -> dict:
         sys.stderr.write(line + "\n")
 
 
+class _ExtrasFormatter(logging.Formatter):
+    """Message plus the record's structured fields (``action``, ``error``, ``job_id``, ...)."""
+
+    _plain = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        extras = {k: v for k, v in vars(record).items() if k not in self._plain}
+        return f"{super().format(record)} {extras}" if extras else super().format(record)
+
+
 def main() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_ExtrasFormatter("%(levelname)s %(name)s %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     system, scenario, raw = sys.argv[1], sys.argv[2], sys.argv[3]
     module = importlib.import_module(SYSTEMS[system])
     result = getattr(module, scenario)(json.loads(raw))

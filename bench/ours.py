@@ -78,7 +78,7 @@ class _Engine:
             dsn=dsn,
             worker_id=f"bench-{uuid.uuid4().hex[:8]}",
             worker_count=worker_count,
-            lease_seconds=60.0,
+            lease_seconds=params.get("lease_s", 60.0),
             max_concurrent_per_target=per_target,
             pool_max_size=pool_max,
         )
@@ -190,7 +190,8 @@ CREATE TRIGGER bench_transition AFTER UPDATE OF status ON workflow_run FOR EACH 
 def latency(params: dict) -> dict:
     """One one-step job at a time at idle; submit -> RUNNING and submit -> COMPLETED."""
     n = params["n"]
-    engine = _Engine(params, worker_count=params["workers"], per_target=8)
+    # A short lease: a job whose settle fails is swept back within seconds, not a minute.
+    engine = _Engine({**params, "lease_s": 10.0}, worker_count=params["workers"], per_target=8)
     definition = workflow(params["target"], steps=1)
     try:
         with psycopg.connect(engine.dsn, autocommit=True) as conn:

@@ -24,6 +24,8 @@ def rows(results: dict) -> list[dict]:
     """Flatten scenario results into ``{metric, better, ours, peers: {name: value}}`` rows."""
     out: list[dict] = []
     ceiling = results.get("ceiling")
+    if ceiling and "tps" not in ceiling:
+        ceiling = None
     if ceiling:
         for c, tps in ceiling["tps"].items():
             out.append(
@@ -35,8 +37,10 @@ def rows(results: dict) -> list[dict]:
                 }
             )
     tp = results.get("throughput")
+    if tp and "runs" not in tp:
+        tp = None
     if tp:
-        by = {(r["system"], r["workers"]): r for r in tp["runs"]}
+        by = {(r["system"], r["workers"]): r for r in tp["runs"] if "error" not in r}
         for w in sorted({r["workers"] for r in tp["runs"]}):
             ours = by.get(("ours", w))
             for key, label, better in (
@@ -64,8 +68,10 @@ def rows(results: dict) -> list[dict]:
                     }
                 )
     lat = results.get("latency")
+    if lat and "runs" not in lat:
+        lat = None
     if lat:
-        by = {r["system"]: r for r in lat["runs"]}
+        by = {r["system"]: r for r in lat["runs"] if "error" not in r}
         for phase in ("running", "completed"):
             for q in ("p50_ms", "p95_ms", "p99_ms"):
                 out.append(
@@ -77,6 +83,8 @@ def rows(results: dict) -> list[dict]:
                     }
                 )
     sc = results.get("scale")
+    if sc and "points" not in sc:
+        sc = None
     if sc:
         for p in sc["points"]:
             for what in ("claim", "sweep"):
@@ -93,7 +101,7 @@ def rows(results: dict) -> list[dict]:
     if tp:
         w = max(r["workers"] for r in tp["runs"])
         for r in tp["runs"]:
-            if r["workers"] != w:
+            if r["workers"] != w or "error" in r:
                 continue
             for s in r["sizes"]:
                 out.append(
@@ -108,9 +116,32 @@ def rows(results: dict) -> list[dict]:
                         "peers": {},
                     }
                 )
+    for name in ("ceiling", "throughput", "latency", "scale", "memory"):
+        if "error" in (results.get(name) or {}):
+            out.append(
+                {
+                    "metric": f"{name} FAILED: {results[name]['error'][:70]}",
+                    "better": "",
+                    "ours": None,
+                    "peers": {},
+                }
+            )
+        for r in (results.get(name) or {}).get("runs", []):
+            if "error" in r:
+                w = f" W={r['workers']}" if "workers" in r else ""
+                out.append(
+                    {
+                        "metric": f"{name}{w}: {r['system']} FAILED: {r['error'][:60]}",
+                        "better": "",
+                        "ours": None,
+                        "peers": {},
+                    }
+                )
     mem = results.get("memory")
+    if mem and "runs" not in mem:
+        mem = None
     if mem:
-        by = {r["system"]: r for r in mem["runs"]}
+        by = {r["system"]: r for r in mem["runs"] if "error" not in r}
         n = next(iter(by.values()))["concurrent"] if by else 0
         out.append(
             {

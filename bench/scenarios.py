@@ -19,6 +19,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import psycopg
+
 from bench.ceiling import ceiling as measure_ceiling
 from bench.child import run_child
 from bench.noop_grpc import NoopServer
@@ -68,6 +70,20 @@ class Options:
     idle_window_s: float = 3.0
 
 
+def _guarded(label: str, fn, *args):
+    """``fn(*args)``, or ``{"system": label, "error": ...}`` when the run failed (a child that
+    crashed or timed out, a database error): one broken run must not lose the others."""
+    try:
+        return fn(*args)
+    except (RuntimeError, TimeoutError, OSError, psycopg.Error) as exc:
+        print(f"  !! {label}: {exc}", flush=True)
+        log.error(
+            "bench run failed",
+            extra={"action": "bench_run_failed", "system": label, "error": str(exc)},
+        )
+        return {"system": label, "error": str(exc)}
+
+
 def ceiling(opts: Options) -> dict:
     """Commit rate of the cluster at each client count."""
     return measure_ceiling(opts.ceiling_clients, opts.ceiling_s)
@@ -75,6 +91,40 @@ def ceiling(opts: Options) -> dict:
 
 def _systems(opts: Options) -> list[tuple[str, str, dict]]:
     return [("ours", "ours", {})] + [(p, *PEERS[p]) for p in opts.peers]
+
+
+def _throughput_run(label: str, system: str, params: dict, opts: Options) -> dict:
+    with BenchDatabase(f"tp_{system}") as db:
+        r = run_child(
+            system,
+            "throughput",
+            {**params, "dsn": db.dsn},
+            dbname=db.name,
+            idle_window_s=opts.idle_window_s,
+        )
+        sizes = relation_sizes(db.dsn, TABLES[system])
+    jobs = r["jobs"]
+    run = {
+        "system": label,
+        "workers": params["workers"],
+        "n": params["n"],
+        "jobs": jobs,
+        "jobs_per_s": r["jobs_per_s"],
+        "elapsed_s": r["elapsed_s"],
+        "tx_per_job": round(r["commits_net"] / jobs, 2) if jobs else None,
+        "commits": r["commits"],
+        "idle_rate": r["idle_rate"],
+        "sizes": sizes,
+    }
+    for key in ("not_completed", "store_calls_per_job"):
+        if r.get(key):
+            run[key] = r[key]
+    print(
+        f"  throughput {label:16s} W={params['workers']:<3d} n={params['n']:<5d} "
+        f"{run['jobs_per_s']:8.1f} jobs/s  {run['tx_per_job']} tx/job",
+        flush=True,
+    )
+    return run
 
 
 def throughput(opts: Options) -> dict:
@@ -86,44 +136,25 @@ def throughput(opts: Options) -> dict:
             for label, system, extra in _systems(opts):
                 n_run = min(n, DBOS_1S_JOBS_PER_W * w) if label == "dbos-queue-1s" else n
                 params = {"target": srv.target, "n": n_run, "workers": w, **extra}
-                with BenchDatabase(f"tp_{system}") as db:
-                    r = run_child(
-                        system,
-                        "throughput",
-                        {**params, "dsn": db.dsn},
-                        dbname=db.name,
-                        idle_window_s=opts.idle_window_s,
-                    )
-                    sizes = relation_sizes(db.dsn, TABLES[system])
-                jobs = r["jobs"]
-                run = {
-                    "system": label,
-                    "workers": w,
-                    "n": n_run,
-                    "jobs": jobs,
-                    "jobs_per_s": r["jobs_per_s"],
-                    "elapsed_s": r["elapsed_s"],
-                    "tx_per_job": round(r["commits_net"] / jobs, 2) if jobs else None,
-                    "commits": r["commits"],
-                    "idle_rate": r["idle_rate"],
-                    "sizes": sizes,
-                }
-                if r.get("not_completed"):
-                    run["not_completed"] = r["not_completed"]
-                log.info(
-                    "throughput run done",
-                    extra={
-                        "action": "bench_throughput_run",
-                        **{k: run[k] for k in ("system", "workers", "jobs_per_s", "tx_per_job")},
-                    },
-                )
-                print(
-                    f"  throughput {label:16s} W={w:<3d} n={n_run:<5d} "
-                    f"{run['jobs_per_s']:8.1f} jobs/s  {run['tx_per_job']} tx/job",
-                    flush=True,
-                )
-                runs.append(run)
+                run = _guarded(label, _throughput_run, label, system, params, opts)
+                runs.append({"workers": w, **run})
     return {"runs": runs}
+
+
+def _latency_run(label: str, system: str, params: dict) -> dict:
+    with BenchDatabase(f"lat_{system}") as db:
+        r = run_child(system, "latency", {**params, "dsn": db.dsn}, dbname=None)
+    row = {
+        "system": label,
+        "running": summary_ms(r["running_s"]),
+        "completed": summary_ms(r["completed_s"]),
+        "max_completed_ms": round(1000 * max(r["completed_s"], default=0.0), 1),
+    }
+    print(
+        f"  latency    {label:16s} running {row['running']}  completed {row['completed']}",
+        flush=True,
+    )
+    return row
 
 
 def latency(opts: Options) -> dict:
@@ -135,18 +166,7 @@ def latency(opts: Options) -> dict:
             if label == "dbos-queue-1s":
                 n = min(n, DBOS_1S_LATENCY_SAMPLES)
             params = {"target": srv.target, "n": n, "workers": opts.latency_workers, **extra}
-            with BenchDatabase(f"lat_{system}") as db:
-                r = run_child(system, "latency", {**params, "dsn": db.dsn}, dbname=None)
-            row = {
-                "system": label,
-                "running": summary_ms(r["running_s"]),
-                "completed": summary_ms(r["completed_s"]),
-            }
-            print(
-                f"  latency    {label:16s} running {row['running']}  completed {row['completed']}",
-                flush=True,
-            )
-            out.append(row)
+            out.append(_guarded(label, _latency_run, label, system, params))
     return {"runs": out}
 
 
@@ -167,6 +187,18 @@ def scale(opts: Options) -> dict:
     return {"points": points}
 
 
+def _memory_run(label: str, system: str, params: dict) -> dict:
+    with BenchDatabase(f"mem_{system}") as db:
+        r = run_child(system, "memory", {**params, "dsn": db.dsn}, dbname=None)
+    r.pop("event", None)
+    print(
+        f"  memory     {label:16s} base {r['base_rss_mib']} MiB  "
+        f"peak {r['peak_rss_mib']} MiB  ({r['elapsed_s']} s)",
+        flush=True,
+    )
+    return {"system": label, **r}
+
+
 def memory(opts: Options) -> dict:
     """Peak RSS of one worker process running ``memory_n`` concurrent slow steps."""
     out = []
@@ -174,15 +206,7 @@ def memory(opts: Options) -> dict:
     with NoopServer(threads=opts.memory_n + 44, slow_ms=opts.memory_slow_ms) as srv:
         for label, system, extra in systems:
             params = {"target": srv.target, "n": opts.memory_n, "workers": 4, **extra}
-            with BenchDatabase(f"mem_{system}") as db:
-                r = run_child(system, "memory", {**params, "dsn": db.dsn}, dbname=None)
-            r.pop("event", None)
-            out.append({"system": label, **r})
-            print(
-                f"  memory     {label:16s} base {r['base_rss_mib']} MiB  "
-                f"peak {r['peak_rss_mib']} MiB  ({r['elapsed_s']} s)",
-                flush=True,
-            )
+            out.append(_guarded(label, _memory_run, label, system, params))
     return {"runs": out}
 
 
