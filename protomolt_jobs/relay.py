@@ -332,7 +332,15 @@ class Relay:
                 continue
             failures.append((row, f"delivery refused: {err.name()}: {err.str()}"))
 
-        if lane_rows:
+        if lane_rows and self._stopping():
+            # Interrupted by stop(): not the broker's fault; the rows are claimed again later.
+            rebuild = False
+            log.info(
+                "relay stopping: %d events left unacked; they stay PENDING",
+                lane_rows,
+                extra={"action": "relay_pass_interrupted", "events": lane_rows},
+            )
+        elif lane_rows:
             self._lane_trouble = True
             log.warning(
                 "%d events not acked by %s (broker unreachable or timed out); they stay PENDING "
