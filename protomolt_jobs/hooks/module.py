@@ -216,10 +216,10 @@ class JobsMount:
                 return
             self._closed = True
             components, self.components = list(self.components), []
-        grace = self.config.shutdown_grace_seconds
         for name, component in reversed(components):
             try:
-                component.stop(grace + 5.0 if name == "worker" else 10.0)
+                # The worker's own grace (jobs.shutdown_grace_seconds) bounds its stop.
+                component.stop(None if name == "worker" else 10.0)
             except Exception:
                 log.exception(
                     "jobs component %s failed to stop",
