@@ -2,6 +2,9 @@
 --
 -- Columns, defaults and CHECK constraints follow the upstream V1__workflow_runs.sql
 -- (reference/upstream-jobs.md section 2). Additions (DESIGN.md section 5):
+--   * lease_token: a fresh gen_random_uuid() stamped by every claim and cleared with the
+--     lease; part of the fence, because attempt alone repeats (a graceful release gives the
+--     attempt back, a completed parked step resets it to 0);
 --   * partial indexes for the claim (QUEUED) and the lease sweep (RUNNING), so both stay
 --     fast however many terminal rows accumulate;
 --   * outbox seq (drain order; the database assigns it, so no worker clock decides order),
@@ -26,6 +29,7 @@ CREATE TABLE workflow_run (
     verdict             TEXT,
     error               TEXT,
     lease_owner         TEXT,
+    lease_token         UUID,
     lease_until         TIMESTAMPTZ,
     created_at          TIMESTAMPTZ NOT NULL DEFAULT now(),
     updated_at          TIMESTAMPTZ NOT NULL DEFAULT now(),

@@ -2,8 +2,13 @@
 -- Conventions: each block opens with "-- name: <noun_verb>" and one "-- description:" line;
 -- parameters are %(name)s only; every time comparison and stored time is the database's now()
 -- (the transaction's start time), never the caller's clock.
--- Fenced queries carry "status = 'RUNNING' AND job_id AND lease_owner AND attempt": zero rows
--- returned means the caller's lease is lost (the store raises LeaseLost and rolls back).
+-- Fenced queries carry "status = 'RUNNING' AND job_id AND lease_owner AND attempt AND
+-- lease_token": zero rows returned means the caller's lease is lost (the store raises LeaseLost
+-- and rolls back). lease_token is a fresh gen_random_uuid() per claim, cleared with the lease:
+-- attempt alone cannot fence, because job_release gives an attempt back (attempt - 1) and
+-- job_complete_parked resets it to 0, so (job_id, owner, attempt) can be handed out again.
+-- Job reads return the JSONB columns as ::text: the store decodes them in Python after the
+-- transaction commits, so one undecodable row can never roll back a claim.
 
 -- ---------------------------------------------------------------------------------------------
 -- migrations
@@ -49,23 +54,27 @@ VALUES (%(job_id)s, %(workflow_name)s, %(workflow_definition)s, %(input)s, %(sta
         %(max_attempts)s, %(error)s,
         CASE WHEN %(status)s::text IN ('COMPLETED', 'FAILED', 'DEAD') THEN now() END)
 ON CONFLICT (job_id) DO NOTHING
-RETURNING job_id, workflow_name, workflow_definition, input, status, attempt, max_attempts,
-          run_after, outstanding_step, checkpoints, result, verdict, error, lease_owner,
-          lease_until, created_at, updated_at, completed_at, now() AS tx_now
+RETURNING job_id, workflow_name, workflow_definition::text AS workflow_definition,
+          input::text AS input, status, attempt, max_attempts, run_after, outstanding_step,
+          checkpoints::text AS checkpoints, result::text AS result, verdict, error,
+          lease_owner, lease_token, lease_until, created_at, updated_at, completed_at,
+          now() AS tx_now
 
 -- name: job_get
 -- description: one job's full row by job_id.
-SELECT job_id, workflow_name, workflow_definition, input, status, attempt, max_attempts,
-       run_after, outstanding_step, checkpoints, result, verdict, error, lease_owner,
-       lease_until, created_at, updated_at, completed_at
+SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
+       input::text AS input, status, attempt, max_attempts, run_after, outstanding_step,
+       checkpoints::text AS checkpoints, result::text AS result, verdict, error,
+       lease_owner, lease_token, lease_until, created_at, updated_at, completed_at
   FROM workflow_run
  WHERE job_id = %(job_id)s
 
 -- name: job_list
 -- description: jobs newest first, optionally filtered by status and/or workflow name (NULL = any).
-SELECT job_id, workflow_name, workflow_definition, input, status, attempt, max_attempts,
-       run_after, outstanding_step, checkpoints, result, verdict, error, lease_owner,
-       lease_until, created_at, updated_at, completed_at
+SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
+       input::text AS input, status, attempt, max_attempts, run_after, outstanding_step,
+       checkpoints::text AS checkpoints, result::text AS result, verdict, error,
+       lease_owner, lease_token, lease_until, created_at, updated_at, completed_at
   FROM workflow_run
  WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
    AND (%(workflow_name)s::text IS NULL OR workflow_name = %(workflow_name)s::text)
@@ -74,9 +83,10 @@ SELECT job_id, workflow_name, workflow_definition, input, status, attempt, max_a
 
 -- name: job_lock
 -- description: one job's full row under FOR UPDATE (the gate of parked completions).
-SELECT job_id, workflow_name, workflow_definition, input, status, attempt, max_attempts,
-       run_after, outstanding_step, checkpoints, result, verdict, error, lease_owner,
-       lease_until, created_at, updated_at, completed_at
+SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
+       input::text AS input, status, attempt, max_attempts, run_after, outstanding_step,
+       checkpoints::text AS checkpoints, result::text AS result, verdict, error,
+       lease_owner, lease_token, lease_until, created_at, updated_at, completed_at
   FROM workflow_run
  WHERE job_id = %(job_id)s
    FOR UPDATE
@@ -90,10 +100,11 @@ SELECT pg_notify('protomolt_jobs', '')
 -- ---------------------------------------------------------------------------------------------
 
 -- name: job_claim
--- description: lease the oldest eligible QUEUED job in one statement (SKIP LOCKED), attempt + 1.
+-- description: lease the oldest eligible QUEUED job in one statement (SKIP LOCKED), attempt + 1, a fresh lease_token.
 UPDATE workflow_run
    SET status = 'RUNNING',
        lease_owner = %(worker_id)s,
+       lease_token = gen_random_uuid(),
        lease_until = now() + make_interval(secs => %(lease_s)s),
        attempt = attempt + 1,
        updated_at = now()
@@ -104,107 +115,122 @@ UPDATE workflow_run
                   FOR UPDATE SKIP LOCKED
                   LIMIT 1)
    AND status = 'QUEUED'
-RETURNING job_id, workflow_name, workflow_definition, input, status, attempt, max_attempts,
-          run_after, outstanding_step, checkpoints, result, verdict, error, lease_owner,
-          lease_until, created_at, updated_at, completed_at
+RETURNING job_id, workflow_name, workflow_definition::text AS workflow_definition,
+          input::text AS input, status, attempt, max_attempts, run_after, outstanding_step,
+          checkpoints::text AS checkpoints, result::text AS result, verdict, error,
+          lease_owner, lease_token, lease_until, created_at, updated_at, completed_at
 
 -- name: job_heartbeat
--- description: fenced (status, lease_owner, attempt): extend lease_until to now() + lease_s.
+-- description: fenced (status, lease_owner, attempt, lease_token): extend lease_until to now() + lease_s.
 UPDATE workflow_run
    SET lease_until = now() + make_interval(secs => %(lease_s)s),
        updated_at = now()
  WHERE job_id = %(job_id)s AND status = 'RUNNING'
    AND lease_owner = %(owner)s AND attempt = %(attempt)s
+   AND lease_token = %(token)s
 RETURNING lease_until
 
 -- name: job_checkpoint
--- description: fenced (status, lease_owner, attempt): append one entry to checkpoints.
+-- description: fenced (status, lease_owner, attempt, lease_token): append one entry to checkpoints.
 UPDATE workflow_run
    SET checkpoints = checkpoints || jsonb_build_array(%(entry)s::jsonb),
        updated_at = now()
  WHERE job_id = %(job_id)s AND status = 'RUNNING'
    AND lease_owner = %(owner)s AND attempt = %(attempt)s
+   AND lease_token = %(token)s
 RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
 
 -- name: job_park
--- description: fenced (status, lease_owner, attempt): WAITING on outstanding_step, lease cleared.
+-- description: fenced (status, lease_owner, attempt, lease_token): WAITING on outstanding_step, lease cleared.
 UPDATE workflow_run
    SET status = 'WAITING',
        outstanding_step = %(step)s,
        lease_owner = NULL,
+       lease_token = NULL,
        lease_until = NULL,
        updated_at = now()
  WHERE job_id = %(job_id)s AND status = 'RUNNING'
    AND lease_owner = %(owner)s AND attempt = %(attempt)s
+   AND lease_token = %(token)s
 RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
 
 -- name: job_complete
--- description: fenced (status, lease_owner, attempt): COMPLETED with result, verdict and completed_at.
+-- description: fenced (status, lease_owner, attempt, lease_token): COMPLETED with result, verdict and completed_at.
 UPDATE workflow_run
    SET status = 'COMPLETED',
        result = %(result)s,
        verdict = %(verdict)s,
        outstanding_step = NULL,
        lease_owner = NULL,
+       lease_token = NULL,
        lease_until = NULL,
        completed_at = now(),
        updated_at = now()
  WHERE job_id = %(job_id)s AND status = 'RUNNING'
    AND lease_owner = %(owner)s AND attempt = %(attempt)s
+   AND lease_token = %(token)s
 RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
 
 -- name: job_fail
--- description: fenced (status, lease_owner, attempt): FAILED with the verbatim error and completed_at.
+-- description: fenced (status, lease_owner, attempt, lease_token): FAILED with the verbatim error and completed_at.
 UPDATE workflow_run
    SET status = 'FAILED',
        error = %(error)s,
        outstanding_step = NULL,
        lease_owner = NULL,
+       lease_token = NULL,
        lease_until = NULL,
        completed_at = now(),
        updated_at = now()
  WHERE job_id = %(job_id)s AND status = 'RUNNING'
    AND lease_owner = %(owner)s AND attempt = %(attempt)s
+   AND lease_token = %(token)s
 RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
 
 -- name: job_retry
--- description: fenced (status, lease_owner, attempt): back to QUEUED at now() + backoff_s, error kept.
+-- description: fenced (status, lease_owner, attempt, lease_token): back to QUEUED at now() + backoff_s, error kept.
 UPDATE workflow_run
    SET status = 'QUEUED',
        run_after = now() + make_interval(secs => %(backoff_s)s),
        error = %(error)s,
        lease_owner = NULL,
+       lease_token = NULL,
        lease_until = NULL,
        updated_at = now()
  WHERE job_id = %(job_id)s AND status = 'RUNNING'
    AND lease_owner = %(owner)s AND attempt = %(attempt)s
+   AND lease_token = %(token)s
 RETURNING job_id, run_after
 
 -- name: job_dead
--- description: fenced (status, lease_owner, attempt): DEAD (attempts exhausted) with the error.
+-- description: fenced (status, lease_owner, attempt, lease_token): DEAD (attempts exhausted) with the error.
 UPDATE workflow_run
    SET status = 'DEAD',
        error = %(error)s,
        outstanding_step = NULL,
        lease_owner = NULL,
+       lease_token = NULL,
        lease_until = NULL,
        completed_at = now(),
        updated_at = now()
  WHERE job_id = %(job_id)s AND status = 'RUNNING'
    AND lease_owner = %(owner)s AND attempt = %(attempt)s
+   AND lease_token = %(token)s
 RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
 
 -- name: job_release
--- description: fenced (status, lease_owner, attempt): graceful stop, QUEUED now, the attempt given back.
+-- description: fenced (status, lease_owner, attempt, lease_token): graceful stop, QUEUED now, the attempt given back (attempt - 1; the token, not the attempt, keeps the old lease dead).
 UPDATE workflow_run
    SET status = 'QUEUED',
        run_after = now(),
        attempt = attempt - 1,
        lease_owner = NULL,
+       lease_token = NULL,
        lease_until = NULL,
        updated_at = now()
  WHERE job_id = %(job_id)s AND status = 'RUNNING'
    AND lease_owner = %(owner)s AND attempt = %(attempt)s
+   AND lease_token = %(token)s
 RETURNING job_id
 
 -- ---------------------------------------------------------------------------------------------
@@ -226,6 +252,7 @@ UPDATE workflow_run AS w
        completed_at = CASE WHEN w.attempt >= w.max_attempts THEN now() END,
        run_after = CASE WHEN w.attempt >= w.max_attempts THEN w.run_after ELSE now() END,
        lease_owner = NULL,
+       lease_token = NULL,
        lease_until = NULL,
        updated_at = now()
  WHERE w.job_id = ANY (ARRAY(SELECT e.job_id
@@ -239,7 +266,7 @@ UPDATE workflow_run AS w
 RETURNING w.job_id, w.workflow_name, w.status, w.attempt, w.error, now() AS tx_now
 
 -- name: job_complete_parked
--- description: append the parked step's checkpoint and requeue (WAITING -> QUEUED, attempts reset).
+-- description: append the parked step's checkpoint and requeue (WAITING -> QUEUED, attempt reset to 0; the next claim's fresh lease_token keeps earlier leases dead).
 UPDATE workflow_run
    SET status = 'QUEUED',
        checkpoints = checkpoints || jsonb_build_array(%(entry)s::jsonb),

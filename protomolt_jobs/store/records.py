@@ -12,6 +12,7 @@ Outbox rows go PENDING -> PUBLISHED, or PENDING -> FAILED after 10 failed publis
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field, fields
 from datetime import datetime
@@ -44,57 +45,119 @@ OUTBOX_STATUSES = frozenset({"PENDING", "PUBLISHED", "FAILED"})
 OUTBOX_MAX_ATTEMPTS = 10
 
 
+#: The JSONB columns of a job row, with the JSON shape each must decode to.
+_JSON_COLUMNS: tuple[tuple[str, tuple[type, ...]], ...] = (
+    ("workflow_definition", (dict,)),
+    ("input", (dict,)),
+    ("checkpoints", (list,)),
+    ("result", (dict,)),
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Lease:
     """The fence of a claimed job: every write about it matches
-    ``status='RUNNING' AND job_id AND lease_owner=owner AND attempt=attempt``."""
+    ``status='RUNNING' AND job_id AND lease_owner=owner AND attempt=attempt AND
+    lease_token=token``.
+
+    ``token`` is a random UUID the database stamps on every claim and clears with the lease.
+    ``attempt`` alone cannot fence: a graceful release gives the attempt back and a completed
+    parked step resets it to 0, so the same ``(job_id, owner, attempt)`` can be handed out
+    again; the token of an earlier claim never matches again.
+    """
 
     job_id: uuid.UUID
     owner: str
     attempt: int
+    token: uuid.UUID
 
 
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     """One ``workflow_run`` row. JSONB columns are decoded (``dict``/``list``); times are
-    timezone-aware datetimes from the database clock."""
+    timezone-aware datetimes from the database clock.
+
+    ``unreadable`` is None for a sound row. When a stored JSON column does not decode (for
+    example nesting deeper than the decoder's recursion limit) or is not the JSON shape the
+    store writes (objects; an array for ``checkpoints``), that column is None on the record
+    and ``unreadable`` says which column and why, ``"; "``-separated, e.g. ``"input:
+    RecursionError: maximum recursion depth exceeded"``. Callers must treat such a record as
+    corrupt: a worker that claimed it fails it (it is never executed), a read surface answers
+    ``job-corrupt``. The store never raises on such a row, so one bad row cannot block claims.
+    """
 
     job_id: uuid.UUID
     workflow_name: str
-    workflow_definition: dict[str, Any]
-    input: dict[str, Any]
+    workflow_definition: dict[str, Any] | None
+    input: dict[str, Any] | None
     status: str
     attempt: int
     max_attempts: int
     run_after: datetime
     outstanding_step: str | None
-    checkpoints: list[dict[str, Any]]
+    checkpoints: list[dict[str, Any]] | None
     result: dict[str, Any] | None
     verdict: str | None
     error: str | None
     lease_owner: str | None
+    lease_token: uuid.UUID | None
     lease_until: datetime | None
     created_at: datetime
     updated_at: datetime
     completed_at: datetime | None
+    unreadable: str | None = None
 
     @property
     def lease(self) -> Lease:
         """The fence of this claimed row.
 
-        :raises ValueError: when the row is not RUNNING under a lease owner.
+        :raises ValueError: when the row is not RUNNING under a lease owner and token.
         """
-        if self.status != "RUNNING" or not self.lease_owner:
+        if self.status != "RUNNING" or not self.lease_owner or self.lease_token is None:
             raise ValueError(
                 f"job {self.job_id} has no lease: status {self.status}, "
-                f"lease_owner {self.lease_owner!r}"
+                f"lease_owner {self.lease_owner!r}, lease_token {self.lease_token}"
             )
-        return Lease(self.job_id, self.lease_owner, self.attempt)
+        return Lease(self.job_id, self.lease_owner, self.attempt, self.lease_token)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> JobRecord:
-        """Decode a row (a mapping with at least this class's field names)."""
-        return cls(**{f.name: row[f.name] for f in fields(cls)})
+        """Build a record from a row: a mapping with this class's field names (``unreadable``
+        excepted), whose JSON columns hold JSON text (the queries select them ``::text``).
+
+        Never raises for bad stored JSON: a column that does not decode, or decodes to the
+        wrong shape, becomes None and is named in ``unreadable``. Call it after the reading
+        transaction has committed.
+        """
+        values = {f.name: row[f.name] for f in fields(cls) if f.name != "unreadable"}
+        problems: list[str] = []
+        for column, shapes in _JSON_COLUMNS:
+            value, problem = _decode_json(values[column], shapes)
+            values[column] = value
+            if problem is not None:
+                problems.append(f"{column}: {problem}")
+        return cls(**values, unreadable="; ".join(problems) if problems else None)
+
+
+def _decode_json(raw: Any, shapes: tuple[type, ...]) -> tuple[Any, str | None]:
+    """Decode one JSON column: ``(value, None)``, or ``(None, reason)`` when it cannot be read.
+
+    SQL NULL stays None without a problem (only ``result`` may be NULL by the schema). An
+    already-decoded value (a driver that loads JSONB itself) is shape-checked as is.
+    """
+    if raw is None:
+        return None, None
+    if isinstance(raw, (str, bytes, bytearray)):
+        try:
+            value = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+    else:
+        value = raw
+    if not isinstance(value, shapes):
+        wanted = " or ".join("JSON object" if s is dict else "JSON array" for s in shapes)
+        return None, f"not a {wanted} (found {type(value).__name__})"
+    return value, None
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,17 +7,35 @@ committed.
 Leases and fencing
 ------------------
 ``job_claim`` moves the oldest eligible QUEUED row to RUNNING in one statement, stamping
-``lease_owner`` (the worker id), ``lease_until = now() + lease_s`` and ``attempt + 1``. The
-triple ``(job_id, lease_owner, attempt)`` is the fence (:class:`~.records.Lease`). Every later
-write of that worker about the job (heartbeat, checkpoint, park, complete, fail, retry, dead,
-release) is conditioned on ``status = 'RUNNING'`` and the fence. A write that matches no row
-raises :class:`~protomolt_jobs.errors.LeaseLost` and rolls back: nothing changed, no outbox row.
+``lease_owner`` (the worker id), ``lease_token = gen_random_uuid()``, ``lease_until = now() +
+lease_s`` and ``attempt + 1``. ``(job_id, lease_owner, attempt, lease_token)`` is the fence
+(:class:`~.records.Lease`). Every later write of that worker about the job (heartbeat,
+checkpoint, park, complete, fail, retry, dead, release) is conditioned on ``status =
+'RUNNING'`` and the fence. A write that matches no row raises
+:class:`~protomolt_jobs.errors.LeaseLost` and rolls back: nothing changed, no outbox row.
 
 Who is authoritative: the database. A lease is live while ``lease_until >= now()`` by the
 database clock; the worker extends it with heartbeats. When a worker stops heartbeating (crash,
 partition, stall) the sweeper (``job_sweep_expired``) moves the row back to QUEUED, or to DEAD
-when ``attempt >= max_attempts`` (a crash loop ends). The next claim increments ``attempt``, so
-the old owner's fence can never match again, even if it wakes up and writes.
+when ``attempt >= max_attempts`` (a crash loop ends). The next claim stamps a new random
+``lease_token``, so the old owner's fence can never match again, even if it wakes up and writes.
+``attempt`` alone would not do: ``job_release`` gives the attempt back (``attempt - 1``) and
+``job_complete_parked`` resets it to 0, so the same ``(job_id, owner, attempt)`` can be handed
+out twice; the token never repeats.
+
+Stored text
+-----------
+Text parameters and JSON values are passed through :mod:`~.scrub` at the write boundary: NUL
+and lone surrogates (which PostgreSQL ``text``/``jsonb`` refuse) become U+FFFD, in the row and
+in its event alike, so a worker can always settle a job whatever its error text or response.
+
+Reading rows
+------------
+Job queries select the JSONB columns as ``::text``; :meth:`JobRecord.from_row` decodes them in
+Python after the transaction commits and never raises: an undecodable column (e.g. nested
+deeper than the decoder's recursion limit) is None on the record and named in
+``JobRecord.unreadable``. A claim therefore commits even for such a row and hands it to the
+worker, which fails it, instead of rolling back and blocking every later claim on it.
 
 Failures
 --------
@@ -78,12 +96,15 @@ from protomolt_jobs.store.records import (
     SweepResult,
     WrongState,
 )
+from protomolt_jobs.store.scrub import needs_scrub, scrub_json, scrub_text
 
 __all__ = [
     "LIST_LIMIT_DEFAULT",
     "LIST_LIMIT_MAX",
     "NOTIFY_CHANNEL",
     "OUTBOX_CLAIM_S_DEFAULT",
+    "SWEEP_BATCH_DEFAULT",
+    "SWEEP_MAX_BATCHES_DEFAULT",
     "JobStore",
 ]
 
@@ -97,6 +118,10 @@ LIST_LIMIT_DEFAULT = 50
 LIST_LIMIT_MAX = 500
 #: How long an outbox claim keeps rows from other relays, seconds.
 OUTBOX_CLAIM_S_DEFAULT = 30.0
+#: Expired leases handled per sweep transaction.
+SWEEP_BATCH_DEFAULT = 500
+#: Most sweep transactions per ``job_sweep_expired`` call (bounds one call's run time).
+SWEEP_MAX_BATCHES_DEFAULT = 20
 #: Pool: how long to wait for a connection (and for the first one at open), seconds.
 POOL_TIMEOUT_S = 10.0
 
@@ -185,7 +210,11 @@ class JobStore:
 
         Transaction: one, covering insert, event, notify and read-back.
 
-        :returns: the stored row and whether this call created it.
+        NUL and lone surrogates in ``workflow_name``, ``error`` and the JSON values are stored
+        as U+FFFD (see :mod:`~.scrub`).
+
+        :returns: the stored row and whether this call created it (``unreadable`` set when an
+            existing row's JSON does not decode).
         :raises ValueError: on a malformed ``new`` (the message names the field).
         :raises TypeError: when ``workflow_definition`` or ``input`` is not a JSON object.
         :raises StoreError: on a database failure.
@@ -197,37 +226,43 @@ class JobStore:
             raise ValueError("error: a job failed at birth must say why")
         _text("workflow_name", new.workflow_name)
         _positive_int("max_attempts", new.max_attempts)
+        error = scrub_text(new.error)
         params = {
             "job_id": job_id,
-            "workflow_name": new.workflow_name,
+            "workflow_name": scrub_text(new.workflow_name),
             "workflow_definition": _jsonb("workflow_definition", new.workflow_definition, dict),
             "input": _jsonb("input", new.input, dict),
             "status": new.status,
             "max_attempts": new.max_attempts,
-            "error": new.error,
+            "error": error,
         }
+        existing: dict[str, Any] | None = None
         with self._pool.connection() as conn, conn.transaction():
             row = _one(conn, "job_insert", params)
             if row is None:
                 existing = _one(conn, "job_get", {"job_id": job_id})
                 if existing is None:
                     raise NotFound(f"workflow run not found: {job_id}")
-                return InsertOutcome(JobRecord.from_row(existing), created=False)
-            if new.status == "QUEUED":
+            elif new.status == "QUEUED":
                 self._outbox_txn(conn, row, EventType.TYPE_ACCEPTED)
                 _execute(conn, "job_notify", {})
             else:
-                self._outbox_txn(conn, row, EventType.TYPE_FAILED, error=new.error or "")
-            return InsertOutcome(JobRecord.from_row(row), created=True)
+                self._outbox_txn(conn, row, EventType.TYPE_FAILED, error=error or "")
+        if existing is not None:
+            return InsertOutcome(JobRecord.from_row(existing), created=False)
+        assert row is not None
+        return InsertOutcome(JobRecord.from_row(row), created=True)
 
     @_translated
     def job_get(self, job_id: uuid.UUID | str) -> JobRecord | None:
         """One job's full row.
 
         SQL: ``SELECT ... FROM workflow_run WHERE job_id = %(job_id)s``. Transaction: one,
-        read only.
+        read only; JSON is decoded after it.
 
-        :returns: the row, or None for an unknown id.
+        :returns: the row, or None for an unknown id. A row whose stored JSON does not decode
+            is returned with ``unreadable`` set and the bad column None (never an exception);
+            callers report it as ``job-corrupt``.
         :raises ValueError: when ``job_id`` is not a UUID.
         :raises StoreError: on a database failure.
         """
@@ -248,6 +283,8 @@ class JobStore:
 
         SQL: ``SELECT ... WHERE status/workflow_name match (None = any) LIMIT OFFSET``.
         Transaction: one, read only. ``limit`` 0 means 50; above 500 it is clamped to 500.
+        A row whose stored JSON does not decode is listed with ``unreadable`` set (see
+        :class:`JobRecord`); one bad row never fails the page.
 
         :param status: one of the six statuses, or None.
         :param workflow_name: exact name, or None.
@@ -280,22 +317,28 @@ class JobStore:
         """Lease the oldest eligible QUEUED job.
 
         SQL (one statement): ``UPDATE workflow_run SET status='RUNNING', lease_owner,
-        lease_until = now() + lease_s, attempt = attempt + 1 WHERE job_id = (SELECT ... WHERE
-        status='QUEUED' AND run_after <= now() ORDER BY created_at, job_id FOR UPDATE SKIP
-        LOCKED LIMIT 1) AND status='QUEUED' RETURNING ...``. Concurrent claimers never get the
-        same row. Transaction: one. No event (a claim is not a lifecycle commit point).
+        lease_token = gen_random_uuid(), lease_until = now() + lease_s, attempt = attempt + 1
+        WHERE job_id = (SELECT ... WHERE status='QUEUED' AND run_after <= now() ORDER BY
+        created_at, job_id FOR UPDATE SKIP LOCKED LIMIT 1) AND status='QUEUED' RETURNING ...``.
+        Concurrent claimers never get the same row. Transaction: one, committed before the
+        row's JSON is decoded, so an undecodable row is still claimed (and handed back with
+        ``unreadable`` set) rather than rolled back to block every later claim. No event (a
+        claim is not a lifecycle commit point).
 
         :param worker_id: stamped into ``lease_owner``; not blank.
         :param lease_s: lease length, seconds (> 0).
-        :returns: the claimed row (RUNNING, attempt incremented; ``.lease`` is its fence), or
-            None when nothing is eligible.
+        :returns: the claimed row (RUNNING, attempt incremented, a fresh ``lease_token``;
+            ``.lease`` is its fence), or None when nothing is eligible. When ``unreadable`` is
+            set the caller must not run the job: it fails it under ``.lease``.
         :raises ValueError: for a blank worker id or a non-positive lease.
         :raises StoreError: on a database failure.
         """
         _text("worker_id", worker_id)
         _positive_seconds("lease_s", lease_s)
         with self._pool.connection() as conn, conn.transaction():
-            row = _one(conn, "job_claim", {"worker_id": worker_id, "lease_s": float(lease_s)})
+            row = _one(
+                conn, "job_claim", {"worker_id": scrub_text(worker_id), "lease_s": float(lease_s)}
+            )
         return JobRecord.from_row(row) if row else None
 
     @_translated
@@ -327,7 +370,7 @@ class JobStore:
         :raises ValueError: when ``entry`` has no non-blank ``name`` or cannot be JSON.
         :raises StoreError: on a database failure.
         """
-        step = _entry_name(entry)
+        step = scrub_text(_entry_name(entry))
         entry_json = _jsonb("entry", entry, dict)
         with self._pool.connection() as conn, conn.transaction():
             row = _fenced(conn, "job_checkpoint", lease, {"entry": entry_json})
@@ -345,6 +388,7 @@ class JobStore:
         :raises StoreError: on a database failure.
         """
         _text("step", step)
+        step = scrub_text(step)
         with self._pool.connection() as conn, conn.transaction():
             row = _fenced(conn, "job_park", lease, {"step": step})
             self._outbox_txn(conn, row, EventType.TYPE_WAITING, step=step)
@@ -364,6 +408,7 @@ class JobStore:
         :raises StoreError: on a database failure.
         """
         _text("verdict", verdict)
+        verdict = scrub_text(verdict)
         result_json = _jsonb("result", result, dict)
         with self._pool.connection() as conn, conn.transaction():
             row = _fenced(conn, "job_complete", lease, {"result": result_json, "verdict": verdict})
@@ -384,6 +429,8 @@ class JobStore:
         :raises StoreError: on a database failure.
         """
         _text("error", error)
+        error = scrub_text(error)
+        step = scrub_text(step or "")
         with self._pool.connection() as conn, conn.transaction():
             row = _fenced(conn, "job_fail", lease, {"error": error})
             self._outbox_txn(conn, row, EventType.TYPE_FAILED, step=step or "", error=error)
@@ -405,7 +452,12 @@ class JobStore:
         """
         _non_negative_seconds("backoff_s", backoff_s)
         with self._pool.connection() as conn, conn.transaction():
-            row = _fenced(conn, "job_retry", lease, {"backoff_s": float(backoff_s), "error": error})
+            row = _fenced(
+                conn,
+                "job_retry",
+                lease,
+                {"backoff_s": float(backoff_s), "error": scrub_text(error)},
+            )
             _execute(conn, "job_notify", {})
         return row["run_after"]
 
@@ -421,6 +473,7 @@ class JobStore:
         :raises StoreError: on a database failure.
         """
         _text("error", error)
+        error = scrub_text(error)
         with self._pool.connection() as conn, conn.transaction():
             row = _fenced(conn, "job_dead", lease, {"error": error})
             self._outbox_txn(conn, row, EventType.TYPE_DEAD, error=error)
@@ -443,22 +496,49 @@ class JobStore:
     # -- the sweeper ------------------------------------------------------------------------
 
     @_translated
-    def job_sweep_expired(self, limit: int = 500) -> SweepResult:
-        """Recover up to ``limit`` RUNNING jobs whose lease expired (``lease_until < now()``).
+    def job_sweep_expired(
+        self, limit: int = SWEEP_BATCH_DEFAULT, *, max_batches: int = SWEEP_MAX_BATCHES_DEFAULT
+    ) -> SweepResult:
+        """Recover RUNNING jobs whose lease expired (``lease_until < now()``), batch by batch.
 
-        SQL: one ``UPDATE`` over a ``FOR UPDATE SKIP LOCKED`` batch (oldest expiry first):
-        ``attempt < max_attempts`` -> QUEUED now (attempt kept, lease cleared, no event);
-        ``attempt >= max_attempts`` -> DEAD with the error "lease expired after attempt N of M
-        (worker W stopped heartbeating); ..." and ``completed_at``, plus one DEAD outbox row
-        each. ``NOTIFY protomolt_jobs`` when anything was requeued. Transaction: one.
+        SQL per batch: one ``UPDATE`` over a ``FOR UPDATE SKIP LOCKED`` batch of up to
+        ``limit`` rows (oldest expiry first): ``attempt < max_attempts`` -> QUEUED now (attempt
+        kept, lease and token cleared, no event); ``attempt >= max_attempts`` -> DEAD with the
+        error "lease expired after attempt N of M (worker W stopped heartbeating); ..." and
+        ``completed_at``, plus one DEAD outbox row each. ``NOTIFY protomolt_jobs`` when the
+        batch requeued anything. Transactions: one per batch (a batch's changes commit
+        together); the call runs another batch while the last one came back full, up to
+        ``max_batches``, so a backlog larger than one batch is drained without the caller
+        looping (at most ``limit * max_batches`` rows per call; the next call continues).
 
-        :param limit: most rows handled in this pass (> 0); call again while it returns a full
-            batch.
-        :returns: the counts of requeued and dead jobs (and the dead jobs' ids).
-        :raises ValueError: for a non-positive limit.
+        :param limit: most rows per batch (> 0).
+        :param max_batches: most batches in this call (> 0).
+        :returns: the counts of requeued and dead jobs over all batches (and the dead jobs'
+            ids). Batches already committed stay committed if a later batch fails.
+        :raises ValueError: for a non-positive limit or max_batches.
         :raises StoreError: on a database failure.
         """
         _positive_int("limit", limit)
+        _positive_int("max_batches", max_batches)
+        requeued = 0
+        dead_ids: list[uuid.UUID] = []
+        for _ in range(max_batches):
+            batch_requeued, batch_dead, full = self._sweep_batch(limit)
+            requeued += batch_requeued
+            dead_ids.extend(batch_dead)
+            if not full:
+                break
+        if requeued or dead_ids:
+            log.info(
+                "lease sweep: %d requeued, %d dead",
+                requeued,
+                len(dead_ids),
+                extra={"action": "lease_sweep", "requeued": requeued, "dead": len(dead_ids)},
+            )
+        return SweepResult(requeued=requeued, dead=len(dead_ids), dead_job_ids=tuple(dead_ids))
+
+    def _sweep_batch(self, limit: int) -> tuple[int, list[uuid.UUID], bool]:
+        """One sweep transaction: ``(requeued, dead job ids, whether the batch was full)``."""
         with self._pool.connection() as conn, conn.transaction():
             rows = _rows(conn, "job_sweep_expired", {"limit": limit})
             dead = [r for r in rows if r["status"] == "DEAD"]
@@ -478,16 +558,7 @@ class JobStore:
                     "attempt": row["attempt"],
                 },
             )
-        if rows:
-            log.info(
-                "lease sweep: %d requeued, %d dead",
-                requeued,
-                len(dead),
-                extra={"action": "lease_sweep", "requeued": requeued, "dead": len(dead)},
-            )
-        return SweepResult(
-            requeued=requeued, dead=len(dead), dead_job_ids=tuple(r["job_id"] for r in dead)
-        )
+        return requeued, [r["job_id"] for r in dead], len(rows) >= limit
 
     # -- parked completions -----------------------------------------------------------------
 
@@ -519,6 +590,7 @@ class JobStore:
                 f"entry.name: must be the completed step {step!r}; got {entry['name']!r}"
             )
         entry_json = _jsonb("entry", entry, dict)
+        step = scrub_text(step)
         with self._pool.connection() as conn, conn.transaction():
             refusal = self._parked_gate_txn(conn, key, step)
             if refusal is not None:
@@ -548,6 +620,8 @@ class JobStore:
         key = _uuid("job_id", job_id)
         _text("step", step)
         _text("error", error)
+        step = scrub_text(step)
+        error = scrub_text(error)
         with self._pool.connection() as conn, conn.transaction():
             refusal = self._parked_gate_txn(conn, key, step)
             if refusal is not None:
@@ -565,9 +639,12 @@ class JobStore:
         row = _one(conn, "job_lock", {"job_id": job_id})
         if row is None:
             raise NotFound(f"workflow run not found: {job_id}")
-        checkpoints = row["checkpoints"]
-        if not isinstance(checkpoints, list):
-            raise StoreError(f"stored checkpoints are not an array for job {job_id}")
+        record = JobRecord.from_row(row)
+        checkpoints = record.checkpoints
+        if checkpoints is None:
+            raise StoreError(
+                f"stored checkpoints of job {job_id} are unreadable: {record.unreadable}"
+            )
         if any(isinstance(c, dict) and c.get("name") == step for c in checkpoints):
             return AlreadyDone(row["status"])
         if row["status"] != "WAITING" or row["outstanding_step"] != step:
@@ -638,7 +715,7 @@ class JobStore:
         key = _uuid("event_id", event_id)
         params = {
             "event_id": key,
-            "error": (error or "")[:MAX_ERROR_CHARS],
+            "error": scrub_text((error or "")[:MAX_ERROR_CHARS]),
             "max_attempts": OUTBOX_MAX_ATTEMPTS,
         }
         with self._pool.connection() as conn, conn.transaction():
@@ -686,11 +763,11 @@ class JobStore:
         _text("topic", topic)
         _text("reason", reason)
         params = {
-            "topic": topic,
+            "topic": scrub_text(topic),
             "partition": int(partition),
             "offset": int(offset),
             "raw": bytes(raw) if raw is not None else None,
-            "reason": reason,
+            "reason": scrub_text(reason),
         }
         with self._pool.connection() as conn, conn.transaction():
             row = _one(conn, "reject_insert", params)
@@ -765,7 +842,13 @@ def _fenced(
     row = _one(
         conn,
         name,
-        {"job_id": lease.job_id, "owner": lease.owner, "attempt": lease.attempt, **params},
+        {
+            "job_id": lease.job_id,
+            "owner": lease.owner,
+            "attempt": lease.attempt,
+            "token": lease.token,
+            **params,
+        },
     )
     if row is None:
         log.info(
@@ -843,11 +926,16 @@ def _entry_name(entry: Any) -> str:
 
 
 def _jsonb(field: str, value: Any, kind: type) -> Jsonb:
-    """Serialise now, so a value JSON cannot hold fails here with the field's name."""
+    """Serialise now, so a value JSON cannot hold fails here with the field's name; strings and
+    keys PostgreSQL refuses (NUL, lone surrogates) are scrubbed to U+FFFD first."""
     if not isinstance(value, kind):
         raise TypeError(f"{field}: must be a JSON {kind.__name__}; got {type(value).__name__}")
     try:
         text = json.dumps(value, allow_nan=False)
+        if needs_scrub(text):
+            text = json.dumps(scrub_json(value), allow_nan=False)
+    except RecursionError:
+        raise ValueError(f"{field}: not representable as JSON: nested too deeply") from None
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{field}: not representable as JSON: {exc}") from None
     return Jsonb(value, dumps=lambda _obj: text)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import psycopg
 import pytest
 
-from protomolt_jobs.contract import WorkflowRunEvent, validate_event
+from protomolt_jobs.contract import EventType, WorkflowRunEvent, validate_event
 from protomolt_jobs.errors import LeaseLost, StoreError
-from protomolt_jobs.store import JobStore, Lease
+from protomolt_jobs.store import Completed, JobStore, Lease, SweepResult
 from protomolt_jobs.store import store as store_module
 from tests.support.factories import claimed_job, queued_job
 
@@ -121,6 +122,78 @@ def test_same_owner_same_attempt_after_reclaim_by_itself_is_still_fenced(store, 
     store.job_heartbeat(second.lease, 60)
 
 
+def sweep_until_requeued(store: JobStore, timeout_s: float = 10.0) -> None:
+    """Poll the sweep until a lease has expired by the database clock and was requeued."""
+    deadline = time.monotonic() + timeout_s
+    while store.job_sweep_expired().requeued == 0:
+        assert time.monotonic() < deadline, "the short lease never expired"
+        time.sleep(0.05)
+
+
+def test_a_lease_handed_out_again_with_the_same_attempt_is_still_fenced_by_its_token(
+    store, fresh_dsn
+):
+    # The repro: a completed parked step resets attempt to 0, so A's second claim carries the
+    # same (job_id, owner, attempt) as its first; only the token tells them apart.
+    job = queued_job(store)
+    a1 = store.job_claim("worker-A", 0.3)
+    assert a1.job_id == job.job_id and a1.attempt == 1
+    sweep_until_requeued(store)
+    b = store.job_claim("worker-B", 60)
+    assert b.job_id == job.job_id and b.attempt == 2
+    store.job_checkpoint(b.lease, {"name": "first", "skipped": False, "response": {}})
+    store.job_park(b.lease, "approve")
+    done = store.job_complete_parked(job.job_id, "approve", {"name": "approve", "skipped": False})
+    assert isinstance(done, Completed)
+    assert store.job_get(job.job_id).attempt == 0
+    a2 = store.job_claim("worker-A", 60)
+    assert (a2.lease.job_id, a2.lease.owner, a2.lease.attempt) == (job.job_id, "worker-A", 1)
+    assert (a1.lease.job_id, a1.lease.owner, a1.lease.attempt) == (job.job_id, "worker-A", 1)
+    assert a2.lease != a1.lease and a2.lease.token != a1.lease.token
+
+    before = snapshot(fresh_dsn, job.job_id)
+    with pytest.raises(LeaseLost):
+        store.job_checkpoint(a1.lease, {"name": "review", "skipped": False, "response": {}})
+    with pytest.raises(LeaseLost):
+        store.job_complete(a1.lease, {"stale": True}, "stale verdict")
+    for operation, write in old_owner_writes(store, a1.lease):
+        with pytest.raises(LeaseLost):
+            write()
+        assert snapshot(fresh_dsn, job.job_id) == before, operation
+    assert snapshot(fresh_dsn, job.job_id) == before
+
+    store.job_complete(a2.lease, {"out": 1}, "2 steps, output t.v1.O")
+    assert store.job_get(job.job_id).result == {"out": 1}
+
+
+def test_a_released_lease_is_dead_although_the_next_claim_repeats_its_attempt(store, fresh_dsn):
+    first = claimed_job(store, worker_id="w")
+    store.job_release(first.lease)
+    second = store.job_claim("w", 60)
+    assert (second.attempt, second.lease_owner) == (first.attempt, first.lease_owner)
+    before = snapshot(fresh_dsn, first.job_id)
+    with pytest.raises(LeaseLost):
+        store.job_heartbeat(first.lease, 60)
+    with pytest.raises(LeaseLost):
+        store.job_fail(first.lease, "MAPPING: stale")
+    assert snapshot(fresh_dsn, first.job_id) == before
+    store.job_heartbeat(second.lease, 60)
+
+
+def test_the_lease_token_is_stamped_by_the_claim_and_cleared_with_the_lease(store, fresh_dsn):
+    job = claimed_job(store)
+    assert isinstance(job.lease_token, uuid.UUID) and job.lease.token == job.lease_token
+    tokens = q(
+        fresh_dsn, "SELECT lease_token FROM workflow_run WHERE job_id = %(id)s", {"id": job.job_id}
+    )
+    assert tokens == [(job.lease_token,)]
+    store.job_park(job.lease, "approve")
+    parked = store.job_get(job.job_id)
+    assert parked.lease_token is None
+    with pytest.raises(ValueError, match="no lease"):
+        _ = parked.lease
+
+
 def test_each_fenced_write_sets_the_row_and_writes_its_event(store, fresh_dsn):
     job = claimed_job(store)
     until = store.job_heartbeat(job.lease, 600)
@@ -224,13 +297,34 @@ def test_a_crash_loop_ends_dead_after_max_attempts(store, fresh_dsn):
     assert store.job_claim("w", 60) is None
 
 
-def test_sweep_works_in_batches(store, fresh_dsn):
+def test_sweep_works_in_batches_and_one_call_drains_a_backlog_up_to_max_batches(store, fresh_dsn):
+    live = [claimed_job(store) for _ in range(4)]
+    doomed = [claimed_job(store, max_attempts=1) for _ in range(3)]
+    q(fresh_dsn, "UPDATE workflow_run SET lease_until = now() - interval '1 s'")
+
+    first = store.job_sweep_expired(limit=2, max_batches=1)
+    assert first.requeued + first.dead == 2
+    # A backlog bigger than one batch: the call keeps going while batches come back full
+    # (2, 2, then 1 row), without the caller looping.
+    rest = store.job_sweep_expired(limit=2)
+    assert rest.requeued + rest.dead == 5
+    assert first.requeued + rest.requeued == 4
+    assert set(first.dead_job_ids) | set(rest.dead_job_ids) == {j.job_id for j in doomed}
+    assert {store.job_get(j.job_id).status for j in live} == {"QUEUED"}
+    assert {store.job_get(j.job_id).status for j in doomed} == {"DEAD"}
+    for j in doomed:
+        assert [e.type for e in events(store, j.job_id)][-1] == EventType.TYPE_DEAD
+    assert store.job_sweep_expired(limit=2) == SweepResult()
+
+
+def test_the_sweep_stops_after_max_batches(store, fresh_dsn):
     jobs = [claimed_job(store) for _ in range(5)]
     q(fresh_dsn, "UPDATE workflow_run SET lease_until = now() - interval '1 s'")
-    assert store.job_sweep_expired(limit=2).requeued == 2
-    assert store.job_sweep_expired(limit=2).requeued == 2
-    assert store.job_sweep_expired(limit=2).requeued == 1
+    assert store.job_sweep_expired(limit=1, max_batches=3).requeued == 3
+    assert store.job_sweep_expired(limit=1, max_batches=3).requeued == 2
     assert {store.job_get(j.job_id).status for j in jobs} == {"QUEUED"}
+    with pytest.raises(ValueError, match="max_batches"):
+        store.job_sweep_expired(max_batches=0)
 
 
 def test_failure_after_the_mutation_leaves_neither_change_nor_event(store, fresh_dsn, monkeypatch):
