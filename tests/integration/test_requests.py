@@ -22,7 +22,7 @@ from protomolt_jobs.store import JobStore
 from protomolt_jobs.submitter import Submitter
 from protomolt_jobs.workflow import Runtime
 from tests.support.grpc_servers import seed_workflow
-from tests.support.kafka import create_topic, partitions_of, produce, unique_topic
+from tests.support.kafka import create_topic, partitions_of, produce, unique_topic, wait_for
 from tests.support.roles import MemoryRepository
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -185,3 +185,43 @@ def test_consumer_killed_between_row_commit_and_offset_commit(
     assert drain(consumer, 1)[0][0] == "duplicate"
     assert rows(fresh_dsn, "SELECT count(*) FROM workflow_run") == [(1,)]
     assert committed(broker.bootstrap, topic) == {consumer.handled[0][1]: 1}
+
+
+def test_database_outage_holds_the_record_until_the_row_commits(
+    fresh_dsn, store, broker, topic, consumer, monkeypatch
+):
+    from protomolt_jobs.errors import StoreError
+
+    real_insert = store.job_insert
+    failures = {"left": 3}
+
+    def flaky_insert(new):
+        if failures["left"]:
+            failures["left"] -= 1
+            raise StoreError("connection to the database lost")
+        return real_insert(new)
+
+    monkeypatch.setattr(store, "job_insert", flaky_insert)
+    job = str(uuid.uuid4())
+    produce(broker.bootstrap, topic, request(job), key=job)
+    outcomes = drain(consumer, 1)
+    assert failures["left"] == 0 and outcomes[0][0] == "submitted"
+    assert store.job_get(job).status == "QUEUED"
+    assert committed(broker.bootstrap, topic) == {outcomes[0][1]: 1}
+
+
+def test_broker_outage_makes_the_loop_wait_not_die(fresh_dsn, store, broker, topic, consumer):
+    consumer.start()
+    first = str(uuid.uuid4())
+    produce(broker.bootstrap, topic, request(first), key=first)
+    wait_for(lambda: store.job_get(first) is not None, timeout_s=60)
+    broker.pause()
+    try:
+        # the broker is frozen for a while (the scenario, not a wait for state)
+        time.sleep(6)
+    finally:
+        broker.resume()
+    second = str(uuid.uuid4())
+    produce(broker.bootstrap, topic, request(second), key=second)
+    wait_for(lambda: store.job_get(second) is not None, timeout_s=60)
+    assert [h[0] for h in consumer.handled] == ["submitted", "submitted"]
