@@ -383,6 +383,7 @@ class GetJobAction:
 
         :raises Unavailable: no database configured.
         :raises InvalidInput: missing, mistyped or non-uuid ``jobId``; unknown fields.
+        :raises JobCorrupt: the row holds stored JSON that cannot be decoded.
         """
         store, _ = self.backend.require()
         _only_known(self.name, input, self.fields)
@@ -390,6 +391,11 @@ class GetJobAction:
         job = store.job_get(job_id)
         if job is None:
             return _not_found(job_id)
+        if getattr(job, "unreadable", None):
+            raise JobCorrupt(
+                f"job {job_id} has stored JSON that cannot be read: {job.unreadable}",
+                {"jobId": str(job_id), "status": job.status},
+            )
         return {"ok": True, "job": job_json(job, full=True)}
 
 
@@ -517,7 +523,7 @@ class CompleteStepAction:
                 return {"ok": True, "status": job.status}
             return _wrong_state(job_id, job.status, job.outstanding_step, step_name)
 
-        step = self._resolve_step(job, step_name)
+        compiled, step = self._resolve_step(job, step_name)
         message = self._parse_response(step, response)
 
         if step.validate:
@@ -545,15 +551,20 @@ class CompleteStepAction:
                     return {"ok": False, "status": "FAILED", "error": summary}
                 return self._answer(job_id, step_name, outcome)
 
-        from google.protobuf import json_format
+        from protomolt_jobs.workflow import checkpoint_entry
 
-        # The canonical proto3 JSON of the parsed response: replay re-parses it against the
-        # step's output type, so unknown fields the caller sent are not kept.
-        entry = {
-            "name": step_name,
-            "skipped": False,
-            "response": json_format.MessageToDict(message),
-        }
+        # The canonical proto3 JSON of the parsed response (the same rendering the worker
+        # uses, with the workflow's own type pool so an Any of a workflow type renders):
+        # replay re-parses it against the step's output type, so unknown fields the caller
+        # sent are not kept.
+        try:
+            entry = checkpoint_entry(step_name, message, compiled.pool)
+        except Exception as exc:
+            raise _invalid(
+                "response",
+                f"'response' cannot be rendered as proto3 JSON of "
+                f"{step.output_type.full_name}: {exc}",
+            ) from exc
         try:
             outcome = store.job_complete_parked(job_id, step_name, entry)
         except NotFound:
@@ -577,7 +588,7 @@ class CompleteStepAction:
             return _wrong_state(job_id, outcome.status, outcome.outstanding_step, step)
         raise TypeError(f"unexpected parked completion {outcome!r}")
 
-    def _resolve_step(self, job: Any, step_name: str) -> Any:
+    def _resolve_step(self, job: Any, step_name: str) -> tuple[Any, Any]:
         from protomolt_jobs.workflow.envelope import parse_workflow
         from protomolt_jobs.workflow.types import WorkflowParseError
 
@@ -599,7 +610,7 @@ class CompleteStepAction:
                 f"the job's stored workflow definition does not parse: step '{step_name}' "
                 "has no resolvable method"
             )
-        return step
+        return compiled, step
 
     @staticmethod
     def _parse_response(step: Any, response: dict[str, Any]) -> Any:

@@ -366,6 +366,24 @@ def test_complete_step_on_an_unreadable_definition_is_job_corrupt(verbs):
         verbs("complete-step", {"jobId": str(job_id), "stepName": "review", "response": {}})
 
 
+def test_get_job_on_a_row_whose_json_cannot_be_read_is_job_corrupt(verbs):
+    """A row another writer damaged (input nested deeper than the decoder goes) is a loud
+    job-corrupt naming the column, not an internal error and not "not found"."""
+    job_id = verbs.parked(on="review")
+    deep = "[" * 3000 + "]" * 3000
+    with psycopg.connect(verbs.dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE workflow_run SET input = jsonb_build_object('x', %s::jsonb) WHERE job_id = %s",
+            (deep, job_id),
+        )
+    with pytest.raises(JobCorrupt, match="cannot be read: input") as raised:
+        verbs("get-job", {"jobId": str(job_id)})
+    assert raised.value.details == {"jobId": str(job_id), "status": "WAITING"}
+    # Summaries do not read the damaged column: the list still answers.
+    listed = verbs("list-jobs", {})
+    assert str(job_id) in [j["jobId"] for j in listed["jobs"]]
+
+
 # ---------------------------------------------------------------------------- malformed input
 
 JOB = "1b4e28ba-2fa1-41d2-883f-0016d3cca427"
