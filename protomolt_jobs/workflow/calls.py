@@ -35,7 +35,9 @@ class SegmentChannels:
     def channel(self, step: Step) -> grpc.Channel:
         """The channel for ``step``'s target, opened on first use.
 
-        :raises WorkflowExecutionError: WORKFLOW when an ``inprocess:`` target has no factory.
+        :raises WorkflowExecutionError: WORKFLOW (not retryable) when an ``inprocess:`` target
+            has no factory, the factory raises (it refuses the target), or grpc cannot open a
+            channel for the target.
         """
         key = (step.target, step.tls)
         ch = self._open.get(key)
@@ -50,12 +52,28 @@ class SegmentChannels:
                     f"outbound channel policy rejected step: target '{step.target}' needs the "
                     "host's in-process channels and this runtime has none",
                 )
-            ch = factory(step.target, step.tls)
+            try:
+                ch = factory(step.target, step.tls)
+            except Exception as exc:
+                # The host refused the target (e.g. no in-process service of that name): the
+                # workflow names something this host cannot reach; retrying will not help.
+                raise WorkflowExecutionError(
+                    FailureKind.WORKFLOW,
+                    step.name,
+                    f"outbound channel policy rejected step: target '{step.target}': {exc}",
+                ) from exc
         else:
-            if step.tls:
-                ch = grpc.secure_channel(step.target, grpc.ssl_channel_credentials())
-            else:
-                ch = grpc.insecure_channel(step.target)
+            try:
+                if step.tls:
+                    ch = grpc.secure_channel(step.target, grpc.ssl_channel_credentials())
+                else:
+                    ch = grpc.insecure_channel(step.target)
+            except Exception as exc:  # a target grpc cannot even parse (channels are lazy)
+                raise WorkflowExecutionError(
+                    FailureKind.WORKFLOW,
+                    step.name,
+                    f"could not open a channel to target '{step.target}': {exc}",
+                ) from exc
             self._owned.append(ch)
         self._open[key] = ch
         return ch

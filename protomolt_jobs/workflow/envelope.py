@@ -1,8 +1,15 @@
 """The workflow JSON envelope -> :class:`CompiledWorkflow` (reference section 1 and 2.1).
 
 Only the camelCase keys below are read; other keys are ignored (as upstream). "Text" means a
-JSON string that is not blank; anything else counts as absent. Booleans and integers are read
-leniently (``"true"``, ``"5000"`` are coerced), as Jackson does upstream.
+JSON string that is not blank; anything else counts as absent. Booleans are read leniently
+(``"true"`` is coerced), as Jackson does upstream.
+
+``deadlineMs`` (the workflow's segment budget, and a step's call deadline) is strict, unlike
+upstream: absent, null or 0 means the default (30 s for the workflow, the remaining budget for
+a step); otherwise it must be a JSON number holding a whole number of milliseconds from 1 to
+:data:`MAX_DEADLINE_MS` (24 h). Booleans, strings, fractions, negatives and larger values are a
+parse error naming ``deadlineMs`` (a huge value would otherwise overflow the call timeout at
+run time).
 
 Schemas (exactly one of):
 
@@ -55,9 +62,13 @@ from protomolt_jobs.workflow.types import (
     WorkflowParseError,
 )
 
-__all__ = ["canonical_text", "message_class", "parse_input", "parse_workflow"]
+__all__ = ["MAX_DEADLINE_MS", "canonical_text", "message_class", "parse_input", "parse_workflow"]
 
 log = logging.getLogger("protomolt_jobs.workflow")
+
+#: The largest ``deadlineMs`` accepted, in milliseconds (24 h): a segment is held under a
+#: heartbeat lease; a longer budget is a mistake, and much larger ones overflow timeouts.
+MAX_DEADLINE_MS = 86_400_000
 
 _SCHEMA_KEYS = ("type", "sources", "descriptorSetBase64")
 #: Compiled workflows kept per Runtime.
@@ -112,20 +123,42 @@ def _bool(obj: Mapping[str, Any], key: str) -> bool:
     return False
 
 
-def _long(obj: Mapping[str, Any], key: str) -> int:
-    value = obj.get(key)
-    if isinstance(value, bool):
-        return 1 if value else 0
-    if isinstance(value, int):
-        return value
+def _deadline_ms(obj: Mapping[str, Any], step: str) -> int:
+    """``deadlineMs`` of the workflow (``step == ""``) or of a step, in milliseconds.
+
+    Absent or null is 0 (the default). Otherwise it must be a JSON number holding a whole
+    number from 0 to :data:`MAX_DEADLINE_MS`; booleans, strings, fractions, negatives and
+    larger values are refused (unlike upstream's lenient ``asLong``: a huge value would only
+    overflow the call timeout at run time, and a string or negative one is a typo).
+
+    :raises WorkflowParseError: naming ``deadlineMs`` and the value.
+    """
+    value = obj.get("deadlineMs")
+    if value is None:
+        return 0
+    where = f"step '{step}'" if step else "the workflow"
+    problem = (
+        f"'deadlineMs' of {where} must be a whole number of milliseconds from 0 (the default) "
+        f"to {MAX_DEADLINE_MS} (24 h)"
+    )
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise WorkflowParseError(step, f"{problem}; got {type(value).__name__} {_brief(value)}")
     if isinstance(value, float):
-        return int(value) if math.isfinite(value) and abs(value) < 2**63 else 0
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            return 0
-    return 0
+        if not (math.isfinite(value) and value.is_integer()):
+            raise WorkflowParseError(step, f"{problem}; got {_brief(value)}")
+        value = int(value)
+    if value < 0 or value > MAX_DEADLINE_MS:
+        raise WorkflowParseError(step, f"{problem}; got {_brief(value)}")
+    return value
+
+
+def _brief(value: Any) -> str:
+    """A value for an error message, cut short (a 401-digit number stays readable)."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError, OverflowError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _as_rule_text(value: Any) -> str:
@@ -490,7 +523,7 @@ def _parse_step(
         rules=_parse_text_rules(obj.get("rules")),
         cel_rules=_parse_cel_rules(obj.get("celRules"), name),
         validate=_bool(obj, "validate"),
-        deadline_ms=_long(obj, "deadlineMs"),
+        deadline_ms=_deadline_ms(obj, name),
         completion=obj["completion"] if isinstance(obj.get("completion"), str) else "",
         unsupported=unsupported,
     )
@@ -552,7 +585,7 @@ def _parse(obj: Any, runtime: Runtime) -> CompiledWorkflow:
         raise WorkflowParseError("", "'steps' must be a non-empty array")
     steps = tuple(_parse_step(i, s, pool, files) for i, s in enumerate(raw_steps))
     output = _parse_output(obj.get("output"), pool) if "output" in obj else None
-    deadline_ms = _long(obj, "deadlineMs")
+    deadline_ms = _deadline_ms(obj, "")
     return CompiledWorkflow(
         name=_text(obj, "name") or "",
         input_type=input_type,

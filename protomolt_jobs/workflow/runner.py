@@ -5,8 +5,8 @@ section 3 and 6):
 
 1. **Replay** ``prior[i]`` for step ``i``: the entry must name step ``i`` and its stored
    response must parse as the step's current output type (strictly: an unknown field is drift).
-   Either mismatch is a WORKFLOW failure naming the drift. Replayed steps call nothing and are
-   not handed to ``on_checkpoint`` again.
+   Either mismatch is a WORKFLOW failure with the reference's text (upstream 4.4). Replayed
+   steps call nothing and are not handed to ``on_checkpoint`` again.
 2. **External** step (``completion: "external"``): stop with :class:`Parked`.
 3. **Gate** (``when``): false binds the default instance of the output type and records a
    skipped checkpoint. ``target`` is bound to an empty request, so a gate that reads it (the
@@ -16,7 +16,12 @@ section 3 and 6):
    the call deadline is ``min(step deadlineMs, remaining)``.
 5. **Call**, optional **validation** of the response, **bind** into the scope, **checkpoint**
    (``on_checkpoint`` gets ``{"name", "skipped", "response"?}`` before the next step starts; if it
-   raises, the run fails as WORKFLOW with ``store_failure=True``).
+   raises, the run fails as WORKFLOW with ``store_failure=True``). A response that cannot be
+   rendered as proto3 JSON (an ``Any`` whose type the workflow's pool does not know) is a
+   WORKFLOW failure that is not a store failure: calling the service again cannot fix it.
+
+Everything the engine can classify leaves :func:`run_segment` as a
+:class:`WorkflowExecutionError`; another exception is a defect in the engine.
 
 The result is the output mapping, or else the last executed response (a gated-off step, live or
 replayed, does not replace it; upstream lets a replayed skip replace it, reference gap 3).
@@ -30,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from google.protobuf import json_format
+from google.protobuf import descriptor_pool, json_format
 from google.protobuf.message import Message
 
 from protomolt_jobs.workflow import cel as _cel
@@ -64,11 +69,25 @@ def _fail(kind: FailureKind, step: str, message: str, **kw: Any) -> WorkflowExec
     return WorkflowExecutionError(kind, step, message, **kw)
 
 
-def checkpoint_entry(step: str, response: Message | None) -> dict[str, Any]:
-    """The stored form of one checkpoint: ``{"name", "skipped", "response"?}`` (proto3 JSON)."""
+def checkpoint_entry(
+    step: str,
+    response: Message | None,
+    pool: descriptor_pool.DescriptorPool | None = None,
+) -> dict[str, Any]:
+    """The stored form of one checkpoint: ``{"name", "skipped", "response"?}`` (proto3 JSON).
+
+    :param pool: the workflow's type pool; ``Any`` fields are rendered with the types it
+        holds (None: the default pool only).
+    :raises TypeError: (or another ``Exception``) when the response cannot be rendered, e.g.
+        an ``Any`` packing a type the pool does not know.
+    """
     if response is None:
         return {"name": step, "skipped": True}
-    return {"name": step, "skipped": False, "response": json_format.MessageToDict(response)}
+    return {
+        "name": step,
+        "skipped": False,
+        "response": json_format.MessageToDict(response, descriptor_pool=pool),
+    }
 
 
 class _Scope:
@@ -107,22 +126,23 @@ def _replay(workflow: CompiledWorkflow, i: int, step: Step, entry: Any) -> Messa
     if entry.get("skipped") is True:
         return None
     assert step.output_type is not None
+    type_name = step.output_type.full_name
     response = entry.get("response")
     if not isinstance(response, dict):
         raise _fail(
             FailureKind.WORKFLOW,
             step.name,
-            f"checkpoint {i} for step '{step.name}' carries no response object; {_DRIFT}",
+            f"checkpoint '{step.name}' response is not valid proto3 JSON for {type_name}: "
+            "expected a JSON object",
         )
     msg = message_class(step.output_type)()
     try:
         json_format.ParseDict(response, msg, descriptor_pool=workflow.pool)
-    except (json_format.ParseError, ValueError, TypeError, AttributeError, RecursionError) as exc:
+    except Exception as exc:  # ParseError, and whatever odd JSON makes protobuf raise
         raise _fail(
             FailureKind.WORKFLOW,
             step.name,
-            f"checkpoint {i} for step '{step.name}' does not parse as "
-            f"{step.output_type.full_name}: {exc}; {_DRIFT}",
+            f"checkpoint '{step.name}' response is not valid proto3 JSON for {type_name}: {exc}",
         ) from exc
     return msg
 
@@ -176,10 +196,27 @@ def _validate(step: Step, response: Message) -> None:
         )
 
 
+def _ignore(_entry: dict[str, Any]) -> None:
+    return None
+
+
 def _record(
-    on_checkpoint: Callable[[dict[str, Any]], None], step: Step, response: Message | None
+    on_checkpoint: Callable[[dict[str, Any]], None],
+    step: Step,
+    response: Message | None,
+    pool: descriptor_pool.DescriptorPool,
 ) -> None:
-    entry = checkpoint_entry(step.name, response)
+    if on_checkpoint is _ignore:
+        return  # synchronous run: nothing is stored, so nothing needs rendering
+    try:
+        entry = checkpoint_entry(step.name, response, pool)
+    except Exception as exc:
+        # Not a store failure: the same response would fail again, so no retry (upstream 4.4).
+        raise _fail(
+            FailureKind.WORKFLOW,
+            step.name,
+            f"could not render the checkpoint for '{step.name}' as JSON: {exc}",
+        ) from exc
     try:
         on_checkpoint(entry)
     except Exception as exc:
@@ -216,12 +253,12 @@ def run_segment(
             raise _fail(FailureKind.MAPPING, "", exc.message) from exc
     steps = workflow.steps
     if not isinstance(prior, list):
-        raise _fail(FailureKind.WORKFLOW, "", f"checkpoints must be a list; {_DRIFT}")
+        raise _fail(FailureKind.WORKFLOW, "", "stored checkpoints are not an array")
     if len(prior) > len(steps):
         raise _fail(
             FailureKind.WORKFLOW,
             "",
-            f"{len(prior)} checkpoints for a workflow of {len(steps)} steps; {_DRIFT}",
+            f"stored checkpoints ({len(prior)}) outnumber the workflow's steps ({len(steps)})",
         )
     deadline = time.monotonic() + workflow.deadline_ms / 1000.0
     scope = _Scope(input)
@@ -250,7 +287,7 @@ def run_segment(
             if step.when.strip() and not _gate(step, scope):
                 scope.bind(step.name, message_class(step.output_type)())
                 outcomes.append({"name": step.name, "skipped": True})
-                _record(on_checkpoint, step, None)
+                _record(on_checkpoint, step, None, workflow.pool)
                 continue
             request = _build(step.input_type, step.rules, step.cel_rules, scope, step.name)
             remaining_ms = math.floor((deadline - time.monotonic()) * 1000)
@@ -266,7 +303,7 @@ def run_segment(
                 _validate(step, response)
             scope.bind(step.name, response)
             outcomes.append({"name": step.name, "skipped": False})
-            _record(on_checkpoint, step, response)
+            _record(on_checkpoint, step, response, workflow.pool)
             last = response
     if workflow.output is not None:
         out = workflow.output
@@ -287,10 +324,6 @@ def run_segment(
         output_type=output.DESCRIPTOR.full_name,
         steps=outcomes,
     )
-
-
-def _ignore(_entry: dict[str, Any]) -> None:
-    return None
 
 
 def run(

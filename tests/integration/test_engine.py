@@ -23,7 +23,7 @@ from protomolt_jobs.workflow import (
     run_segment,
     verify,
 )
-from tests.support.grpc_servers import TestServices, expected_tokens, seed_workflow
+from tests.support.grpc_servers import BoxServer, TestServices, expected_tokens, seed_workflow
 
 TEXT = "hello big world"
 
@@ -201,6 +201,27 @@ def test_inprocess_targets_use_the_runtime_channel_factory(svc):
         assert run(wf, {"text": TEXT}, runtime=runtime).output_json["count"] == 3
     finally:
         channel.close()
+
+
+def test_a_channel_factory_that_refuses_the_target_is_a_workflow_failure(svc):
+    def factory(target: str, tls: bool) -> grpc.Channel:
+        raise ValueError(f"no in-process service named {target[10:]!r} on this node")
+
+    runtime = Runtime(channel_factory=factory)
+    wf = compiled(runtime, seed_workflow("inprocess:nobody", review="invoke"))
+    for call in (
+        lambda: run(wf, {"text": TEXT}, runtime=runtime),
+        lambda: run_segment(wf, {"text": TEXT}, [], lambda e: None, runtime=runtime),
+    ):
+        err = failure(call)
+        assert err.kind is FailureKind.WORKFLOW
+        assert err.step == "tokenize"
+        assert err.code is None and not err.store_failure
+        assert err.message == (
+            "outbound channel policy rejected step: target 'inprocess:nobody': "
+            "no in-process service named 'nobody' on this node"
+        )
+        assert isinstance(err.__cause__, ValueError)
 
 
 def test_inprocess_target_without_a_factory_is_a_workflow_failure(svc, runtime):
@@ -450,8 +471,18 @@ def test_stored_response_that_no_longer_parses_is_drift(svc, runtime):
         err = failure(run_segment, wf, {"text": TEXT}, prior, lambda e: None, runtime=runtime)
         assert err.kind is FailureKind.WORKFLOW
         assert err.step == "tokenize"
-        assert "checkpoint 0 for step 'tokenize' does not parse as jobs.test.Tokens" in err.message
-        assert err.message.endswith("the workflow definition changed under the job")
+        assert err.message.startswith(
+            "checkpoint 'tokenize' response is not valid proto3 JSON for jobs.test.Tokens: "
+        )
+        assert len(err.message) > len(
+            "checkpoint 'tokenize' response is not valid proto3 JSON for jobs.test.Tokens: "
+        )
+    prior = [{"name": "tokenize", "skipped": False, "response": "not an object"}]
+    err = failure(run_segment, wf, {"text": TEXT}, prior, lambda e: None, runtime=runtime)
+    assert err.message == (
+        "checkpoint 'tokenize' response is not valid proto3 JSON for jobs.test.Tokens: "
+        "expected a JSON object"
+    )
     assert svc.calls("Tokenize") == 0
 
 
@@ -460,7 +491,10 @@ def test_more_checkpoints_than_steps_is_drift(svc, runtime):
     prior = [{"name": n, "skipped": True} for n in ("tokenize", "embed", "review", "extra")]
     err = failure(run_segment, wf, {"text": TEXT}, prior, lambda e: None, runtime=runtime)
     assert err.kind is FailureKind.WORKFLOW
-    assert "4 checkpoints for a workflow of 3 steps" in err.message
+    assert err.message == "stored checkpoints (4) outnumber the workflow's steps (3)"
+    assert not err.store_failure
+    err = failure(run_segment, wf, {"text": TEXT}, {"not": "a list"}, print, runtime=runtime)
+    assert (err.kind, err.message) == (FailureKind.WORKFLOW, "stored checkpoints are not an array")
 
 
 def test_one_channel_per_target_per_segment_and_concurrent_segments(svc, runtime):
@@ -483,3 +517,46 @@ def test_one_channel_per_target_per_segment_and_concurrent_segments(svc, runtime
     assert errors == []
     assert len(results) == 12 and all(r == results[0] for r in results)
     assert svc.max_in_flight("Tokenize") > 1  # segments really ran side by side
+
+
+# -- responses carrying google.protobuf.Any -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def boxes():
+    with BoxServer() as server:
+        yield server
+
+
+def test_an_any_of_a_workflow_type_renders_in_checkpoints_and_output(boxes, runtime):
+    boxes.packed_type = "jobs.anytest.Inner"
+    wf = compiled(runtime, boxes.workflow())
+    entries: list[dict] = []
+    result = run_segment(wf, {"word": "hi"}, [], entries.append, runtime=runtime)
+    assert isinstance(result, Completed)
+    item = {"@type": "type.googleapis.com/jobs.anytest.Inner", "word": "hi"}
+    assert entries == [
+        {"name": "pack", "skipped": False, "response": {"item": item, "label": "boxed"}}
+    ]
+    assert result.output_json == {"item": item, "label": "boxed"}
+    assert run(wf, {"word": "hi"}, runtime=runtime).output_json["item"] == item
+    # the stored entry replays (the pool parses the Any back)
+    again = run_segment(wf, {"word": "hi"}, entries, print, runtime=runtime)
+    assert again.output_json == result.output_json
+
+
+def test_an_any_nobody_knows_is_a_workflow_failure_not_a_store_failure(boxes, runtime):
+    boxes.packed_type = "jobs.anytest.Missing"
+    wf = compiled(runtime, boxes.workflow())
+    stored: list[dict] = []
+    err = failure(run_segment, wf, {"word": "hi"}, [], stored.append, runtime=runtime)
+    assert err.kind is FailureKind.WORKFLOW
+    assert err.step == "pack"
+    assert err.store_failure is False  # the worker must not retry (and call the service again)
+    assert err.message.startswith("could not render the checkpoint for 'pack' as JSON: ")
+    assert "jobs.anytest.Missing" in err.message
+    assert stored == []
+    # synchronous run: nothing is stored; the output itself cannot be rendered
+    err = failure(run, wf, {"word": "hi"}, runtime=runtime)
+    assert (err.kind, err.step) == (FailureKind.WORKFLOW, "output")
+    assert err.message.startswith("failed to render the workflow output: ")

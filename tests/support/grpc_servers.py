@@ -462,6 +462,143 @@ def seed_workflow(
     return workflow
 
 
+# -- a service answering google.protobuf.Any ---------------------------------------------------
+
+ANY_FILE = "jobs/anytest/v1/boxes.proto"
+
+
+@functools.lru_cache(maxsize=1)
+def any_descriptor_set() -> descriptor_pb2.FileDescriptorSet:
+    """``jobs.anytest``: ``Inner {string word}``, ``Box {Any item; string label}`` and
+    ``Boxer/Pack(Inner) -> Box``, with ``google/protobuf/any.proto`` (built by hand, no protoc)."""
+    from google.protobuf import any_pb2
+
+    f = descriptor_pb2.FieldDescriptorProto
+    fd = descriptor_pb2.FileDescriptorProto(
+        name=ANY_FILE,
+        package="jobs.anytest",
+        syntax="proto3",
+        dependency=["google/protobuf/any.proto"],
+    )
+    inner = fd.message_type.add(name="Inner")
+    inner.field.add(
+        name="word", number=1, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL, json_name="word"
+    )
+    box = fd.message_type.add(name="Box")
+    box.field.add(
+        name="item",
+        number=1,
+        type=f.TYPE_MESSAGE,
+        type_name=".google.protobuf.Any",
+        label=f.LABEL_OPTIONAL,
+        json_name="item",
+    )
+    box.field.add(
+        name="label", number=2, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL, json_name="label"
+    )
+    service = fd.service.add(name="Boxer")
+    service.method.add(
+        name="Pack", input_type=".jobs.anytest.Inner", output_type=".jobs.anytest.Box"
+    )
+    any_file = descriptor_pb2.FileDescriptorProto()
+    any_pb2.DESCRIPTOR.CopyToProto(any_file)
+    return descriptor_pb2.FileDescriptorSet(file=[any_file, fd])
+
+
+@functools.lru_cache(maxsize=1)
+def _any_pool() -> descriptor_pool.DescriptorPool:
+    pool = descriptor_pool.DescriptorPool()
+    for f in any_descriptor_set().file:
+        pool.Add(f)
+    return pool
+
+
+class BoxServer:
+    """Serves ``jobs.anytest.Boxer/Pack`` on 127.0.0.1: the answer's ``item`` packs
+    ``Inner(word=request.word)`` under the type URL of :attr:`packed_type` (set it to a name
+    the workflow's schema lacks to get an ``Any`` nobody can render)."""
+
+    __test__ = False
+
+    def __init__(self) -> None:
+        self.packed_type = "jobs.anytest.Inner"
+        self._calls = 0
+        self._lock = threading.Lock()
+        self._server: grpc.Server | None = None
+        self.target = ""
+
+    def start(self) -> BoxServer:
+        inner_cls = message_factory.GetMessageClass(
+            _any_pool().FindMessageTypeByName("jobs.anytest.Inner")
+        )
+        box_cls = message_factory.GetMessageClass(
+            _any_pool().FindMessageTypeByName("jobs.anytest.Box")
+        )
+
+        def pack(request: Any, context: grpc.ServicerContext) -> Any:
+            with self._lock:
+                self._calls += 1
+            box = box_cls(label="boxed")
+            box.item.type_url = f"type.googleapis.com/{self.packed_type}"
+            box.item.value = inner_cls(word=request.word).SerializeToString()
+            return box
+
+        handler = grpc.method_handlers_generic_handler(
+            "jobs.anytest.Boxer",
+            {
+                "Pack": grpc.unary_unary_rpc_method_handler(
+                    pack,
+                    request_deserializer=inner_cls.FromString,
+                    response_serializer=lambda m: m.SerializeToString(),
+                )
+            },
+        )
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        self._server.add_generic_rpc_handlers((handler,))
+        port = self._server.add_insecure_port("127.0.0.1:0")
+        self._server.start()
+        self.target = f"127.0.0.1:{port}"
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop(0.5).wait(5)
+            self._server = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def calls(self) -> int:
+        with self._lock:
+            return self._calls
+
+    def workflow(self, target: str | None = None) -> dict[str, Any]:
+        """One step, ``pack``, calling ``Boxer/Pack`` with ``word = input.word``; no output
+        mapping, so the Box is the result."""
+        return {
+            "name": "box-any",
+            "schema": {
+                "descriptorSetBase64": base64.b64encode(
+                    any_descriptor_set().SerializeToString()
+                ).decode("ascii")
+            },
+            "inputType": "jobs.anytest.Inner",
+            "steps": [
+                {
+                    "name": "pack",
+                    "target": target or self.target,
+                    "method": "jobs.anytest.Boxer/Pack",
+                    "rules": ["word = input.word"],
+                }
+            ],
+            "deadlineMs": 10_000,
+        }
+
+
 if __name__ == "__main__":  # a quick manual check: python -m tests.support.grpc_servers
     with TestServices() as svc:
         print(svc.target, len(svc.descriptor_set_b64), os.getpid())

@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protomolt_jobs.errors import InvalidInput
-from protomolt_jobs.workflow import Runtime, check, parse_workflow, verify
+from protomolt_jobs.workflow import Runtime, WorkflowParseError, check, parse_workflow, verify
 from protomolt_jobs.workflow.actions import CheckWorkflowAction, RunWorkflowAction
+from protomolt_jobs.workflow.types import DEFAULT_DEADLINE_MS
 from tests.support.grpc_servers import seed_workflow
 
 TARGET = "127.0.0.1:9"  # never called: nothing here runs a step
@@ -375,6 +376,58 @@ def test_parse_is_cached_by_canonical_text(runtime):
     first = parse_workflow(wf, runtime)
     reordered = json.loads(json.dumps(wf, sort_keys=True))
     assert parse_workflow(reordered, runtime) is first
+
+
+# -- deadlineMs is strict ---------------------------------------------------------------------
+
+_DEADLINE_RULE = "must be a whole number of milliseconds from 0 (the default) to 86400000 (24 h)"
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (-5, "-5"),
+        (True, "bool true"),
+        (False, "bool false"),
+        ("5000", 'str "5000"'),
+        (1.5, "1.5"),
+        (float("inf"), "Infinity"),
+        (86_400_001, "86400001"),
+        (10**400, "1" + "0" * 36 + "..."),  # 1e400 as JSONB hands it back: a 401-digit int
+        ([1], "list [1]"),
+    ],
+    ids=["negative", "true", "false", "string", "fraction", "inf", "over-24h", "1e400", "list"],
+)
+@pytest.mark.parametrize("where", ["workflow", "step"])
+def test_a_deadline_that_is_not_a_sane_whole_number_is_a_parse_error(runtime, where, value, shown):
+    wf = base()
+    if where == "workflow":
+        wf["deadlineMs"] = value
+        step, subject = "", "the workflow"
+    else:
+        wf["steps"][1]["deadlineMs"] = value
+        step, subject = "embed", "step 'embed'"
+    with pytest.raises(WorkflowParseError) as info:
+        parse_workflow(wf, runtime)
+    assert info.value.step == step
+    assert info.value.message == f"'deadlineMs' of {subject} {_DEADLINE_RULE}; got {shown}"
+    (finding,) = check(wf, runtime)
+    assert (finding.step, finding.kind) == (step, "workflow")
+    assert "'deadlineMs'" in finding.error
+
+
+def test_sane_deadlines_parse(runtime):
+    wf = base()
+    wf["deadlineMs"] = 86_400_000
+    wf["steps"][0]["deadlineMs"] = 2500.0  # a whole number written with a fraction part
+    wf["steps"][1]["deadlineMs"] = None
+    parsed = parse_workflow(wf, runtime)
+    assert parsed.deadline_ms == 86_400_000
+    assert [s.deadline_ms for s in parsed.steps] == [2500, 0, 0]
+    wf["deadlineMs"] = 0  # the default, as upstream
+    assert parse_workflow(wf, runtime).deadline_ms == DEFAULT_DEADLINE_MS
+    del wf["deadlineMs"]
+    assert parse_workflow(wf, runtime).deadline_ms == DEFAULT_DEADLINE_MS
 
 
 # -- property: random JSON never makes the checker (or run-workflow's input handling) raise ----
