@@ -8,7 +8,9 @@ For a claimed row the executor:
    snapshot that is unreadable, does not parse or does not verify, or an input that is not
    proto3 JSON for the input type, FAILS the job with the reference's texts
    (``WORKFLOW: stored workflow ...``, ``MAPPING: stored input is not valid proto3 JSON for
-   <type>: ...``);
+   <type>: <reason>``). Nothing in a claimed row can crash the executor: a row the store
+   could not decode (``JobRecord.unreadable``), checkpoints that are not an array, or any
+   other surprise while reading the row FAILS the job (fenced) with a ``WORKFLOW:`` text;
 3. takes the per-target permit for the next unexecuted step's target (none when every step
    is already checkpointed);
 4. runs ``run_segment`` from the stored checkpoints, checkpointing each new step through the
@@ -150,12 +152,15 @@ class SegmentExecutor:
         """
         lease = job.lease
         ctx = {"job_id": str(job.job_id), "worker_id": self.worker_id, "attempt": job.attempt}
+        # Only the row's content is read here, and only in forms that cannot raise: a row
+        # whose content is odd is failed by _execute, under the lease, never crashes us.
+        checkpoints = getattr(job, "checkpoints", None)
         log.info(
             "job claimed",
             extra={
                 "action": "job_claimed",
                 "workflow_name": job.workflow_name,
-                "checkpoints": len(job.checkpoints or []),
+                "checkpoints": len(checkpoints) if isinstance(checkpoints, list) else None,
                 **ctx,
             },
         )
@@ -207,13 +212,10 @@ class SegmentExecutor:
         )
 
         try:
-            workflow = self._parse_snapshot(job)
-            message = self._parse_input(job, workflow)
-            prior = self._prior(job)
+            workflow, message, prior, target = self._read_row(job, next_target)
         except _Fail as fail:
             return self._settle_fail(guard, fail.step, fail.detail, ctx)
 
-        target = next_target(workflow, len(prior)) if len(prior) < len(workflow.steps) else None
         try:
             with self._permits.held(target, cancelled=lambda: guard.lost):
                 if guard.lost:
@@ -293,6 +295,36 @@ class SegmentExecutor:
 
     # -- snapshot and input --------------------------------------------------------------
 
+    def _read_row(self, job: Any, next_target: Callable[[Any, int], str | None]) -> tuple:
+        """Everything the segment needs from the claimed row: ``(workflow, input message,
+        prior checkpoints, target of the next step or None)``.
+
+        :raises _Fail: for anything wrong with the row's content (reference texts where the
+            reference has them); an unexpected exception while reading is a WORKFLOW failure
+            too, since only the row's content can differ between jobs here.
+        """
+        unreadable = getattr(job, "unreadable", None)
+        if unreadable:
+            raise _Fail("", f"WORKFLOW: stored row is not readable JSON: {unreadable}")
+        try:
+            workflow = self._parse_snapshot(job)
+            message = self._parse_input(job, workflow)
+            prior = self._prior(job)
+            n_steps = len(workflow.steps)
+            target = next_target(workflow, len(prior)) if len(prior) < n_steps else None
+        except _Fail:
+            raise
+        except Exception as exc:
+            log.warning(
+                "reading the claimed row raised",
+                exc_info=True,
+                extra={"action": "row_unreadable", "job_id": str(job.job_id)},
+            )
+            raise _Fail(
+                "", f"WORKFLOW: stored row could not be read: {type(exc).__name__}: {exc}"
+            ) from exc
+        return workflow, message, prior, target
+
     def _parse_snapshot(self, job: Any) -> Any:
         from protomolt_jobs.workflow import WorkflowParseError, parse_workflow, verify
 
@@ -340,11 +372,14 @@ class SegmentExecutor:
         try:
             return parse_input(workflow, raw)
         except WorkflowParseError as exc:
-            text = _message(exc)
-            prefix = f"stored input is not valid proto3 JSON for {type_name}: "
-            if not text.startswith("stored input"):
-                text = prefix + text
-            raise _Fail("", f"MAPPING: {text}") from exc
+            # parse_input says "'input' is not valid proto3 JSON for <type>: <reason>"; the
+            # stored form names the input once, as the reference does.
+            reason = _message(exc)
+            said = f"'input' is not valid proto3 JSON for {type_name}: "
+            reason = reason.removeprefix(said)
+            raise _Fail(
+                "", f"MAPPING: stored input is not valid proto3 JSON for {type_name}: {reason}"
+            ) from exc
 
     def _prior(self, job: Any) -> list[dict]:
         prior = job.checkpoints
@@ -426,6 +461,7 @@ class SegmentExecutor:
     ) -> Settlement:
         if guard.lost:
             return self._abandoned(guard, ctx, "settle")
+        guard.settling = True
         try:
             write()
         except LeaseLost:

@@ -47,7 +47,7 @@ class LeaseGuard:
     After that the segment writes nothing.
     """
 
-    __slots__ = ("_lost", "failures", "lease", "next_due", "reason")
+    __slots__ = ("_lost", "failures", "lease", "next_due", "reason", "settling")
 
     def __init__(self, lease: Any, next_due: float) -> None:
         #: The fence: ``Lease(job_id, owner, attempt)``.
@@ -59,6 +59,9 @@ class LeaseGuard:
         self.next_due = next_due
         #: Consecutive heartbeat failures other than a lost lease.
         self.failures = 0
+        #: Set just before the settling write: from then on a heartbeat that finds no row
+        #: is the settlement winning the race, not a lost lease.
+        self.settling = False
 
     @property
     def lost(self) -> bool:
@@ -129,9 +132,15 @@ class Heartbeat:
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the heartbeat thread; returns at once. Idempotent."""
+        """Start the heartbeat thread; returns at once. Idempotent.
+
+        After a :meth:`stop` whose join timed out (a beat blocked in the store), the old
+        thread is still alive: it is told to carry on instead of a second thread starting.
+        """
         with self._cond:
             if self._thread is not None and self._thread.is_alive():
+                self._stopping = False
+                self._cond.notify_all()
                 return
             self._stopping = False
             self._thread = threading.Thread(
@@ -160,6 +169,14 @@ class Heartbeat:
             self._stopping = True
             self._cond.notify_all()
         thread.join(10.0 if timeout_s is None else timeout_s)
+        if thread.is_alive():
+            # A beat is blocked in the store. Keep the reference: the thread ends on its own
+            # once the beat returns (it sees _stopping), and start() must not add a second one.
+            log.warning(
+                "heartbeat thread did not stop in time; it ends after its current beat",
+                extra={"action": "heartbeat_stop_timeout", "worker_id": self.worker_id},
+            )
+            return
         with self._cond:
             if self._thread is thread:
                 self._thread = None
@@ -177,17 +194,39 @@ class Heartbeat:
             due = [g for g in self._guards.values() if g.next_due <= now and not g.lost]
         extended = 0
         for guard in due:
+            # The beats run outside the lock, so a guard of the snapshot may have settled
+            # (and been untracked) while earlier beats ran: its row is no longer ours to beat.
+            if not self._is_tracked(guard) or guard.lost:
+                continue
             if self._beat(guard):
                 extended += 1
         return extended
 
     # -- internals -----------------------------------------------------------------------
 
+    def _is_tracked(self, guard: LeaseGuard) -> bool:
+        with self._cond:
+            return self._guards.get(id(guard)) is guard
+
     def _beat(self, guard: LeaseGuard) -> bool:
         lease = guard.lease
         try:
             self._store.job_heartbeat(lease, self.lease_s)
         except LeaseLost:
+            if guard.settling or not self._is_tracked(guard):
+                # The job settled while this beat was in flight: the fenced write cleared the
+                # lease. If the lease really was lost, the settling write says so itself.
+                log.debug(
+                    "heartbeat found the job already settled",
+                    extra={
+                        "action": "heartbeat_after_settle",
+                        "job_id": str(lease.job_id),
+                        "worker_id": lease.owner,
+                        "attempt": lease.attempt,
+                    },
+                )
+                self.untrack(guard)
+                return False
             if guard.mark_lost("lease_lost"):
                 log.warning(
                     "lease lost on heartbeat; the run is abandoned",
@@ -224,6 +263,9 @@ class Heartbeat:
         while True:
             with self._cond:
                 if self._stopping:
+                    # Under the lock, so start() either sees this thread gone or keeps it.
+                    if self._thread is threading.current_thread():
+                        self._thread = None
                     return
                 now = time.monotonic()
                 pending = [g.next_due for g in self._guards.values() if not g.lost]

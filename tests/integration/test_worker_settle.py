@@ -14,7 +14,7 @@ import pytest
 from protomolt_jobs.store import JobStore
 from protomolt_jobs.worker import Settlement, Sweeper, Worker
 from protomolt_jobs.workflow import Runtime
-from tests.support.grpc_servers import TestServices, expected_tokens, seed_workflow
+from tests.support.grpc_servers import BoxServer, TestServices, expected_tokens, seed_workflow
 from tests.support.worker_proc import enqueue, event_types, events, jobs_config, wait_for
 
 
@@ -241,5 +241,154 @@ def test_settle_outcome_enum_names_what_was_written(store, fresh_dsn, services):
         assert worker.executor.execute(claimed) is Settlement.COMPLETED
         assert store.job_get(job.job_id).verdict == "3 steps, output jobs.test.Summary"
         assert services.calls("Review") == 1
+    finally:
+        worker.stop()
+
+
+# -- nothing the engine can classify is retried as a defect --------------------------------------
+
+
+def _settled_once(store, job_id, status):
+    row = store.job_get(job_id)
+    assert row.status == status
+    assert row.attempt == 1
+    assert row.lease_owner is None
+    return row
+
+
+def test_a_response_whose_any_cannot_be_rendered_fails_once_without_a_retry(store, fresh_dsn):
+    with BoxServer() as boxes:
+        boxes.packed_type = "jobs.anytest.Missing"
+        job = enqueue(store, boxes.workflow(), {"word": "hi"})
+        worker = _worker(store, fresh_dsn, backoff_base_seconds=0.05)
+        try:
+            assert worker.run_once() is True
+            row = _settled_once(store, job.job_id, "FAILED")
+            assert row.error.startswith(
+                "WORKFLOW: could not render the checkpoint for 'pack' as JSON: "
+            )
+            assert "jobs.anytest.Missing" in row.error
+            assert row.checkpoints == []
+            assert worker.run_once() is False
+            assert boxes.calls == 1  # the service was not called again
+            assert event_types(store, job.job_id) == [("ACCEPTED", ""), ("FAILED", "pack")]
+
+            # an Any of a type the schema holds is stored, and the job completes
+            boxes.packed_type = "jobs.anytest.Inner"
+            ok = enqueue(store, boxes.workflow(), {"word": "yo"})
+            assert worker.run_once() is True
+            row = _settled_once(store, ok.job_id, "COMPLETED")
+            item = {"@type": "type.googleapis.com/jobs.anytest.Inner", "word": "yo"}
+            assert row.checkpoints[0]["response"]["item"] == item
+            assert row.result["item"] == item
+        finally:
+            worker.stop()
+
+
+def test_a_channel_factory_refusing_the_target_fails_once(store, fresh_dsn, services):
+    made: list[str] = []
+
+    def factory(target: str, tls: bool) -> grpc.Channel:
+        made.append(target)
+        raise ValueError("no in-process service named 'nobody' on this node")
+
+    job = enqueue(store, seed_workflow("inprocess:nobody"), {"text": "a b"})
+    worker = Worker(
+        store,
+        runtime=Runtime(channel_factory=factory),
+        config=jobs_config(fresh_dsn, backoff_base_seconds=0.05),
+        dsn=fresh_dsn,
+    )
+    try:
+        assert worker.run_once() is True
+        row = _settled_once(store, job.job_id, "FAILED")
+        assert row.error == (
+            "WORKFLOW: outbound channel policy rejected step: target 'inprocess:nobody': "
+            "no in-process service named 'nobody' on this node"
+        )
+        assert event_types(store, job.job_id)[-1] == ("FAILED", "tokenize")
+        assert worker.run_once() is False
+        assert made == ["inprocess:nobody"]
+    finally:
+        worker.stop()
+
+
+@pytest.mark.parametrize(
+    "deadline", [10**400, -1, "5000", True], ids=["1e400", "negative", "string", "boolean"]
+)
+def test_a_stored_deadline_that_is_not_sane_fails_the_job_once(
+    store, fresh_dsn, services, deadline
+):
+    workflow = seed_workflow(services.target)
+    workflow["deadlineMs"] = deadline
+    job = enqueue(store, workflow, {"text": "a b"})
+    worker = _worker(store, fresh_dsn, backoff_base_seconds=0.05)
+    try:
+        assert worker.run_once() is True
+        row = _settled_once(store, job.job_id, "FAILED")
+        assert row.error.startswith(
+            "WORKFLOW: stored workflow does not parse: 'deadlineMs' of the workflow must be a "
+            "whole number of milliseconds"
+        )
+        assert worker.run_once() is False
+        assert services.calls("Tokenize") == 0
+    finally:
+        worker.stop()
+
+
+def test_stored_checkpoints_that_are_not_an_array_fail_the_job(store, fresh_dsn, services):
+    job = enqueue(store, seed_workflow(services.target), {"text": "a b"})
+    _sql(
+        fresh_dsn,
+        "UPDATE workflow_run SET checkpoints = '5'::jsonb WHERE job_id = %s RETURNING 1",
+        job.job_id,
+    )
+    worker = _worker(store, fresh_dsn)
+    try:
+        assert worker.run_once() is True
+        row = store.job_get(job.job_id)
+        assert row.status == "FAILED"
+        assert row.lease_owner is None
+        assert row.error.startswith("WORKFLOW: stored row is not readable JSON: checkpoints")
+        assert services.calls("Tokenize") == 0
+    finally:
+        worker.stop()
+
+
+def test_the_stored_input_error_names_the_input_once(store, fresh_dsn, services):
+    job = enqueue(store, seed_workflow(services.target), {"text": ["not", "a", "string"]})
+    worker = _worker(store, fresh_dsn)
+    try:
+        assert worker.run_once() is True
+        row = store.job_get(job.job_id)
+        assert row.status == "FAILED"
+        prefix = "MAPPING: stored input is not valid proto3 JSON for jobs.test.Text: "
+        assert row.error.startswith(prefix)
+        assert "proto3 JSON" not in row.error[len(prefix) :]
+        assert "'input'" not in row.error
+    finally:
+        worker.stop()
+
+
+def test_a_settled_job_never_logs_a_lost_lease(store, fresh_dsn, services, caplog):
+    """A heartbeat racing the settling write finds the row settled: not a lost lease."""
+    caplog.set_level(logging.DEBUG, logger="protomolt_jobs")
+    worker = _worker(store, fresh_dsn, lease_seconds=0.3)
+    services.set_delay("Tokenize", 0.25)  # a beat is due while the job runs and settles
+    jobs = [
+        enqueue(store, seed_workflow(services.target, review="invoke"), {"text": "a b"})
+        for _ in range(4)
+    ]
+    try:
+        worker.heartbeat.start()
+        for _ in jobs:
+            assert worker.run_once() is True
+        assert {store.job_get(j.job_id).status for j in jobs} == {"COMPLETED"}
+        lost = [
+            r
+            for r in caplog.records
+            if getattr(r, "action", None) == "lease_lost" and r.levelno >= logging.WARNING
+        ]
+        assert lost == []
     finally:
         worker.stop()

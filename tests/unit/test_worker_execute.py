@@ -13,7 +13,6 @@ import pytest
 import protomolt_jobs.workflow as wf
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import LeaseLost, StoreError
-from protomolt_jobs.store.records import Lease
 from protomolt_jobs.worker.execute import SegmentExecutor, Settlement
 from protomolt_jobs.worker.heartbeat import Heartbeat
 from protomolt_jobs.worker.permits import TargetPermits
@@ -27,19 +26,30 @@ from protomolt_jobs.workflow.types import (
 )
 
 
+@dataclass(frozen=True)
+class _Lease:
+    """The fence as the executor and heartbeat use it (attributes only)."""
+
+    job_id: uuid.UUID
+    owner: str
+    attempt: int
+    token: uuid.UUID
+
+
 @dataclass
 class _Job:
     attempt: int = 1
     max_attempts: int = 3
-    checkpoints: list = field(default_factory=list)
+    checkpoints: Any = field(default_factory=list)
     workflow_definition: Any = field(default_factory=lambda: {"name": "wf"})
     input: Any = field(default_factory=lambda: {"text": "x"})
     workflow_name: str = "wf"
     job_id: uuid.UUID = field(default_factory=uuid.uuid4)
+    unreadable: str | None = None
 
     @property
-    def lease(self) -> Lease:
-        return Lease(self.job_id, "w", self.attempt)
+    def lease(self) -> _Lease:
+        return _Lease(self.job_id, "w", self.attempt, uuid.UUID(int=self.attempt))
 
 
 class _Store:
@@ -48,7 +58,7 @@ class _Store:
         self.lose_on: set[str] = set()
         self.fail_on: set[str] = set()
 
-    def _do(self, op: str, lease: Lease, *args: Any) -> None:
+    def _do(self, op: str, lease: _Lease, *args: Any) -> None:
         if op in self.lose_on:
             raise LeaseLost(lease.job_id, lease.owner, lease.attempt, op)
         if op in self.fail_on:
@@ -321,3 +331,88 @@ def test_an_unexpected_engine_error_is_a_bounded_retry(engine):
     assert _executor(store).execute(_Job(attempt=3, max_attempts=3)) is Settlement.DEAD
     assert store.writes[0][0] == "dead"
     assert store.writes[0][1].startswith("WORKFLOW: unexpected error in the worker: KeyError")
+
+
+# -- nothing in a claimed row crashes the executor ---------------------------------------------
+
+
+@pytest.mark.parametrize("checkpoints", [5, "tokenize", {"name": "a"}, 2.5, True])
+def test_checkpoints_that_are_not_an_array_fail_the_job(engine, checkpoints):
+    store = _Store()
+    engine.segment = lambda prior, cb: pytest.fail("must not run")
+    assert _executor(store).execute(_Job(checkpoints=checkpoints)) is Settlement.FAILED
+    assert store.writes == [("fail", "WORKFLOW: stored checkpoints are not an array", "")]
+
+
+def test_a_row_the_store_could_not_decode_fails_with_what_was_unreadable(engine):
+    store = _Store()
+    engine.segment = lambda prior, cb: pytest.fail("must not run")
+    job = _Job(
+        input=None,
+        checkpoints=None,
+        unreadable="input: nested too deeply; checkpoints: not a JSON array",
+    )
+    assert _executor(store).execute(job) is Settlement.FAILED
+    assert store.writes == [
+        (
+            "fail",
+            (
+                "WORKFLOW: stored row is not readable JSON: "
+                "input: nested too deeply; checkpoints: not a JSON array"
+            ),
+            "",
+        )
+    ]
+
+
+def test_a_record_without_the_unreadable_field_still_runs(engine):
+    @dataclass
+    class OldJob:  # a JobRecord from before the store grew `unreadable`
+        attempt: int = 1
+        max_attempts: int = 3
+        checkpoints: Any = field(default_factory=list)
+        workflow_definition: Any = field(default_factory=lambda: {"name": "wf"})
+        input: Any = field(default_factory=lambda: {"text": "x"})
+        workflow_name: str = "wf"
+        job_id: uuid.UUID = field(default_factory=uuid.uuid4)
+
+        @property
+        def lease(self) -> _Lease:
+            return _Lease(self.job_id, "w", self.attempt, uuid.UUID(int=0))
+
+    store = _Store()
+    engine.segment = lambda prior, cb: Parked("b")
+    assert _executor(store).execute(OldJob()) is Settlement.PARKED
+
+
+def test_a_surprise_while_reading_the_row_fails_the_job_under_the_lease(engine):
+    store = _Store()
+    engine.segment = lambda prior, cb: pytest.fail("must not run")
+    engine.parse_error = RecursionError("maximum recursion depth exceeded")
+    assert _executor(store).execute(_Job()) is Settlement.FAILED
+    assert store.writes == [
+        (
+            "fail",
+            (
+                "WORKFLOW: stored row could not be read: RecursionError: "
+                "maximum recursion depth exceeded"
+            ),
+            "",
+        )
+    ]
+
+
+def test_the_input_error_names_the_input_once(engine):
+    store = _Store()
+    engine.segment = lambda prior, cb: pytest.fail("must not run")
+    engine.input_error = WorkflowParseError(
+        "", "'input' is not valid proto3 JSON for t.In: expected a JSON object"
+    )
+    assert _executor(store).execute(_Job(input=[1])) is Settlement.FAILED
+    assert store.writes == [
+        (
+            "fail",
+            "MAPPING: stored input is not valid proto3 JSON for t.In: expected a JSON object",
+            "",
+        )
+    ]

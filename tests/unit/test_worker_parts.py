@@ -3,6 +3,7 @@ sweeper cadence, crash-point parsing and start/stop of components that were neve
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -141,6 +142,111 @@ def test_heartbeat_retries_after_a_store_error():
     guard.next_due = 0.0
     assert hb.run_once() == 1
     assert guard.failures == 0
+
+
+def _lease_lost_warnings(caplog) -> list:
+    return [
+        r
+        for r in caplog.records
+        if getattr(r, "action", None) == "lease_lost" and r.levelno >= logging.WARNING
+    ]
+
+
+def test_a_guard_settled_while_earlier_beats_ran_is_not_beaten(caplog):
+    """run_once snapshots the due guards, then beats them one by one outside its lock."""
+    caplog.set_level(logging.DEBUG, logger="protomolt_jobs")
+    store = _HeartbeatStore()
+    hb = Heartbeat(store, lease_s=30, worker_id="w")
+    first = hb.track(_Lease(uuid.uuid4(), "w", 1))
+    second = hb.track(_Lease(uuid.uuid4(), "w", 1))
+    first.next_due = second.next_due = 0.0
+    real = store.job_heartbeat
+
+    def beat(lease, lease_s):
+        if lease == first.lease:
+            # meanwhile the second job settles: its row leaves RUNNING, its guard is untracked
+            store.lost.add(second.lease.job_id)
+            hb.untrack(second)
+        real(lease, lease_s)
+
+    store.job_heartbeat = beat
+    assert hb.run_once() == 1
+    assert [b[0] for b in store.beats] == [first.lease]
+    assert not second.lost
+    assert _lease_lost_warnings(caplog) == []
+
+
+@pytest.mark.parametrize("how", ["untracked", "settling"])
+def test_lease_lost_on_a_beat_racing_the_settlement_is_not_a_warning(caplog, how):
+    caplog.set_level(logging.DEBUG, logger="protomolt_jobs")
+    store = _HeartbeatStore()
+    hb = Heartbeat(store, lease_s=30, worker_id="w")
+    guard = hb.track(_Lease(uuid.uuid4(), "w", 1))
+    guard.next_due = 0.0
+
+    def beat(lease, lease_s):
+        # the settling write commits while this beat is in flight
+        if how == "untracked":
+            hb.untrack(guard)
+        else:
+            guard.settling = True
+        raise LeaseLost(lease.job_id, lease.owner, lease.attempt, "heartbeat")
+
+    store.job_heartbeat = beat
+    assert hb.run_once() == 0
+    assert not guard.lost
+    assert hb.tracked() == []
+    assert _lease_lost_warnings(caplog) == []
+    assert any(getattr(r, "action", None) == "heartbeat_after_settle" for r in caplog.records)
+
+
+def test_a_stop_that_times_out_on_a_blocked_beat_never_leaves_two_threads():
+    entered, unblock = threading.Event(), threading.Event()
+    store = _HeartbeatStore()
+    real = store.job_heartbeat
+
+    def blocking(lease, lease_s):
+        entered.set()
+        unblock.wait(10)
+        real(lease, lease_s)
+
+    store.job_heartbeat = blocking
+    hb = Heartbeat(store, lease_s=0.3, worker_id="blocked")
+    name = "protomolt-jobs-heartbeat-blocked"
+
+    def alive() -> int:
+        return sum(1 for t in threading.enumerate() if t.name == name and t.is_alive())
+
+    guard = hb.track(_Lease(uuid.uuid4(), "w", 1))
+    guard.next_due = 0.0
+    hb.start()
+    try:
+        assert entered.wait(5)
+        hb.stop(timeout_s=0.05)  # the beat is blocked: the join times out
+        hb.start()
+        assert alive() == 1
+        unblock.set()
+        # the one thread carries on beating after a restart
+        n = len(store.beats)
+        assert _poll(lambda: len(store.beats) >= n + 2)
+        assert alive() == 1
+    finally:
+        unblock.set()
+        hb.stop()
+    assert _poll(lambda: alive() == 0)
+
+    # a stop that timed out and no restart: the thread still ends once its beat returns
+    entered.clear()
+    unblock.clear()
+    hb.start()
+    try:
+        assert entered.wait(5)
+        hb.stop(timeout_s=0.05)
+        unblock.set()
+        assert _poll(lambda: alive() == 0)
+    finally:
+        unblock.set()
+        hb.stop()
 
 
 def test_components_tolerate_stop_before_start_and_double_stop():
