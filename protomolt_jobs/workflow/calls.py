@@ -102,7 +102,7 @@ def call_unary(channel: grpc.Channel, step: Step, request: Message, timeout_s: f
 
     :param timeout_s: the call deadline from now, in seconds.
     :raises WorkflowExecutionError: GRPC with the status code for any non-OK status (a call that
-        outlives ``timeout_s`` is ``DEADLINE_EXCEEDED``).
+        outlives ``timeout_s`` is ``DEADLINE_EXCEEDED``; a closed channel is ``UNAVAILABLE``).
     """
     assert step.output_type is not None
     response_cls = message_class(step.output_type)
@@ -113,6 +113,16 @@ def call_unary(channel: grpc.Channel, step: Step, request: Message, timeout_s: f
     )
     try:
         return multicallable(request, timeout=timeout_s)
+    except ValueError as exc:
+        # grpc refuses a closed channel this way: the host closed its in-process channel
+        # (shutting down). Another claim, on a live node, can make the call: retryable.
+        code = grpc.StatusCode.UNAVAILABLE
+        raise WorkflowExecutionError(
+            FailureKind.GRPC,
+            step.name,
+            f"gRPC {code.name} from {step.target}: {exc}",
+            code=code,
+        ) from exc
     except grpc.RpcError as exc:
         code = exc.code() if callable(getattr(exc, "code", None)) else grpc.StatusCode.UNKNOWN
         details = exc.details() if callable(getattr(exc, "details", None)) else None

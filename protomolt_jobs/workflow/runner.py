@@ -161,19 +161,20 @@ def _build(
             mapping.apply_cel_rules(msg, cel_rules, scope.cel())
     except mapping.MappingError as exc:
         raise _fail(FailureKind.MAPPING, step_name, f"mapping failed: {exc}") from exc
-    except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
-        # protobuf's own setters reject what the converters let through
+    except Exception as exc:
+        # protobuf's own setters reject what the converters let through, and reading a
+        # response into CEL can fail on its values (a Timestamp out of datetime's range)
         raise _fail(FailureKind.MAPPING, step_name, f"mapping failed: {exc}") from exc
     return msg
 
 
 def _gate(step: Step, scope: _Scope) -> bool:
-    activation = dict(scope.cel())
     assert step.input_type is not None
-    activation["target"] = _cel.message_to_cel(message_class(step.input_type)())
     try:
+        activation = dict(scope.cel())
+        activation["target"] = _cel.message_to_cel(message_class(step.input_type)())
         return _cel.evaluate_bool(step.when, activation)
-    except _cel.CelError as exc:
+    except Exception as exc:  # CelError, or a bound value CEL cannot hold
         raise _fail(FailureKind.GATE, step.name, f"gate failed: {exc}") from exc
 
 

@@ -224,6 +224,42 @@ def test_a_channel_factory_that_refuses_the_target_is_a_workflow_failure(svc):
         assert isinstance(err.__cause__, ValueError)
 
 
+def test_a_closed_factory_channel_is_unavailable(svc):
+    channel = grpc.insecure_channel(svc.target)
+    channel.close()  # the host is shutting down its in-process channels
+    runtime = Runtime(channel_factory=lambda target, tls: channel)
+    wf = compiled(runtime, seed_workflow("inprocess:jobs-test", review="invoke"))
+    err = failure(run, wf, {"text": TEXT}, runtime=runtime)
+    assert (err.kind, err.code, err.step) == (
+        FailureKind.GRPC,
+        grpc.StatusCode.UNAVAILABLE,
+        "tokenize",
+    )
+    assert err.message.startswith("gRPC UNAVAILABLE from inprocess:jobs-test: ")
+
+
+def test_a_bound_value_cel_cannot_hold_fails_the_gate_or_the_mapping(svc, runtime, monkeypatch):
+    import protomolt_jobs.workflow.cel as cel_module
+
+    def unrepresentable(msg):
+        raise OverflowError("timestamp out of range for datetime")
+
+    gated = seed_workflow(svc.target, review="invoke")
+    gated["steps"][1]["when"] = "size(tokenize.ids) > 0"
+    gated = compiled(runtime, gated)
+    mapped = seed_workflow(svc.target, review="invoke")
+    mapped["steps"][1]["celRules"] = [{"selector": "tokenize.text", "target": "text"}]
+    mapped = compiled(runtime, mapped)
+    monkeypatch.setattr(cel_module, "message_to_cel", unrepresentable)
+    err = failure(run, gated, {"text": TEXT}, runtime=runtime)
+    assert (err.kind, err.step) == (FailureKind.GATE, "embed")
+    assert err.message == "gate failed: timestamp out of range for datetime"
+
+    err = failure(run, mapped, {"text": TEXT}, runtime=runtime)
+    assert (err.kind, err.step) == (FailureKind.MAPPING, "embed")
+    assert err.message == "mapping failed: timestamp out of range for datetime"
+
+
 def test_inprocess_target_without_a_factory_is_a_workflow_failure(svc, runtime):
     wf = compiled(runtime, seed_workflow("inprocess:jobs-test", review="invoke"))
     err = failure(run, wf, {"text": TEXT}, runtime=runtime)
