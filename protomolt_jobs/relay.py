@@ -73,31 +73,24 @@ CRASH_POINTS = frozenset({"after_publish"})
 CRASH_EXIT_CODE = 97
 _armed_points: set[str] = set()
 
-#: Delivery errors that say the broker lane is down, not that the event is bad.
-_LANE_CODES = frozenset(
+#: Delivery errors that are the event's own fault: retrying the same bytes cannot succeed, so
+#: they count against the row (10 make it FAILED). Every other error blames the broker lane
+#: (outage, timeout, producer or idempotence state, errors this list does not know): the row
+#: stays PENDING without an attempt counted, so a long outage never dead-letters good events.
+_EVENT_CODES = frozenset(
     {
-        KafkaError._MSG_TIMED_OUT,
-        KafkaError._TIMED_OUT,
-        KafkaError._TRANSPORT,
-        KafkaError._ALL_BROKERS_DOWN,
-        KafkaError._PURGE_QUEUE,
-        KafkaError._PURGE_INFLIGHT,
-        KafkaError._FATAL,
-        KafkaError._DESTROY,
-        KafkaError._UNKNOWN_TOPIC,
-        KafkaError._UNKNOWN_PARTITION,
-        KafkaError.UNKNOWN_TOPIC_OR_PART,
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-        KafkaError.REQUEST_TIMED_OUT,
-        KafkaError.NETWORK_EXCEPTION,
-        KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.NOT_LEADER_FOR_PARTITION,
-        KafkaError.NOT_ENOUGH_REPLICAS,
-        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-        KafkaError.UNKNOWN_PRODUCER_ID,
-        KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
-        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.INVALID_MSG_SIZE,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.INVALID_MSG,
+        KafkaError.INVALID_RECORD,
+        KafkaError.INVALID_TIMESTAMP,
+        KafkaError.UNSUPPORTED_COMPRESSION_TYPE,
+        KafkaError._BAD_MSG,
+        KafkaError._INVALID_ARG,
+        KafkaError._INVALID_TYPE,
+        KafkaError._KEY_SERIALIZATION,
+        KafkaError._VALUE_SERIALIZATION,
     }
 )
 #: Lane failures after which the producer is replaced (its idempotence state is suspect).
@@ -135,7 +128,7 @@ def _reached(point: str) -> None:
 def is_lane_failure(err: KafkaError) -> bool:
     """True when a delivery error blames the broker lane (outage, timeout, producer state)
     rather than the event; such failures are not counted against the row."""
-    return err.code() in _LANE_CODES or err.fatal() or err.retriable()
+    return err.code() not in _EVENT_CODES or err.fatal() or err.retriable()
 
 
 def check_payload(payload: bytes, kafka_key: str) -> str | None:
@@ -154,9 +147,7 @@ def check_payload(payload: bytes, kafka_key: str) -> str | None:
         return f"undecodable: the payload is not a WorkflowRunEvent: {exc or type(exc).__name__}"
     violations = validate_event(event)
     if violations:
-        return "; ".join(
-            f"{v.rule_id}: {v.path or '(message)'}: {v.message}" for v in violations
-        )
+        return "; ".join(f"{v.rule_id}: {v.path or '(message)'}: {v.message}" for v in violations)
     if event.job_id != kafka_key:
         return (
             f"key-mismatch: the event's job_id {event.job_id!r} differs from the row's "

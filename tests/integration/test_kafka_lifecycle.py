@@ -16,10 +16,23 @@ from protomolt_jobs.requests import RequestConsumer
 from protomolt_jobs.store import JobStore
 from protomolt_jobs.submitter import Submitter
 from protomolt_jobs.workflow import Runtime
+from tests.support.broker import Broker
 from tests.support.factories import new_job
 from tests.support.grpc_servers import seed_workflow
 from tests.support.kafka import create_topic, produce, unique_topic, wait_for
 from tests.support.roles import MemoryRepository
+
+
+@pytest.fixture
+def broker():
+    """A broker of this test's own. Consumer-group tests do not share the session broker:
+    Tansu never completes another join for a group whose member left mid-join (seen stuck
+    for over 320 s), so one aborted join would stall every later test's consumer."""
+    b = Broker().start()
+    try:
+        yield b
+    finally:
+        b.stop()
 
 
 @pytest.fixture
@@ -39,7 +52,9 @@ def test_relay_start_stop_stress(fresh_dsn, store, broker):
     topic = unique_topic("ev")
     create_topic(broker.bootstrap, topic)
     config = JobsConfig(
-        dsn=fresh_dsn, kafka_bootstrap=broker.bootstrap, events_topic=topic,
+        dsn=fresh_dsn,
+        kafka_bootstrap=broker.bootstrap,
+        events_topic=topic,
         relay_poll_interval_ms=20,
     )
     relay = Relay(store, config=config)
@@ -81,8 +96,11 @@ def test_request_consumer_start_stop_stress(fresh_dsn, store, broker):
         s = struct_pb2.Struct()
         s.update({"text": "one two three"})
         produce(
-            broker.bootstrap, topic,
-            WorkflowRunRequest(job_id=job, workflow_name="seed-review", input=s).SerializeToString(),
+            broker.bootstrap,
+            topic,
+            WorkflowRunRequest(
+                job_id=job, workflow_name="seed-review", input=s
+            ).SerializeToString(),
             key=job,
         )
         wait_for(lambda: store.job_get(job) is not None, timeout_s=60)

@@ -21,6 +21,7 @@ from protomolt_jobs.requests import CRASH_EXIT_CODE, RequestConsumer
 from protomolt_jobs.store import JobStore
 from protomolt_jobs.submitter import Submitter
 from protomolt_jobs.workflow import Runtime
+from tests.support.broker import Broker
 from tests.support.grpc_servers import seed_workflow
 from tests.support.kafka import create_topic, partitions_of, produce, unique_topic, wait_for
 from tests.support.roles import MemoryRepository
@@ -34,6 +35,18 @@ def request(job_id: str, name: str = "seed-review", input: dict | None = None) -
     s = struct_pb2.Struct()
     s.update({"text": "hello brave new world"} if input is None else input)
     return WorkflowRunRequest(job_id=job_id, workflow_name=name, input=s).SerializeToString()
+
+
+@pytest.fixture
+def broker():
+    """A broker of this test's own. Consumer-group tests do not share the session broker:
+    Tansu never completes another join for a group whose member left mid-join (seen stuck
+    for over 320 s), so one aborted join would stall every later test's consumer."""
+    b = Broker().start()
+    try:
+        yield b
+    finally:
+        b.stop()
 
 
 @pytest.fixture
@@ -97,7 +110,9 @@ def test_record_submits_the_job_once(fresh_dsn, store, broker, topic, consumer):
     assert drain(consumer, 1)[0][0] == "submitted"
     row = store.job_get(job)
     assert (row.status, row.workflow_name, row.input) == (
-        "QUEUED", "seed-review", {"text": "hello brave new world"},
+        "QUEUED",
+        "seed-review",
+        {"text": "hello brave new world"},
     )
     produce(broker.bootstrap, topic, request(job), key=job)
     assert [h[0] for h in drain(consumer, 2)] == ["submitted", "duplicate"]
@@ -124,7 +139,12 @@ def test_bad_records_are_rejected_and_the_next_valid_one_is_processed(
     garbage = random.Random(7).randbytes(64)
     produce(broker.bootstrap, topic, garbage, key=key)
     produce(broker.bootstrap, topic, request("not-a-uuid"), key=key)
-    produce(broker.bootstrap, topic, request(str(uuid.uuid4()), input={"text": ["not", "a", "string"]}), key=key)
+    produce(
+        broker.bootstrap,
+        topic,
+        request(str(uuid.uuid4()), input={"text": ["not", "a", "string"]}),
+        key=key,
+    )
     good = str(uuid.uuid4())
     produce(broker.bootstrap, topic, request(good), key=key)
     outcomes = drain(consumer, 4)
@@ -151,6 +171,7 @@ from protomolt_jobs.submitter import Submitter
 from protomolt_jobs.workflow import Runtime
 from tests.support.grpc_servers import seed_workflow
 from tests.support.roles import MemoryRepository
+from tests.support.broker import Broker
 dsn, bootstrap, topic, target = sys.argv[1:5]
 store = JobStore.open(dsn, max_size=2)
 sub = Submitter(store, MemoryRepository({"seed-review": seed_workflow(target)}), Runtime(), 3)

@@ -31,13 +31,25 @@ def _config(**kw) -> JobsConfig:
 def _row(seq: int, job_id: str | None = None, *, type="ACCEPTED", payload=None, **kw) -> OutboxRow:
     job_id = job_id or str(uuid.uuid4())
     ev = build_event(
-        job_id=job_id, workflow_name="wf", type=type, attempt=0, status_after="QUEUED",
-        occurred_at=NOW, **kw,
+        job_id=job_id,
+        workflow_name="wf",
+        type=type,
+        attempt=0,
+        status_after="QUEUED",
+        occurred_at=NOW,
+        **kw,
     )
     return OutboxRow(
-        event_id=ev.event_id, seq=seq, event_type=ev.event_type,
-        payload=ev.payload if payload is None else payload, kafka_key=ev.kafka_key, attempts=0,
-        status="PENDING", created_at=NOW, published_at=None, last_error=None,
+        event_id=ev.event_id,
+        seq=seq,
+        event_type=ev.event_type,
+        payload=ev.payload if payload is None else payload,
+        kafka_key=ev.kafka_key,
+        attempts=0,
+        status="PENDING",
+        created_at=NOW,
+        published_at=None,
+        last_error=None,
     )
 
 
@@ -121,6 +133,11 @@ def test_lane_failures_are_not_the_events_fault():
     assert is_lane_failure(KafkaError(KafkaError._PURGE_INFLIGHT))
     assert not is_lane_failure(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
     assert not is_lane_failure(KafkaError(KafkaError.INVALID_RECORD))
+    # Errors the relay has no rule for (idempotence-state errors librdkafka raises under
+    # load, for one) blame the lane: a broker outage must never dead-letter a good event.
+    assert is_lane_failure(KafkaError(KafkaError._INCONSISTENT))
+    assert is_lane_failure(KafkaError(KafkaError._GAPLESS_GUARANTEE))
+    assert is_lane_failure(KafkaError(KafkaError.UNKNOWN))
 
 
 def test_publishes_the_batch_keyed_by_job_and_marks_acked_rows():
@@ -131,7 +148,9 @@ def test_publishes_the_batch_keyed_by_job_and_marks_acked_rows():
     assert relay.run_once() == 2
     assert relay.run_once() == 0
     assert store.published == [r.event_id for r in rows]
-    assert [(t, k, v) for t, k, v in producer.sent] == [("ev", r.kafka_key, r.payload) for r in rows]
+    assert [(t, k, v) for t, k, v in producer.sent] == [
+        ("ev", r.kafka_key, r.payload) for r in rows
+    ]
     assert store.claims[0] == (3, relay.claim_s) and relay.claim_s > relay.report_wait_s
 
 
