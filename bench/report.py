@@ -163,7 +163,7 @@ def table(results: dict, title: str = "protomolt-jobs benchmarks") -> Table:
     peers = [p for p in PEER_ORDER if any(p in r["peers"] for r in rows(results))]
     for p in peers:
         t.add_column(p, justify="right")
-        t.add_column("ours/" + p.split("-")[0][:5], justify="right")
+        t.add_column("ours/" + p, justify="right")
     for r in rows(results):
         if "text" in r:
             # Table-size rows: the system's figure goes in its own column.
@@ -186,3 +186,35 @@ def table(results: dict, title: str = "protomolt-jobs benchmarks") -> Table:
 def print_table(results: dict, console: Console | None = None) -> None:
     """Print the one table to the terminal (width permitting, else rich wraps cells)."""
     (console or Console(width=220)).print(table(results))
+
+
+def markdown(results: dict) -> str:
+    """The same table as GitHub markdown (what docs/benchmarks.md carries)."""
+    t = table(results)
+    headers = [str(c.header) for c in t.columns]
+    cells = [list(c._cells) for c in t.columns]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for i in range(len(cells[0]) if cells else 0):
+        lines.append("| " + " | ".join(str(col[i]) for col in cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m bench.report results.json [--markdown]``: re-render a saved run."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m bench.report")
+    p.add_argument("json")
+    p.add_argument("--markdown", action="store_true")
+    args = p.parse_args(argv)
+    with open(args.json) as fh:
+        results = json.load(fh)
+    if args.markdown:
+        print(markdown(results))
+    else:
+        print_table(results)
+
+
+if __name__ == "__main__":
+    main()

@@ -22,7 +22,8 @@ def summary_ms(values_s: list[float]) -> dict:
 
 
 def ratio(ours: float | None, theirs: float | None) -> float | None:
-    """``ours / theirs`` rounded to 0.01, or None when either side is missing or zero."""
+    """``ours / theirs`` to three significant digits, or None when either side is missing or
+    zero."""
     if not ours or not theirs or math.isnan(ours) or math.isnan(theirs):
         return None
-    return round(ours / theirs, 2)
+    return float(f"{ours / theirs:.3g}")
