@@ -46,6 +46,13 @@ def ready_and_wait() -> None:
         raise SystemExit("bench parent went away before go")
 
 
+def rss_mib() -> float:
+    """Resident set size of this process now, MiB (``/proc/self/statm``: no psutil needed)."""
+    with open("/proc/self/statm") as fh:
+        pages = int(fh.read().split()[1])
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+
+
 def wait_until(check: Callable[[], bool], timeout_s: float, poll_s: float = 0.1) -> int:
     """Call ``check`` every ``poll_s`` until it is true; returns how many times it was called.
 

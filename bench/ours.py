@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 
-from bench.child import ready_and_wait, wait_until
+from bench.child import ready_and_wait, rss_mib, wait_until
 from bench.noop_grpc import SERVICE, descriptor_set_b64
 from bench.pgdb import relation_sizes
 from bench.stats import summary_ms
@@ -224,15 +224,13 @@ def latency(params: dict) -> dict:
 
 def memory(params: dict) -> dict:
     """``n`` concurrent slow one-step jobs in one worker process; peak RSS (``ru_maxrss``)."""
-    import psutil
-
     n = params["n"]
     engine = _Engine({**params, "pool_max": 10}, worker_count=n, per_target=n)
     definition = workflow(params["target"], steps=1, slow=True)
     try:
         engine.start()
         ready_and_wait()
-        base = psutil.Process().memory_info().rss
+        base_mib = rss_mib()
         t0 = time.time()
         for i in range(n):
             engine.submit(definition, f"m{i}")
@@ -253,7 +251,7 @@ def memory(params: dict) -> dict:
     finally:
         engine.close()
     return {
-        "base_rss_mib": round(base / 2**20, 1),
+        "base_rss_mib": base_mib,
         "peak_rss_mib": round(peak_kib / 1024, 1),
         "elapsed_s": round(elapsed, 2),
         "concurrent": n,

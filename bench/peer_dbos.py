@@ -24,7 +24,7 @@ import grpc
 import psycopg
 from dbos import DBOS, DBOSConfig
 
-from bench.child import ready_and_wait, wait_until
+from bench.child import ready_and_wait, rss_mib, wait_until
 from bench.noop_grpc import CALL, SLOW, decode_text, encode_ping
 from bench.pgdb import sqlalchemy_url
 
@@ -170,21 +170,19 @@ def memory(params: dict) -> dict:
     """``n`` concurrent one-step workflows whose step is the slow call; peak RSS of this process."""
     import resource
 
-    import psutil
-
     n = params["n"]
     params = {**params, "slow": True, "pool_max": 24}
     _launch(params)
     try:
         ready_and_wait()
-        base = psutil.Process().memory_info().rss
+        base_mib = rss_mib()
         t0 = time.time()
         handles = [DBOS.start_workflow(one_step, f"m{i}") for i in range(n)]
         for h in handles:
             h.get_result()
         peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return {
-            "base_rss_mib": round(base / 2**20, 1),
+            "base_rss_mib": base_mib,
             "peak_rss_mib": round(peak_kib / 1024, 1),
             "elapsed_s": round(time.time() - t0, 2),
             "concurrent": n,

@@ -17,7 +17,7 @@ import grpc
 import procrastinate
 import psycopg
 
-from bench.child import emit
+from bench.child import emit, rss_mib
 from bench.noop_grpc import CALL, SLOW, decode_text, encode_ping
 
 _target = ""
@@ -176,14 +176,12 @@ def memory(params: dict) -> dict:
     """``n`` concurrent slow one-task jobs; peak RSS of this (worker) process."""
     import resource
 
-    import psutil
-
     n, dsn = params["n"], params["dsn"]
     # Pool capped: the cluster's max_connections (100) is shared with everything else.
     params = {**params, "slow": True, "workers": n, "pool_max": 24}
 
     async def body(app: procrastinate.App) -> dict:
-        base = psutil.Process().memory_info().rss
+        base_mib = rss_mib()
         t0 = time.time()
         for i in range(n):
             await app.tasks["single"].defer_async(text=f"m{i}")
@@ -198,7 +196,7 @@ def memory(params: dict) -> dict:
             )
         peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return {
-            "base_rss_mib": round(base / 2**20, 1),
+            "base_rss_mib": base_mib,
             "peak_rss_mib": round(peak_kib / 1024, 1),
             "elapsed_s": round(time.time() - t0, 2),
             "concurrent": n,

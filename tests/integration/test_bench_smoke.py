@@ -11,15 +11,29 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
-import psutil
 import psycopg
 import pytest
 
 from tests.support import pg
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Pids whose environment carries ``marker`` (every process the bench run started)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue  # gone, or not ours to read
+    return pids
 
 
 def _bench_databases() -> set[str]:
@@ -32,7 +46,8 @@ def _bench_databases() -> set[str]:
 def test_bench_smoke_runs_every_scenario_and_cleans_up(tmp_path):
     before = _bench_databases()
     out = tmp_path / "smoke.json"
-    env = {**os.environ, "PROTOMOLT_BENCH_DSN": pg.BASE_DSN}
+    marker = f"bench-smoke-{uuid.uuid4().hex}"
+    env = {**os.environ, "PROTOMOLT_BENCH_DSN": pg.BASE_DSN, "BENCH_SMOKE_MARKER": marker}
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "smoke", "--json", str(out)],
         cwd=ROOT,
@@ -72,6 +87,7 @@ def test_bench_smoke_runs_every_scenario_and_cleans_up(tmp_path):
     assert "protomolt-jobs benchmarks" in proc.stdout
     assert "throughput W=2: jobs/s" in proc.stdout
 
-    # Nothing left behind: no benchmark database, no child process of this test.
+    # Nothing left behind: no benchmark database, no process the run started (the gRPC server
+    # and the system-under-test children inherit the marker through their environment).
     assert _bench_databases() == before
-    assert psutil.Process().children(recursive=True) == []
+    assert _processes_with(f"BENCH_SMOKE_MARKER={marker}") == []
