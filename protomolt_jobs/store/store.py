@@ -59,8 +59,11 @@ the lease (a failed row is handed out again on the next claim). A relay that die
 delays them by at most ``claim_s``; a relay slower than ``claim_s`` may see its rows published
 twice (at-least-once; consumers dedupe on ``event_id``).
 
-Transactions: every public method is exactly one transaction, opened by the method
-(``with pool.connection() as conn, conn.transaction():``); a private ``_name_txn(conn, ...)``
+Transactions: every public method is exactly one transaction. Pooled connections are in
+autocommit mode: a method that runs one statement (the claim, the heartbeat, reads, the outbox
+calls) is that statement's own transaction, sent in one round trip; a method that runs more
+(a fenced write and its outbox row, an insert and its NOTIFY, the parked gate) opens one with
+``with pool.connection() as conn, conn.transaction():``. A private ``_name_txn(conn, ...)``
 does the work when two steps must share it.
 """
 
@@ -181,6 +184,10 @@ class JobStore:
             min_size=1,
             max_size=max_size,
             open=True,
+            # Autocommit: a single-statement method is its own transaction in one round trip
+            # (BEGIN and COMMIT would be two more); multi-statement methods open an explicit
+            # transaction with conn.transaction().
+            kwargs={"autocommit": True},
             timeout=timeout_s,
             name="protomolt-jobs-store",
         )
@@ -273,7 +280,7 @@ class JobStore:
         :raises StoreError: on a database failure.
         """
         key = _uuid("job_id", job_id)
-        with self._pool.connection() as conn, conn.transaction():
+        with self._pool.connection() as conn:
             row = _one(conn, "job_get", {"job_id": key})
         return JobRecord.from_row(row) if row else None
 
@@ -312,7 +319,7 @@ class JobStore:
             "limit": effective,
             "offset": offset,
         }
-        with self._pool.connection() as conn, conn.transaction():
+        with self._pool.connection() as conn:
             rows = _rows(conn, "job_list", params)
         return [JobRecord.from_row(r) for r in rows]
 
@@ -341,7 +348,7 @@ class JobStore:
         """
         _text("worker_id", worker_id)
         _positive_seconds("lease_s", lease_s)
-        with self._pool.connection() as conn, conn.transaction():
+        with self._pool.connection() as conn:
             row = _one(
                 conn, "job_claim", {"worker_id": scrub_text(worker_id), "lease_s": float(lease_s)}
             )
@@ -359,7 +366,7 @@ class JobStore:
         :raises StoreError: on a database failure.
         """
         _positive_seconds("lease_s", lease_s)
-        with self._pool.connection() as conn, conn.transaction():
+        with self._pool.connection() as conn:
             row = _fenced(conn, "job_heartbeat", lease, {"lease_s": float(lease_s)})
         return row["lease_until"]
 
@@ -684,7 +691,7 @@ class JobStore:
         """
         _positive_int("limit", limit)
         _positive_seconds("claim_s", claim_s)
-        with self._pool.connection() as conn, conn.transaction():
+        with self._pool.connection() as conn:
             rows = _rows(conn, "outbox_claim", {"limit": limit, "claim_s": float(claim_s)})
         return sorted((OutboxRow.from_row(r) for r in rows), key=lambda r: r.seq)
 
@@ -702,7 +709,7 @@ class JobStore:
         ids = [_uuid("event_ids", e) for e in event_ids]
         if not ids:
             return 0
-        with self._pool.connection() as conn, conn.transaction():
+        with self._pool.connection() as conn:
             cur = _execute(conn, "outbox_mark_published", {"event_ids": ids})
             return cur.rowcount
 
@@ -724,7 +731,7 @@ class JobStore:
             "error": scrub_text((error or "")[:MAX_ERROR_CHARS]),
             "max_attempts": OUTBOX_MAX_ATTEMPTS,
         }
-        with self._pool.connection() as conn, conn.transaction():
+        with self._pool.connection() as conn:
             row = _one(conn, "outbox_mark_failed", params)
         if row is not None and row["status"] == "FAILED":
             log.warning(
@@ -746,7 +753,7 @@ class JobStore:
         :raises StoreError: on a database failure.
         """
         key = _uuid("job_id", job_id)
-        with self._pool.connection() as conn, conn.transaction():
+        with self._pool.connection() as conn:
             rows = _rows(conn, "outbox_for_job", {"kafka_key": str(key)})
         return [OutboxRow.from_row(r) for r in rows]
 
@@ -775,7 +782,7 @@ class JobStore:
             "raw": bytes(raw) if raw is not None else None,
             "reason": scrub_text(reason),
         }
-        with self._pool.connection() as conn, conn.transaction():
+        with self._pool.connection() as conn:
             row = _one(conn, "reject_insert", params)
         assert row is not None
         return int(row["id"])
