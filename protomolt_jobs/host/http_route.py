@@ -15,16 +15,25 @@ its ``http_status`` and its ``to_json()`` envelope ``{"error", "message", "detai
 ======================= ====== ==========================================================
 condition               status ``error``
 ======================= ====== ==========================================================
-body not a JSON object  400    ``invalid-input``
+body not a JSON object  400    ``invalid-input`` (also: nested too deep, a lone surrogate
+                               escape such as ``"\\ud800"``, a bad ``Content-Length``)
+body shorter than said  400    ``invalid-input`` (the connection is closed)
 missing or wrong token  401    ``unauthenticated``
 unknown path            404    ``not-found``
 wrong method            405    ``method-not-allowed`` (with an ``Allow`` header)
+body not sent in time   408    ``request-timeout`` (the connection is closed)
+chunked body            411    ``length-required`` (the connection is closed)
 body over the limit     413    ``payload-too-large``
 unexpected exception    500    ``internal-error`` (the traceback stays in the server log)
 ======================= ====== ==========================================================
 
 The API token, when configured, is read from the ``api_token`` header or from
 ``Authorization: Bearer <token>``. The server binds 127.0.0.1 unless told otherwise.
+
+Every reply is encodable: a body holding text that UTF-8 cannot carry (a lone surrogate echoed
+from the request) is sent with ASCII escapes, and a body that is not JSON at all becomes a 500
+``internal-error``. Each connection has a socket timeout (:data:`REQUEST_TIMEOUT_S`), so a
+client that stops sending, or idles on a keep-alive connection, releases its thread.
 """
 
 from __future__ import annotations
@@ -57,6 +66,12 @@ log = logging.getLogger("protomolt_jobs.http_route")
 
 #: Largest request body accepted, in bytes (16 MiB, as upstream).
 MAX_BODY_BYTES = 16 * 1024 * 1024
+#: Socket timeout of a connection, seconds: a body or the next request must arrive in time.
+REQUEST_TIMEOUT_S = 30.0
+
+#: A JSON escape that can decode to a lone surrogate (``\ud800``-``\udfff``); raw UTF-8 cannot
+#: carry one, so a body without such an escape needs no scan.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 JSON_CONTENT_TYPE = "application/json"
 
@@ -92,9 +107,60 @@ class HttpRequest:
             value = json.loads(self.body.decode("utf-8")) if self.body else None
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"the request body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ValueError(
+                "the request body is nested deeper than the JSON parser allows"
+            ) from None
         if not isinstance(value, dict):
             raise ValueError("the request body must be a JSON object")  # noqa: TRY004 - one error type for callers
+        if _SURROGATE_ESCAPE.search(self.body):
+            where = _lone_surrogate_path(value)
+            if where is not None:
+                raise BodyFieldError(
+                    where[0],
+                    f"field {where[1]} holds a lone surrogate escape (\\ud800-\\udfff), "
+                    "which is not text",
+                )
         return value
+
+
+class BodyFieldError(ValueError):
+    """A JSON body that parses but holds a value no field may hold; :attr:`field` is the
+    top-level key it sits under."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _has_surrogate(text: str) -> bool:
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _lone_surrogate_path(value: dict[str, Any]) -> tuple[str, str] | None:
+    """``(top-level key, path)`` of the first key or string holding a lone surrogate, both
+    ASCII-escaped (iterative: no recursion on deep bodies); None when there is none."""
+    stack: list[tuple[Any, str, str]] = [(value, "", "")]
+    while stack:
+        item, top, path = stack.pop()
+        if isinstance(item, dict):
+            for key, child in item.items():
+                name = ascii(key)[1:-1]
+                child_path = f"{path}.{name}" if path else name
+                if _has_surrogate(key):
+                    return top or name, child_path
+                stack.append((child, top or name, child_path))
+        elif isinstance(item, list):
+            stack.extend((child, top, f"{path}[{i}]") for i, child in enumerate(item))
+        elif isinstance(item, str) and _has_surrogate(item):
+            return top, path
+    return None
 
 
 @dataclass(frozen=True)
@@ -178,6 +244,8 @@ class ActionsHttpServer:
     :param api_token: when set, every route but ``/health`` demands it.
     :param routes: extra :class:`HttpRoute` values (contributed by roles).
     :param max_body_bytes: the request body limit (bytes).
+    :param request_timeout_s: socket timeout of a connection (seconds): a body that does not
+        arrive in time is 408 and an idle keep-alive connection is closed.
     """
 
     def __init__(
@@ -189,8 +257,10 @@ class ActionsHttpServer:
         api_token: str | None = None,
         routes: Iterable[HttpRoute] = (),
         max_body_bytes: int = MAX_BODY_BYTES,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> None:
         self.catalog = catalog
+        self.request_timeout_s = request_timeout_s
         self.host = host
         self._requested_port = port
         self.api_token = api_token or None
@@ -266,6 +336,10 @@ class ActionsHttpServer:
     def _execute(self, request: HttpRequest) -> HttpResponse:
         try:
             envelope = request.json_object()
+        except BodyFieldError as exc:
+            return error_response(
+                400, "invalid-input", f"Action input refused: {exc}", details={"field": exc.field}
+            )
         except ValueError as exc:
             return error_response(
                 400, "invalid-input", f"Action input must be a JSON object: {exc}"
@@ -307,13 +381,12 @@ class ActionsHttpServer:
             if method not in route.methods:
                 allowed |= route.methods
                 continue
-            length_text = headers.get("content-length", "0") or "0"
-            try:
-                length = int(length_text)
-            except ValueError:
-                return error_response(400, "invalid-input", "Content-Length is not a number")
-            if length < 0:
-                return error_response(400, "invalid-input", "Content-Length is negative")
+            length_text = (headers.get("content-length", "0") or "0").strip()
+            if not (length_text.isascii() and length_text.isdigit()):
+                return error_response(
+                    400, "invalid-input", "Content-Length must be a non-negative decimal number"
+                )
+            length = int(length_text)
             if length > self.max_body_bytes:
                 return error_response(
                     413,
@@ -357,10 +430,21 @@ def _method_not_allowed(allowed: set[str]) -> HttpResponse:
     )
 
 
+class _BodyUnreadable(Exception):
+    """The body could not be read as announced (timeout, or the client stopped sending)."""
+
+    def __init__(self, response: HttpResponse) -> None:
+        super().__init__(response.body.get("message", ""))
+        self.response = response
+
+
 def _make_handler(server: ActionsHttpServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "protomolt-jobs"
+        # StreamRequestHandler applies it to the socket: reads of the request line, headers
+        # and body all give up after it, so no client holds a thread forever.
+        timeout = server.request_timeout_s
 
         def _handle(self) -> None:
             headers = {k.lower(): v for k, v in self.headers.items()}
@@ -368,10 +452,45 @@ def _make_handler(server: ActionsHttpServer) -> type[BaseHTTPRequestHandler]:
 
             def read_body(n: int) -> bytes:
                 consumed["body"] = True
-                return self.rfile.read(n)
+                try:
+                    data = self.rfile.read(n)
+                except TimeoutError:
+                    raise _BodyUnreadable(
+                        error_response(
+                            408,
+                            "request-timeout",
+                            f"The request body did not arrive within "
+                            f"{server.request_timeout_s:g} s",
+                        )
+                    ) from None
+                if len(data) < n:
+                    raise _BodyUnreadable(
+                        error_response(
+                            400,
+                            "invalid-input",
+                            f"The request body ended after {len(data)} of the {n} bytes "
+                            "Content-Length announced",
+                        )
+                    )
+                return data
 
+            if "transfer-encoding" in headers:
+                # The body length is unknown without decoding chunks we do not support;
+                # reading on would take chunk framing for the next request.
+                self.close_connection = True
+                self._send(
+                    error_response(
+                        411,
+                        "length-required",
+                        "Transfer-Encoding is not supported; send the body with Content-Length",
+                    )
+                )
+                return
             try:
                 response = server.dispatch(self.command, self.path, headers, read_body)
+            except _BodyUnreadable as exc:
+                self.close_connection = True
+                response = exc.response
             except Exception:
                 log.exception("actions route failed", extra={"action": "http_internal_error"})
                 response = error_response(500, "internal-error", "Internal error")
@@ -381,10 +500,16 @@ def _make_handler(server: ActionsHttpServer) -> type[BaseHTTPRequestHandler]:
             self._send(response)
 
         def _send(self, response: HttpResponse) -> None:
-            if isinstance(response.body, (bytes, bytearray)):
-                payload = bytes(response.body)
-            else:
-                payload = json.dumps(response.body, ensure_ascii=False).encode("utf-8")
+            try:
+                payload = _encode(response.body)
+            except (TypeError, ValueError):
+                log.exception(
+                    "reply of status %d is not JSON",
+                    response.status,
+                    extra={"action": "http_reply_unencodable", "status": response.status},
+                )
+                response = error_response(500, "internal-error", "Internal error")
+                payload = _encode(response.body)
             self.send_response(response.status)
             self.send_header("Content-Type", response.content_type)
             self.send_header("Content-Length", str(len(payload)))
@@ -402,3 +527,19 @@ def _make_handler(server: ActionsHttpServer) -> type[BaseHTTPRequestHandler]:
             log.debug(format, *args, extra={"action": "http_request"})
 
     return Handler
+
+
+def _encode(body: Any) -> bytes:
+    """The reply bytes: raw bytes as given, else strict JSON in UTF-8; text UTF-8 cannot carry
+    (a lone surrogate echoed from the request) falls back to ASCII escapes.
+
+    :raises TypeError: the body is not JSON-able.
+    :raises ValueError: the body holds a non-finite number.
+    """
+    if isinstance(body, (bytes, bytearray)):
+        return bytes(body)
+    text = json.dumps(body, ensure_ascii=False, allow_nan=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(body, ensure_ascii=True, allow_nan=False).encode("ascii")

@@ -16,7 +16,7 @@ The role requires nothing. At wire it contributes:
   - ``GET /protomolt/workflows/{name}``: the stored JSON verbatim; 404 ``not-found`` when absent;
     500 ``workflow-corrupt`` when the file does not read as a JSON object.
   - ``PUT /protomolt/workflows/{name}``: the body must be a JSON object (else 400
-    ``invalid-input``). The definition is verified first with the catalog's
+    ``invalid-input``, also for a body nested too deep or holding a lone surrogate escape). The definition is verified first with the catalog's
     ``check-workflow``; one that does not verify is refused with **422**
     ``{"error": "does-not-verify", "message", "findings": [{step, kind, error}]}`` and nothing
     is stored. Without ``check-workflow`` in the catalog (no jobs role mounted) the PUT is
@@ -37,7 +37,13 @@ from typing import Any
 from protomolt_jobs.errors import UnknownAction
 from protomolt_jobs.hooks.contract import InertMount, Mount, WireContext, WorkflowRepository
 from protomolt_jobs.hooks.hookspecs import hookimpl
-from protomolt_jobs.host.http_route import HttpRequest, HttpResponse, HttpRoute, error_response
+from protomolt_jobs.host.http_route import (
+    BodyFieldError,
+    HttpRequest,
+    HttpResponse,
+    HttpRoute,
+    error_response,
+)
 
 __all__ = [
     "NAME_PATTERN",
@@ -51,7 +57,12 @@ __all__ = [
 log = logging.getLogger("protomolt_jobs.registry")
 
 #: What a stored workflow's name looks like.
-NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,199}$")
+NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,199}")
+
+
+def _is_name(name: Any) -> bool:
+    # fullmatch: ``$`` would accept a trailing newline ("nl\n" -> a file "nl\n.json").
+    return isinstance(name, str) and NAME_PATTERN.fullmatch(name) is not None
 
 
 class CorruptWorkflow(RuntimeError):
@@ -65,7 +76,7 @@ class CorruptWorkflow(RuntimeError):
 
 
 def _check_name(name: Any) -> str:
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not _is_name(name):
         raise ValueError(
             f"workflow names match {NAME_PATTERN.pattern} (lower case letters, digits, '.', "
             f"'_', '-'; at most 200 characters); got {name!r}"
@@ -96,7 +107,7 @@ class WorkflowStore:
 
         :raises CorruptWorkflow: the file exists but cannot be read.
         """
-        if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        if not _is_name(name):
             return None
         path = self.path_of(name)
         try:
@@ -117,8 +128,12 @@ class WorkflowStore:
         path = self.path_of(name)
         try:
             value = json.loads(text)
-        except json.JSONDecodeError as exc:
+        except ValueError as exc:  # JSONDecodeError, and an integer over Python's digit limit
             raise CorruptWorkflow(name, path, f"is not valid JSON: {exc}") from exc
+        except RecursionError as exc:
+            raise CorruptWorkflow(
+                name, path, "is nested deeper than the JSON parser allows"
+            ) from exc
         if not isinstance(value, dict):
             raise CorruptWorkflow(name, path, "is not a JSON object")
         return value
@@ -126,9 +141,7 @@ class WorkflowStore:
     def names(self) -> list[str]:
         """Every stored name, sorted."""
         return sorted(
-            p.stem
-            for p in self.directory.glob("*.json")
-            if p.is_file() and NAME_PATTERN.match(p.stem)
+            p.stem for p in self.directory.glob("*.json") if p.is_file() and _is_name(p.stem)
         )
 
     def put(self, name: str, definition: dict[str, Any]) -> None:
@@ -193,9 +206,18 @@ def workflow_routes(store: WorkflowStore) -> list[HttpRoute]:
             return error_response(400, "invalid-input", str(exc))
         try:
             definition = request.json_object()
-        except ValueError:
+        except BodyFieldError as exc:
             return error_response(
-                400, "invalid-input", "The body must be a workflow definition (a JSON object)"
+                400,
+                "invalid-input",
+                f"The workflow definition is refused: {exc}",
+                details={"field": exc.field},
+            )
+        except ValueError as exc:
+            return error_response(
+                400,
+                "invalid-input",
+                f"The body must be a workflow definition (a JSON object): {exc}",
             )
         try:
             verdict = request.catalog.execute("check-workflow", {"workflow": definition})

@@ -1,0 +1,201 @@
+"""The actions route at its input boundary: text UTF-8 cannot carry, deep bodies, framing
+it does not support, and clients that stop sending."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from protomolt_jobs.host.http_route import ActionsHttpServer, HttpResponse, HttpRoute
+from protomolt_jobs.host.registry import WorkflowStore, workflow_routes
+from tests.support.node import http, stub_catalog
+
+
+def _odd_route(request):
+    kind = request.query.get("kind")
+    if kind == "surrogate":
+        return HttpResponse(200, {"echo": "a\ud800b", "\udfff": 1})
+    if kind == "nan":
+        return HttpResponse(200, {"n": float("nan")})
+    return HttpResponse(200, {"obj": object()})
+
+
+@pytest.fixture
+def server(tmp_path):
+    catalog, actions = stub_catalog()
+    store = WorkflowStore(tmp_path / "workflows")
+    routes = [HttpRoute(frozenset({"GET"}), r"/odd", _odd_route), *workflow_routes(store)]
+    srv = ActionsHttpServer(catalog, port=0, routes=routes, request_timeout_s=1.0).start()
+    srv.actions = actions
+    srv.store = store
+    yield srv
+    srv.close()
+
+
+def _exchange(server, data: bytes, *, shut_write: bool = False, timeout: float = 10) -> bytes:
+    """Send raw bytes; everything the server sends until it closes the connection."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=timeout) as sock:
+        sock.sendall(data)
+        if shut_write:
+            sock.shutdown(socket.SHUT_WR)
+        out = b""
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return out
+            out += chunk
+
+
+def _status_and_body(reply: bytes) -> tuple[int, dict]:
+    head, _, body = reply.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), json.loads(body)
+
+
+# A body as raw JSON text: json.dumps would escape the surrogate the same way.
+SURROGATE_BODIES = [
+    ('{"jobId": "\\ud800"}', "jobId"),
+    ('{"\\ud800": 1}', "\\ud800"),
+    ('{"input": {"a": [1, {"\\udfff": 2}]}, "workflowName": "x"}', "input"),
+    ('{"input": {"a": ["ok", "x\\udc00y"]}}', "input"),
+    ('{"workflowName": "\\ud83d"}', "workflowName"),
+]
+
+
+@pytest.mark.parametrize(("raw", "field"), SURROGATE_BODIES)
+def test_a_lone_surrogate_anywhere_is_400_naming_the_field(server, raw, field):
+    status, body, _ = http("POST", f"{server.url}/protomolt/actions/list-jobs", raw=raw.encode())
+    assert status == 400
+    assert body["error"] == "invalid-input"
+    assert body["details"] == {"field": field}
+    assert "lone surrogate" in body["message"]
+    assert server.actions["list-jobs"].calls == []
+
+
+def test_a_surrogate_pair_and_an_escaped_backslash_are_text(server):
+    raw = b'{"a": "\\ud83d\\ude00", "b": "\\\\ud800"}'
+    status, body, _ = http("POST", f"{server.url}/protomolt/actions/get-job", raw=raw)
+    assert status == 200
+    assert body["echo"] == {"a": "\U0001f600", "b": "\\ud800"}
+
+
+def test_a_reply_holding_a_lone_surrogate_is_sent_escaped(server):
+    status, body, _ = http("GET", f"{server.url}/odd?kind=surrogate")
+    assert status == 200
+    assert body == {"echo": "a\ud800b", "\udfff": 1}
+
+
+@pytest.mark.parametrize("kind", ["nan", "object"])
+def test_a_reply_that_is_not_json_is_500_internal_error(server, kind):
+    status, body, _ = http("GET", f"{server.url}/odd?kind={kind}")
+    assert status == 500
+    assert body == {"error": "internal-error", "message": "Internal error"}
+
+
+@pytest.mark.parametrize("raw", ['{"a":' * 100_000 + "1" + "}" * 100_000, "[" * 100_000])
+def test_a_body_nested_past_the_parser_is_400_not_500(tmp_path, raw):
+    catalog, actions = stub_catalog()
+    srv = ActionsHttpServer(catalog, port=0).start()
+    try:
+        status, body, _ = http("POST", f"{srv.url}/protomolt/actions/get-job", raw=raw.encode())
+    finally:
+        srv.close()
+    assert status == 400
+    assert body["error"] == "invalid-input"
+    assert "nested deeper" in body["message"]
+    assert actions["get-job"].calls == []
+
+
+def test_chunked_transfer_encoding_is_411_and_closes_the_connection(server):
+    body = b'{"jobId": "x"}'
+    request = (
+        b"POST /protomolt/actions/get-job HTTP/1.1\r\nHost: x\r\n"
+        b"Transfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n"
+        + f"{len(body):x}\r\n".encode()
+        + body
+        + b"\r\n0\r\n\r\n"
+        # A pipelined request: it must not be served from the chunk framing above.
+        + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    )
+    reply = _exchange(server, request)
+    status, answer = _status_and_body(reply)
+    assert status == 411
+    assert answer["error"] == "length-required"
+    assert b"Connection: close" in reply
+    assert reply.count(b"HTTP/1.1 ") == 1
+    assert server.actions["get-job"].calls == []
+
+
+def test_a_body_that_never_arrives_is_408_within_the_timeout(server):
+    request = (
+        b"POST /protomolt/actions/get-job HTTP/1.1\r\nHost: x\r\n"
+        b'Content-Length: 100\r\n\r\n{"jobId":'
+    )
+    started = time.monotonic()
+    reply = _exchange(server, request)
+    assert time.monotonic() - started < 8
+    status, answer = _status_and_body(reply)
+    assert status == 408
+    assert answer["error"] == "request-timeout"
+    assert server.actions["get-job"].calls == []
+
+
+def test_a_body_shorter_than_its_content_length_is_400(server):
+    request = (
+        b"POST /protomolt/actions/get-job HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{}"
+    )
+    status, answer = _status_and_body(_exchange(server, request, shut_write=True))
+    assert status == 400
+    assert "ended after 2 of the 100 bytes" in answer["message"]
+    assert server.actions["get-job"].calls == []
+
+
+def test_an_idle_keep_alive_connection_is_closed_by_the_server(server):
+    request = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    started = time.monotonic()
+    reply = _exchange(server, request)  # returns once the server closes the connection
+    assert time.monotonic() - started < 8
+    assert _status_and_body(reply) == (200, {"status": "UP"})
+
+
+@pytest.mark.parametrize("length", ["\u00b2", "+5", "-1", "1e3", "\u0663"])
+def test_a_content_length_that_is_not_plain_decimal_is_400(server, length):
+    request = (
+        b"POST /protomolt/actions/get-job HTTP/1.1\r\nHost: x\r\nContent-Length: "
+        + length.encode("utf-8")
+        + b"\r\nConnection: close\r\n\r\n{}"
+    )
+    status, answer = _status_and_body(_exchange(server, request))
+    assert status == 400
+    assert "Content-Length" in answer["message"]
+
+
+def test_default_request_timeout_is_30_s():
+    catalog, _ = stub_catalog()
+    assert ActionsHttpServer(catalog, port=0).request_timeout_s == 30.0
+
+
+class TestRegistryPut:
+    def test_a_definition_with_a_lone_surrogate_is_400_and_not_stored(self, server):
+        raw = b'{"name": "x", "steps": [{"name": "\\ud800"}]}'
+        status, body, _ = http("PUT", f"{server.url}/protomolt/workflows/x", raw=raw)
+        assert status == 400
+        assert body["error"] == "invalid-input"
+        assert body["details"] == {"field": "steps"}
+        assert server.store.names() == []
+
+    def test_a_definition_nested_past_the_parser_is_400(self, server):
+        raw = ('{"a":' * 100_000 + "1" + "}" * 100_000).encode()
+        server.max_body_bytes = len(raw) + 1
+        status, body, _ = http("PUT", f"{server.url}/protomolt/workflows/x", raw=raw)
+        assert status == 400
+        assert "nested deeper" in body["message"]
+        assert server.store.names() == []
+
+    def test_a_name_with_a_trailing_newline_is_refused(self, server):
+        status, body, _ = http("PUT", f"{server.url}/protomolt/workflows/nl%0A", {"name": "nl"})
+        assert status == 400
+        assert "workflow names match" in body["message"]
+        assert list(server.store.directory.iterdir()) == []
