@@ -8,7 +8,11 @@ response message, ignoring keys the message does not declare.
 Errors (DESIGN.md section 4): an :class:`~protomolt_jobs.errors.ActionError` aborts the call with
 ``grpc.StatusCode[err.grpc_status]`` and the description ``"<code>: <message>"``; the trailing
 metadata carries ``protomolt-error`` (the code) and, when the error has details,
-``protomolt-error-details-bin`` (UTF-8 JSON). An unexpected exception is ``INTERNAL``
+``protomolt-error-details-bin`` (UTF-8 JSON). Requests arrive as raw bytes and are parsed in
+the handler: bytes that are not the request message (malformed, invalid UTF-8 in a string,
+a ``Struct`` nested past protobuf's limit) and a ``Struct`` holding NaN or an infinity are
+``INVALID_ARGUMENT`` ``"invalid-input: ..."`` (naming the field when it can). Nothing yields
+``UNKNOWN``: an unexpected exception anywhere in a call is ``INTERNAL``
 ``"internal-error: <Method> failed"``; the traceback stays in the server log.
 
 The server also serves health (``grpc.health.v1``) and server reflection under both
@@ -30,6 +34,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
@@ -124,14 +129,14 @@ class _TokenInterceptor(grpc.ServerInterceptor):
 
 
 def _refusing(handler: grpc.RpcMethodHandler | None, message: str) -> grpc.RpcMethodHandler:
+    # Raw bytes in (no request_deserializer): a caller without the token learns nothing from
+    # how its bytes parse, and malformed bytes are still UNAUTHENTICATED, not INTERNAL.
     def deny(request_or_iterator: Any, context: grpc.ServicerContext) -> Any:
         context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
     if handler is None or handler.unary_unary:
         return grpc.unary_unary_rpc_method_handler(
-            deny,
-            request_deserializer=handler.request_deserializer if handler else None,
-            response_serializer=handler.response_serializer if handler else None,
+            deny, response_serializer=handler.response_serializer if handler else None
         )
     kind = (
         grpc.unary_stream_rpc_method_handler
@@ -140,11 +145,7 @@ def _refusing(handler: grpc.RpcMethodHandler | None, message: str) -> grpc.RpcMe
         if handler.stream_unary
         else grpc.stream_stream_rpc_method_handler
     )
-    return kind(
-        deny,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
+    return kind(deny, response_serializer=handler.response_serializer)
 
 
 class ProtoMoltGrpcServer:
@@ -264,21 +265,39 @@ class ProtoMoltGrpcServer:
 
     def _rpc_handler(self, rpc_name: str) -> grpc.RpcMethodHandler:
         verb, request_cls, response_cls = RPCS[rpc_name]
-        call = self._transcoder(rpc_name, verb, response_cls)
+        call = self._transcoder(rpc_name, verb, request_cls, response_cls)
+        # No request_deserializer: the handler parses the bytes itself, so a malformed request
+        # is INVALID_ARGUMENT naming the problem instead of grpc's INTERNAL
+        # "Exception deserializing request!".
         return grpc.unary_unary_rpc_method_handler(
-            call,
-            request_deserializer=request_cls.FromString,
-            response_serializer=response_cls.SerializeToString,
+            call, response_serializer=response_cls.SerializeToString
         )
 
     def _transcoder(
-        self, rpc_name: str, verb: str, response_cls: type
-    ) -> Callable[[Any, grpc.ServicerContext], Any]:
+        self, rpc_name: str, verb: str, request_cls: type, response_cls: type
+    ) -> Callable[[bytes, grpc.ServicerContext], Any]:
         catalog = self.catalog
+        type_name = request_cls.DESCRIPTOR.full_name
 
-        def handle(request: Any, context: grpc.ServicerContext) -> Any:
-            envelope = json_format.MessageToDict(request)
-            failure: tuple[grpc.StatusCode, str] | None = None
+        def answer(raw: bytes, context: grpc.ServicerContext) -> Any:
+            """The response message, or ``(status, description)`` to abort with."""
+            try:
+                request = request_cls.FromString(raw)
+            except (DecodeError, RecursionError, ValueError) as exc:
+                return _refuse(
+                    context,
+                    f"the request is not a valid {type_name} message: {exc or 'malformed bytes'}",
+                )
+            try:
+                envelope = json_format.MessageToDict(request)
+            except (json_format.Error, ValueError, TypeError, RecursionError) as exc:
+                field = _failing_field(request)
+                where = f"field '{field}'" if field else "the request"
+                return _refuse(
+                    context,
+                    f"{where} cannot be read as JSON (numbers must be finite): {exc}",
+                    field,
+                )
             try:
                 result = catalog.execute(verb, envelope)
             except ActionError as err:
@@ -288,7 +307,26 @@ class ProtoMoltGrpcServer:
                         ("protomolt-error-details-bin", json.dumps(err.details).encode("utf-8"))
                     )
                 context.set_trailing_metadata(tuple(trailers))
-                failure = (grpc.StatusCode[err.grpc_status], f"{err.code}: {err.message}")
+                return (grpc.StatusCode[err.grpc_status], f"{err.code}: {err.message}")
+            try:
+                return json_format.ParseDict(result, response_cls(), ignore_unknown_fields=True)
+            except Exception:  # ParseError, TypeError, ValueError, OverflowError, ...
+                log.exception(
+                    "result of %s does not parse as %s",
+                    verb,
+                    response_cls.DESCRIPTOR.full_name,
+                    extra={"action": "grpc_result_unparseable", "rpc": rpc_name},
+                )
+                context.set_trailing_metadata((("protomolt-error", "internal-error"),))
+                full_name = response_cls.DESCRIPTOR.full_name
+                return (
+                    grpc.StatusCode.INTERNAL,
+                    f"internal-error: Result of '{verb}' does not parse as {full_name}",
+                )
+
+        def handle(raw: bytes, context: grpc.ServicerContext) -> Any:
+            try:
+                outcome = answer(raw, context)
             except Exception:
                 log.exception(
                     "%s failed",
@@ -296,25 +334,40 @@ class ProtoMoltGrpcServer:
                     extra={"action": "grpc_internal_error", "rpc": rpc_name},
                 )
                 context.set_trailing_metadata((("protomolt-error", "internal-error"),))
-                failure = (grpc.StatusCode.INTERNAL, f"internal-error: {rpc_name} failed")
-            if failure is None:
-                try:
-                    return json_format.ParseDict(result, response_cls(), ignore_unknown_fields=True)
-                except (json_format.ParseError, TypeError, ValueError) as exc:
-                    log.error(
-                        "result of %s does not parse as %s: %s",
-                        verb,
-                        response_cls.DESCRIPTOR.full_name,
-                        exc,
-                        extra={"action": "grpc_result_unparseable", "rpc": rpc_name},
-                    )
-                    failure = (
-                        grpc.StatusCode.INTERNAL,
-                        (
-                            f"internal-error: Result of '{verb}' does not parse as "
-                            f"{response_cls.DESCRIPTOR.full_name}: {exc}"
-                        ),
-                    )
-            context.abort(*failure)
+                outcome = (grpc.StatusCode.INTERNAL, f"internal-error: {rpc_name} failed")
+            if isinstance(outcome, tuple):
+                context.abort(*outcome)
+            return outcome
 
         return handle
+
+
+def _refuse(
+    context: grpc.ServicerContext, message: str, field: str | None = None
+) -> tuple[grpc.StatusCode, str]:
+    """An ``invalid-input`` abort with the same trailers a verb's InvalidInput gets."""
+    trailers: list[tuple[str, Any]] = [("protomolt-error", "invalid-input")]
+    if field:
+        details = json.dumps({"field": field}).encode("utf-8")
+        trailers.append(("protomolt-error-details-bin", details))
+    context.set_trailing_metadata(tuple(trailers))
+    return (grpc.StatusCode.INVALID_ARGUMENT, f"invalid-input: {message}")
+
+
+def _failing_field(request: Any) -> str | None:
+    """The JSON name of the first top-level field that does not print as JSON, or None."""
+    for descriptor, value in request.ListFields():
+        if descriptor.message_type is None:
+            continue
+        if descriptor.message_type.GetOptions().map_entry:
+            values = list(value.values())
+        else:
+            values = list(value) if descriptor.is_repeated else [value]
+        for item in values:
+            if not hasattr(item, "ListFields"):
+                continue
+            try:
+                json_format.MessageToDict(item)
+            except (json_format.Error, ValueError, TypeError, RecursionError):
+                return descriptor.json_name
+    return None
