@@ -9,7 +9,9 @@ the deliberate differences of DESIGN.md section 4 and ``docs/verbs.md``:
   included (the input schemas say ``additionalProperties: false`` and are enforced); a
   missing or non-object ``input`` and a malformed ``jobId`` on submit are ``invalid-input``
   too, not ``ok: false`` answers.
-- Values PostgreSQL cannot store (NUL characters, non-finite numbers) are refused up front.
+- Values PostgreSQL cannot store (NUL characters, lone surrogates, non-finite numbers) are
+  refused up front, and so are integers beyond +-2**53 (:data:`MAX_JSON_INT`): protobuf's
+  ``Struct`` holds numbers as doubles, so a larger one could not be read back over gRPC.
 - With no database configured every verb raises ``unavailable`` saying how to configure one.
 
 Answers with ``ok: false`` (unknown job, wrong state, a definition that does not verify) are
@@ -31,6 +33,7 @@ from protomolt_jobs.submitter import Submitter, parse_job_id
 
 __all__ = [
     "MAX_JSON_DEPTH",
+    "MAX_JSON_INT",
     "NOT_CONFIGURED",
     "SOURCE_RULE",
     "CompleteStepAction",
@@ -58,6 +61,8 @@ NOT_RUNNING = (
 SOURCE_RULE = "has(this.workflow) != (this.workflow_name != '')"
 #: Deepest nesting accepted in free-form objects (protobuf's JSON parser stops near 100).
 MAX_JSON_DEPTH = 100
+#: Largest integer magnitude accepted in free-form objects: exact in a double (``Struct``).
+MAX_JSON_INT = 2**53
 #: Largest offset PostgreSQL's bigint holds.
 _MAX_OFFSET = 2**63 - 1
 _MAX_LIMIT = 500
@@ -118,12 +123,34 @@ def _invalid(field: str, message: str) -> InvalidInput:
 def _only_known(verb: str, input: dict[str, Any], known: tuple[str, ...]) -> None:
     for key in input:
         if key not in known:
-            raise _invalid(str(key), f"Unknown field '{key}'; {verb} accepts: {', '.join(known)}")
+            # ascii(): the name is echoed, and a lone surrogate in it must not break a reply.
+            name = ascii(str(key))[1:-1]
+            raise _invalid(name, f"Unknown field '{name}'; {verb} accepts: {', '.join(known)}")
+
+
+def _has_surrogate(text: str) -> bool:
+    """True when ``text`` holds a lone surrogate (U+D800-U+DFFF), which UTF-8 cannot carry."""
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _text_problem(text: str) -> str | None:
+    if "\x00" in text:
+        return "must not contain NUL characters"
+    if _has_surrogate(text):
+        return "must not contain lone surrogates (U+D800-U+DFFF)"
+    return None
 
 
 def _check_text(field: str, value: str) -> str:
-    if "\x00" in value:
-        raise _invalid(field, f"Field '{field}' must not contain NUL characters")
+    problem = _text_problem(value)
+    if problem is not None:
+        raise _invalid(field, f"Field '{field}' {problem}")
     return value
 
 
@@ -176,19 +203,28 @@ def _check_json(field: str, value: Any) -> None:
             for key, child in item.items():
                 if not isinstance(key, str):
                     raise _invalid(field, f"Field '{field}' must be JSON: object keys are strings")
-                if "\x00" in key:
-                    raise _invalid(field, f"Field '{field}' must not contain NUL characters")
+                problem = _text_problem(key)
+                if problem is not None:
+                    raise _invalid(field, f"Field '{field}' {problem}")
                 stack.append((child, depth + 1))
         elif isinstance(item, list):
             stack.extend((child, depth + 1) for child in item)
         elif isinstance(item, str):
-            if "\x00" in item:
-                raise _invalid(field, f"Field '{field}' must not contain NUL characters")
+            problem = _text_problem(item)
+            if problem is not None:
+                raise _invalid(field, f"Field '{field}' {problem}")
         elif isinstance(item, float):
             if not math.isfinite(item):
                 raise _invalid(field, f"Field '{field}' must hold only finite numbers")
-        elif item is None or isinstance(item, (bool, int)):
+        elif item is None or isinstance(item, bool):
             continue
+        elif isinstance(item, int):
+            if not -MAX_JSON_INT <= item <= MAX_JSON_INT:
+                raise _invalid(
+                    field,
+                    f"Field '{field}' holds an integer beyond +-2**53 ({MAX_JSON_INT}); "
+                    "send larger values as strings",
+                )
         else:
             raise _invalid(field, f"Field '{field}' must be JSON; it holds a {type(item).__name__}")
 
