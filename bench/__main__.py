@@ -46,6 +46,7 @@ SMOKE = {
     "ceiling_clients": [1],
     "ceiling_s": 1,
     "idle_window_s": 0.5,
+    "settle_s": 1.0,
 }
 
 

@@ -46,13 +46,15 @@ def rows(results: dict) -> list[dict]:
             for key, label, better in (
                 ("jobs_per_s", "jobs/s", "higher"),
                 ("tx_per_job", "transactions/job", "lower"),
+                # What was subtracted (times the run's duration) to get transactions/job.
+                ("idle_rate", "idle commits/s (subtracted)", "lower"),
             ):
                 out.append(
                     {
                         "metric": f"throughput W={w}: {label}",
                         "better": better,
-                        "ours": ours[key] if ours else None,
-                        "peers": {p: by[(p, w)][key] for p in PEER_ORDER if (p, w) in by},
+                        "ours": ours.get(key) if ours else None,
+                        "peers": {p: by[(p, w)].get(key) for p in PEER_ORDER if (p, w) in by},
                     }
                 )
             if ceiling and ours and ours["tx_per_job"]:

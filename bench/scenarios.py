@@ -68,6 +68,8 @@ class Options:
     ceiling_clients: list[int] = field(default_factory=lambda: [1, 4, 8])
     ceiling_s: int = 10
     idle_window_s: float = 3.0
+    #: Seconds from a child's ready to its idle window (late statistics, see bench.child).
+    settle_s: float = 4.0
 
 
 def _guarded(label: str, fn, *args):
@@ -101,6 +103,7 @@ def _throughput_run(label: str, system: str, params: dict, opts: Options) -> dic
             {**params, "dsn": db.dsn},
             dbname=db.name,
             idle_window_s=opts.idle_window_s,
+            settle_s=opts.settle_s,
         )
         sizes = relation_sizes(db.dsn, TABLES[system])
     jobs = r["jobs"]

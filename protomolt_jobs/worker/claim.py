@@ -7,10 +7,13 @@ Wake-up model (DESIGN 5: pickup in milliseconds, not the poll interval):
   :class:`Doorbell` once per notification.
 - A ring wakes one idle :class:`ClaimLoop`. A loop claims until the queue is empty: after
   each successful claim it rings once more (passing the baton to another idle loop, since
-  more jobs may be waiting), runs the job, and claims again. Only when a claim finds
-  nothing does it wait on the doorbell, for at most the poll interval (the fallback when a
-  notification is lost, e.g. while the listener reconnects, or when a backoff's
-  ``run_after`` passes, which nothing announces).
+  more jobs may be waiting), runs the job, and claims again. When a claim finds nothing
+  the loop waits on the doorbell, with no timeout of its own.
+- One :class:`Poller` per worker rings once per poll interval (jittered): the fallback when
+  a notification is lost (e.g. while the listener reconnects) or a backoff's ``run_after``
+  passes, which nothing announces. One ring wakes one loop, and a claim that finds a job
+  passes the baton on, so an idle worker costs one claim per poll interval, not one per
+  loop (16 loops used to poll 32 times a second at the 500 ms default).
 - The listener reconnects with a capped exponential backoff. Notifications sent while it
   was disconnected are lost, so after every (re)connect it rings every loop once.
 
@@ -33,7 +36,7 @@ from psycopg import sql
 
 from protomolt_jobs.errors import StoreError
 
-__all__ = ["CHANNEL", "ClaimLoop", "Doorbell", "Listener"]
+__all__ = ["CHANNEL", "ClaimLoop", "Doorbell", "Listener", "Poller"]
 
 #: The NOTIFY channel enqueue and requeue announce on.
 CHANNEL = "protomolt_jobs"
@@ -79,22 +82,75 @@ class Doorbell:
             self._closed = False
             self._tokens = 0
 
-    def wait(self, timeout_s: float) -> bool:
-        """Wait for a token for at most ``timeout_s`` seconds.
+    def wait(self, timeout_s: float | None) -> bool:
+        """Wait for a token for at most ``timeout_s`` seconds (None: until a ring or close).
 
         :returns: True when woken by a ring (a token was taken), False on timeout or close.
         """
-        deadline = time.monotonic() + timeout_s
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
             while not self._closed:
                 if self._tokens > 0:
                     self._tokens -= 1
                     return True
+                if deadline is None:
+                    self._cond.wait()
+                    continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
                 self._cond.wait(remaining)
             return False
+
+
+class Poller:
+    """Rings the doorbell once per poll interval (jittered 0.9-1.1): the fallback wake-up.
+
+    :param doorbell: rung once per interval.
+    :param interval_s: the poll interval, seconds (> 0).
+    :param worker_id: for the thread name.
+    """
+
+    name = "poller"
+
+    def __init__(self, *, doorbell: Doorbell, interval_s: float, worker_id: str) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"poll interval: must be > 0 seconds; got {interval_s!r}")
+        self._doorbell = doorbell
+        self._interval_s = float(interval_s)
+        self.worker_id = worker_id
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        #: Rings so far (tests watch the cadence through it).
+        self.rings = 0
+
+    def start(self) -> None:
+        """Start ringing; returns at once. Idempotent."""
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._stop = threading.Event()
+            self._thread = threading.Thread(
+                target=self._loop,
+                args=(self._stop,),
+                name=f"protomolt-jobs-poller-{self.worker_id}",
+                daemon=True,
+            )
+            self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop ringing and join the thread. Never-started and double stop are fine."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+            self._stop.set()
+        if thread is not None:
+            thread.join(timeout_s)
+
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.wait(self._interval_s * random.uniform(0.9, 1.1)):
+            self.rings += 1
+            self._doorbell.ring(1)
 
 
 class Listener:
@@ -216,9 +272,10 @@ class ClaimLoop:
 
     :param claim: ``() -> JobRecord | None`` (``store.job_claim(worker_id, lease_s)``).
     :param execute: runs and settles a claimed job.
-    :param doorbell: wakes the loop; rung after each successful claim.
-    :param stopping: set when the worker stops claiming.
-    :param poll_interval_s: fallback wait when no notification comes.
+    :param doorbell: wakes the loop (the listener, the poller, other loops); rung after each
+        successful claim.
+    :param stopping: set when the worker stops claiming (the worker then closes the doorbell,
+        which wakes every waiting loop).
     :param name: the thread name.
     """
 
@@ -229,7 +286,6 @@ class ClaimLoop:
         execute: Callable[[Any], Any],
         doorbell: Doorbell,
         stopping: threading.Event,
-        poll_interval_s: float,
         name: str,
         worker_id: str,
     ) -> None:
@@ -237,7 +293,6 @@ class ClaimLoop:
         self._execute = execute
         self._doorbell = doorbell
         self._stopping = stopping
-        self._poll_interval_s = poll_interval_s
         self.name = name
         self.worker_id = worker_id
         self._log = logging.getLogger("protomolt_jobs.worker")
@@ -265,7 +320,7 @@ class ClaimLoop:
                 claimed = self.run_once()
             except StoreError as exc:
                 self._log.warning(
-                    "claim failed; retrying after the poll interval",
+                    "claim failed; retrying at the next wake-up (at most a poll interval)",
                     extra={
                         "action": "claim_failed",
                         "worker_id": self.worker_id,
@@ -281,4 +336,5 @@ class ClaimLoop:
                 claimed = False
             if claimed or self._stopping.is_set():
                 continue
-            self._doorbell.wait(self._poll_interval_s * random.uniform(0.9, 1.1))
+            # No timeout: the poller rings once per poll interval for the whole worker.
+            self._doorbell.wait(None)

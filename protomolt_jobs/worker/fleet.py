@@ -14,7 +14,7 @@ Graceful stop (STYLE 5), in this order:
    attempt it was claimed with is given back (``attempt - 1``), because a stop is not a
    failure of the job; its checkpoints stay, so the next claim resumes after them. The
    segment, if still running, is marked released and writes nothing more;
-4. end the heartbeat and the listener, join the threads.
+4. end the heartbeat, the listener and the poller, join the threads.
 
 A segment stuck in a gRPC call after its release keeps its (daemon) thread until the call
 returns; it then writes nothing. Stopping never waits on a call beyond a short join.
@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any
 
-from protomolt_jobs.worker.claim import ClaimLoop, Doorbell, Listener
+from protomolt_jobs.worker.claim import ClaimLoop, Doorbell, Listener, Poller
 from protomolt_jobs.worker.execute import SegmentExecutor
 from protomolt_jobs.worker.heartbeat import Heartbeat
 from protomolt_jobs.worker.permits import TargetPermits
@@ -68,6 +68,11 @@ class Worker:
         self.permits = TargetPermits(config.max_concurrent_per_target)
         self.heartbeat = Heartbeat(store, lease_s=config.lease_seconds, worker_id=self.worker_id)
         self.listener = Listener(dsn, doorbell=self.doorbell, worker_id=self.worker_id)
+        self.poller = Poller(
+            doorbell=self.doorbell,
+            interval_s=config.poll_interval_ms / 1000.0,
+            worker_id=self.worker_id,
+        )
         self.executor = SegmentExecutor(
             store,
             runtime=runtime,
@@ -105,7 +110,6 @@ class Worker:
                     execute=self.executor.execute,
                     doorbell=self.doorbell,
                     stopping=self._stopping,
-                    poll_interval_s=self.config.poll_interval_ms / 1000.0,
                     name=f"protomolt-jobs-worker-{self.worker_id}-{i}",
                     worker_id=self.worker_id,
                 )
@@ -113,6 +117,7 @@ class Worker:
             ]
             for loop in self._loops:
                 loop.thread.start()
+            self.poller.start()
             self._started = True
         log.info(
             "worker started",
@@ -154,6 +159,7 @@ class Worker:
             self._stopping.set()
             self.doorbell.close()
             self.listener.stop()
+            self.poller.stop()
             # 2. grace period for the segments in flight.
             deadline = time.monotonic() + grace_s
             for loop in loops:

@@ -90,6 +90,44 @@ def test_pickup_follows_notify_not_the_poll_interval(store, fresh_dsn, services)
         worker.stop()
 
 
+def test_an_idle_worker_polls_once_per_interval_not_once_per_loop(store, fresh_dsn):
+    claims: list[float] = []
+    real_claim = store.job_claim
+
+    def counted(*args, **kwargs):
+        claims.append(time.monotonic())
+        return real_claim(*args, **kwargs)
+
+    store.job_claim = counted
+    worker = _worker(store, fresh_dsn, worker_count=8, poll_interval_ms=100)
+    worker.start()
+    try:
+        wait_for(worker.listener.listening.is_set)
+        time.sleep(0.3)  # start-up: every loop claims once, the listener's connect rings all
+        start, n0 = time.monotonic(), len(claims)
+        time.sleep(1.5)
+        idle = len(claims) - n0
+        elapsed = time.monotonic() - start
+    finally:
+        worker.stop()
+    # ~1 claim per 100 ms for the whole worker; 8 loops polling each would make ~120.
+    assert 5 <= idle <= 2 * elapsed / 0.1 + 4, idle
+
+
+def test_a_backoff_that_passes_is_picked_up_by_the_poller(store, fresh_dsn, services):
+    job = enqueue(store, seed_workflow(services.target), {"text": "later"})
+    claimed = store.job_claim("someone-else", 30)
+    assert claimed is not None and claimed.job_id == job.job_id
+    store.job_retry(claimed.lease, 0.5, "GRPC: gRPC UNAVAILABLE from x: down")
+    worker = _worker(store, fresh_dsn, worker_count=4, poll_interval_ms=100)
+    worker.start()
+    try:
+        # The retry's NOTIFY fires before run_after passes; only the poller announces it.
+        wait_for(lambda: store.job_get(job.job_id).status == "WAITING", timeout_s=10)
+    finally:
+        worker.stop()
+
+
 def test_listener_reconnects_and_polls_after_a_killed_connection(store, fresh_dsn, services):
     worker = _worker(store, fresh_dsn, poll_interval_ms=30_000)
     worker.start()

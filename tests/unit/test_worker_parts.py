@@ -14,7 +14,7 @@ import pytest
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import LeaseLost, StoreError
 from protomolt_jobs.worker import crashpoints
-from protomolt_jobs.worker.claim import Doorbell
+from protomolt_jobs.worker.claim import Doorbell, Poller
 from protomolt_jobs.worker.execute import backoff_s
 from protomolt_jobs.worker.heartbeat import Heartbeat
 from protomolt_jobs.worker.sweeper import Sweeper
@@ -81,6 +81,48 @@ def test_doorbell_close_releases_waiters():
     assert done.is_set()
     bell.reopen()
     assert bell.wait(0.01) is False
+
+
+def test_doorbell_wait_without_timeout_returns_on_ring_or_close():
+    bell = Doorbell(2)
+    results: list[bool] = []
+    threads = [threading.Thread(target=lambda: results.append(bell.wait(None))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.05)
+    bell.ring(1)
+    deadline = time.monotonic() + 5
+    while not results and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert results == [True]  # one ring wakes one waiter; the other keeps waiting
+    bell.close()
+    for t in threads:
+        t.join(5)
+    assert sorted(results) == [False, True]
+
+
+def test_poller_rings_once_per_interval_and_stops():
+    bell = Doorbell(16)
+    poller = Poller(doorbell=bell, interval_s=0.05, worker_id="w")
+    poller.start()
+    deadline = time.monotonic() + 5
+    while poller.rings < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    poller.stop()
+    rings = poller.rings
+    assert rings >= 4
+    time.sleep(0.2)
+    assert poller.rings == rings  # stopped: no more rings
+    taken = 0
+    while bell.wait(0.01):
+        taken += 1
+    assert taken == min(rings, bell.capacity)  # one token per ring, not one per loop
+    poller.stop()  # double stop is fine
+
+
+def test_poller_refuses_a_non_positive_interval():
+    with pytest.raises(ValueError, match="poll interval"):
+        Poller(doorbell=Doorbell(1), interval_s=0, worker_id="w")
 
 
 class _HeartbeatStore:
