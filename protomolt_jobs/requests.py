@@ -10,6 +10,9 @@ Model (at least once, idempotent on ``job_id``):
   the record                                              what is written
   ======================================================= ==========================================
   no value, undecodable, or breaks the request rules      a ``workflow_run_rejects`` row
+  (an ``input`` holding NaN or an infinity included)
+  handling failed unexpectedly (a defect)                 a ``workflow_run_rejects`` row
+                                                          (``internal-error: ...``)
   submitter ``ok``                                        the job row (or nothing: it already exists)
   submitter reason ``unknown-workflow``, ``no-repository``, a FAILED row at birth with the loud error
   ``corrupt-workflow``                                    (idempotent on ``job_id``)
@@ -330,7 +333,26 @@ class RequestConsumer:
                     self._on_message_error(err)
                     return 0
             try:
-                outcome = self._handle(message)
+                try:
+                    outcome = self._handle(message)
+                except StoreError:
+                    raise
+                except Exception as exc:
+                    # A defect in handling must neither kill the loop nor lose the record
+                    # (committing the next offset would skip it): it is stored as a reject.
+                    log.exception(
+                        "request %s[%d]@%d could not be handled; storing it as a reject",
+                        message.topic(),
+                        message.partition(),
+                        message.offset(),
+                        extra={
+                            "action": "request_handling_crashed",
+                            "topic": message.topic(),
+                            "partition": message.partition(),
+                            "offset": message.offset(),
+                        },
+                    )
+                    outcome = self._reject(message, f"internal-error: {type(exc).__name__}: {exc}")
             except StoreError as exc:
                 self._held = message
                 self._backoff_s = BACKOFF_MIN_S
@@ -482,7 +504,11 @@ class RequestConsumer:
             job_uuid = uuid.UUID(request.job_id)
         except ValueError:
             return self._reject(message, f"invalid-job-id: job_id {request.job_id!r} is not a uuid")
-        input_json = json_format.MessageToDict(request.input)
+        try:
+            input_json = json_format.MessageToDict(request.input)
+        except (json_format.Error, ValueError, TypeError, RecursionError) as exc:
+            # NaN and the infinities have no JSON form (nor a jsonb one).
+            return self._reject(message, f"invalid-request: input cannot be read as JSON: {exc}")
         try:
             outcome = self._submitter.submit(
                 workflow_name=request.workflow_name, input=input_json, job_id=request.job_id
