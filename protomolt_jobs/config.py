@@ -9,12 +9,13 @@ base, 3 attempts, 8 concurrent calls per target, events on ``workflow-run-events
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["JobsConfig", "ConfigError", "CONSUMER_GROUP", "default_worker_id"]
+__all__ = ["CONSUMER_GROUP", "ConfigError", "JobsConfig", "default_worker_id"]
 
 #: Consumer group of the request-topic consumer (a constant, as upstream).
 CONSUMER_GROUP = "protomolt-jobs-worker"
@@ -81,32 +82,27 @@ class JobsConfig:
                 "jobs.worker_id must not be blank: it stamps lease_owner on claimed rows; "
                 "an anonymous worker fleet cannot be debugged from the row"
             )
-        for key in (
-            "worker_count",
-            "poll_interval_ms",
-            "max_attempts",
-            "max_concurrent_per_target",
-            "sweep_interval_ms",
-            "relay_poll_interval_ms",
-            "relay_batch_size",
-            "topic_partitions",
-            "topic_replication",
-            "pool_max_size",
-        ):
+        for key, most in _INT_LIMITS.items():
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"jobs.{key} must be a positive integer; got {value!r}")
-        for key in ("lease_seconds", "backoff_base_seconds"):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= most:
+                raise ConfigError(
+                    f"jobs.{key} must be a positive integer of at most {most}; got {_shown(value)}"
+                )
+        for key, (least, most) in _SECONDS_LIMITS.items():
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigError(f"jobs.{key} must be a positive number of seconds; got {value!r}")
-        if isinstance(self.shutdown_grace_seconds, bool) or not isinstance(
-            self.shutdown_grace_seconds, (int, float)
-        ) or self.shutdown_grace_seconds < 0:
-            raise ConfigError(
-                "jobs.shutdown_grace_seconds must be a non-negative number of seconds; "
-                f"got {self.shutdown_grace_seconds!r}"
-            )
+            # Compare before math.isfinite: it raises OverflowError on a huge int.
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not (value > 0 if least is None else value >= least)
+                or value > most
+                or not math.isfinite(value)
+            ):
+                lower = "above 0" if least is None else f"at least {least:g}"
+                raise ConfigError(
+                    f"jobs.{key} must be a finite number of seconds, {lower} and at most "
+                    f"{most:g}; got {_shown(value)}"
+                )
         if not self.events_topic or not str(self.events_topic).strip():
             raise ConfigError("jobs.events_topic must not be blank")
         if self.request_topic is not None and not self.kafka_bootstrap:
@@ -150,49 +146,75 @@ class JobsConfig:
         return cls(**kwargs)
 
 
-_INT_KEYS = {
-    "worker_count",
-    "poll_interval_ms",
-    "max_attempts",
-    "max_concurrent_per_target",
-    "sweep_interval_ms",
-    "relay_poll_interval_ms",
-    "relay_batch_size",
-    "topic_partitions",
-    "topic_replication",
-    "pool_max_size",
+#: Integer keys and their largest sane value (all must be above 0). The bounds catch typos
+#: and units mix-ups (milliseconds given as microseconds) before they boot a broken node.
+_INT_LIMITS: dict[str, int] = {
+    "worker_count": 4096,
+    "poll_interval_ms": 3_600_000,
+    "max_attempts": 1000,
+    "max_concurrent_per_target": 4096,
+    "sweep_interval_ms": 3_600_000,
+    "relay_poll_interval_ms": 3_600_000,
+    "relay_batch_size": 100_000,
+    "topic_partitions": 10_000,
+    "topic_replication": 100,
+    "pool_max_size": 1000,
 }
-_FLOAT_KEYS = {"lease_seconds", "backoff_base_seconds", "shutdown_grace_seconds"}
+#: Seconds keys: (least, most); a least of None means "above 0". NaN and infinities never pass.
+_SECONDS_LIMITS: dict[str, tuple[float | None, float]] = {
+    "lease_seconds": (None, 86_400.0),
+    "backoff_base_seconds": (None, 86_400.0),
+    "shutdown_grace_seconds": (0.0, 3_600.0),
+}
+_INT_KEYS = set(_INT_LIMITS)
+_FLOAT_KEYS = set(_SECONDS_LIMITS)
+
+
+def _shown(value: Any) -> str:
+    """``repr`` of a configured value, cut short (a 5000-digit typo needs no full echo)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def _coerce(key: str, raw: Any, field: dataclasses.Field) -> Any:
     if key in _INT_KEYS:
         if isinstance(raw, bool):
-            raise ConfigError(f"jobs.{key} must be a positive integer; got {raw!r}")
+            raise ConfigError(
+                f"jobs.{key} must be a positive integer of at most {_INT_LIMITS[key]}; "
+                f"got {_shown(raw)}"
+            )
         if isinstance(raw, int):
             return raw
         if isinstance(raw, str):
-            try:
-                return int(raw.strip())
-            except ValueError:
-                pass
-        raise ConfigError(f"jobs.{key} must be a positive integer; got {raw!r}")
+            text = raw.strip()
+            digits = text.lstrip("+-")
+            if text.isascii() and digits.isdigit() and len(digits) <= 20:
+                return int(text)
+        raise ConfigError(
+            f"jobs.{key} must be a positive integer of at most {_INT_LIMITS[key]}; "
+            f"got {_shown(raw)}"
+        )
     if key in _FLOAT_KEYS:
         if isinstance(raw, bool):
-            raise ConfigError(f"jobs.{key} must be a number of seconds; got {raw!r}")
+            raise ConfigError(f"jobs.{key} must be a finite number of seconds; got {_shown(raw)}")
         if isinstance(raw, (int, float)):
-            return float(raw)
+            try:
+                return float(raw)
+            except OverflowError:
+                raise ConfigError(
+                    f"jobs.{key} must be a finite number of seconds; got {_shown(raw)}"
+                ) from None
         if isinstance(raw, str):
             try:
                 return float(raw.strip())
             except ValueError:
                 pass
-        raise ConfigError(f"jobs.{key} must be a number of seconds; got {raw!r}")
+        raise ConfigError(f"jobs.{key} must be a finite number of seconds; got {_shown(raw)}")
     # string keys; an empty string means "not set" for the optional ones
     if raw is None:
         return None
     if not isinstance(raw, str):
-        raise ConfigError(f"jobs.{key} must be a string; got {raw!r}")
+        raise ConfigError(f"jobs.{key} must be a string; got {_shown(raw)}")
     if raw.strip() == "" and key in ("dsn", "kafka_bootstrap", "request_topic"):
         return None
     return raw.strip()

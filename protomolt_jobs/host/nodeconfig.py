@@ -116,6 +116,12 @@ class NodeConfig:
                     f"top-level key {name!r} in {source}: expected a table like [node] or "
                     f"[jobs]; got {type(table).__name__}"
                 )
+            if name.lower() in sections:
+                first = next(n for n in document if n.lower() == name.lower())
+                raise ConfigError(
+                    f"config file {source} has both [{first}] and [{name}]: section names "
+                    "are case-insensitive, so one would silently replace the other; merge them"
+                )
             sections[name.lower()] = {
                 str(k): (v, f"{source} [{name}] {k}") for k, v in table.items()
             }
@@ -278,14 +284,23 @@ def _parse_port(key: str, entry: tuple[Any, str] | None) -> int:
     value: int | None = None
     if isinstance(raw, int) and not isinstance(raw, bool):
         value = raw
-    elif isinstance(raw, str) and raw.strip().isdigit():
-        value = int(raw.strip())
+    elif isinstance(raw, str) and raw.strip().isascii() and raw.strip().isdecimal():
+        # isascii: str.isdigit() also holds for "²", which int() refuses; the length bound
+        # keeps int() clear of its digit limit.
+        text = raw.strip()
+        value = int(text) if len(text) <= 10 else None
     if value is None or not 0 <= value <= 65535:
         raise ConfigError(
             f"node.{key} ({origin}) must be a port number 0-65535 (0 picks a free port); "
-            f"got {raw!r}"
+            f"got {_shown(raw)}"
         )
     return value
+
+
+def _shown(value: Any) -> str:
+    """``repr`` of a configured value, cut short."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def _parse_token(entry: tuple[Any, str] | None) -> str | None:
