@@ -26,6 +26,7 @@ from typing import Any
 
 from protomolt_jobs.actions import JobsBackend, jobs_actions
 from protomolt_jobs.config import JobsConfig
+from protomolt_jobs.errors import StoreError
 from protomolt_jobs.hooks.contract import (
     Action,
     ComposerError,
@@ -150,8 +151,15 @@ class JobsMount:
         config = self.config
         dsn = config.dsn
         assert dsn is not None
-        migrate(dsn)
-        self.store = JobStore.open(dsn, max_size=config.pool_max_size)
+        try:
+            migrate(dsn)
+            self.store = JobStore.open(dsn, max_size=config.pool_max_size)
+        except StoreError as exc:
+            # Say which setting leads there: the driver's text names neither key nor variable.
+            raise StoreError(
+                f"jobs.dsn (protomolt.toml [jobs] dsn or PROTOMOLT_JOBS_DSN) does not lead to a "
+                f"usable database: {exc}"
+            ) from exc
         self.submitter = Submitter(self.store, self.repository, self.runtime, config.max_attempts)
         self.backend.bind(self.store, self.submitter)
 

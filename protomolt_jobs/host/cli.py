@@ -221,10 +221,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _token(args: argparse.Namespace) -> str | None:
+    # The canonical variable wins over its alias, as in the node's configuration loader.
     return (
         args.token
-        or os.environ.get("PROTOMOLT_API_TOKEN")
         or os.environ.get("PROTOMOLT_NODE_API_TOKEN")
+        or os.environ.get("PROTOMOLT_API_TOKEN")
     )
 
 

@@ -219,10 +219,11 @@ def run_demo(
     from rich.table import Table
 
     from protomolt_jobs.config import ConfigError
-    from protomolt_jobs.hooks.contract import WorkflowRepository
+    from protomolt_jobs.hooks.contract import ComposerError, WorkflowRepository
     from protomolt_jobs.host.cli import load_config, start_surfaces
     from protomolt_jobs.host.composer import compose
     from protomolt_jobs.host.demo_services import DemoServices, demo_workflow
+    from protomolt_jobs.host.embedded_pg import EmbeddedPostgresError
 
     console = console or Console()
     source = Path(path) if path is not None else samples_dir()
@@ -250,6 +251,9 @@ def run_demo(
     except ConfigError as exc:
         console.print(f"[red]configuration error:[/] {exc}")
         return 2
+    except EmbeddedPostgresError as exc:
+        console.print(f"[red]error:[/] {exc}", soft_wrap=True)
+        return 1
     for note in notes:
         console.print(note, soft_wrap=True)
 
@@ -259,10 +263,16 @@ def run_demo(
         if threading.current_thread() is threading.main_thread()
         else {}
     )
-    services = DemoServices().start()
+    services = None
     surfaces = None
     try:
-        surfaces = start_surfaces(compose(config), config, embedded=embedded)
+        try:
+            services = DemoServices().start()
+            surfaces = start_surfaces(compose(config), config, embedded=embedded)
+        except (ComposerError, OSError, RuntimeError) as exc:
+            # A busy port, an unreachable database: one line, no traceback.
+            console.print(f"[red]error:[/] the demo node did not start: {exc}", soft_wrap=True)
+            return 1
         node = surfaces.node
         repository = node.contributions.first(WorkflowRepository)
         repository.put(WORKFLOW_NAME, demo_workflow(services.target))
@@ -385,6 +395,7 @@ def run_demo(
             surfaces.close()
         elif embedded is not None:
             embedded.stop()
-        services.stop()
+        if services is not None:
+            services.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
