@@ -352,7 +352,17 @@ class RequestConsumer:
                             "offset": message.offset(),
                         },
                     )
-                    outcome = self._reject(message, f"internal-error: {type(exc).__name__}: {exc}")
+                    try:
+                        outcome = self._reject(
+                            message, f"internal-error: {type(exc).__name__}: {exc}"
+                        )
+                    except StoreError:
+                        raise
+                    except Exception as reject_exc:
+                        # Not even the reject is stored: hold the record like an outage.
+                        raise StoreError(
+                            f"storing the reject failed: {type(reject_exc).__name__}: {reject_exc}"
+                        ) from reject_exc
             except StoreError as exc:
                 self._held = message
                 self._backoff_s = BACKOFF_MIN_S
