@@ -171,6 +171,24 @@ UPDATE workflow_run
    AND lease_token = %(token)s
 RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
 
+-- name: job_complete_with_checkpoint
+-- description: fenced (status, lease_owner, attempt, lease_token): append the final step's checkpoint entry and COMPLETED, in one statement.
+UPDATE workflow_run
+   SET status = 'COMPLETED',
+       checkpoints = checkpoints || jsonb_build_array(%(entry)s::jsonb),
+       result = %(result)s,
+       verdict = %(verdict)s,
+       outstanding_step = NULL,
+       lease_owner = NULL,
+       lease_token = NULL,
+       lease_until = NULL,
+       completed_at = now(),
+       updated_at = now()
+ WHERE job_id = %(job_id)s AND status = 'RUNNING'
+   AND lease_owner = %(owner)s AND attempt = %(attempt)s
+   AND lease_token = %(token)s
+RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
+
 -- name: job_fail
 -- description: fenced (status, lease_owner, attempt, lease_token): FAILED with the verbatim error and completed_at.
 UPDATE workflow_run

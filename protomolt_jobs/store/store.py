@@ -407,24 +407,47 @@ class JobStore:
             self._outbox_txn(conn, row, EventType.TYPE_WAITING, step=step)
 
     @_translated
-    def job_complete(self, lease: Lease, result: dict[str, Any], verdict: str) -> None:
-        """Complete the job, with its COMPLETED event.
+    def job_complete(
+        self,
+        lease: Lease,
+        result: dict[str, Any],
+        verdict: str,
+        *,
+        final_entry: dict[str, Any] | None = None,
+    ) -> None:
+        """Complete the job, with its COMPLETED event; optionally append the last checkpoint.
 
         SQL: fenced ``UPDATE ... SET status='COMPLETED', result, verdict, completed_at=now()``,
-        lease cleared; then one outbox row (COMPLETED, verdict). Transaction: one.
+        lease cleared; then one outbox row (COMPLETED, verdict). With ``final_entry`` the same
+        fenced UPDATE also appends it to ``checkpoints``, and the outbox gets STEP_CHECKPOINT
+        (step = ``final_entry["name"]``, ``detail.status`` RUNNING, as :meth:`job_checkpoint`
+        writes it) before COMPLETED: the events a separate checkpoint would have written, in
+        the same order, one commit fewer. Transaction: one.
 
         :param result: the composed output (proto3 JSON object).
         :param verdict: one-line summary, not blank (the event's ``completed-carries-verdict``).
+        :param final_entry: the last step's checkpoint entry (as for :meth:`job_checkpoint`),
+            or None when every checkpoint is already stored.
         :raises LeaseLost: when the fence matches no row (nothing changed, no event).
-        :raises TypeError: when ``result`` is not a JSON object.
-        :raises ValueError: when ``verdict`` is blank or ``result`` cannot be JSON.
+        :raises TypeError: when ``result`` or ``final_entry`` is not a JSON object.
+        :raises ValueError: when ``verdict`` is blank, ``final_entry`` has no non-blank
+            ``name``, or either cannot be JSON.
         :raises StoreError: on a database failure.
         """
         _text("verdict", verdict)
         verdict = scrub_text(verdict)
         result_json = _jsonb("result", result, dict)
+        params: dict[str, Any] = {"result": result_json, "verdict": verdict}
+        step = ""
+        if final_entry is not None:
+            step = scrub_text(_entry_name(final_entry))
+            params["entry"] = _jsonb("final_entry", final_entry, dict)
+        query = "job_complete" if final_entry is None else "job_complete_with_checkpoint"
         with self._pool.connection() as conn, conn.transaction():
-            row = _fenced(conn, "job_complete", lease, {"result": result_json, "verdict": verdict})
+            row = _fenced(conn, query, lease, params)
+            if final_entry is not None:
+                checkpointed = {**row, "status": "RUNNING"}
+                self._outbox_txn(conn, checkpointed, EventType.TYPE_STEP_CHECKPOINT, step=step)
             self._outbox_txn(conn, row, EventType.TYPE_COMPLETED, verdict=verdict)
 
     @_translated

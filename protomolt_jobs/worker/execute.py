@@ -14,7 +14,10 @@ For a claimed row the executor:
 3. takes the per-target permit for the next unexecuted step's target (none when every step
    is already checkpointed);
 4. runs ``run_segment`` from the stored checkpoints, checkpointing each new step through the
-   fenced ``job_checkpoint`` write;
+   fenced ``job_checkpoint`` write, except the workflow's last step: its entry is held and
+   written by ``job_complete(..., final_entry=entry)`` in the completion's transaction
+   (STEP_CHECKPOINT then COMPLETED, one commit); on any other outcome it is stored with
+   ``job_checkpoint`` first and the job then settles as usual;
 5. settles with exactly one fenced write:
 
    =========================================== ==========================================
@@ -107,6 +110,34 @@ class _Fail(Exception):
         super().__init__(detail)
         self.step = step
         self.detail = detail
+
+
+class _FinalCheckpoint:
+    """The last step's checkpoint entry, held back from ``job_checkpoint`` so that it is
+    written by ``job_complete`` in the completion's transaction (one commit fewer per job).
+
+    :param n_done: checkpoints stored before this segment (the index of its first new step).
+    :param n_steps: steps of the workflow.
+    """
+
+    def __init__(self, n_done: int, n_steps: int) -> None:
+        self._next = n_done
+        self._last = n_steps - 1
+        self.entry: dict | None = None
+
+    def holds(self, entry: dict) -> bool:
+        """Count one new checkpoint; keep it (True) when it is the workflow's last step's."""
+        index = self._next
+        self._next += 1
+        if index == self._last:
+            self.entry = entry
+            return True
+        return False
+
+    def take(self) -> dict | None:
+        """The held entry (once), or None."""
+        entry, self.entry = self.entry, None
+        return entry
 
 
 class SegmentExecutor:
@@ -216,25 +247,32 @@ class SegmentExecutor:
         except _Fail as fail:
             return self._settle_fail(guard, fail.step, fail.detail, ctx)
 
+        final = _FinalCheckpoint(len(prior), len(workflow.steps))
         try:
             with self._permits.held(target, cancelled=lambda: guard.lost):
                 if guard.lost:
                     raise _Abandon()
                 outcome = run_segment(
-                    workflow, message, prior, self._on_checkpoint(guard, ctx), runtime=self._runtime
+                    workflow,
+                    message,
+                    prior,
+                    self._on_checkpoint(guard, ctx, final),
+                    runtime=self._runtime,
                 )
         except (PermitCancelled, _Abandon, LeaseLost):
             return self._abandoned(guard, ctx, "segment")
         except WorkflowExecutionError as exc:
             if guard.lost:
                 return self._abandoned(guard, ctx, "checkpoint")
-            return self._settle_failure(job, guard, exc, ctx)
+            return self._flush(job, guard, ctx, final) or self._settle_failure(job, guard, exc, ctx)
         except StoreError as exc:
             # Only reachable if the engine let the checkpoint callback's error through
             # unwrapped: the response may not have persisted, so retry.
             if guard.lost:
                 return self._abandoned(guard, ctx, "checkpoint")
-            return self._settle_retryable(job, guard, f"WORKFLOW: checkpoint failed: {exc}", ctx)
+            return self._flush(job, guard, ctx, final) or self._settle_retryable(
+                job, guard, f"WORKFLOW: checkpoint failed: {exc}", ctx
+            )
         except Exception as exc:  # a defect in the engine: bounded retry, never a dead loop
             if guard.lost:
                 return self._abandoned(guard, ctx, "segment")
@@ -243,24 +281,36 @@ class SegmentExecutor:
                 extra={"action": "segment_crashed", **ctx},
             )
             detail = f"WORKFLOW: unexpected error in the worker: {type(exc).__name__}: {exc}"
-            return self._settle_retryable(job, guard, detail, ctx)
+            return self._flush(job, guard, ctx, final) or self._settle_retryable(
+                job, guard, detail, ctx
+            )
 
         if guard.lost:
             return self._abandoned(guard, ctx, "segment")
         crashpoints.reached("before_settle", job.workflow_name)
         if isinstance(outcome, Completed):
             verdict = f"{len(outcome.steps)} steps, output {outcome.output_type}"
-            return self._write(
+            final_entry = final.take()
+            settled = self._write(
                 guard,
                 ctx,
                 Settlement.COMPLETED,
                 "job_completed",
                 "job completed",
                 lambda: self._store.job_complete(
-                    guard.lease, result=outcome.output_json, verdict=verdict
+                    guard.lease,
+                    result=outcome.output_json,
+                    verdict=verdict,
+                    final_entry=final_entry,
                 ),
                 verdict=verdict,
             )
+            if settled is Settlement.COMPLETED and final_entry is not None:
+                crashpoints.reached("after_checkpoint", str(final_entry.get("name", "")))
+            return settled
+        flushed = self._flush(job, guard, ctx, final)
+        if flushed is not None:
+            return flushed
         if isinstance(outcome, Parked):
             return self._write(
                 guard,
@@ -274,24 +324,58 @@ class SegmentExecutor:
         detail = f"WORKFLOW: the engine returned {type(outcome).__name__}, not Completed or Parked"
         return self._settle_fail(guard, "", detail, ctx)
 
-    def _on_checkpoint(self, guard: LeaseGuard, ctx: dict[str, Any]) -> Callable[[dict], None]:
+    def _on_checkpoint(
+        self, guard: LeaseGuard, ctx: dict[str, Any], final: _FinalCheckpoint
+    ) -> Callable[[dict], None]:
         def on_checkpoint(entry: dict) -> None:
             if guard.lost:
                 raise LeaseLost(
                     guard.lease.job_id, guard.lease.owner, guard.lease.attempt, "checkpoint"
                 )
-            try:
-                self._store.job_checkpoint(guard.lease, entry)
-            except LeaseLost:
-                guard.mark_lost("lease_lost")
-                raise
-            step = str(entry.get("name", ""))
-            log.debug(
-                "step checkpointed", extra={"action": "step_checkpointed", "step": step, **ctx}
-            )
-            crashpoints.reached("after_checkpoint", step)
+            if final.holds(entry):
+                # The last step's entry goes with job_complete (or is flushed before any
+                # other settlement): nothing after it can need it stored earlier.
+                return
+            self._checkpoint(guard, ctx, entry)
 
         return on_checkpoint
+
+    def _checkpoint(self, guard: LeaseGuard, ctx: dict[str, Any], entry: dict) -> None:
+        try:
+            self._store.job_checkpoint(guard.lease, entry)
+        except LeaseLost:
+            guard.mark_lost("lease_lost")
+            raise
+        step = str(entry.get("name", ""))
+        log.debug("step checkpointed", extra={"action": "step_checkpointed", "step": step, **ctx})
+        crashpoints.reached("after_checkpoint", step)
+
+    def _flush(
+        self, job: Any, guard: LeaseGuard, ctx: dict[str, Any], final: _FinalCheckpoint
+    ) -> Settlement | None:
+        """Store a held final checkpoint before any settlement other than completion.
+
+        :returns: None when there was nothing to store or it was stored (settle as usual);
+            else what was settled instead: abandoned on a lost lease, or the retry (or DEAD)
+            a failed checkpoint write gets inside the engine (the response may not have
+            persisted).
+        """
+        entry = final.take()
+        if entry is None:
+            return None
+        if guard.lost:
+            return self._abandoned(guard, ctx, "checkpoint")
+        try:
+            self._checkpoint(guard, ctx, entry)
+        except LeaseLost:
+            return self._abandoned(guard, ctx, "checkpoint")
+        except (StoreError, ValueError, TypeError) as exc:
+            detail = (
+                "WORKFLOW: checkpoint observer failed; the step's response may not have "
+                f"persisted: {exc}"
+            )
+            return self._settle_retryable(job, guard, detail, ctx)
+        return None
 
     # -- snapshot and input --------------------------------------------------------------
 

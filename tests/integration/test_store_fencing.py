@@ -70,6 +70,12 @@ def old_owner_writes(store: JobStore, lease: Lease):
         ),
         ("job_park", lambda: store.job_park(lease, "approve")),
         ("job_complete", lambda: store.job_complete(lease, {"x": 1}, "1 steps, output t.v1.O")),
+        (
+            "job_complete_with_checkpoint",
+            lambda: store.job_complete(
+                lease, {"x": 1}, "1 steps, output t.v1.O", final_entry={"name": "first"}
+            ),
+        ),
         ("job_fail", lambda: store.job_fail(lease, "MAPPING: nope", "first")),
         ("job_retry", lambda: store.job_retry(lease, 1, "GRPC: transient")),
         ("job_dead", lambda: store.job_dead(lease, "GRPC: gave up")),
@@ -392,3 +398,56 @@ def test_fenced_writes_refuse_bad_arguments(store):
     with pytest.raises(TypeError, match="lease"):
         store.job_heartbeat(("not", "a", "lease"), 10)
     assert store.job_get(job.job_id).status == "RUNNING"
+
+
+def test_complete_with_a_final_entry_appends_it_and_writes_checkpoint_then_completed(
+    store, fresh_dsn
+):
+    job = claimed_job(store)
+    store.job_checkpoint(job.lease, {"name": "first", "skipped": False, "response": {"a": 1}})
+    store.job_complete(
+        job.lease,
+        {"a": 2},
+        "2 steps, output t.v1.O",
+        final_entry={"name": "second", "skipped": False, "response": {"a": 2}},
+    )
+    row = store.job_get(job.job_id)
+    assert row.status == "COMPLETED" and row.result == {"a": 2}
+    assert row.checkpoints == [
+        {"name": "first", "skipped": False, "response": {"a": 1}},
+        {"name": "second", "skipped": False, "response": {"a": 2}},
+    ]
+    got = events(store, job.job_id)
+    assert [(EventType.Name(e.type), e.step) for e in got] == [
+        ("TYPE_ACCEPTED", ""),
+        ("TYPE_STEP_CHECKPOINT", "first"),
+        ("TYPE_STEP_CHECKPOINT", "second"),
+        ("TYPE_COMPLETED", ""),
+    ]
+    # The folded checkpoint's event is the one job_checkpoint writes: status RUNNING after it.
+    assert got[2].detail["status"] == "RUNNING" and got[3].detail["status"] == "COMPLETED"
+    assert got[2].attempt == got[1].attempt == job.attempt
+    assert got[3].verdict == "2 steps, output t.v1.O"
+    assert all(validate_event(e) == [] for e in got)
+
+
+def test_complete_with_a_final_entry_on_a_lost_lease_changes_nothing(store, fresh_dsn):
+    job = claimed_job(store)
+    expire(fresh_dsn, job.job_id)
+    store.job_sweep_expired()
+    before = snapshot(fresh_dsn, job.job_id)
+    with pytest.raises(LeaseLost):
+        store.job_complete(job.lease, {"a": 1}, "v", final_entry={"name": "s", "skipped": True})
+    assert snapshot(fresh_dsn, job.job_id) == before
+
+
+def test_complete_refuses_a_malformed_final_entry_before_any_sql(store, fresh_dsn):
+    job = claimed_job(store)
+    before = snapshot(fresh_dsn, job.job_id)
+    with pytest.raises(TypeError, match="entry"):
+        store.job_complete(job.lease, {"a": 1}, "v", final_entry=["s"])
+    with pytest.raises(ValueError, match="entry.name"):
+        store.job_complete(job.lease, {"a": 1}, "v", final_entry={"name": " "})
+    with pytest.raises(ValueError, match="final_entry"):
+        store.job_complete(job.lease, {"a": 1}, "v", final_entry={"name": "s", "x": float("nan")})
+    assert snapshot(fresh_dsn, job.job_id) == before

@@ -245,6 +245,37 @@ def test_settle_outcome_enum_names_what_was_written(store, fresh_dsn, services):
         worker.stop()
 
 
+def test_the_last_steps_checkpoint_commits_with_the_completion(store, fresh_dsn, services):
+    job = enqueue(store, seed_workflow(services.target, review="invoke"), {"text": "a b c"})
+    calls: list[str] = []
+    for name in ("job_checkpoint", "job_complete"):
+        real = getattr(store, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        setattr(store, name, counted)
+    worker = _worker(store, fresh_dsn)
+    try:
+        claimed = store.job_claim("test-worker", 5)
+        worker.heartbeat.start()
+        assert worker.executor.execute(claimed) is Settlement.COMPLETED
+    finally:
+        worker.stop()
+    # Three steps, two checkpoint transactions: the third rides with the completion.
+    assert calls == ["job_checkpoint", "job_checkpoint", "job_complete"]
+    row = store.job_get(job.job_id)
+    assert [c["name"] for c in row.checkpoints] == ["tokenize", "embed", "review"]
+    assert event_types(store, job.job_id) == [
+        ("ACCEPTED", ""),
+        ("STEP_CHECKPOINT", "tokenize"),
+        ("STEP_CHECKPOINT", "embed"),
+        ("STEP_CHECKPOINT", "review"),
+        ("COMPLETED", ""),
+    ]
+
+
 # -- nothing the engine can classify is retried as a defect --------------------------------------
 
 

@@ -68,8 +68,11 @@ class _Store:
     def job_checkpoint(self, lease, entry):
         self._do("checkpoint", lease, entry["name"])
 
-    def job_complete(self, lease, result, verdict):
-        self._do("complete", lease, result, verdict)
+    def job_complete(self, lease, result, verdict, *, final_entry=None):
+        if final_entry is None:
+            self._do("complete", lease, result, verdict)
+        else:
+            self._do("complete", lease, result, verdict, final_entry["name"])
 
     def job_park(self, lease, step):
         self._do("park", lease, step)
@@ -173,11 +176,114 @@ def test_completed_writes_checkpoints_then_complete_with_the_verdict(engine):
 
     engine.segment = segment
     assert _executor(store).execute(_Job()) is Settlement.COMPLETED
+    # The last step's checkpoint goes with the completion (one transaction).
+    assert store.writes == [
+        ("checkpoint", "a"),
+        ("complete", {"ok": True}, "2 steps, output t.Out", "b"),
+    ]
+
+
+def test_a_resumed_segment_defers_only_the_last_steps_checkpoint(engine):
+    store = _Store()
+
+    def segment(prior, on_checkpoint):
+        assert [p["name"] for p in prior] == ["a"]
+        on_checkpoint({"name": "b", "skipped": True})
+        return _completed(2)
+
+    engine.segment = segment
+    job = _Job(checkpoints=[{"name": "a", "skipped": False, "response": {}}])
+    assert _executor(store).execute(job) is Settlement.COMPLETED
+    assert store.writes == [("complete", {"ok": True}, "2 steps, output t.Out", "b")]
+
+
+def test_a_segment_with_nothing_left_completes_without_a_final_entry(engine):
+    store = _Store()
+    engine.segment = lambda prior, cb: _completed(2)
+    done = [{"name": n, "skipped": True} for n in ("a", "b")]
+    assert _executor(store).execute(_Job(checkpoints=done)) is Settlement.COMPLETED
+    assert store.writes == [("complete", {"ok": True}, "2 steps, output t.Out")]
+
+
+def _fails_after_the_last_step(error):
+    def segment(prior, on_checkpoint):
+        on_checkpoint({"name": "a", "skipped": False, "response": {}})
+        on_checkpoint({"name": "b", "skipped": False, "response": {}})
+        raise error
+
+    return segment
+
+
+def test_a_failure_after_the_last_step_stores_its_checkpoint_first(engine):
+    store = _Store()
+    engine.segment = _fails_after_the_last_step(
+        WorkflowExecutionError(FailureKind.MAPPING, "output", "mapping failed: no")
+    )
+    assert _executor(store).execute(_Job()) is Settlement.FAILED
     assert store.writes == [
         ("checkpoint", "a"),
         ("checkpoint", "b"),
-        ("complete", {"ok": True}, "2 steps, output t.Out"),
+        ("fail", "MAPPING: mapping failed: no", "output"),
     ]
+
+
+def test_a_defect_after_the_last_step_stores_its_checkpoint_then_retries(engine):
+    store = _Store()
+    engine.segment = _fails_after_the_last_step(RuntimeError("boom"))
+    assert _executor(store).execute(_Job()) is Settlement.RETRIED
+    assert [w[0] for w in store.writes] == ["checkpoint", "checkpoint", "retry"]
+
+
+def test_a_held_checkpoint_that_cannot_be_stored_retries_the_job(engine):
+    class _FailsSecond(_Store):
+        def job_checkpoint(self, lease, entry):
+            if entry["name"] == "b":
+                raise StoreError("connection lost")
+            super().job_checkpoint(lease, entry)
+
+    store = _FailsSecond()
+    engine.segment = _fails_after_the_last_step(
+        WorkflowExecutionError(FailureKind.MAPPING, "output", "mapping failed: no")
+    )
+    assert _executor(store).execute(_Job()) is Settlement.RETRIED
+    assert store.writes[0] == ("checkpoint", "a")
+    op, _backoff, detail = store.writes[1]
+    assert op == "retry"
+    assert detail == (
+        "WORKFLOW: checkpoint observer failed; the step's response may not have persisted: "
+        "connection lost"
+    )
+    assert len(store.writes) == 2
+
+
+def test_a_held_checkpoint_whose_lease_is_lost_abandons_the_run(engine):
+    engine.segment = _fails_after_the_last_step(
+        WorkflowExecutionError(FailureKind.MAPPING, "output", "mapping failed: no")
+    )
+
+    class _LosesSecond(_Store):
+        def job_checkpoint(self, lease, entry):
+            if entry["name"] == "b":
+                raise LeaseLost(lease.job_id, lease.owner, lease.attempt, "checkpoint")
+            super().job_checkpoint(lease, entry)
+
+    store = _LosesSecond()
+    assert _executor(store).execute(_Job()) is Settlement.ABANDONED
+    assert store.writes == [("checkpoint", "a")]
+
+
+def test_a_completion_with_its_final_entry_losing_the_lease_writes_nothing(engine):
+    store = _Store()
+    store.lose_on.add("complete")
+
+    def segment(prior, on_checkpoint):
+        on_checkpoint({"name": "a", "skipped": False, "response": {}})
+        on_checkpoint({"name": "b", "skipped": False, "response": {}})
+        return _completed(2)
+
+    engine.segment = segment
+    assert _executor(store).execute(_Job()) is Settlement.ABANDONED
+    assert store.writes == [("checkpoint", "a")]
 
 
 def test_parked_parks_on_the_step(engine):
