@@ -6,9 +6,16 @@ Wake-up model (DESIGN 5: pickup in milliseconds, not the poll interval):
   worker holds an autocommit connection that ``LISTEN``s on that channel and rings the
   :class:`Doorbell` once per notification.
 - A ring wakes one idle :class:`ClaimLoop`. A loop claims until the queue is empty: after
-  each successful claim it rings once more (passing the baton to another idle loop, since
-  more jobs may be waiting), runs the job, and claims again. When a claim finds nothing
-  the loop waits on the doorbell, with no timeout of its own.
+  a claim that shows a backlog it rings once more (passing the baton to another idle loop,
+  since more jobs are likely waiting), runs the job, and claims again. When a claim finds
+  nothing the loop waits on the doorbell, with no timeout of its own.
+- Backlog: the claimed job waited at least :data:`BACKLOG_S` between becoming eligible
+  (``max(created_at, run_after)``) and its claim (``updated_at``), all database time. A job
+  announced by its own NOTIFY and picked up at once does not pass the baton: its
+  notification already woke its loop, and a baton would only buy an empty claim (half a
+  transaction per job when the loops keep up with the submitters). A burst that came with
+  fewer notifications than jobs (one transaction, a lost notification, a poll) shows up as
+  waiting jobs within one claim and spreads from there.
 - One :class:`Poller` per worker rings once per poll interval (jittered): the fallback when
   a notification is lost (e.g. while the listener reconnects) or a backoff's ``run_after``
   passes, which nothing announces. One ring wakes one loop, and a claim that finds a job
@@ -36,10 +43,13 @@ from psycopg import sql
 
 from protomolt_jobs.errors import StoreError
 
-__all__ = ["CHANNEL", "ClaimLoop", "Doorbell", "Listener", "Poller"]
+__all__ = ["BACKLOG_S", "CHANNEL", "ClaimLoop", "Doorbell", "Listener", "Poller", "backlogged"]
 
 #: The NOTIFY channel enqueue and requeue announce on.
 CHANNEL = "protomolt_jobs"
+
+#: A claimed job that waited at least this long (seconds, database time) signals a backlog.
+BACKLOG_S = 0.05
 
 # Listener reconnect backoff, seconds: first retry, cap.
 _RECONNECT_FIRST_S = 0.1
@@ -267,13 +277,27 @@ class Listener:
                         conn.close()
 
 
+def backlogged(job: Any) -> bool:
+    """Whether a claimed job waited in the queue long enough to suggest others are waiting.
+
+    ``updated_at`` (the claim's ``now()``) minus ``max(created_at, run_after)``, database
+    times all, against :data:`BACKLOG_S`; True when the record lacks them (pass the baton
+    when in doubt: a spare ring costs one empty claim, a missing one a poll interval).
+    """
+    try:
+        waited = job.updated_at - max(job.created_at, job.run_after)
+        return waited.total_seconds() >= BACKLOG_S
+    except (AttributeError, TypeError):
+        return True
+
+
 class ClaimLoop:
     """One claim loop: claim, execute, repeat until the queue is empty, then wait.
 
     :param claim: ``() -> JobRecord | None`` (``store.job_claim(worker_id, lease_s)``).
     :param execute: runs and settles a claimed job.
-    :param doorbell: wakes the loop (the listener, the poller, other loops); rung after each
-        successful claim.
+    :param doorbell: wakes the loop (the listener, the poller, other loops); rung after a
+        claim that shows a backlog (:func:`backlogged`).
     :param stopping: set when the worker stops claiming (the worker then closes the doorbell,
         which wakes every waiting loop).
     :param name: the thread name.
@@ -295,6 +319,8 @@ class ClaimLoop:
         self._stopping = stopping
         self.name = name
         self.worker_id = worker_id
+        # True while the loop claims job after job without waiting on the doorbell.
+        self._continuing = False
         self._log = logging.getLogger("protomolt_jobs.worker")
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
@@ -308,9 +334,17 @@ class ClaimLoop:
             return False
         job = self._claim()
         if job is None:
+            self._continuing = False
             return False
-        # More jobs may be waiting: pass the baton to another idle loop before running.
-        self._doorbell.ring(1)
+        if self._continuing:
+            # Claimed straight after the previous job, without a wake-up: this job's
+            # announcement is likely still a token that would wake another loop into an
+            # empty claim. Drop one (a missed one costs at most a job's run or a poll).
+            self._doorbell.wait(0)
+        self._continuing = True
+        if backlogged(job):
+            # More jobs are likely waiting: pass the baton to another idle loop first.
+            self._doorbell.ring(1)
         self._execute(job)
         return True
 
@@ -337,4 +371,5 @@ class ClaimLoop:
             if claimed or self._stopping.is_set():
                 continue
             # No timeout: the poller rings once per poll interval for the whole worker.
+            self._continuing = False
             self._doorbell.wait(None)

@@ -8,13 +8,14 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import LeaseLost, StoreError
 from protomolt_jobs.worker import crashpoints
-from protomolt_jobs.worker.claim import Doorbell, Poller
+from protomolt_jobs.worker.claim import ClaimLoop, Doorbell, Poller, backlogged
 from protomolt_jobs.worker.execute import backoff_s
 from protomolt_jobs.worker.heartbeat import Heartbeat
 from protomolt_jobs.worker.sweeper import Sweeper
@@ -123,6 +124,57 @@ def test_poller_rings_once_per_interval_and_stops():
 def test_poller_refuses_a_non_positive_interval():
     with pytest.raises(ValueError, match="poll interval"):
         Poller(doorbell=Doorbell(1), interval_s=0, worker_id="w")
+
+
+class _Claimed:
+    def __init__(self, waited_s: float, *, retry_s: float = 0.0) -> None:
+        created = datetime(2026, 1, 1, tzinfo=UTC)
+        self.created_at = created
+        self.run_after = created + timedelta(seconds=retry_s)
+        self.updated_at = self.run_after + timedelta(seconds=waited_s)
+
+
+def test_backlogged_reads_the_wait_in_database_time():
+    assert backlogged(_Claimed(0.004)) is False  # announced and picked up at once
+    assert backlogged(_Claimed(0.5)) is True  # it sat in the queue
+    assert backlogged(_Claimed(0.004, retry_s=30)) is False  # waited for run_after, not a loop
+    assert backlogged(object()) is True  # unknown shape: pass the baton
+
+
+def _loop(bell: Doorbell, job: object) -> tuple[ClaimLoop, list]:
+    ran: list = []
+    loop = ClaimLoop(
+        claim=lambda: job,
+        execute=ran.append,
+        doorbell=bell,
+        stopping=threading.Event(),
+        name="t",
+        worker_id="w",
+    )
+    return loop, ran
+
+
+def test_a_claim_passes_the_baton_only_on_a_backlog():
+    bell = Doorbell(4)
+    fresh, ran = _loop(bell, _Claimed(0.002))
+    assert fresh.run_once() is True and len(ran) == 1
+    assert bell.wait(0.01) is False  # no baton: its own NOTIFY woke the loop
+    waiting, ran = _loop(bell, _Claimed(1.0))
+    assert waiting.run_once() is True and len(ran) == 1
+    assert bell.wait(0.01) is True  # baton: others are likely queued
+    empty, ran = _loop(bell, None)
+    assert empty.run_once() is False and ran == []
+    assert bell.wait(0.01) is False
+
+
+def test_a_loop_claiming_straight_on_drops_the_ring_of_the_job_it_took():
+    bell = Doorbell(4)
+    loop, ran = _loop(bell, _Claimed(0.002))
+    bell.ring(1)  # the next job's NOTIFY
+    assert loop.run_once() is True  # first claim after a wake-up: keeps the ring
+    assert loop.run_once() is True  # straight on: it took that job; its ring would be empty
+    assert len(ran) == 2
+    assert bell.wait(0.01) is False
 
 
 class _HeartbeatStore:
