@@ -25,6 +25,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import psycopg
 
 from bench.child import ready_and_wait, rss_mib, wait_until
@@ -60,6 +61,33 @@ def workflow(target: str, *, steps: int = 3, slow: bool = False, name: str = "be
     }
 
 
+class _Channels:
+    """A channel per ``(target, tls)`` for the process's lifetime: the channel factory the jobs
+    role gets from its node (``host/channels.py``), so the engine reuses channels across jobs
+    as it does in the product instead of opening one per job."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._channels: dict[tuple[str, bool], grpc.Channel] = {}
+
+    def channel(self, target: str, tls: bool) -> grpc.Channel:
+        with self._lock:
+            ch = self._channels.get((target, tls))
+            if ch is None:
+                if tls:
+                    ch = grpc.secure_channel(target, grpc.ssl_channel_credentials())
+                else:
+                    ch = grpc.insecure_channel(target)
+                self._channels[(target, tls)] = ch
+            return ch
+
+    def close(self) -> None:
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for ch in channels:
+            ch.close()
+
+
 class _Engine:
     """Store, submitter, worker and sweeper of one child process."""
 
@@ -84,7 +112,8 @@ class _Engine:
         )
         self.store = JobStore.open(dsn, max_size=pool_max)
         self.calls = _count_calls(self.store)
-        self.runtime = Runtime()
+        self.channels = _Channels()
+        self.runtime = Runtime(channel_factory=self.channels.channel)
         self.submitter = Submitter(self.store, None, self.runtime, self.config.max_attempts)
         self.worker = Worker(self.store, runtime=self.runtime, config=self.config, dsn=dsn)
         self.sweeper = Sweeper(self.store, config=self.config)
@@ -107,6 +136,7 @@ class _Engine:
             self.sweeper.stop(5.0)
         finally:
             self.store.close()
+            self.channels.close()
 
 
 def _count_calls(store: object) -> dict[str, int]:

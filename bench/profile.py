@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             engine.worker.stop(5.0)
             engine.store.close()
+            engine.channels.close()
     print(profiler.output_text(unicode=True, color=False, show_all=False))
     if args.html:
         with open(args.html, "w") as fh:

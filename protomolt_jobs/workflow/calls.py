@@ -1,8 +1,11 @@
-"""Dynamic unary gRPC: descriptor-built messages over channels opened per segment.
+"""Dynamic unary gRPC: descriptor-built messages over the host's channels or per-segment ones.
 
-A segment opens at most one channel per ``(target, tls)`` and closes the ones it opened when it
-ends, however it ends. ``inprocess:NAME`` targets come from the host's channel factory
-(``Runtime.channel_factory``); those channels belong to the factory and are not closed here.
+A segment uses at most one channel per ``(target, tls)``. When the runtime has a channel
+factory (``Runtime.channel_factory``, the node's cached channels), every target's channel
+comes from it and belongs to it (not closed here): a channel per job would cost its set-up
+and a TCP + HTTP/2 handshake inside the job's first call. ``inprocess:NAME`` targets need the
+factory; a network target the factory refuses, or any target without a factory, gets a
+channel of the segment's own, closed when the segment ends, however it ends.
 """
 
 from __future__ import annotations
@@ -63,6 +66,20 @@ class SegmentChannels:
                     f"outbound channel policy rejected step: target '{step.target}': {exc}",
                 ) from exc
         else:
+            factory = self._runtime.channel_factory
+            if factory is not None:
+                try:
+                    ch = factory(step.target, step.tls)
+                except Exception:  # the factory would not share one: open our own, as before
+                    log.debug(
+                        "channel factory refused a network target; opening a segment channel",
+                        exc_info=True,
+                        extra={"action": "channel_factory_refused", "target": step.target},
+                    )
+                    ch = None
+                if ch is not None:
+                    self._open[key] = ch
+                    return ch
             try:
                 if step.tls:
                     ch = grpc.secure_channel(step.target, grpc.ssl_channel_credentials())

@@ -316,6 +316,58 @@ def test_a_response_whose_any_cannot_be_rendered_fails_once_without_a_retry(stor
             worker.stop()
 
 
+def test_network_targets_use_the_factorys_channels_across_jobs(store, fresh_dsn, services):
+    made: list[tuple[str, bool]] = []
+    channels: dict[tuple[str, bool], grpc.Channel] = {}
+
+    def factory(target: str, tls: bool) -> grpc.Channel:
+        made.append((target, tls))
+        return channels.setdefault((target, tls), grpc.insecure_channel(target))
+
+    jobs = [
+        enqueue(store, seed_workflow(services.target, review="invoke"), {"text": f"a b {i}"})
+        for i in range(2)
+    ]
+    worker = Worker(
+        store,
+        runtime=Runtime(channel_factory=factory),
+        config=jobs_config(fresh_dsn),
+        dsn=fresh_dsn,
+    )
+    try:
+        assert worker.run_once() and worker.run_once()
+        for job in jobs:
+            assert store.job_get(job.job_id).status == "COMPLETED"
+        # one lookup per segment, one channel for both jobs, still open (the factory owns it)
+        assert made == [(services.target, False)] * 2
+        assert len(channels) == 1
+        grpc.channel_ready_future(channels[(services.target, False)]).result(timeout=5)
+    finally:
+        worker.stop()
+        for ch in channels.values():
+            ch.close()
+
+
+def test_a_factory_refusing_a_network_target_falls_back_to_a_segment_channel(
+    store, fresh_dsn, services
+):
+    def factory(target: str, tls: bool) -> grpc.Channel:
+        raise ValueError("not sharing")
+
+    job = enqueue(store, seed_workflow(services.target, review="invoke"), {"text": "a b"})
+    worker = Worker(
+        store,
+        runtime=Runtime(channel_factory=factory),
+        config=jobs_config(fresh_dsn),
+        dsn=fresh_dsn,
+    )
+    try:
+        assert worker.run_once() is True
+        assert store.job_get(job.job_id).status == "COMPLETED"
+    finally:
+        worker.stop()
+
+
 def test_a_channel_factory_refusing_the_target_fails_once(store, fresh_dsn, services):
     made: list[str] = []
 
