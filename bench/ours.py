@@ -161,6 +161,12 @@ def _count_calls(store: object) -> dict[str, int]:
     return calls
 
 
+def _cpu_s() -> float:
+    """User + system CPU seconds of this process so far (every thread)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _counts(dsn: str) -> dict:
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute("SELECT status, count(*) FROM workflow_run GROUP BY status").fetchall()
@@ -176,6 +182,7 @@ def throughput(params: dict) -> dict:
         engine.start()
         ready_and_wait()
         t0 = time.time()
+        cpu0 = _cpu_s()
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda i: engine.submit(definition, f"j{i}"), range(n)))
         with psycopg.connect(engine.dsn, autocommit=True) as conn:
@@ -185,6 +192,7 @@ def throughput(params: dict) -> dict:
                 return conn.execute(q).fetchone()[0] >= n
 
             polls = wait_until(done, params.get("timeout_s", 1800), 0.2)
+            cpu_s = _cpu_s() - cpu0
             last = conn.execute(
                 "SELECT extract(epoch FROM max(completed_at)) FROM workflow_run"
             ).fetchone()[0]
@@ -199,6 +207,8 @@ def throughput(params: dict) -> dict:
         "elapsed_s": round(elapsed, 3),
         "jobs_per_s": round(completed / elapsed, 1),
         "own_commits": polls + 2,
+        # CPU of this process (submitters, worker, gRPC threads) per job: one process, one GIL.
+        "cpu_ms_per_job": round(1000 * cpu_s / max(1, completed), 2),
         "store_calls_per_job": {
             k: round(v / max(1, n), 2) for k, v in sorted(engine.calls.items())
         },

@@ -119,7 +119,7 @@ def _throughput_run(label: str, system: str, params: dict, opts: Options) -> dic
         "idle_rate": r["idle_rate"],
         "sizes": sizes,
     }
-    for key in ("not_completed", "store_calls_per_job"):
+    for key in ("not_completed", "store_calls_per_job", "cpu_ms_per_job"):
         if r.get(key):
             run[key] = r[key]
     print(

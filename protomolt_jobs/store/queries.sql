@@ -315,6 +315,15 @@ RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
 INSERT INTO workflow_run_events_outbox (event_id, event_type, payload, kafka_key, created_at)
 VALUES (%(event_id)s, %(event_type)s, %(payload)s, %(kafka_key)s, now())
 
+-- name: outbox_insert_notify
+-- description: outbox_insert and pg_notify('protomolt_jobs') in one statement (an enqueue's event and wake-up; the notification is delivered only if the transaction commits).
+WITH event AS (
+    INSERT INTO workflow_run_events_outbox (event_id, event_type, payload, kafka_key, created_at)
+    VALUES (%(event_id)s, %(event_type)s, %(payload)s, %(kafka_key)s, now())
+    RETURNING 1
+)
+SELECT pg_notify('protomolt_jobs', '') FROM event
+
 -- name: outbox_claim
 -- description: lease up to limit PENDING rows by seq, skipping locked, leased and later-per-key rows.
 WITH candidates AS (
