@@ -75,6 +75,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=lambda s: [x for x in s.split(",") if x],
         help=f"comma-separated subset of {','.join(PEERS)}; empty for none",
     )
+    p.add_argument(
+        "--jobs-per-worker-cap",
+        type=int,
+        help="throughput jobs per run at most this times W (keeps W=1 runs of slow peers short)",
+    )
     p.add_argument("--latency-n", type=int)
     p.add_argument("--scale-sizes", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--memory-n", type=int)
@@ -89,7 +94,15 @@ def options(args: argparse.Namespace) -> Options:
     """
     base = {"all": ALL, "smoke": SMOKE}.get(args.scenario, {})
     opts = Options(**base)
-    for name in ("n", "workers", "peers", "latency_n", "scale_sizes", "memory_n"):
+    for name in (
+        "n",
+        "jobs_per_worker_cap",
+        "workers",
+        "peers",
+        "latency_n",
+        "scale_sizes",
+        "memory_n",
+    ):
         value = getattr(args, name)
         if value is not None:
             setattr(opts, name, value)
