@@ -28,6 +28,16 @@ __all__ = ["IN_PROCESS_PREFIX", "Channels"]
 log = logging.getLogger("protomolt_jobs.channels")
 
 #: Target prefix of co-mounted services.
+
+#: Options of every channel the node shares. Channels live as long as the node, so after a
+#: target's outage gRPC's default reconnect backoff (growing to 120 s) would keep steps failing
+#: UNAVAILABLE long after the target is back; cap it at a few seconds.
+CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 5_000),
+)
+
 IN_PROCESS_PREFIX = "inprocess:"
 #: AF_UNIX paths longer than this do not fit ``sun_path`` on Linux (108 bytes with the NUL).
 _MAX_SOCKET_PATH = 100
@@ -164,11 +174,15 @@ class Channels:
             channel = self._channels.get(key)
             if channel is None:
                 if in_process:
-                    channel = grpc.insecure_channel(f"unix:{self._choose_socket_path()}")
+                    channel = grpc.insecure_channel(
+                        f"unix:{self._choose_socket_path()}", options=CHANNEL_OPTIONS
+                    )
                 elif key[1]:
-                    channel = grpc.secure_channel(target, grpc.ssl_channel_credentials())
+                    channel = grpc.secure_channel(
+                        target, grpc.ssl_channel_credentials(), options=CHANNEL_OPTIONS
+                    )
                 else:
-                    channel = grpc.insecure_channel(target)
+                    channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
                 self._channels[key] = channel
         return channel
 

@@ -131,8 +131,11 @@ class Runtime:
     """What the host lends the engine.
 
     :param pool: the host's shared type pool, for the ``{"type": ...}`` schema form.
-    :param channel_factory: ``(target, tls) -> grpc.Channel`` for ``inprocess:NAME`` targets.
-        The engine does not close channels the factory hands out: the factory owns them.
+    :param channel_factory: ``(target, tls) -> grpc.Channel`` for every step target
+        (``inprocess:NAME`` and network targets alike; the host hands out its cached,
+        node-owned channels). Without one, ``inprocess:`` targets fail and network targets get
+        a channel for the segment. The engine does not close channels the factory hands out:
+        the factory owns them.
     """
 
     pool: descriptor_pool.DescriptorPool | None = None
