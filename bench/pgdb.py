@@ -49,7 +49,10 @@ class BenchDatabase:
     """
 
     def __init__(self, label: str) -> None:
-        self.name = f"pmjb_{label}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+        # PMJ_BENCH_DB_TAG (a few [a-z0-9] characters) lets a caller find exactly the
+        # databases of its own run, e.g. the smoke test checking that all were dropped.
+        tag = os.environ.get("PMJ_BENCH_DB_TAG", "")
+        self.name = f"pmjb_{tag}{label}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
         self.dsn = dsn_for(self.name)
 
     def __enter__(self) -> Self:

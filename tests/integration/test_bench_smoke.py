@@ -36,18 +36,27 @@ def _processes_with(marker: str) -> list[int]:
     return pids
 
 
-def _bench_databases() -> set[str]:
+def _bench_databases(tag: str) -> set[str]:
+    """The databases this run's harness made (tagged), so a bench running elsewhere on the
+    same cluster at the same time cannot make this test fail."""
     with psycopg.connect(pg.BASE_DSN, autocommit=True) as conn:
-        rows = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'pmjb_%'")
+        rows = conn.execute(
+            "SELECT datname FROM pg_database WHERE datname LIKE %s", (f"pmjb_{tag}%",)
+        )
         return {r[0] for r in rows}
 
 
 @pytest.mark.timeout(180)
 def test_bench_smoke_runs_every_scenario_and_cleans_up(tmp_path):
-    before = _bench_databases()
+    tag = f"s{uuid.uuid4().hex[:6]}"
     out = tmp_path / "smoke.json"
     marker = f"bench-smoke-{uuid.uuid4().hex}"
-    env = {**os.environ, "PROTOMOLT_BENCH_DSN": pg.BASE_DSN, "BENCH_SMOKE_MARKER": marker}
+    env = {
+        **os.environ,
+        "PROTOMOLT_BENCH_DSN": pg.BASE_DSN,
+        "BENCH_SMOKE_MARKER": marker,
+        "PMJ_BENCH_DB_TAG": tag,
+    }
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "smoke", "--json", str(out)],
         cwd=ROOT,
@@ -89,5 +98,5 @@ def test_bench_smoke_runs_every_scenario_and_cleans_up(tmp_path):
 
     # Nothing left behind: no benchmark database, no process the run started (the gRPC server
     # and the system-under-test children inherit the marker through their environment).
-    assert _bench_databases() == before
+    assert _bench_databases(tag) == set()
     assert _processes_with(f"BENCH_SMOKE_MARKER={marker}") == []

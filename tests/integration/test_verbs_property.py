@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from protomolt_jobs.errors import ActionError, InvalidInput
 from tests.integration.test_verbs import make_verbs
+from tests.support import pg
 from tests.support.grpc_servers import TestServices
 
 EXAMPLES = 2_000
@@ -37,16 +38,22 @@ json_values = st.recursive(
 
 
 @pytest.fixture(scope="module")
-def world(session_dsn):
+def world(pg_template):
+    # A database of the module's own: the row counts below must see only this module's
+    # writes, and `parked()` claims the oldest QUEUED row, which in a shared database may
+    # be another test's.
+    name = pg.new_name()
+    dsn = pg.create_database(name, template=pg_template)
     services = TestServices().start()
-    verbs = make_verbs(session_dsn, services.target)
-    parked = verbs.parked()
-    known_ids = [str(parked), str(uuid.uuid4())]
+    verbs = make_verbs(dsn, services.target)
     try:
+        parked = verbs.parked()
+        known_ids = [str(parked), str(uuid.uuid4())]
         yield verbs, services, known_ids
     finally:
         verbs.close()
         services.stop()
+        pg.drop_database(name)
 
 
 def objects(fields: dict[str, st.SearchStrategy]) -> st.SearchStrategy[dict]:
