@@ -265,6 +265,7 @@ def run_demo(
     )
     services = None
     surfaces = None
+    repository = None
     try:
         try:
             services = DemoServices().start()
@@ -391,6 +392,13 @@ def run_demo(
         ok = result["completed"] == result["total"]
         return 0 if ok else 1
     finally:
+        if repository is not None and hasattr(repository, "remove"):
+            # The demo's workflow names this run's services on ephemeral ports: left in the
+            # registry, a later `serve` would offer a workflow that can only fail.
+            try:
+                repository.remove(WORKFLOW_NAME)
+            except OSError:
+                log.warning("could not remove the demo workflow", exc_info=True)
         if surfaces is not None:
             surfaces.close()
         elif embedded is not None:

@@ -10,8 +10,9 @@ document into a title, sections, paragraphs and a word count. It refuses, with a
 The role requires ``registry``. At wire it contributes the service as the
 :class:`~protomolt_jobs.hooks.contract.InProcessService` named ``parse`` (target
 ``inprocess:parse``, stable across restarts, so snapshotted job definitions keep working), the
-parse file descriptor for the node's type pool, and stores the ``parse-document`` workflow
-(one step calling ``ParseDocument``) in the registry's repository.
+parse file descriptor for the node's type pool, and stores two workflows in the registry's
+repository: ``parse-document`` (one step calling ``ParseDocument``) and ``review-document``
+(``parse``, then a human ``review`` step that parks the job until ``complete-step``).
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ METHOD = f"{SERVICE_NAME}/ParseDocument"
 ENDPOINT = "parse"
 TARGET = f"inprocess:{ENDPOINT}"
 WORKFLOW_NAME = "parse-document"
+#: parse, then a human review (an external step): the workflow a node can park on.
+REVIEW_WORKFLOW_NAME = "review-document"
 
 MARKDOWN = "text/markdown"
 PLAIN = "text/plain"
@@ -319,9 +322,46 @@ def parse_document_workflow(target: str = TARGET) -> dict[str, Any]:
     }
 
 
+def review_document_workflow(target: str = TARGET) -> dict[str, Any]:
+    """The ``review-document`` workflow: ``parse``, then a human ``review`` step declared
+    ``completion: "external"``: the job parks WAITING on ``review`` until ``complete-step``
+    supplies a ``ReviewVerdict`` (``{"approved": bool, "note": str}``). Output:
+    ``ReviewedDocument``.
+
+    :param target: where ParseService is served (``inprocess:parse`` on a node). The review
+        step names the same target, but an external step is never called.
+    """
+    workflow = parse_document_workflow(target)
+    workflow["name"] = REVIEW_WORKFLOW_NAME
+    workflow["steps"].append(
+        {
+            "name": "review",
+            "target": target,
+            "method": "ai.pipestream.proto.parse.v1.ReviewDesk/Review",
+            "completion": "external",
+            "rules": [
+                "title = parse.title",
+                "word_count = parse.word_count",
+                "name = parse.name",
+            ],
+        }
+    )
+    workflow["output"] = {
+        "type": "ai.pipestream.proto.parse.v1.ReviewedDocument",
+        "rules": [
+            "name = parse.name",
+            "title = parse.title",
+            "word_count = parse.word_count",
+            "approved = review.approved",
+            "note = review.note",
+        ],
+    }
+    return workflow
+
+
 class ParseModule:
     """The parse role: requires ``registry``; contributes the in-process ParseService, its
-    descriptor and the ``parse-document`` workflow at wire."""
+    descriptor and the ``parse-document`` and ``review-document`` workflows at wire."""
 
     role = "parse"
     requires: frozenset[str] = frozenset({"registry"})
@@ -344,6 +384,7 @@ class ParseModule:
             FileDescriptorContribution(parse_pb2.DESCRIPTOR.serialized_pb),
         )
         repository.put(WORKFLOW_NAME, parse_document_workflow())
+        repository.put(REVIEW_WORKFLOW_NAME, review_document_workflow())
         log.info(
             "parse wired at %s",
             TARGET,

@@ -144,6 +144,25 @@ class WorkflowStore:
             p.stem for p in self.directory.glob("*.json") if p.is_file() and _is_name(p.stem)
         )
 
+    def remove(self, name: str) -> bool:
+        """Delete the stored workflow ``name``; jobs already submitted keep their snapshot.
+
+        :returns: True when a file was removed, False when none was stored.
+        :raises ValueError: a bad name.
+        """
+        path = self.path_of(name)
+        with self._lock:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                return False
+        log.info(
+            "removed workflow %s",
+            name,
+            extra={"action": "workflow_removed", "workflow_name": name},
+        )
+        return True
+
     def put(self, name: str, definition: dict[str, Any]) -> None:
         """Store (replace) ``definition`` as ``name``, atomically.
 

@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from protomolt_jobs.host.demo import collect_documents, run_demo, samples_dir, summarize
+from protomolt_jobs.host.demo import (
+    collect_documents,
+    run_demo,
+    samples_dir,
+    summarize,
+)
+from protomolt_jobs.host.demo_services import demo_workflow
 
 
 def _console() -> Console:
@@ -64,9 +70,13 @@ def test_demo_completes_every_job_and_reuses_the_embedded_database(tmp_path, doc
     assert float(summary["p95 time to complete"].split()[0]) >= float(
         summary["p50 time to complete"].split()[0]
     )
-    stored = json.loads((data / "workflows" / "demo-document.json").read_text())
-    assert [s["name"] for s in stored["steps"]] == ["parse", "tokenize", "embed", "review"]
-    assert stored["steps"][3]["completion"] == "external"
+    shape = demo_workflow("127.0.0.1:1")
+    assert [s["name"] for s in shape["steps"]] == ["parse", "tokenize", "embed", "review"]
+    assert shape["steps"][3]["completion"] == "external"
+    # The demo's workflow names this run's ephemeral ports: it leaves the registry with the
+    # demo, while the parse role's own workflows stay for `serve`.
+    stored = sorted(p.name for p in (data / "workflows").glob("*.json"))
+    assert stored == ["parse-document.json", "review-document.json"]
 
     second = _console()
     assert run_demo(path=docs, approve_all=True, data_dir=data, timeout_s=240, console=second) == 0

@@ -78,6 +78,46 @@ def test_parse_document_runs_as_a_job_by_name(node):
     assert job["result"]["wordCount"] == 4
 
 
+def test_review_document_parks_on_review_until_complete_step(node):
+    """The shipped workflow a node can park on: parse, then a human review."""
+    catalog = node.node.catalog
+
+    def job(job_id):
+        return catalog.execute("get-job", {"jobId": job_id})["job"]
+
+    answer = catalog.execute(
+        "submit-workflow",
+        {
+            "workflowName": "review-document",
+            "input": {"text": "# Plan\n\nShip it.", "name": "p.md"},
+        },
+    )
+    assert answer["ok"] is True, answer
+    parked = wait_for(lambda: (j := job(answer["jobId"]))["status"] == "WAITING" and j)
+    assert parked["outstandingStep"] == "review"
+    assert [c["name"] for c in parked["checkpoints"]] == ["parse"]
+    done = catalog.execute(
+        "complete-step",
+        {
+            "jobId": answer["jobId"],
+            "stepName": "review",
+            "response": {"approved": True, "note": "fine"},
+        },
+    )
+    assert done == {"ok": True, "status": "QUEUED"}
+    finished = wait_for(
+        lambda: (j := job(answer["jobId"]))["status"] in ("COMPLETED", "FAILED", "DEAD") and j
+    )
+    assert finished["status"] == "COMPLETED", finished
+    assert finished["result"] == {
+        "name": "p.md",
+        "title": "Plan",
+        "wordCount": 3,  # headings count: "Plan", "Ship", "it."
+        "approved": True,
+        "note": "fine",
+    }
+
+
 def test_content_bytes_ride_in_base64_and_binary_fails_the_job_with_the_parser_status(node):
     catalog = node.node.catalog
     good = catalog.execute(

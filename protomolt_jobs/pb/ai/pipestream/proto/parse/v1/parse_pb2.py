@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(ai/pipestream/proto/parse/v1/parse.proto\x12\x1c\x61i.pipestream.proto.parse.v1\"V\n\x14ParseDocumentRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\"=\n\x07Section\x12\x0f\n\x07heading\x18\x01 \x01(\t\x12\r\n\x05level\x18\x02 \x01(\x05\x12\x12\n\nparagraphs\x18\x03 \x03(\t\"\xb6\x01\n\x15ParseDocumentResponse\x12\r\n\x05title\x18\x01 \x01(\t\x12\x37\n\x08sections\x18\x02 \x03(\x0b\x32%.ai.pipestream.proto.parse.v1.Section\x12\x12\n\nparagraphs\x18\x03 \x03(\t\x12\x12\n\nword_count\x18\x04 \x01(\x05\x12\x0c\n\x04text\x18\x05 \x01(\t\x12\x11\n\tmime_type\x18\x06 \x01(\t\x12\x0c\n\x04name\x18\x07 \x01(\t2\x88\x01\n\x0cParseService\x12x\n\rParseDocument\x12\x32.ai.pipestream.proto.parse.v1.ParseDocumentRequest\x1a\x33.ai.pipestream.proto.parse.v1.ParseDocumentResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(ai/pipestream/proto/parse/v1/parse.proto\x12\x1c\x61i.pipestream.proto.parse.v1\"V\n\x14ParseDocumentRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\"=\n\x07Section\x12\x0f\n\x07heading\x18\x01 \x01(\t\x12\r\n\x05level\x18\x02 \x01(\x05\x12\x12\n\nparagraphs\x18\x03 \x03(\t\"\xb6\x01\n\x15ParseDocumentResponse\x12\r\n\x05title\x18\x01 \x01(\t\x12\x37\n\x08sections\x18\x02 \x03(\x0b\x32%.ai.pipestream.proto.parse.v1.Section\x12\x12\n\nparagraphs\x18\x03 \x03(\t\x12\x12\n\nword_count\x18\x04 \x01(\x05\x12\x0c\n\x04text\x18\x05 \x01(\t\x12\x11\n\tmime_type\x18\x06 \x01(\t\x12\x0c\n\x04name\x18\x07 \x01(\t\"@\n\rReviewRequest\x12\r\n\x05title\x18\x01 \x01(\t\x12\x12\n\nword_count\x18\x02 \x01(\x05\x12\x0c\n\x04name\x18\x03 \x01(\t\"/\n\rReviewVerdict\x12\x10\n\x08\x61pproved\x18\x01 \x01(\x08\x12\x0c\n\x04note\x18\x02 \x01(\t\"c\n\x10ReviewedDocument\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12\x12\n\nword_count\x18\x03 \x01(\x05\x12\x10\n\x08\x61pproved\x18\x04 \x01(\x08\x12\x0c\n\x04note\x18\x05 \x01(\t2\x88\x01\n\x0cParseService\x12x\n\rParseDocument\x12\x32.ai.pipestream.proto.parse.v1.ParseDocumentRequest\x1a\x33.ai.pipestream.proto.parse.v1.ParseDocumentResponse2p\n\nReviewDesk\x12\x62\n\x06Review\x12+.ai.pipestream.proto.parse.v1.ReviewRequest\x1a+.ai.pipestream.proto.parse.v1.ReviewVerdictb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,6 +37,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SECTION']._serialized_end=223
   _globals['_PARSEDOCUMENTRESPONSE']._serialized_start=226
   _globals['_PARSEDOCUMENTRESPONSE']._serialized_end=408
-  _globals['_PARSESERVICE']._serialized_start=411
-  _globals['_PARSESERVICE']._serialized_end=547
+  _globals['_REVIEWREQUEST']._serialized_start=410
+  _globals['_REVIEWREQUEST']._serialized_end=474
+  _globals['_REVIEWVERDICT']._serialized_start=476
+  _globals['_REVIEWVERDICT']._serialized_end=523
+  _globals['_REVIEWEDDOCUMENT']._serialized_start=525
+  _globals['_REVIEWEDDOCUMENT']._serialized_end=624
+  _globals['_PARSESERVICE']._serialized_start=627
+  _globals['_PARSESERVICE']._serialized_end=763
+  _globals['_REVIEWDESK']._serialized_start=765
+  _globals['_REVIEWDESK']._serialized_end=877
 # @@protoc_insertion_point(module_scope)

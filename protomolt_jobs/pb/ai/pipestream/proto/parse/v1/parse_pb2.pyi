@@ -45,3 +45,35 @@ class ParseDocumentResponse(_message.Message):
     mime_type: str
     name: str
     def __init__(self, title: _Optional[str] = ..., sections: _Optional[_Iterable[_Union[Section, _Mapping]]] = ..., paragraphs: _Optional[_Iterable[str]] = ..., word_count: _Optional[int] = ..., text: _Optional[str] = ..., mime_type: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class ReviewRequest(_message.Message):
+    __slots__ = ("title", "word_count", "name")
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    WORD_COUNT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    title: str
+    word_count: int
+    name: str
+    def __init__(self, title: _Optional[str] = ..., word_count: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
+
+class ReviewVerdict(_message.Message):
+    __slots__ = ("approved", "note")
+    APPROVED_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    approved: bool
+    note: str
+    def __init__(self, approved: _Optional[bool] = ..., note: _Optional[str] = ...) -> None: ...
+
+class ReviewedDocument(_message.Message):
+    __slots__ = ("name", "title", "word_count", "approved", "note")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    WORD_COUNT_FIELD_NUMBER: _ClassVar[int]
+    APPROVED_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    title: str
+    word_count: int
+    approved: bool
+    note: str
+    def __init__(self, name: _Optional[str] = ..., title: _Optional[str] = ..., word_count: _Optional[int] = ..., approved: _Optional[bool] = ..., note: _Optional[str] = ...) -> None: ...

@@ -100,3 +100,84 @@ class ParseService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ReviewDeskStub:
+    """A human review of a parsed document: the `review` step of the `review-document`
+    workflow. It declares completion "external", so it is never called: the job parks until
+    complete-step supplies a ReviewVerdict.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Review = channel.unary_unary(
+                '/ai.pipestream.proto.parse.v1.ReviewDesk/Review',
+                request_serializer=ai_dot_pipestream_dot_proto_dot_parse_dot_v1_dot_parse__pb2.ReviewRequest.SerializeToString,
+                response_deserializer=ai_dot_pipestream_dot_proto_dot_parse_dot_v1_dot_parse__pb2.ReviewVerdict.FromString,
+                _registered_method=True)
+
+
+class ReviewDeskServicer:
+    """A human review of a parsed document: the `review` step of the `review-document`
+    workflow. It declares completion "external", so it is never called: the job parks until
+    complete-step supplies a ReviewVerdict.
+    """
+
+    def Review(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ReviewDeskServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Review': grpc.unary_unary_rpc_method_handler(
+                    servicer.Review,
+                    request_deserializer=ai_dot_pipestream_dot_proto_dot_parse_dot_v1_dot_parse__pb2.ReviewRequest.FromString,
+                    response_serializer=ai_dot_pipestream_dot_proto_dot_parse_dot_v1_dot_parse__pb2.ReviewVerdict.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'ai.pipestream.proto.parse.v1.ReviewDesk', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('ai.pipestream.proto.parse.v1.ReviewDesk', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ReviewDesk:
+    """A human review of a parsed document: the `review` step of the `review-document`
+    workflow. It declares completion "external", so it is never called: the job parks until
+    complete-step supplies a ReviewVerdict.
+    """
+
+    @staticmethod
+    def Review(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ai.pipestream.proto.parse.v1.ReviewDesk/Review',
+            ai_dot_pipestream_dot_proto_dot_parse_dot_v1_dot_parse__pb2.ReviewRequest.SerializeToString,
+            ai_dot_pipestream_dot_proto_dot_parse_dot_v1_dot_parse__pb2.ReviewVerdict.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
