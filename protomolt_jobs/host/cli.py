@@ -517,6 +517,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NodeUnreachable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ACTION_ERROR
+    except BrokenPipeError:
+        # The reader went away (`... | head`): not an error worth a traceback. Point stdout
+        # at /dev/null so the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         return 130
 

@@ -198,6 +198,22 @@ def test_call_exit_codes(served):
     assert from_stdin.returncode == 0 and json.loads(from_stdin.stdout)["ok"] is True
 
 
+def test_a_reader_that_goes_away_is_not_a_traceback(served):
+    """`protomolt-jobs call ... | head` closes the pipe early: a quiet exit, no traceback."""
+    _, url, _ = served
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROTOMOLT_")}
+    proc = subprocess.Popen(
+        [*CLI, "call", "list-jobs", "{}", "--url", url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    proc.stdout.close()  # the reader is gone before the answer is printed
+    _, err = proc.communicate(timeout=60)
+    assert b"Traceback" not in err, err.decode()
+    assert proc.returncode == 0
+
+
 def test_an_unreachable_node_is_exit_1():
     result = cli("call", "list-jobs", "{}", "--url", "http://127.0.0.1:1")
     assert result.returncode == 1
