@@ -26,19 +26,19 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
+    "ERROR_CLASSES",
     "ActionError",
+    "InternalError",
     "InvalidInput",
-    "UnknownAction",
+    "JobCorrupt",
+    "LeaseLost",
+    "NotFound",
     "PermissionDenied",
     "ResourceExhausted",
-    "Unavailable",
-    "JobCorrupt",
-    "InternalError",
-    "ERROR_CLASSES",
-    "error_for_code",
-    "LeaseLost",
     "StoreError",
-    "NotFound",
+    "Unavailable",
+    "UnknownAction",
+    "error_for_code",
 ]
 
 

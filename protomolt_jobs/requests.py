@@ -204,7 +204,9 @@ class RequestConsumer:
         consumer_config: dict[str, Any] | None = None,
     ) -> None:
         if not config.kafka_bootstrap:
-            raise ConfigError("jobs.kafka_bootstrap is not set: the request consumer needs a broker")
+            raise ConfigError(
+                "jobs.kafka_bootstrap is not set: the request consumer needs a broker"
+            )
         topic = config.effective_request_topic
         if not topic:
             raise ConfigError("jobs.request_topic is not set")
@@ -392,9 +394,7 @@ class RequestConsumer:
         if self._consumer is None:
             consumer = Consumer(self._settings)
             self._assigned = False
-            consumer.subscribe(
-                [self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke
-            )
+            consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
             self._consumer = consumer
         return self._consumer
 

@@ -112,7 +112,9 @@ def check_topic(records, expected_ids: set[str], partitions: int = 4) -> dict[st
             continue
         seen.add(event.event_id)
         per_job[event.job_id].append(event)
-    assert seen == expected_ids, f"missing {len(expected_ids - seen)}, extra {len(seen - expected_ids)}"
+    assert seen == expected_ids, (
+        f"missing {len(expected_ids - seen)}, extra {len(seen - expected_ids)}"
+    )
     for job_id, events in per_job.items():
         names = [EventType.Name(e.type).removeprefix("TYPE_") for e in events]
         assert names == HISTORY[: len(names)], (job_id, names)
@@ -134,7 +136,9 @@ def test_500_jobs_every_event_published_in_state_order(fresh_dsn, store, broker)
         relay.stop(timeout_s=30)
     ids = outbox_ids(fresh_dsn)
     with TopicReader(broker.bootstrap, topic) as reader:
-        records = reader.read_until(lambda rs: {WorkflowRunEvent.FromString(r.value).event_id for r in rs} >= ids)
+        records = reader.read_until(
+            lambda rs: {WorkflowRunEvent.FromString(r.value).event_id for r in rs} >= ids
+        )
     per_job = check_topic(records, ids)
     assert sorted(per_job) == sorted(jobs)
     assert all(len(events) == 4 for events in per_job.values())
@@ -212,10 +216,22 @@ def test_event_breaking_its_rules_is_dead_lettered_after_10_attempts(fresh_dsn, 
     bad_job = str(uuid.uuid4())
     # A DEAD event without its error breaks terminal-carries-error; a later event of the same
     # job waits behind it; other jobs' events are not held up.
-    bad = build_event(job_id=bad_job, workflow_name="wf", type="DEAD", attempt=1,
-                      status_after="DEAD", occurred_at=datetime.now(UTC))
-    later = build_event(job_id=bad_job, workflow_name="wf", type="ACCEPTED", attempt=0,
-                        status_after="QUEUED", occurred_at=datetime.now(UTC))
+    bad = build_event(
+        job_id=bad_job,
+        workflow_name="wf",
+        type="DEAD",
+        attempt=1,
+        status_after="DEAD",
+        occurred_at=datetime.now(UTC),
+    )
+    later = build_event(
+        job_id=bad_job,
+        workflow_name="wf",
+        type="ACCEPTED",
+        attempt=0,
+        status_after="QUEUED",
+        occurred_at=datetime.now(UTC),
+    )
     with psycopg.connect(fresh_dsn) as conn:
         for ev in (bad, later):
             conn.execute(
@@ -288,4 +304,6 @@ def test_broker_paused_30s_backlog_drains_in_order(fresh_dsn, store, broker, cap
     actions = {getattr(r, "action", None) for r in caplog.records}
     assert {"relay_lane_failed", "relay_producer_rebuilt"} <= actions
     with psycopg.connect(fresh_dsn) as conn:
-        assert conn.execute("SELECT max(attempts) FROM workflow_run_events_outbox").fetchone() == (0,)
+        assert conn.execute("SELECT max(attempts) FROM workflow_run_events_outbox").fetchone() == (
+            0,
+        )

@@ -30,7 +30,10 @@ class Broker:
         self.port = free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
-        self._log = tempfile.NamedTemporaryFile(prefix="tansu-", suffix=".log", delete=False)
+        # Open for the broker's whole life (its stdout/stderr); kept on disk for post-mortems.
+        self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115
+            prefix="tansu-", suffix=".log", delete=False
+        )
 
     def start(self, timeout_s: float = 20.0) -> Broker:
         url = f"tcp://127.0.0.1:{self.port}"
@@ -43,7 +46,9 @@ class Broker:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"tansu exited with {self.proc.returncode}; log {self._log.name}")
+                raise RuntimeError(
+                    f"tansu exited with {self.proc.returncode}; log {self._log.name}"
+                )
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
                     break

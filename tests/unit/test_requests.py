@@ -128,7 +128,10 @@ def test_unrunnable_name_fails_at_birth(reason):
     assert rc.run_once(0) == 1
     (new,) = store.inserts
     assert (str(new.job_id), new.status, new.error, new.max_attempts) == (
-        job, "FAILED", "No stored workflow named 'wf'", 4,
+        job,
+        "FAILED",
+        "No stored workflow named 'wf'",
+        4,
     )
     assert store.rejects == [] and fake.commits == [(0, 0)]
 
@@ -149,8 +152,13 @@ def test_rule_violations_reject_without_calling_the_submitter():
     bad_id = WorkflowRunRequest(job_id="not-a-uuid", workflow_name="wf", input=struct_pb2.Struct())
     no_input = WorkflowRunRequest(job_id=str(uuid.uuid4()), workflow_name="wf")
     rc, fake = _consumer(
-        store, sub,
-        [_msg(bad_id.SerializeToString(), 0), _msg(no_input.SerializeToString(), 1), _msg(b"\xff", 2)],
+        store,
+        sub,
+        [
+            _msg(bad_id.SerializeToString(), 0),
+            _msg(no_input.SerializeToString(), 1),
+            _msg(b"\xff", 2),
+        ],
     )
     assert [rc.run_once(0) for _ in range(3)] == [1, 1, 1]
     reasons = [r[4] for r in store.rejects]
@@ -163,7 +171,9 @@ def test_rule_violations_reject_without_calling_the_submitter():
 def test_store_failure_holds_the_record_and_commits_nothing_until_it_is_written():
     store = FakeStore()
     store.fail_next = 2
-    rc, fake = _consumer(store, FakeSubmitter(Outcome(ok=True)), [_msg(b"\xff", 5), _msg(b"\xff", 6)])
+    rc, fake = _consumer(
+        store, FakeSubmitter(Outcome(ok=True)), [_msg(b"\xff", 5), _msg(b"\xff", 6)]
+    )
     assert rc.run_once(0) == 0 and rc._backoff_s > 0
     assert rc.run_once(0) == 0
     assert fake.commits == [] and len(fake.messages) == 1  # the next record was not read
@@ -184,7 +194,9 @@ def test_config_errors():
         RequestConsumer(FakeStore(), submitter=None, config=JobsConfig(dsn="postgresql://x"))
     config = JobsConfig(dsn="postgresql://x", kafka_bootstrap="127.0.0.1:1")
     with pytest.raises(ConfigError, match="group.id"):
-        RequestConsumer(FakeStore(), submitter=None, config=config, consumer_config={"group.id": "x"})
+        RequestConsumer(
+            FakeStore(), submitter=None, config=config, consumer_config={"group.id": "x"}
+        )
     rc = RequestConsumer(FakeStore(), submitter=None, config=config)
     assert rc.topic == "workflow-run-requests"
     rc.stop()
