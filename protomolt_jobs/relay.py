@@ -36,7 +36,6 @@ hands out an event before its predecessor is settled.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from typing import Any
@@ -44,16 +43,13 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 from google.protobuf.message import DecodeError
 
+from protomolt_jobs import crashpoints
 from protomolt_jobs.config import ConfigError, JobsConfig
 from protomolt_jobs.errors import StoreError
 
 __all__ = [
-    "CRASH_EXIT_CODE",
-    "CRASH_POINTS",
     "Relay",
-    "arm_crash_point",
     "check_payload",
-    "disarm_crash_points",
     "is_lane_failure",
 ]
 
@@ -67,11 +63,6 @@ REPORT_MARGIN_S = 5.0
 BACKOFF_MIN_S = 0.5
 BACKOFF_MAX_S = 10.0
 
-#: Test-only named crash points this module passes (``os._exit`` there, like a SIGKILL).
-CRASH_POINTS = frozenset({"after_publish"})
-#: Exit status of a process that stopped at a crash point.
-CRASH_EXIT_CODE = 97
-_armed_points: set[str] = set()
 
 #: Delivery errors that are the event's own fault: retrying the same bytes cannot succeed, so
 #: they count against the row (10 make it FAILED). Every other error blames the broker lane
@@ -103,26 +94,6 @@ _REBUILD_CODES = frozenset(
         KafkaError.INVALID_PRODUCER_EPOCH,
     }
 )
-
-
-def arm_crash_point(point: str) -> None:
-    """Arm a crash point (tests only): reaching it ends the process with :data:`CRASH_EXIT_CODE`.
-
-    :raises ValueError: naming the point when it is not one of :data:`CRASH_POINTS`.
-    """
-    if point not in CRASH_POINTS:
-        raise ValueError(f"unknown crash point {point!r}; known: {', '.join(sorted(CRASH_POINTS))}")
-    _armed_points.add(point)
-
-
-def disarm_crash_points() -> None:
-    """Disarm every crash point of this module."""
-    _armed_points.clear()
-
-
-def _reached(point: str) -> None:
-    if point in _armed_points:
-        os._exit(CRASH_EXIT_CODE)
 
 
 def is_lane_failure(err: KafkaError) -> bool:
@@ -303,7 +274,7 @@ class Relay:
             produced.append(row)
 
         self._await_reports(producer, produced, reports)
-        _reached("after_publish")
+        crashpoints.reached("after_publish")
 
         published: list[Any] = []
         rebuild = self._fatal

@@ -36,7 +36,6 @@ protobuf never starts with a zero byte, so the two cannot be confused.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import uuid
@@ -47,17 +46,14 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
+from protomolt_jobs import crashpoints
 from protomolt_jobs.config import CONSUMER_GROUP, ConfigError, JobsConfig
 from protomolt_jobs.errors import StoreError
 
 __all__ = [
-    "CRASH_EXIT_CODE",
-    "CRASH_POINTS",
     "FAIL_AT_BIRTH_REASONS",
     "RequestConsumer",
-    "arm_crash_point",
     "decode_request",
-    "disarm_crash_points",
 ]
 
 log = logging.getLogger("protomolt_jobs.request_consumer")
@@ -69,11 +65,6 @@ FAIL_AT_BIRTH_REASONS = frozenset({"unknown-workflow", "no-repository", "corrupt
 BACKOFF_MIN_S = 0.2
 BACKOFF_MAX_S = 5.0
 
-#: Test-only named crash points this module passes (``os._exit`` there, like a SIGKILL).
-CRASH_POINTS = frozenset({"after_row_commit"})
-#: Exit status of a process that stopped at a crash point.
-CRASH_EXIT_CODE = 97
-_armed_points: set[str] = set()
 
 #: Broker errors on which a failed offset commit is worth retrying (the others mean the
 #: partition moved or the group changed: the record is redelivered and replays idempotently).
@@ -89,26 +80,6 @@ _RETRY_COMMIT = frozenset(
         KafkaError.NETWORK_EXCEPTION,
     }
 )
-
-
-def arm_crash_point(point: str) -> None:
-    """Arm a crash point (tests only): reaching it ends the process with :data:`CRASH_EXIT_CODE`.
-
-    :raises ValueError: naming the point when it is not one of :data:`CRASH_POINTS`.
-    """
-    if point not in CRASH_POINTS:
-        raise ValueError(f"unknown crash point {point!r}; known: {', '.join(sorted(CRASH_POINTS))}")
-    _armed_points.add(point)
-
-
-def disarm_crash_points() -> None:
-    """Disarm every crash point of this module."""
-    _armed_points.clear()
-
-
-def _reached(point: str) -> None:
-    if point in _armed_points:
-        os._exit(CRASH_EXIT_CODE)
 
 
 def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -382,7 +353,7 @@ class RequestConsumer:
                     },
                 )
                 return 0
-            _reached("after_row_commit")
+            crashpoints.reached("after_row_commit")
             self._commit(consumer, message)
             if self.on_handled is not None:
                 self.on_handled(outcome, message)

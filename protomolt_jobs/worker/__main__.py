@@ -10,7 +10,7 @@ Workflows whose schema is ``descriptorSetBase64`` or ``sources`` need nothing el
 ``type`` schema needs a host's type pool and does not run here.
 
 Crash tests (only): ``PROTOMOLT_JOBS_CRASH_AT`` arms a named crash point, see
-:mod:`protomolt_jobs.worker.crashpoints`.
+:mod:`protomolt_jobs.crashpoints`.
 
 Once running it prints one line ``{"event": "ready", "worker_id": ..., "pid": ...}`` to
 stdout, so a parent process can wait for it.
@@ -27,9 +27,9 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 
+from protomolt_jobs import crashpoints
 from protomolt_jobs.config import ConfigError, JobsConfig
 from protomolt_jobs.errors import StoreError
-from protomolt_jobs.worker import crashpoints
 
 _ENV_PREFIX = "PROTOMOLT_JOBS_"
 

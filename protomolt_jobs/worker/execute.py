@@ -53,8 +53,8 @@ from typing import Any
 
 import grpc
 
+from protomolt_jobs import crashpoints
 from protomolt_jobs.errors import LeaseLost, StoreError
-from protomolt_jobs.worker import crashpoints
 from protomolt_jobs.worker.heartbeat import Heartbeat, LeaseGuard
 from protomolt_jobs.worker.permits import PermitCancelled, TargetPermits
 

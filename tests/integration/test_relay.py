@@ -19,8 +19,9 @@ import pytest
 
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.contract import EventType, WorkflowRunEvent, validate_event
+from protomolt_jobs.crashpoints import CRASH_EXIT_CODE
 from protomolt_jobs.events import build_event
-from protomolt_jobs.relay import CRASH_EXIT_CODE, Relay
+from protomolt_jobs.relay import Relay
 from protomolt_jobs.store import JobStore
 from tests.support.factories import new_job
 from tests.support.kafka import TopicReader, create_topic, unique_topic, wait_for
@@ -169,12 +170,12 @@ def test_two_relays_never_publish_the_same_row(fresh_dsn, store, broker):
 
 _CRASHING_RELAY = """
 import sys
-from protomolt_jobs import relay
+from protomolt_jobs import crashpoints, relay
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.store import JobStore
 dsn, bootstrap, topic = sys.argv[1:4]
 store = JobStore.open(dsn, max_size=2)
-relay.arm_crash_point("after_publish")
+crashpoints.arm("after_publish")
 relay.Relay(store, config=JobsConfig(dsn=dsn, kafka_bootstrap=bootstrap, events_topic=topic)).run_once()
 sys.exit(3)  # not reached: the crash point ends the process between publish and mark
 """

@@ -17,7 +17,8 @@ from google.protobuf import struct_pb2
 
 from protomolt_jobs.config import CONSUMER_GROUP, JobsConfig
 from protomolt_jobs.contract import WorkflowRunRequest
-from protomolt_jobs.requests import CRASH_EXIT_CODE, RequestConsumer
+from protomolt_jobs.crashpoints import CRASH_EXIT_CODE
+from protomolt_jobs.requests import RequestConsumer
 from protomolt_jobs.store import JobStore
 from protomolt_jobs.submitter import Submitter
 from protomolt_jobs.workflow import Runtime
@@ -164,7 +165,7 @@ def test_bad_records_are_rejected_and_the_next_valid_one_is_processed(
 
 _CRASHING_CONSUMER = """
 import sys, time
-from protomolt_jobs import requests
+from protomolt_jobs import crashpoints, requests
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.store import JobStore
 from protomolt_jobs.submitter import Submitter
@@ -178,7 +179,7 @@ sub = Submitter(store, MemoryRepository({"seed-review": seed_workflow(target)}),
 rc = requests.RequestConsumer(
     store, submitter=sub,
     config=JobsConfig(dsn=dsn, kafka_bootstrap=bootstrap, request_topic=topic))
-requests.arm_crash_point("after_row_commit")
+crashpoints.arm("after_row_commit")
 deadline = time.monotonic() + 60
 while time.monotonic() < deadline:
     rc.run_once(0.5)

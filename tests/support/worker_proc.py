@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from protomolt_jobs.worker.crashpoints import CRASH_EXIT_CODE, ENV_VAR
+from protomolt_jobs.crashpoints import CRASH_EXIT_CODE, ENV_VAR
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,8 +14,9 @@ from confluent_kafka import KafkaError
 
 from protomolt_jobs.config import ConfigError, JobsConfig
 from protomolt_jobs.contract import EventType, WorkflowRunEvent
+from protomolt_jobs.crashpoints import arm
 from protomolt_jobs.events import build_event
-from protomolt_jobs.relay import Relay, arm_crash_point, check_payload, is_lane_failure
+from protomolt_jobs.relay import Relay, check_payload, is_lane_failure
 from protomolt_jobs.store.records import OutboxRow
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -221,7 +222,7 @@ def test_stop_before_start_and_twice_is_fine():
 
 def test_unknown_crash_point_is_refused():
     with pytest.raises(ValueError, match="after_publish"):
-        arm_crash_point("nowhere")
+        arm("nowhere")
 
 
 def test_row_dataclass_shape_is_what_the_relay_reads():

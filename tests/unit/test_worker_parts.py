@@ -12,9 +12,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from protomolt_jobs import crashpoints
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import LeaseLost, StoreError
-from protomolt_jobs.worker import crashpoints
 from protomolt_jobs.worker.claim import ClaimLoop, Doorbell, Poller, backlogged
 from protomolt_jobs.worker.execute import backoff_s
 from protomolt_jobs.worker.heartbeat import Heartbeat
