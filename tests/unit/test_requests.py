@@ -12,8 +12,9 @@ from google.protobuf import struct_pb2
 
 from protomolt_jobs.config import ConfigError, JobsConfig
 from protomolt_jobs.contract import WorkflowRunRequest
+from protomolt_jobs.crashpoints import arm
 from protomolt_jobs.errors import StoreError
-from protomolt_jobs.requests import RequestConsumer, arm_crash_point, decode_request
+from protomolt_jobs.requests import RequestConsumer, decode_request
 
 
 def _request(job_id: str | None = None, name: str = "wf", input: dict | None = None) -> bytes:
@@ -202,4 +203,4 @@ def test_config_errors():
     rc.stop()
     rc.stop()
     with pytest.raises(ValueError, match="after_row_commit"):
-        arm_crash_point("elsewhere")
+        arm("elsewhere")
