@@ -6,8 +6,10 @@ Usage::
     python scripts/gen_protos.py           # write protomolt_jobs/pb/ (idempotent)
     python scripts/gen_protos.py --check   # exit 1 when the committed modules are stale
 
-Each file gets ``*_pb2.py`` and ``*_pb2.pyi``; files that declare a service also get
-``*_pb2_grpc.py``. Imports of our own protos are rewritten from ``ai.pipestream...`` to
+Each file gets ``*_pb2.py`` and ``*_pb2.pyi``. No ``*_pb2_grpc.py`` stubs: every service
+here is served and called through grpcio's generic handlers and ``channel.unary_unary`` over
+the descriptors (the same path the workflow engine uses for any step), so generated servicer
+base classes would be dead code. Imports of our own protos are rewritten from ``ai.pipestream...`` to
 ``protomolt_jobs.pb.ai.pipestream...`` so the generated modules live inside the package while
 the descriptors keep their upstream file names (which is what makes them interoperate).
 Well-known types (``google/protobuf/*``) come from the protobuf runtime and are not generated.
@@ -49,15 +51,6 @@ def proto_files() -> list[str]:
     return sorted(p.relative_to(PROTO_DIR).as_posix() for p in PROTO_DIR.rglob("*.proto"))
 
 
-def _files_with_services(files: list[str], workdir: Path) -> list[str]:
-    from google.protobuf import descriptor_pb2
-
-    out = workdir / "all.pb"
-    _protoc([f"--descriptor_set_out={out}", *files])
-    fds = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
-    return sorted(f.name for f in fds.file if f.service)
-
-
 def _rewrite_imports(text: str, roots: set[str]) -> str:
     """Point imports of our own generated modules at ``protomolt_jobs.pb``."""
     alternatives = "|".join(re.escape(r) for r in sorted(roots))
@@ -78,9 +71,6 @@ def generate(dest: Path) -> dict[str, str]:
         raw = Path(work) / "out"
         raw.mkdir()
         _protoc([f"--python_out={raw}", f"--pyi_out={raw}", *files])
-        services = _files_with_services(files, Path(work))
-        if services:
-            _protoc([f"--grpc_python_out={raw}", *services])
         roots = {f.split("/", 1)[0] for f in files if "/" in f}
         result: dict[str, str] = {}
         for path in sorted(raw.rglob("*")):
