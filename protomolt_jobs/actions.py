@@ -128,8 +128,9 @@ def _only_known(verb: str, input: dict[str, Any], known: tuple[str, ...]) -> Non
             raise _invalid(name, f"Unknown field '{name}'; {verb} accepts: {', '.join(known)}")
 
 
-def _has_surrogate(text: str) -> bool:
-    """True when ``text`` holds a lone surrogate (U+D800-U+DFFF), which UTF-8 cannot carry."""
+def has_lone_surrogate(text: str) -> bool:
+    """True when ``text`` holds a lone surrogate (U+D800-U+DFFF), which UTF-8 cannot carry.
+    The verbs and the host's HTTP route both refuse such text as invalid-input."""
     if text.isascii():
         return False
     try:
@@ -142,7 +143,7 @@ def _has_surrogate(text: str) -> bool:
 def _text_problem(text: str) -> str | None:
     if "\x00" in text:
         return "must not contain NUL characters"
-    if _has_surrogate(text):
+    if has_lone_surrogate(text):
         return "must not contain lone surrogates (U+D800-U+DFFF)"
     return None
 

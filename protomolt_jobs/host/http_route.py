@@ -50,6 +50,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from protomolt_jobs.actions import has_lone_surrogate
 from protomolt_jobs.errors import ActionError
 
 __all__ = [
@@ -133,16 +134,6 @@ class BodyFieldError(ValueError):
         self.field = field
 
 
-def _has_surrogate(text: str) -> bool:
-    if text.isascii():
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
 def _lone_surrogate_path(value: dict[str, Any]) -> tuple[str, str] | None:
     """``(top-level key, path)`` of the first key or string holding a lone surrogate, both
     ASCII-escaped (iterative: no recursion on deep bodies); None when there is none."""
@@ -153,12 +144,12 @@ def _lone_surrogate_path(value: dict[str, Any]) -> tuple[str, str] | None:
             for key, child in item.items():
                 name = ascii(key)[1:-1]
                 child_path = f"{path}.{name}" if path else name
-                if _has_surrogate(key):
+                if has_lone_surrogate(key):
                     return top or name, child_path
                 stack.append((child, top or name, child_path))
         elif isinstance(item, list):
             stack.extend((child, top, f"{path}[{i}]") for i, child in enumerate(item))
-        elif isinstance(item, str) and _has_surrogate(item):
+        elif isinstance(item, str) and has_lone_surrogate(item):
             return top, path
     return None
 
