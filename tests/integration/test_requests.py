@@ -15,6 +15,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from google.protobuf import struct_pb2
 
+from protomolt_jobs import contract
 from protomolt_jobs.config import CONSUMER_GROUP, JobsConfig
 from protomolt_jobs.contract import WorkflowRunRequest
 from protomolt_jobs.crashpoints import CRASH_EXIT_CODE
@@ -247,3 +248,55 @@ def test_broker_outage_makes_the_loop_wait_not_die(fresh_dsn, store, broker, top
     produce(broker.bootstrap, topic, request(second), key=second)
     wait_for(lambda: store.job_get(second) is not None, timeout_s=60)
     assert [h[0] for h in consumer.handled] == ["submitted", "submitted"]
+
+
+# ------------------------------------------------------------------- records it cannot handle
+# An input JSON cannot hold (NaN, an infinity) and any unexpected failure in handling become
+# workflow_run_rejects rows, and the next record is processed: nothing is lost.
+
+
+def test_non_finite_input_is_rejected_and_the_next_record_is_processed(
+    fresh_dsn, store, broker, topic, consumer
+):
+    bad = [str(uuid.uuid4()) for _ in range(3)]
+    for job, number in zip(bad, (float("nan"), float("inf"), float("-inf")), strict=True):
+        produce(broker.bootstrap, topic, request(job, input={"n": {"deep": number}}), key="k")
+    good = str(uuid.uuid4())
+    produce(broker.bootstrap, topic, request(good), key="k")
+    outcomes = drain(consumer, 4)
+    assert [o for o, _, _ in outcomes] == ["rejected", "rejected", "rejected", "submitted"]
+    partition = outcomes[0][1]  # one key, one partition
+    rejects = rows(fresh_dsn, 'SELECT "offset", reason FROM workflow_run_rejects ORDER BY "offset"')
+    assert [o for o, _ in rejects] == [0, 1, 2]
+    for _, reason in rejects:
+        assert reason.startswith("invalid-request: input cannot be read as JSON")
+    assert all(store.job_get(job) is None for job in bad)
+    assert store.job_get(good).status == "QUEUED"
+    assert committed(broker.bootstrap, topic) == {partition: 4}
+
+
+def test_an_unexpected_failure_is_stored_as_a_reject_not_lost(
+    fresh_dsn, store, broker, topic, consumer, monkeypatch
+):
+    real = contract.validate_request
+    calls = []
+
+    def flaky(req):
+        calls.append(req.job_id)
+        if len(calls) == 1:
+            raise RuntimeError("a defect in the request rules")
+        return real(req)
+
+    monkeypatch.setattr(contract, "validate_request", flaky)
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+    produce(broker.bootstrap, topic, request(first), key="k")
+    produce(broker.bootstrap, topic, request(second), key="k")
+    outcomes = drain(consumer, 2)
+    assert [o for o, _, _ in outcomes] == ["rejected", "submitted"]
+    partition = outcomes[0][1]
+    assert rows(fresh_dsn, 'SELECT "offset", reason FROM workflow_run_rejects') == [
+        (0, "internal-error: RuntimeError: a defect in the request rules")
+    ]
+    assert store.job_get(first) is None
+    assert store.job_get(second).status == "QUEUED"
+    assert committed(broker.bootstrap, topic) == {partition: 2}
