@@ -26,7 +26,9 @@ from datetime import datetime
 
 from google.protobuf import struct_pb2
 
-from protomolt_jobs.contract import EventType, WorkflowRunEvent
+from protomolt_jobs.pb.ai.pipestream.proto.jobs.v1.jobs_pb2 import WorkflowRunEvent
+
+EventType = WorkflowRunEvent.Type
 
 __all__ = [
     "MAX_ERROR_CHARS",

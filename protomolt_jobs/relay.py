@@ -110,7 +110,7 @@ def check_payload(payload: bytes, kafka_key: str) -> str | None:
     :returns: None when publishable, else the failure text for ``last_error``, starting with
         the rule id (``"terminal-carries-error: ..."``), ``undecodable`` or ``key-mismatch``.
     """
-    from protomolt_jobs.contract import WorkflowRunEvent, validate_event
+    from protomolt_jobs.wire import WorkflowRunEvent, validate_event
 
     try:
         event = WorkflowRunEvent.FromString(payload)

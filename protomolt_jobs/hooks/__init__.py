@@ -2,7 +2,7 @@
 
 ``hookimpl`` marks a role plugin's implementation (eggsample pattern); the contract's types
 live in :mod:`protomolt_jobs.hooks.contract`, the specifications in
-:mod:`protomolt_jobs.hooks.hookspecs`, and the jobs role in :mod:`protomolt_jobs.hooks.module`.
+:mod:`protomolt_jobs.hooks.hookspecs`, and the jobs role in :mod:`protomolt_jobs.role`.
 """
 
 from protomolt_jobs.hooks.contract import (

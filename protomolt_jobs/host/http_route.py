@@ -50,8 +50,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from protomolt_jobs.actions import has_lone_surrogate
 from protomolt_jobs.errors import ActionError
+from protomolt_jobs.job_verbs import has_lone_surrogate
 
 __all__ = [
     "MAX_BODY_BYTES",

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from protomolt_jobs.store.records import (
         AlreadyDone,
-        Completed,
         InsertOutcome,
         JobRecord,
         Lease,
         NewJob,
         OutboxRow,
         ParkedCompletion,
+        ParkedStepCompleted,
         SweepResult,
         WrongState,
     )
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AlreadyDone",
-    "Completed",
+    "ParkedStepCompleted",
     "InsertOutcome",
     "JobRecord",
     "JobStore",

@@ -24,7 +24,7 @@ __all__ = [
     "OUTBOX_STATUSES",
     "TERMINAL_STATUSES",
     "AlreadyDone",
-    "Completed",
+    "ParkedStepCompleted",
     "InsertOutcome",
     "JobRecord",
     "Lease",
@@ -183,7 +183,7 @@ class InsertOutcome:
 
 
 @dataclass(frozen=True, slots=True)
-class Completed:
+class ParkedStepCompleted:
     """A parked step was completed (or failed as a verdict) by this call."""
 
 
@@ -203,7 +203,7 @@ class WrongState:
 
 
 #: The outcome of a parked completion.
-ParkedCompletion = Completed | AlreadyDone | WrongState
+ParkedCompletion = ParkedStepCompleted | AlreadyDone | WrongState
 
 
 @dataclass(frozen=True, slots=True)

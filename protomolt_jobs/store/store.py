@@ -83,21 +83,20 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from protomolt_jobs.contract import EventType
 from protomolt_jobs.errors import LeaseLost, NotFound, StoreError
-from protomolt_jobs.events import MAX_ERROR_CHARS, build_event
+from protomolt_jobs.events import MAX_ERROR_CHARS, EventType, build_event
 from protomolt_jobs.store.queries import QUERIES
 from protomolt_jobs.store.records import (
     JOB_STATUSES,
     OUTBOX_MAX_ATTEMPTS,
     AlreadyDone,
-    Completed,
     InsertOutcome,
     JobRecord,
     Lease,
     NewJob,
     OutboxRow,
     ParkedCompletion,
+    ParkedStepCompleted,
     SweepResult,
     WrongState,
 )
@@ -610,10 +609,10 @@ class JobStore:
         outstanding_step = NULL, run_after = now(), attempt = 0`` (the next segment gets its own
         ``max_attempts`` tries), one outbox row (STEP_CHECKPOINT, step, ``detail.status``
         QUEUED) and ``NOTIFY protomolt_jobs``. Transaction: one; the row lock serialises
-        concurrent completions, so exactly one of them is Completed.
+        concurrent completions, so exactly one of them is ParkedStepCompleted.
 
         :param entry: the checkpoint entry; its ``name`` must equal ``step``.
-        :returns: Completed(), AlreadyDone(status) or WrongState(status, outstanding_step).
+        :returns: ParkedStepCompleted(), AlreadyDone(status) or WrongState(status, outstanding_step).
         :raises NotFound: for an unknown job id.
         :raises ValueError: for a malformed id, blank step or an entry not naming ``step``.
         :raises TypeError: when ``entry`` is not a JSON object.
@@ -638,7 +637,7 @@ class JobStore:
                 raise StoreError(f"job {key} changed under its row lock")
             self._outbox_txn(conn, row, EventType.TYPE_STEP_CHECKPOINT, step=step)
             _execute(conn, "job_notify", {})
-        return Completed()
+        return ParkedStepCompleted()
 
     @_translated
     def job_fail_parked(self, job_id: uuid.UUID | str, step: str, error: str) -> ParkedCompletion:
@@ -648,7 +647,7 @@ class JobStore:
         ... SET status='FAILED', error, outstanding_step = NULL, completed_at = now()`` and one
         outbox row (FAILED, step, error). Transaction: one.
 
-        :returns: Completed() when this call failed the job, else AlreadyDone / WrongState.
+        :returns: ParkedStepCompleted() when this call failed the job, else AlreadyDone / WrongState.
         :raises NotFound: for an unknown job id.
         :raises ValueError: for a malformed id, blank step or blank error.
         :raises StoreError: on a database failure or unreadable stored checkpoints.
@@ -666,7 +665,7 @@ class JobStore:
             if row is None:  # pragma: no cover - the row lock makes the gate authoritative
                 raise StoreError(f"job {key} changed under its row lock")
             self._outbox_txn(conn, row, EventType.TYPE_FAILED, step=step, error=error)
-        return Completed()
+        return ParkedStepCompleted()
 
     def _parked_gate_txn(
         self, conn: psycopg.Connection[Any], job_id: uuid.UUID, step: str

@@ -1,6 +1,6 @@
 """CEL for workflows: gates, CEL mapping rules, and messages turned into CEL values.
 
-Expressions compile through the process-wide environment of :mod:`protomolt_jobs.celenv` (one
+Expressions compile through the process-wide environment of :mod:`protomolt_jobs.workflow.celenv` (one
 runner class per process, LIBRARIES.md section 2) and are bound to the CEL strings extension
 (``lowerAscii``, ``upperAscii``, ``trim``, ``replace``, ``split``, ``substring``, ``charAt``,
 ``indexOf``, ``lastIndexOf``, ``join``), which cel-python lacks. One program per text, cached.
@@ -29,7 +29,7 @@ from celpy.evaluation import CELEvalError
 from google.protobuf import descriptor as _d
 from google.protobuf.message import Message
 
-from protomolt_jobs import celenv
+from protomolt_jobs.workflow import celenv
 
 __all__ = [
     "CelError",

@@ -52,8 +52,8 @@ from google.protobuf import descriptor_pb2, json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from protomolt_jobs import celenv
 from protomolt_jobs.pb.ai.pipestream.proto.validate.v1 import validate_pb2
+from protomolt_jobs.workflow import celenv
 
 log = logging.getLogger("protomolt_jobs.validation")
 

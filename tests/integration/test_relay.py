@@ -18,11 +18,11 @@ import psycopg
 import pytest
 
 from protomolt_jobs.config import JobsConfig
-from protomolt_jobs.contract import EventType, WorkflowRunEvent, validate_event
 from protomolt_jobs.crashpoints import CRASH_EXIT_CODE
 from protomolt_jobs.events import build_event
 from protomolt_jobs.relay import Relay
 from protomolt_jobs.store import JobStore
+from protomolt_jobs.wire import EventType, WorkflowRunEvent, validate_event
 from tests.support.factories import new_job
 from tests.support.kafka import TopicReader, create_topic, unique_topic, wait_for
 

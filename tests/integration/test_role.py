@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-import protomolt_jobs.hooks.module as jobs_module
+import protomolt_jobs.role as jobs_module
 from protomolt_jobs.errors import Unavailable
 from protomolt_jobs.host.composer import compose
 from protomolt_jobs.host.nodeconfig import NodeConfig

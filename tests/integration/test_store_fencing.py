@@ -8,10 +8,10 @@ import uuid
 import psycopg
 import pytest
 
-from protomolt_jobs.contract import EventType, WorkflowRunEvent, validate_event
 from protomolt_jobs.errors import LeaseLost, StoreError
-from protomolt_jobs.store import Completed, JobStore, Lease, SweepResult
+from protomolt_jobs.store import JobStore, Lease, ParkedStepCompleted, SweepResult
 from protomolt_jobs.store import store as store_module
+from protomolt_jobs.wire import EventType, WorkflowRunEvent, validate_event
 from tests.support.factories import claimed_job, queued_job
 
 
@@ -150,7 +150,7 @@ def test_a_lease_handed_out_again_with_the_same_attempt_is_still_fenced_by_its_t
     store.job_checkpoint(b.lease, {"name": "first", "skipped": False, "response": {}})
     store.job_park(b.lease, "approve")
     done = store.job_complete_parked(job.job_id, "approve", {"name": "approve", "skipped": False})
-    assert isinstance(done, Completed)
+    assert isinstance(done, ParkedStepCompleted)
     assert store.job_get(job.job_id).attempt == 0
     a2 = store.job_claim("worker-A", 60)
     assert (a2.lease.job_id, a2.lease.owner, a2.lease.attempt) == (job.job_id, "worker-A", 1)

@@ -9,9 +9,9 @@ import uuid
 import psycopg
 import pytest
 
-from protomolt_jobs.contract import WorkflowRunEvent
 from protomolt_jobs.errors import NotFound
-from protomolt_jobs.store import AlreadyDone, Completed, JobStore, WrongState
+from protomolt_jobs.store import AlreadyDone, JobStore, ParkedStepCompleted, WrongState
+from protomolt_jobs.wire import WorkflowRunEvent
 from tests.support.factories import claimed_job, dead_job, parked_job, queued_job
 
 
@@ -39,7 +39,7 @@ def lock_waiters(dsn: str) -> int:
 def test_completion_appends_requeues_and_writes_its_event(store):
     job = parked_job(store, max_attempts=2)
     assert job.attempt == 1
-    assert store.job_complete_parked(job.job_id, "approve", entry()) == Completed()
+    assert store.job_complete_parked(job.job_id, "approve", entry()) == ParkedStepCompleted()
     row = store.job_get(job.job_id)
     assert (row.status, row.outstanding_step, row.attempt) == ("QUEUED", None, 0)
     assert [c["name"] for c in row.checkpoints] == ["first", "approve"]
@@ -82,7 +82,7 @@ def test_two_concurrent_completions_one_completes_one_is_already_done(store, fre
     for t in threads:
         t.join(timeout=30)
     assert errors == []
-    assert sorted(type(o).__name__ for o in outcomes) == ["AlreadyDone", "Completed"]
+    assert sorted(type(o).__name__ for o in outcomes) == ["AlreadyDone", "ParkedStepCompleted"]
     assert AlreadyDone("QUEUED") in outcomes
     row = store.job_get(job.job_id)
     assert [c["name"] for c in row.checkpoints] == ["first", "approve"]
@@ -132,7 +132,7 @@ def test_fail_parked_is_a_verdict(store):
     job = parked_job(store)
     assert (
         store.job_fail_parked(job.job_id, "approve", "VALIDATION: approved: required")
-        == Completed()
+        == ParkedStepCompleted()
     )
     row = store.job_get(job.job_id)
     assert (row.status, row.error, row.outstanding_step) == (

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from protomolt_jobs.contract import WorkflowRunEvent
 from protomolt_jobs.store import Completed, JobStore
+from protomolt_jobs.wire import WorkflowRunEvent
 from tests.support.factories import claimed_job, new_job, parked_job
 
 R = "\ufffd"

@@ -15,9 +15,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from protomolt_jobs.actions import SOURCE_RULE, JobsBackend, jobs_actions
 from protomolt_jobs.errors import InvalidInput, JobCorrupt
 from protomolt_jobs.host.catalog import Catalog
+from protomolt_jobs.job_verbs import SOURCE_RULE, JobsBackend, jobs_actions
 from protomolt_jobs.store.records import NewJob
 from protomolt_jobs.store.store import JobStore
 from protomolt_jobs.submitter import Submitter

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from protomolt_jobs.actions import MAX_JSON_INT
 from protomolt_jobs.errors import InvalidInput
+from protomolt_jobs.job_verbs import MAX_JSON_INT
 from tests.integration.test_verbs import make_verbs
 from tests.support.grpc_servers import TestServices
 

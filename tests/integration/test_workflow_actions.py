@@ -8,7 +8,11 @@ from google.protobuf import descriptor_pool
 
 from protomolt_jobs.errors import InvalidInput
 from protomolt_jobs.workflow import Runtime
-from protomolt_jobs.workflow.actions import NO_REPOSITORY, CheckWorkflowAction, RunWorkflowAction
+from protomolt_jobs.workflow.workflow_verbs import (
+    NO_REPOSITORY,
+    CheckWorkflowAction,
+    RunWorkflowAction,
+)
 from tests.support.grpc_servers import TestServices, descriptor_set, seed_workflow
 
 

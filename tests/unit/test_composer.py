@@ -254,7 +254,7 @@ def test_entry_points_declare_the_jobs_role():
     from importlib import metadata
 
     names = {ep.name: ep.value for ep in metadata.entry_points(group="protomolt.roles")}
-    assert names["jobs"] == "protomolt_jobs.hooks.module"
+    assert names["jobs"] == "protomolt_jobs.role"
 
 
 def test_in_process_services_are_reachable_by_name(tmp_path):

@@ -19,7 +19,7 @@ from google.protobuf import (
     unknown_fields,
 )
 
-from protomolt_jobs.contract import EventType, WorkflowRunEvent, WorkflowRunRequest
+from protomolt_jobs.wire import EventType, WorkflowRunEvent, WorkflowRunRequest
 
 F = descriptor_pb2.FieldDescriptorProto
 

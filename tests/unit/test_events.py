@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from protomolt_jobs.contract import EventType, WorkflowRunEvent, validate_event
 from protomolt_jobs.events import build_event, event_type_name
+from protomolt_jobs.wire import EventType, WorkflowRunEvent, validate_event
 
 WHEN = datetime(2026, 3, 1, 12, 30, 45, 123456, tzinfo=UTC)
 

@@ -15,13 +15,13 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from google.protobuf import struct_pb2
 
-from protomolt_jobs import contract
+from protomolt_jobs import wire as contract
 from protomolt_jobs.config import CONSUMER_GROUP, JobsConfig
-from protomolt_jobs.contract import WorkflowRunRequest
 from protomolt_jobs.crashpoints import CRASH_EXIT_CODE
-from protomolt_jobs.requests import RequestConsumer
+from protomolt_jobs.request_consumer import RequestConsumer
 from protomolt_jobs.store import JobStore
 from protomolt_jobs.submitter import Submitter
+from protomolt_jobs.wire import WorkflowRunRequest
 from protomolt_jobs.workflow import Runtime
 from tests.support.broker import Broker
 from tests.support.grpc_servers import seed_workflow
@@ -166,7 +166,8 @@ def test_bad_records_are_rejected_and_the_next_valid_one_is_processed(
 
 _CRASHING_CONSUMER = """
 import sys, time
-from protomolt_jobs import crashpoints, requests
+from protomolt_jobs import crashpoints
+from protomolt_jobs import request_consumer as requests
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.store import JobStore
 from protomolt_jobs.submitter import Submitter

@@ -11,10 +11,10 @@ from confluent_kafka import Message
 from google.protobuf import struct_pb2
 
 from protomolt_jobs.config import ConfigError, JobsConfig
-from protomolt_jobs.contract import WorkflowRunRequest
 from protomolt_jobs.crashpoints import arm
 from protomolt_jobs.errors import StoreError
-from protomolt_jobs.requests import RequestConsumer, decode_request
+from protomolt_jobs.request_consumer import RequestConsumer, decode_request
+from protomolt_jobs.wire import WorkflowRunRequest
 
 
 def _request(job_id: str | None = None, name: str = "wf", input: dict | None = None) -> bytes:

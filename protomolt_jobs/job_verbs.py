@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from protomolt_jobs.errors import InvalidInput, JobCorrupt, NotFound, Unavailable
-from protomolt_jobs.store.records import JOB_STATUSES, AlreadyDone, Completed, WrongState
+from protomolt_jobs.store.records import JOB_STATUSES, AlreadyDone, ParkedStepCompleted, WrongState
 from protomolt_jobs.submitter import Submitter, parse_job_id
 
 __all__ = [
@@ -46,7 +46,7 @@ __all__ = [
     "jobs_actions",
 ]
 
-log = logging.getLogger("protomolt_jobs.actions")
+log = logging.getLogger("protomolt_jobs.job_verbs")
 
 #: The ``unavailable`` message of a node without ``jobs.dsn``.
 NOT_CONFIGURED = (
@@ -378,7 +378,7 @@ class SubmitWorkflowAction:
 
 
 def _check_source_rule(workflow: dict[str, Any] | None, workflow_name: str | None) -> None:
-    from protomolt_jobs import celenv
+    from protomolt_jobs.workflow import celenv
 
     # Only presence matters to the rule: an empty object stands in for the definition, so
     # no user payload is converted to CEL values.
@@ -574,7 +574,7 @@ class CompleteStepAction:
                     outcome = store.job_fail_parked(job_id, step_name, error)
                 except NotFound:
                     return _not_found(job_id)
-                if isinstance(outcome, Completed):
+                if isinstance(outcome, ParkedStepCompleted):
                     log.info(
                         "job %s failed: response to %s broke its rules",
                         job_id,
@@ -606,7 +606,7 @@ class CompleteStepAction:
             outcome = store.job_complete_parked(job_id, step_name, entry)
         except NotFound:
             return _not_found(job_id)
-        if isinstance(outcome, Completed):
+        if isinstance(outcome, ParkedStepCompleted):
             log.info(
                 "job %s resumed after %s",
                 job_id,
@@ -617,7 +617,7 @@ class CompleteStepAction:
 
     @staticmethod
     def _answer(job_id: uuid.UUID, step: str, outcome: Any) -> dict[str, Any]:
-        if isinstance(outcome, Completed):
+        if isinstance(outcome, ParkedStepCompleted):
             return {"ok": True, "status": "QUEUED"}
         if isinstance(outcome, AlreadyDone):
             return {"ok": True, "status": outcome.status}

@@ -24,7 +24,6 @@ import logging
 import threading
 from typing import Any
 
-from protomolt_jobs.actions import JobsBackend, jobs_actions
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import StoreError
 from protomolt_jobs.hooks.contract import (
@@ -36,6 +35,7 @@ from protomolt_jobs.hooks.contract import (
     WorkflowRepository,
 )
 from protomolt_jobs.hooks.hookspecs import hookimpl
+from protomolt_jobs.job_verbs import JobsBackend, jobs_actions
 
 __all__ = ["ROLE", "JobsModule", "JobsMount", "protomolt_role_module"]
 
@@ -64,8 +64,8 @@ class JobsModule:
             raise ComposerError(MISSING_REGISTRY)
         config = JobsConfig.from_mapping(ctx.settings)
 
-        from protomolt_jobs.workflow.actions import CheckWorkflowAction, RunWorkflowAction
         from protomolt_jobs.workflow.types import Runtime
+        from protomolt_jobs.workflow.workflow_verbs import CheckWorkflowAction, RunWorkflowAction
 
         type_pool = ctx.contributions.first(TypePool)
         if type_pool is None:
@@ -171,7 +171,7 @@ class JobsMount:
             ensure_topics(config)
             self._start_component("relay", Relay(self.store, config=config))
             if config.effective_request_topic:
-                from protomolt_jobs.requests import RequestConsumer
+                from protomolt_jobs.request_consumer import RequestConsumer
 
                 self._start_component(
                     "request_consumer",

@@ -17,7 +17,7 @@ from typing import Any
 import celpy
 from celpy import celtypes
 
-log = logging.getLogger("protomolt_jobs.celenv")
+log = logging.getLogger("protomolt_jobs.workflow.celenv")
 
 _lock = threading.Lock()
 _env: celpy.Environment | None = None

@@ -133,7 +133,7 @@ def decode_request(raw: bytes | None) -> tuple[Any | None, str | None]:
     :returns: ``(WorkflowRunRequest, None)``, or ``(None, reason)`` where reason starts with
         ``undecodable:``. Never raises.
     """
-    from protomolt_jobs.contract import WorkflowRunRequest
+    from protomolt_jobs.wire import WorkflowRunRequest
 
     if raw is None:
         return None, "undecodable: the record has no value (a tombstone)"
@@ -473,7 +473,7 @@ class RequestConsumer:
 
     def _handle(self, message: Message) -> str:
         """Write the record's one outcome; returns its name. Raises only StoreError."""
-        from protomolt_jobs.contract import validate_request
+        from protomolt_jobs.wire import validate_request
 
         request, problem = decode_request(message.value())
         if problem is not None:

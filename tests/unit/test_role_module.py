@@ -6,12 +6,12 @@ import logging
 
 import pytest
 
-import protomolt_jobs.hooks.module as jobs_module
-from protomolt_jobs.actions import NOT_CONFIGURED
+import protomolt_jobs.role as jobs_module
 from protomolt_jobs.errors import Unavailable
 from protomolt_jobs.hooks import ComposerError, RoleModule
 from protomolt_jobs.host.composer import compose
 from protomolt_jobs.host.nodeconfig import NodeConfig
+from protomolt_jobs.job_verbs import NOT_CONFIGURED
 from tests.support.roles import MemoryRepository, fresh_plugin_manager, registry_plugin
 
 VERBS = ["submit-workflow", "get-job", "list-jobs", "complete-step"]
