@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from protomolt_jobs.store import Completed, JobStore
+from protomolt_jobs.store import JobStore, ParkedStepCompleted
 from protomolt_jobs.wire import WorkflowRunEvent
 from tests.support.factories import claimed_job, new_job, parked_job
 
@@ -90,7 +90,7 @@ def test_park_and_complete_a_step_named_with_a_nul(store):
     outcome = store.job_complete_parked(
         job.job_id, "appr\x00ove", {"name": "appr\x00ove", "skipped": False, "response": {}}
     )
-    assert isinstance(outcome, Completed)
+    assert isinstance(outcome, ParkedStepCompleted)
     assert store.job_get(job.job_id).checkpoints[-1]["name"] == f"appr{R}ove"
 
 
@@ -99,7 +99,7 @@ def test_dead_release_parked_fail_outbox_error_and_rejects_accept_nul(store):
     store.job_dead(dead.lease, "gave up \x00")
     assert store.job_get(dead.job_id).error == f"gave up {R}"
     parked = parked_job(store)
-    assert isinstance(store.job_fail_parked(parked.job_id, "approve", "no \x00"), Completed)
+    assert isinstance(store.job_fail_parked(parked.job_id, "approve", "no \x00"), ParkedStepCompleted)
     assert store.job_get(parked.job_id).error == f"no {R}"
     event_id = store.outbox_for_job(parked.job_id)[-1].event_id
     assert store.outbox_mark_failed(event_id, "broker \x00 down").last_error == f"broker {R} down"

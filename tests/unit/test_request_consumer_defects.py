@@ -4,7 +4,14 @@ and when not even the reject can be stored the record is held, like an outage (f
 from __future__ import annotations
 
 from protomolt_jobs.errors import StoreError
-from tests.unit.test_request_consumer import FakeStore, FakeSubmitter, Outcome, _consumer, _msg, _request
+from tests.unit.test_request_consumer import (
+    FakeStore,
+    FakeSubmitter,
+    Outcome,
+    _consumer,
+    _msg,
+    _request,
+)
 
 
 class BrokenRejects(FakeStore):
