@@ -1,4 +1,4 @@
-"""The actions route: the node's HTTP JSON surface on the stdlib ``ThreadingHTTPServer``.
+"""The actions route: the node's HTTP JSON surface, a Starlette app served by uvicorn.
 
 Routes:
 
@@ -6,7 +6,14 @@ Routes:
 - ``GET /protomolt/actions``: the catalog manifest (a JSON array).
 - ``POST /protomolt/actions/{verb}``: a JSON object body, handed to ``catalog.execute``.
 - Extra routes contributed by roles as :class:`HttpRoute` values (the registry's
-  ``/protomolt/workflows`` endpoints).
+  ``/protomolt/workflows`` endpoints), and plain Starlette routes or mounts a host adds
+  (``extra``: a dashboard, ``/metrics``); both sit behind the same token.
+
+:func:`actions_app` builds the ASGI app (another host can mount it); :class:`ActionsHttpServer`
+serves it with uvicorn on a daemon thread. Handlers and verbs are synchronous: they run in the
+app's own thread pool (:data:`HANDLER_THREADS` threads), so a slow database call never blocks
+the event loop, and callers beyond the pool wait in line instead of being reset (uvicorn's
+listen backlog is 2048).
 
 Error mapping (DESIGN.md section 4): an :class:`~protomolt_jobs.errors.ActionError` answers with
 its ``http_status`` and its ``to_json()`` envelope ``{"error", "message", "details"?}``. Answers with
@@ -16,24 +23,28 @@ its ``http_status`` and its ``to_json()`` envelope ``{"error", "message", "detai
 condition               status ``error``
 ======================= ====== ==========================================================
 body not a JSON object  400    ``invalid-input`` (also: nested too deep, a lone surrogate
-                               escape such as ``"\\ud800"``, a bad ``Content-Length``)
-body shorter than said  400    ``invalid-input`` (the connection is closed)
+                               escape such as ``"\\ud800"``)
+bad ``Content-Length``  400    refused by uvicorn's HTTP parser before the app runs (a plain
+                               text body, not the envelope; the connection is closed)
 missing or wrong token  401    ``unauthenticated``
 unknown path            404    ``not-found``
 wrong method            405    ``method-not-allowed`` (with an ``Allow`` header)
 body not sent in time   408    ``request-timeout`` (the connection is closed)
 chunked body            411    ``length-required`` (the connection is closed)
-body over the limit     413    ``payload-too-large``
+body over the limit     413    ``payload-too-large`` (the connection is closed)
 unexpected exception    500    ``internal-error`` (the traceback stays in the server log)
 ======================= ====== ==========================================================
+
+A client that closes its side before the announced body has arrived gets no answer (there is
+no one left to read it); the verb is not run.
 
 The API token, when configured, is read from the ``api_token`` header or from
 ``Authorization: Bearer <token>``. The server binds 127.0.0.1 unless told otherwise.
 
 Every reply is encodable: a body holding text that UTF-8 cannot carry (a lone surrogate echoed
 from the request) is sent with ASCII escapes, and a body that is not JSON at all becomes a 500
-``internal-error``. Each connection has a socket timeout (:data:`REQUEST_TIMEOUT_S`), so a
-client that stops sending, or idles on a keep-alive connection, releases its thread.
+``internal-error``. The body must arrive within ``request_timeout_s``, and an idle keep-alive
+connection is closed after ``min(request_timeout_s, 5)`` seconds.
 """
 
 from __future__ import annotations
@@ -42,23 +53,34 @@ import hmac
 import json
 import logging
 import re
+import socket
 import threading
+import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, unquote
+
+import anyio
+import anyio.to_thread
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
 
 from protomolt_jobs.errors import ActionError
 from protomolt_jobs.job_verbs import has_lone_surrogate
 
 __all__ = [
+    "HANDLER_THREADS",
     "MAX_BODY_BYTES",
     "ActionsHttpServer",
     "HttpRequest",
     "HttpResponse",
     "HttpRoute",
+    "actions_app",
     "error_response",
     "token_from_headers",
 ]
@@ -67,10 +89,15 @@ log = logging.getLogger("protomolt_jobs.http_route")
 
 #: Largest request body accepted, in bytes (16 MiB, as upstream).
 MAX_BODY_BYTES = 16 * 1024 * 1024
-#: Socket timeout of a connection, seconds: a body or the next request must arrive in time.
+#: Seconds a request body has to arrive in full (408 after that).
 REQUEST_TIMEOUT_S = 30.0
+#: Threads that run handlers and verbs. Above the gRPC server's 64 workers would only queue
+#: on the database pool; below it, bursts wait in the app instead of in the pool.
+HANDLER_THREADS = 64
+#: uvicorn's listen backlog: connections the kernel holds before the app accepts them.
+LISTEN_BACKLOG = 2048
 
-#: A JSON escape that can decode to a lone surrogate (``\ud800``-``\udfff``); raw UTF-8 cannot
+#: A JSON escape that can decode to a lone surrogate (``\\ud800``-``\\udfff``); raw UTF-8 cannot
 #: carry one, so a body without such an escape needs no scan.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
@@ -224,100 +251,43 @@ def _token_ok(expected: str | None, presented: str | None) -> bool:
 
 
 _VERB = r"/protomolt/actions/(?P<verb>[^/]+)"
+_HEALTH = "/health"
 
 
-class ActionsHttpServer:
-    """The actions route and the contributed routes, served on daemon threads.
+def _health_up(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(200, {"status": "UP"})
 
-    :param catalog: the node catalog (``manifest()``, ``execute(name, input)``).
-    :param host: bind address; 127.0.0.1 by default (loopback only).
-    :param port: TCP port; 0 picks a free one (read :attr:`port` after :meth:`start`).
-    :param api_token: when set, every route but ``/health`` demands it.
-    :param routes: extra :class:`HttpRoute` values (contributed by roles).
-    :param max_body_bytes: the request body limit (bytes).
-    :param request_timeout_s: socket timeout of a connection (seconds): a body that does not
-        arrive in time is 408 and an idle keep-alive connection is closed.
+
+class _Dispatcher:
+    """The app's endpoint for :class:`HttpRoute` values: token, framing, limits, thread pool.
+
+    Settings are read per request, so a server's :attr:`ActionsHttpServer.max_body_bytes`
+    may change while it runs (tests do).
     """
 
     def __init__(
         self,
         catalog: Any,
         *,
-        host: str = "127.0.0.1",
-        port: int = 8081,
-        api_token: str | None = None,
-        routes: Iterable[HttpRoute] = (),
-        max_body_bytes: int = MAX_BODY_BYTES,
-        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        api_token: str | None,
+        routes: Iterable[HttpRoute],
+        max_body_bytes: int,
+        request_timeout_s: float,
+        health: Callable[[HttpRequest], HttpResponse],
+        handler_threads: int,
     ) -> None:
         self.catalog = catalog
-        self.request_timeout_s = request_timeout_s
-        self.host = host
-        self._requested_port = port
         self.api_token = api_token or None
         self.max_body_bytes = max_body_bytes
+        self.request_timeout_s = request_timeout_s
+        self.handler_threads = handler_threads
+        self.health_route = HttpRoute(frozenset({"GET", "HEAD"}), _HEALTH, health)
         self.routes: list[HttpRoute] = [
             HttpRoute(frozenset({"GET"}), r"/protomolt/actions", self._manifest),
             HttpRoute(frozenset({"POST"}), _VERB, self._execute),
             *routes,
         ]
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    # -- lifecycle -------------------------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        """The bound port (after :meth:`start`), else the requested one."""
-        if self._httpd is not None:
-            return self._httpd.server_address[1]
-        return self._requested_port
-
-    @property
-    def url(self) -> str:
-        """``http://HOST:PORT`` of the running server."""
-        host = self.host if ":" not in self.host else f"[{self.host}]"
-        return f"http://{host}:{self.port}"
-
-    def start(self) -> ActionsHttpServer:
-        """Bind and serve on a daemon thread; returns once the socket is listening.
-
-        :raises OSError: when the address cannot be bound (port in use).
-        """
-        with self._lock:
-            if self._httpd is not None:
-                return self
-            handler = _make_handler(self)
-            httpd = ThreadingHTTPServer((self.host, self._requested_port), handler)
-            httpd.daemon_threads = True
-            self._httpd = httpd
-            self._thread = threading.Thread(
-                target=httpd.serve_forever,
-                kwargs={"poll_interval": 0.2},
-                name="protomolt-http",
-                daemon=True,
-            )
-            self._thread.start()
-        log.info(
-            "actions route listening on %s",
-            self.url,
-            extra={"action": "http_started", "url": self.url},
-        )
-        return self
-
-    def close(self) -> None:
-        """Stop serving and release the socket. Idempotent."""
-        with self._lock:
-            httpd, thread = self._httpd, self._thread
-            self._httpd = self._thread = None
-        if httpd is None:
-            return
-        httpd.shutdown()
-        httpd.server_close()
-        if thread is not None:
-            thread.join(timeout=5)
-        log.info("actions route stopped", extra={"action": "http_stopped"})
+        self._limiter: anyio.CapacityLimiter | None = None
 
     # -- built-in routes -------------------------------------------------------------------
 
@@ -338,32 +308,105 @@ class ActionsHttpServer:
         result = self.catalog.execute(request.params["verb"], envelope)
         return HttpResponse(200, result)
 
-    # -- dispatch --------------------------------------------------------------------------
+    # -- the ASGI side ---------------------------------------------------------------------
 
-    def dispatch(
-        self,
-        method: str,
-        raw_path: str,
-        headers: Mapping[str, str],
-        read_body: Callable[[int], bytes],
-    ) -> HttpResponse:
-        """Answer one request (the handler thread calls this; tests may too).
+    def token_ok(self, headers: Mapping[str, str]) -> bool:
+        """Whether the request presents the configured token (always, when none is set)."""
+        return _token_ok(self.api_token, token_from_headers(headers))
 
-        :param method: the HTTP method.
-        :param raw_path: the request target (path and query).
-        :param headers: lower-case header names.
-        :param read_body: reads exactly n bytes of the body.
-        """
-        parts = urlsplit(raw_path)
-        path = parts.path or "/"
-        if path == "/health":
-            if method not in ("GET", "HEAD"):
-                return _method_not_allowed({"GET"})
-            return HttpResponse(200, {"status": "UP"})
-        if not _token_ok(self.api_token, token_from_headers(headers)):
-            return error_response(
-                401, "unauthenticated", "Missing or invalid API token 'api_token'"
+    async def endpoint(self, request: Request) -> Response:
+        """Answer one request (a Starlette endpoint)."""
+        method = request.method
+        # The raw path keeps percent-escapes, so a name holding "%2F" matches as one segment
+        # and route groups are decoded once (HttpRoute.match).
+        path = request.scope.get("raw_path", b"").decode("latin-1") or request.url.path
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        if "transfer-encoding" in headers:
+            # Bodies are bounded by Content-Length before reading; an unbounded chunked body
+            # is refused unread and the connection closed (its framing is not worth draining).
+            return _send(
+                error_response(
+                    411,
+                    "length-required",
+                    "Transfer-Encoding is not supported; send the body with Content-Length",
+                ),
+                method,
+                close=True,
             )
+        if path == _HEALTH:
+            route, params = self.health_route, {}
+            if method not in route.methods:
+                return _send(_method_not_allowed({"GET"}), method)
+        else:
+            # The token was checked by _TokenGuard, in front of every route.
+            route, params, allowed = self._match(method, path)
+            if route is None:
+                if allowed:
+                    return _send(_method_not_allowed(allowed), method, close=_has_body(headers))
+                return _send(
+                    error_response(404, "not-found", f"No route for {method} {path}"),
+                    method,
+                    close=_has_body(headers),
+                )
+        length_text = (headers.get("content-length", "0") or "0").strip()
+        if not (length_text.isascii() and length_text.isdigit()):
+            return _send(
+                error_response(
+                    400, "invalid-input", "Content-Length must be a non-negative decimal number"
+                ),
+                method,
+                close=True,
+            )
+        length = int(length_text)
+        if length > self.max_body_bytes:
+            return _send(
+                error_response(
+                    413,
+                    "payload-too-large",
+                    f"Request body exceeds {self.max_body_bytes} bytes",
+                    limit=self.max_body_bytes,
+                ),
+                method,
+                close=True,
+            )
+        body = b""
+        if length:
+            try:
+                body = await self._read_body(request, length)
+            except TimeoutError:
+                return _send(
+                    error_response(
+                        408,
+                        "request-timeout",
+                        f"The request body did not arrive within {self.request_timeout_s:g} s",
+                    ),
+                    method,
+                    close=True,
+                )
+            except ClientDisconnect:
+                # Nobody is left to read an answer; uvicorn drops it.
+                return _send(
+                    error_response(400, "invalid-input", "The client closed before the body"),
+                    method,
+                    close=True,
+                )
+        query = {k: v[-1] for k, v in parse_qs(request.url.query).items()}
+        http_request = HttpRequest(
+            method, unquote(path), params, query, headers, body, self.catalog
+        )
+        response = await anyio.to_thread.run_sync(
+            _run, route, http_request, limiter=self._thread_limiter()
+        )
+        return _send(response, method)
+
+    async def _read_body(self, request: Request, length: int) -> bytes:
+        chunks: list[bytes] = []
+        with anyio.fail_after(self.request_timeout_s):
+            async for chunk in request.stream():
+                chunks.append(chunk)
+        return b"".join(chunks)[:length]
+
+    def _match(self, method: str, path: str) -> tuple[HttpRoute | None, dict[str, str], set[str]]:
         allowed: set[str] = set()
         for route in self.routes:
             params = route.match(path)
@@ -372,44 +415,43 @@ class ActionsHttpServer:
             if method not in route.methods:
                 allowed |= route.methods
                 continue
-            length_text = (headers.get("content-length", "0") or "0").strip()
-            if not (length_text.isascii() and length_text.isdigit()):
-                return error_response(
-                    400, "invalid-input", "Content-Length must be a non-negative decimal number"
-                )
-            length = int(length_text)
-            if length > self.max_body_bytes:
-                return error_response(
-                    413,
-                    "payload-too-large",
-                    f"Request body exceeds {self.max_body_bytes} bytes",
-                    limit=self.max_body_bytes,
-                )
-            body = read_body(length) if length else b""
-            query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-            request = HttpRequest(method, path, params, query, headers, body, self.catalog)
-            return self._run(route, request)
-        if allowed:
-            return _method_not_allowed(allowed)
-        return error_response(404, "not-found", f"No route for {method} {path}")
+            return route, params, allowed
+        return None, {}, allowed
 
-    def _run(self, route: HttpRoute, request: HttpRequest) -> HttpResponse:
-        try:
-            return route.handler(request)
-        except ActionError as err:
-            return HttpResponse(err.http_status, err.to_json())
-        except Exception:
-            correlation = str(uuid.uuid4())
-            log.exception(
-                "unexpected error serving %s %s (correlation id %s)",
-                request.method,
-                request.path,
-                correlation,
-                extra={"action": "http_internal_error", "correlation_id": correlation},
-            )
-            return error_response(
-                500, "internal-error", f"Internal error (correlation id {correlation})"
-            )
+    def _thread_limiter(self) -> anyio.CapacityLimiter:
+        # Created on first use: a limiter belongs to the running event loop. This app's own
+        # pool, so mounting it in another host does not resize that host's default pool.
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(self.handler_threads)
+        return self._limiter
+
+
+def _run(route: HttpRoute, request: HttpRequest) -> HttpResponse:
+    """Run one handler (in a pool thread); action errors map, anything else is a 500."""
+    try:
+        return route.handler(request)
+    except ActionError as err:
+        return HttpResponse(err.http_status, err.to_json())
+    except Exception:
+        correlation = str(uuid.uuid4())
+        log.exception(
+            "unexpected error serving %s %s (correlation id %s)",
+            request.method,
+            request.path,
+            correlation,
+            extra={"action": "http_internal_error", "correlation_id": correlation},
+        )
+        return error_response(
+            500, "internal-error", f"Internal error (correlation id {correlation})"
+        )
+
+
+def _has_body(headers: Mapping[str, str]) -> bool:
+    return headers.get("content-length", "0").strip() not in ("", "0")
+
+
+def _unauthenticated() -> HttpResponse:
+    return error_response(401, "unauthenticated", "Missing or invalid API token 'api_token'")
 
 
 def _method_not_allowed(allowed: set[str]) -> HttpResponse:
@@ -421,103 +463,242 @@ def _method_not_allowed(allowed: set[str]) -> HttpResponse:
     )
 
 
-class _BodyUnreadable(Exception):
-    """The body could not be read as announced (timeout, or the client stopped sending)."""
+def _send(response: HttpResponse, method: str, *, close: bool = False) -> Response:
+    """The Starlette response for ``response``; ``close`` asks uvicorn to close the connection
+    after it (a body left unread, or a stalled one, cannot be skipped reliably)."""
+    try:
+        payload = _encode(response.body)
+    except (TypeError, ValueError):
+        log.exception(
+            "reply of status %d is not JSON",
+            response.status,
+            extra={"action": "http_reply_unencodable", "status": response.status},
+        )
+        response = error_response(500, "internal-error", "Internal error")
+        payload = _encode(response.body)
+    headers = dict(response.headers)
+    if close:
+        headers["Connection"] = "close"
+    return Response(
+        payload if method != "HEAD" else b"",
+        status_code=response.status,
+        headers=headers,
+        media_type=response.content_type,
+    )
 
-    def __init__(self, response: HttpResponse) -> None:
-        super().__init__(response.body.get("message", ""))
-        self.response = response
 
+class _TokenGuard:
+    """ASGI middleware: every route but ``/health`` demands the token (the built-in routes,
+    role routes and a host's extra routes alike)."""
 
-def _make_handler(server: ActionsHttpServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "protomolt-jobs"
-        # StreamRequestHandler applies it to the socket: reads of the request line, headers
-        # and body all give up after it, so no client holds a thread forever.
-        timeout = server.request_timeout_s
+    def __init__(self, app: Any, dispatcher: _Dispatcher) -> None:
+        self.app = app
+        self.dispatcher = dispatcher
 
-        def _handle(self) -> None:
-            headers = {k.lower(): v for k, v in self.headers.items()}
-            consumed = {"body": False}
-
-            def read_body(n: int) -> bytes:
-                consumed["body"] = True
-                try:
-                    data = self.rfile.read(n)
-                except TimeoutError:
-                    raise _BodyUnreadable(
-                        error_response(
-                            408,
-                            "request-timeout",
-                            f"The request body did not arrive within "
-                            f"{server.request_timeout_s:g} s",
-                        )
-                    ) from None
-                if len(data) < n:
-                    raise _BodyUnreadable(
-                        error_response(
-                            400,
-                            "invalid-input",
-                            f"The request body ended after {len(data)} of the {n} bytes "
-                            "Content-Length announced",
-                        )
-                    )
-                return data
-
-            if "transfer-encoding" in headers:
-                # The body length is unknown without decoding chunks we do not support;
-                # reading on would take chunk framing for the next request.
-                self.close_connection = True
-                self._send(
-                    error_response(
-                        411,
-                        "length-required",
-                        "Transfer-Encoding is not supported; send the body with Content-Length",
-                    )
-                )
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("path") != _HEALTH:
+            headers = {
+                k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
+            }
+            if not self.dispatcher.token_ok(headers):
+                response = _send(_unauthenticated(), scope["method"], close=_has_body(headers))
+                await response(scope, receive, send)
                 return
+        await self.app(scope, receive, send)
+
+
+_ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
+
+
+def actions_app(
+    catalog: Any,
+    *,
+    api_token: str | None = None,
+    routes: Iterable[HttpRoute] = (),
+    extra: Sequence[BaseRoute] = (),
+    max_body_bytes: int = MAX_BODY_BYTES,
+    request_timeout_s: float = REQUEST_TIMEOUT_S,
+    health: Callable[[HttpRequest], HttpResponse] = _health_up,
+    handler_threads: int = HANDLER_THREADS,
+) -> Starlette:
+    """The node's HTTP surface as an ASGI app (mountable by another host).
+
+    :param catalog: the node catalog (``manifest()``, ``execute(name, input)``).
+    :param api_token: when set, every route but ``/health`` demands it.
+    :param routes: :class:`HttpRoute` values contributed by roles (synchronous handlers).
+    :param extra: Starlette routes or mounts a host adds (``Route("/metrics", ...)``,
+        ``Mount("/ui", ...)``); they are matched before the catalog routes and sit behind the
+        token too.
+    :param max_body_bytes: the request body limit (bytes).
+    :param request_timeout_s: seconds a request body has to arrive (408 after that).
+    :param health: the ``/health`` handler (``GET``/``HEAD``, no token).
+    :param handler_threads: threads that run handlers and verbs.
+    :returns: the Starlette app; ``app.state.dispatcher`` holds the live settings.
+    """
+    dispatcher = _Dispatcher(
+        catalog,
+        api_token=api_token,
+        routes=routes,
+        max_body_bytes=max_body_bytes,
+        request_timeout_s=request_timeout_s,
+        health=health,
+        handler_threads=handler_threads,
+    )
+    app = Starlette(
+        routes=[*extra, Route("/{path:path}", dispatcher.endpoint, methods=_ALL_METHODS)],
+    )
+    app.add_middleware(_TokenGuard, dispatcher=dispatcher)
+    app.state.dispatcher = dispatcher
+    return app
+
+
+class ActionsHttpServer:
+    """:func:`actions_app` served by uvicorn on a daemon thread.
+
+    :param catalog: the node catalog (``manifest()``, ``execute(name, input)``).
+    :param host: bind address; 127.0.0.1 by default (loopback only).
+    :param port: TCP port; 0 picks a free one (read :attr:`port` after :meth:`start`).
+    :param api_token: when set, every route but ``/health`` demands it.
+    :param routes: extra :class:`HttpRoute` values (contributed by roles).
+    :param extra: Starlette routes or mounts (see :func:`actions_app`).
+    :param max_body_bytes: the request body limit (bytes).
+    :param request_timeout_s: seconds a body has to arrive (408 after that); an idle
+        keep-alive connection is closed after ``min(request_timeout_s, 5)`` seconds.
+    :param health: the ``/health`` handler.
+    :param handler_threads: threads that run handlers and verbs.
+    """
+
+    def __init__(
+        self,
+        catalog: Any,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8081,
+        api_token: str | None = None,
+        routes: Iterable[HttpRoute] = (),
+        extra: Sequence[BaseRoute] = (),
+        max_body_bytes: int = MAX_BODY_BYTES,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        health: Callable[[HttpRequest], HttpResponse] = _health_up,
+        handler_threads: int = HANDLER_THREADS,
+    ) -> None:
+        self.catalog = catalog
+        self.host = host
+        self._requested_port = port
+        self.app = actions_app(
+            catalog,
+            api_token=api_token,
+            routes=routes,
+            extra=extra,
+            max_body_bytes=max_body_bytes,
+            request_timeout_s=request_timeout_s,
+            health=health,
+            handler_threads=handler_threads,
+        )
+        self._dispatcher: _Dispatcher = self.app.state.dispatcher
+        self._server: uvicorn.Server | None = None
+        self._socket: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # Live settings (read per request).
+    @property
+    def api_token(self) -> str | None:
+        return self._dispatcher.api_token
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self._dispatcher.max_body_bytes
+
+    @max_body_bytes.setter
+    def max_body_bytes(self, value: int) -> None:
+        self._dispatcher.max_body_bytes = value
+
+    @property
+    def request_timeout_s(self) -> float:
+        return self._dispatcher.request_timeout_s
+
+    @property
+    def port(self) -> int:
+        """The bound port (after :meth:`start`), else the requested one."""
+        if self._socket is not None:
+            return int(self._socket.getsockname()[1])
+        return self._requested_port
+
+    @property
+    def bound_host(self) -> str | None:
+        """The address the listening socket is bound to (after :meth:`start`)."""
+        return None if self._socket is None else str(self._socket.getsockname()[0])
+
+    @property
+    def url(self) -> str:
+        """``http://HOST:PORT`` of the running server."""
+        host = self.host if ":" not in self.host else f"[{self.host}]"
+        return f"http://{host}:{self.port}"
+
+    def start(self, timeout_s: float = 10.0) -> ActionsHttpServer:
+        """Bind and serve on a daemon thread; returns once uvicorn accepts connections.
+
+        :raises OSError: when the address cannot be bound (port in use).
+        :raises RuntimeError: uvicorn did not start within ``timeout_s``.
+        """
+        with self._lock:
+            if self._server is not None:
+                return self
+            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
             try:
-                response = server.dispatch(self.command, self.path, headers, read_body)
-            except _BodyUnreadable as exc:
-                self.close_connection = True
-                response = exc.response
-            except Exception:
-                log.exception("actions route failed", extra={"action": "http_internal_error"})
-                response = error_response(500, "internal-error", "Internal error")
-            if not consumed["body"] and headers.get("content-length", "0") not in ("", "0"):
-                # The body was refused unread (413, 401, 404): the connection cannot be reused.
-                self.close_connection = True
-            self._send(response)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((self.host, self._requested_port))
+                sock.listen(LISTEN_BACKLOG)
+            except OSError:
+                sock.close()
+                raise
+            config = uvicorn.Config(
+                self.app,
+                lifespan="off",
+                log_config=None,
+                access_log=False,
+                server_header=False,
+                backlog=LISTEN_BACKLOG,
+                timeout_keep_alive=max(1, int(min(self.request_timeout_s, 5.0))),
+                timeout_graceful_shutdown=5,
+            )
+            server = uvicorn.Server(config)
+            thread = threading.Thread(
+                target=server.run,
+                kwargs={"sockets": [sock]},
+                name="protomolt-http",
+                daemon=True,
+            )
+            self._server, self._socket, self._thread = server, sock, thread
+            thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not server.started and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)  # uvicorn has no started event; it flips a flag
+        if not server.started:
+            self.close()
+            raise RuntimeError(f"the actions route did not start within {timeout_s:g} s")
+        log.info(
+            "actions route listening on %s",
+            self.url,
+            extra={"action": "http_started", "url": self.url},
+        )
+        return self
 
-        def _send(self, response: HttpResponse) -> None:
-            try:
-                payload = _encode(response.body)
-            except (TypeError, ValueError):
-                log.exception(
-                    "reply of status %d is not JSON",
-                    response.status,
-                    extra={"action": "http_reply_unencodable", "status": response.status},
-                )
-                response = error_response(500, "internal-error", "Internal error")
-                payload = _encode(response.body)
-            self.send_response(response.status)
-            self.send_header("Content-Type", response.content_type)
-            self.send_header("Content-Length", str(len(payload)))
-            for name, value in response.headers:
-                self.send_header(name, value)
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(payload)
-
-        do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _handle
-
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug(format, *args, extra={"action": "http_request"})
-
-    return Handler
+    def close(self) -> None:
+        """Stop serving (in-flight requests get up to 5 s) and release the socket. Idempotent."""
+        with self._lock:
+            server, sock, thread = self._server, self._socket, self._thread
+            self._server = self._socket = self._thread = None
+        if server is None:
+            return
+        server.should_exit = True
+        if thread is not None:
+            thread.join(timeout=10)
+        if sock is not None:
+            sock.close()
+        log.info("actions route stopped", extra={"action": "http_stopped"})
 
 
 def _encode(body: Any) -> bytes:

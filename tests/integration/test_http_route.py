@@ -22,7 +22,7 @@ def server():
 def test_binds_loopback_by_default_and_port_zero_picks_a_port(server):
     assert server.host == "127.0.0.1"
     assert server.port != 0
-    assert server._httpd.server_address[0] == "127.0.0.1"
+    assert server.bound_host == "127.0.0.1"
 
 
 def test_health_and_manifest(server):

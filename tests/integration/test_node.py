@@ -231,5 +231,5 @@ def test_token_guards_both_surfaces(tmp_path, fresh_dsn):
 
 
 def test_both_surfaces_bind_loopback_by_default(node):
-    assert node.http._httpd.server_address[0] == "127.0.0.1"
+    assert node.http.bound_host == "127.0.0.1"
     assert node.grpc.target.startswith("127.0.0.1:")

@@ -83,9 +83,9 @@ def http(
         req.add_header("Content-Type", "application/json")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            status, payload, hdrs = resp.status, resp.read(), dict(resp.headers)
+            status, payload, hdrs = resp.status, resp.read(), _headers(resp.headers)
     except urllib.error.HTTPError as err:
-        status, payload, hdrs = err.code, err.read(), dict(err.headers)
+        status, payload, hdrs = err.code, err.read(), _headers(err.headers)
     try:
         return status, json.loads(payload), hdrs
     except ValueError:
@@ -143,3 +143,9 @@ def wait_for(predicate: Any, *, timeout_s: float = 30.0, interval_s: float = 0.0
             return last
         time.sleep(interval_s)
     raise AssertionError(f"condition not met within {timeout_s} s (last value {last!r})")
+
+
+def _headers(message: Any) -> dict[str, str]:
+    """Response headers with canonical capitalisation (``Content-Type``): servers may send
+    names in any case (uvicorn sends them lower-case)."""
+    return {"-".join(p.capitalize() for p in k.split("-")): v for k, v in message.items()}
