@@ -8,6 +8,8 @@ Commands::
     protomolt-jobs jobs list [--status S] [--workflow NAME] [--limit N]
     protomolt-jobs jobs get JOB_ID
     protomolt-jobs jobs watch [--interval S] [--count N]
+    protomolt-jobs workflow check FILE
+    protomolt-jobs workflow put NAME FILE
     protomolt-jobs demo [PATH] [--approve-all] [--data-dir DIR]
 
 ``serve`` reads the node configuration (``NodeConfig.load``: TOML plus ``PROTOMOLT_*``
@@ -16,7 +18,7 @@ variables). With the jobs role mounted and no ``jobs.dsn`` it starts an embedded
 off. Once both surfaces listen it prints ``actions route: http://HOST:PORT/protomolt/actions``
 and ``grpc: HOST:PORT`` (one line each), then serves until SIGTERM or SIGINT, and stops cleanly.
 
-The client commands talk HTTP to a running node (``--url``, default
+The client commands talk HTTP to a running node (``--url``, default ``$PROTOMOLT_URL`` or
 ``http://127.0.0.1:8081``; the token from ``--token`` or ``PROTOMOLT_API_TOKEN``). Exit codes:
 0 an answer (``ok: false`` answers included), 1 an action error or an unreachable node,
 2 a usage error (bad arguments, JSON that is not an object, an unknown verb).
@@ -33,6 +35,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -409,6 +412,66 @@ def _watch(args: argparse.Namespace, console: Any) -> int:
     return EXIT_OK
 
 
+def _workflow_file(path: str) -> dict[str, Any]:
+    """The workflow envelope in ``path`` (a JSON object; ``-`` reads stdin).
+
+    :raises UsageError: the file cannot be read, is not JSON, or is not an object.
+    """
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read workflow file {path}: {exc}") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{path} must hold a JSON object (the workflow envelope)")
+    return value
+
+
+def _print_findings(findings: list[Any]) -> None:
+    for finding in findings:
+        if not isinstance(finding, dict):
+            continue
+        step = finding.get("step") or "(workflow)"
+        print(f"  {step}: [{finding.get('kind', '?')}] {finding.get('error', '')}")
+
+
+def cmd_workflow(args: argparse.Namespace) -> int:
+    """``workflow check FILE`` (the node's check-workflow verb) and ``workflow put NAME FILE``
+    (PUT /protomolt/workflows/NAME, which checks first). Exit 0 when the workflow verifies
+    (and, for put, is stored); 1 with the findings on stdout when it does not."""
+    definition = _workflow_file(args.file)
+    token = _token(args)
+    if args.workflow_command == "check":
+        try:
+            answer = call_verb(args.url, "check-workflow", {"workflow": definition}, token)
+        except ActionFailed as failed:
+            print(str(failed), file=sys.stderr)
+            return EXIT_ACTION_ERROR
+        findings = answer.get("findings") or []
+        if answer.get("ok"):
+            print(f"{args.file}: ok (no findings)")
+            return EXIT_OK
+        print(f"{args.file}: {len(findings)} finding{'s' if len(findings) != 1 else ''}")
+        _print_findings(findings)
+        return EXIT_ACTION_ERROR
+    status, body = request_json(
+        "PUT",
+        f"{args.url.rstrip('/')}/protomolt/workflows/{urllib.parse.quote(args.name, safe='')}",
+        definition,
+        token=token,
+    )
+    if status == 200:
+        print(f"stored workflow '{args.name}'")
+        return EXIT_OK
+    failed = ActionFailed(status, body)
+    print(str(failed), file=sys.stderr)
+    _print_findings(failed.envelope.get("findings") or [])
+    return EXIT_USAGE if failed.code == "invalid-input" else EXIT_ACTION_ERROR
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from protomolt_jobs.host.demo import run_demo
 
@@ -429,7 +492,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _client_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--url", default=DEFAULT_URL, help=f"the node's actions route (default {DEFAULT_URL})"
+        "--url",
+        default=os.environ.get("PROTOMOLT_URL") or DEFAULT_URL,
+        help=f"the node's base URL (default: $PROTOMOLT_URL or {DEFAULT_URL})",
     )
     p.add_argument("--token", help="API token (default: $PROTOMOLT_API_TOKEN)")
 
@@ -474,6 +539,23 @@ def build_parser() -> argparse.ArgumentParser:
     get.add_argument("job_id")
     _client_options(get)
     jobs.set_defaults(func=cmd_jobs)
+
+    workflow = sub.add_parser("workflow", help="check or store a workflow file on a running node")
+    workflow_sub = workflow.add_subparsers(
+        dest="workflow_command", required=True, metavar="check|put"
+    )
+    check = workflow_sub.add_parser(
+        "check", help="verify a workflow file (check-workflow): findings, nothing stored"
+    )
+    check.add_argument("file", help="the workflow envelope, a JSON file ('-' reads stdin)")
+    _client_options(check)
+    put = workflow_sub.add_parser(
+        "put", help="store a workflow under NAME (refused with its findings if it does not verify)"
+    )
+    put.add_argument("name", help="the name to submit it by (lower case, digits, '.', '_', '-')")
+    put.add_argument("file", help="the workflow envelope, a JSON file ('-' reads stdin)")
+    _client_options(put)
+    workflow.set_defaults(func=cmd_workflow)
 
     demo = sub.add_parser("demo", help="run the demo: one job per .txt/.md file")
     demo.add_argument("path", nargs="?", help="a file or directory (default: the shipped samples)")
