@@ -38,6 +38,7 @@ SMOKE = {
     "workers": [2],
     "peers": [],
     "latency_n": 5,
+    "relay_jobs": 20,
     "scale_sizes": [1000],
     "scale_queued": 20,
     "scale_samples": 20,
@@ -81,6 +82,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="throughput jobs per run at most this times W (keeps W=1 runs of slow peers short)",
     )
     p.add_argument("--latency-n", type=int)
+    p.add_argument("--relay-jobs", type=int, help="relay: jobs of 5 events the relay drains")
+    p.add_argument("--relay-batch", type=int, help="relay: outbox rows per pass")
     p.add_argument("--scale-sizes", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--memory-n", type=int)
     p.add_argument("--json", help="also write the raw results to this file")
@@ -100,6 +103,8 @@ def options(args: argparse.Namespace) -> Options:
         "workers",
         "peers",
         "latency_n",
+        "relay_jobs",
+        "relay_batch",
         "scale_sizes",
         "memory_n",
     ):

@@ -36,6 +36,20 @@ def rows(results: dict) -> list[dict]:
                     "peers": {},
                 }
             )
+    rl = results.get("relay")
+    if rl and "events_per_s" in rl:
+        for key, label, better in (
+            ("events_per_s", "events/s", "higher"),
+            ("cpu_ms_per_event", "CPU ms/event", "lower"),
+        ):
+            out.append(
+                {
+                    "metric": f"relay alone (batch {rl['batch']}, {rl['events']} events): {label}",
+                    "better": better,
+                    "ours": rl[key],
+                    "peers": {},
+                }
+            )
     tp = results.get("throughput")
     if tp and "runs" not in tp:
         tp = None
@@ -118,7 +132,7 @@ def rows(results: dict) -> list[dict]:
                         "peers": {},
                     }
                 )
-    for name in ("ceiling", "throughput", "latency", "scale", "memory"):
+    for name in ("ceiling", "relay", "throughput", "latency", "scale", "memory"):
         if "error" in (results.get(name) or {}):
             out.append(
                 {

@@ -70,6 +70,9 @@ class Options:
     idle_window_s: float = 3.0
     #: Seconds from a child's ready to its idle window (late statistics, see bench.child).
     settle_s: float = 4.0
+    #: relay: jobs whose 5 events each the relay drains alone, and its batch size.
+    relay_jobs: int = 1000
+    relay_batch: int = 500
 
 
 def _guarded(label: str, fn, *args):
@@ -213,8 +216,25 @@ def memory(opts: Options) -> dict:
     return {"runs": out}
 
 
+def relay(opts: Options) -> dict:
+    """The relay alone: a pre-filled outbox drained to a Tansu broker (events/s, CPU/event)."""
+    from bench import kafka
+
+    with kafka.Broker() as broker, BenchDatabase("relay") as db:
+        r = kafka.relay_alone(
+            db.dsn, broker.bootstrap, jobs=opts.relay_jobs, batch=opts.relay_batch
+        )
+    print(
+        f"  relay      {r['events']} events  {r['events_per_s']} events/s  "
+        f"{r['cpu_ms_per_event']} ms CPU/event  ({r['passes']} passes, batch {r['batch']})",
+        flush=True,
+    )
+    return r
+
+
 SCENARIOS = {
     "ceiling": ceiling,
+    "relay": relay,
     "throughput": throughput,
     "latency": latency,
     "scale": scale,

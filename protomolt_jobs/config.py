@@ -67,7 +67,7 @@ class JobsConfig:
     #: Relay poll interval when the outbox is idle, milliseconds.
     relay_poll_interval_ms: int = 500
     #: Outbox rows the relay drains per pass.
-    relay_batch_size: int = 100
+    relay_batch_size: int = 500
     #: Partitions and replication of topics the role creates at start.
     topic_partitions: int = 4
     topic_replication: int = 1

@@ -9,8 +9,10 @@ Model (at least once; consumers dedupe on ``event_id``):
   is PUBLISHED or FAILED. The claim lease is longer than the longest pass
   (``message.timeout.ms`` plus the wait for delivery reports), so it cannot lapse under a
   relay that is still waiting for its acks.
-- **Check.** Each payload is decoded as a ``WorkflowRunEvent`` and checked against its CEL and
-  field rules (``contract.validate_event``), and its ``job_id`` must equal the row's key. A
+- **Check.** Each payload is decoded as a ``WorkflowRunEvent`` and checked against the
+  contract's rules in plain Python (``events.event_violations``; ``events.build_event``, the
+  only writer of payloads, already refuses to build a broken event, so no CEL is interpreted
+  here), and its ``job_id`` must equal the row's key. A
   row that fails is a recorded failure (``outbox_mark_failed(event_id, "<rule>: ...")``),
   never a crash; the row's later events in the batch are held back.
 - **Publish.** The raw protobuf bytes go to ``config.events_topic`` keyed by the job id, with
@@ -46,6 +48,7 @@ from google.protobuf.message import DecodeError
 from protomolt_jobs import crashpoints
 from protomolt_jobs.config import ConfigError, JobsConfig
 from protomolt_jobs.errors import StoreError
+from protomolt_jobs.events import WorkflowRunEvent, event_violations
 
 __all__ = [
     "Relay",
@@ -105,18 +108,24 @@ def is_lane_failure(err: KafkaError) -> bool:
 def check_payload(payload: bytes, kafka_key: str) -> str | None:
     """Decode and check one outbox payload before it is published.
 
+    ``events.build_event`` is the only writer of outbox payloads and refuses to build an event
+    that breaks the contract, so the relay does not run the contract's CEL rules again
+    (DESIGN.md section 17): it decodes the payload, runs the contract's rules in plain Python
+    (:func:`protomolt_jobs.events.event_violations`, microseconds; the same rule ids as
+    ``wire.validate_event``) and compares the job id with the row's key. A row that another
+    writer (a hand-written INSERT, a restored dump) made unpublishable is still caught and
+    dead-lettered.
+
     :param payload: the row's serialized ``WorkflowRunEvent``.
     :param kafka_key: the row's key (the job id string).
     :returns: None when publishable, else the failure text for ``last_error``, starting with
         the rule id (``"terminal-carries-error: ..."``), ``undecodable`` or ``key-mismatch``.
     """
-    from protomolt_jobs.wire import WorkflowRunEvent, validate_event
-
     try:
         event = WorkflowRunEvent.FromString(payload)
     except (DecodeError, ValueError, RuntimeError) as exc:
         return f"undecodable: the payload is not a WorkflowRunEvent: {exc or type(exc).__name__}"
-    violations = validate_event(event)
+    violations = event_violations(event)
     if violations:
         return "; ".join(f"{v.rule_id}: {v.path or '(message)'}: {v.message}" for v in violations)
     if event.job_id != kafka_key:
@@ -161,7 +170,7 @@ class Relay:
         self._settings: dict[str, Any] = {
             "bootstrap.servers": config.kafka_bootstrap,
             "client.id": f"protomolt-jobs-relay-{config.worker_id}",
-            "linger.ms": 5,
+            "linger.ms": 1,
             "message.timeout.ms": MESSAGE_TIMEOUT_MS,
             **overrides,
             "enable.idempotence": True,

@@ -19,7 +19,7 @@ import pytest
 
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.crashpoints import CRASH_EXIT_CODE
-from protomolt_jobs.events import build_event
+from protomolt_jobs.events import OutboxEvent, build_event
 from protomolt_jobs.relay import Relay
 from protomolt_jobs.store import JobStore
 from protomolt_jobs.wire import EventType, WorkflowRunEvent, validate_event
@@ -215,16 +215,23 @@ def test_event_breaking_its_rules_is_dead_lettered_after_10_attempts(fresh_dsn, 
     topic = unique_topic("ev")
     create_topic(broker.bootstrap, topic)
     bad_job = str(uuid.uuid4())
-    # A DEAD event without its error breaks terminal-carries-error; a later event of the same
-    # job waits behind it; other jobs' events are not held up.
-    bad = build_event(
-        job_id=bad_job,
-        workflow_name="wf",
-        type="DEAD",
-        attempt=1,
-        status_after="DEAD",
-        occurred_at=datetime.now(UTC),
+    # A DEAD event without its error breaks terminal-carries-error (build_event refuses to
+    # make one, so it is forged as another writer would); a later event of the same job waits
+    # behind it; other jobs' events are not held up.
+    with pytest.raises(ValueError, match="terminal-carries-error"):
+        build_event(
+            job_id=bad_job,
+            workflow_name="wf",
+            type="DEAD",
+            attempt=1,
+            status_after="DEAD",
+            occurred_at=datetime.now(UTC),
+        )
+    forged = WorkflowRunEvent(
+        event_id=str(uuid.uuid4()), job_id=bad_job, workflow_name="wf", type=EventType.TYPE_DEAD
     )
+    forged.occurred_at.FromDatetime(datetime.now(UTC))
+    bad = OutboxEvent(uuid.UUID(forged.event_id), "DEAD", forged.SerializeToString(), bad_job)
     later = build_event(
         job_id=bad_job,
         workflow_name="wf",
