@@ -117,7 +117,8 @@ class _FinalCheckpoint:
     written by ``job_complete`` in the completion's transaction (one commit fewer per job).
 
     :param n_done: checkpoints stored before this segment (the index of its first new step).
-    :param n_steps: steps of the workflow.
+    :param n_steps: entries a completed run holds (``CompiledWorkflow.checkpoints_to_complete``:
+        every step of a sequential workflow; every step but the compensations of a graph).
     """
 
     def __init__(self, n_done: int, n_steps: int) -> None:
@@ -247,7 +248,7 @@ class SegmentExecutor:
         except _Fail as fail:
             return self._settle_fail(guard, fail.step, fail.detail, ctx)
 
-        final = _FinalCheckpoint(len(prior), len(workflow.steps))
+        final = _FinalCheckpoint(len(prior), workflow.checkpoints_to_complete)
         try:
             with self._permits.held(target, cancelled=lambda: guard.lost):
                 if guard.lost:
@@ -258,6 +259,8 @@ class SegmentExecutor:
                     prior,
                     self._on_checkpoint(guard, ctx, final),
                     runtime=self._runtime,
+                    # graph runs: each call holds a permit for its own target
+                    call_permit=lambda t: self._permits.held(t, cancelled=lambda: guard.lost),
                 )
         except (PermitCancelled, _Abandon, LeaseLost):
             return self._abandoned(guard, ctx, "segment")
@@ -327,16 +330,24 @@ class SegmentExecutor:
     def _on_checkpoint(
         self, guard: LeaseGuard, ctx: dict[str, Any], final: _FinalCheckpoint
     ) -> Callable[[dict], None]:
+        lock = threading.Lock()  # a graph run's entries are written one at a time, in order
+
         def on_checkpoint(entry: dict) -> None:
-            if guard.lost:
-                raise LeaseLost(
-                    guard.lease.job_id, guard.lease.owner, guard.lease.attempt, "checkpoint"
-                )
-            if final.holds(entry):
-                # The last step's entry goes with job_complete (or is flushed before any
-                # other settlement): nothing after it can need it stored earlier.
-                return
-            self._checkpoint(guard, ctx, entry)
+            with lock:
+                if guard.lost:
+                    raise LeaseLost(
+                        guard.lease.job_id, guard.lease.owner, guard.lease.attempt, "checkpoint"
+                    )
+                held = final.take()
+                if held is not None:
+                    # Only a graph run gets here (a compensation after its last main step):
+                    # the held entry was not the last after all, and goes first.
+                    self._checkpoint(guard, ctx, held)
+                if final.holds(entry):
+                    # The last step's entry goes with job_complete (or is flushed before any
+                    # other settlement): nothing after it can need it stored earlier.
+                    return
+                self._checkpoint(guard, ctx, entry)
 
         return on_checkpoint
 

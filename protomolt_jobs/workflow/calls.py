@@ -121,8 +121,9 @@ def call_unary(channel: grpc.Channel, step: Step, request: Message, timeout_s: f
     :raises WorkflowExecutionError: GRPC with the status code for any non-OK status (a call that
         outlives ``timeout_s`` is ``DEADLINE_EXCEEDED``; a closed channel is ``UNAVAILABLE``).
     """
-    assert step.output_type is not None
-    response_cls = message_class(step.output_type)
+    assert step.method is not None
+    # The method's output, not the step's binding type (a fan-out binds its collect type).
+    response_cls = message_class(step.method.output_type)
     multicallable = channel.unary_unary(
         step.full_method,
         request_serializer=_serialize,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import hashlib
 import importlib
 import importlib.resources
@@ -55,10 +56,18 @@ from google.protobuf.message import DecodeError, Message
 from protomolt_jobs.workflow import mapping
 from protomolt_jobs.workflow.types import (
     DEFAULT_DEADLINE_MS,
+    DEFAULT_MAX_PARALLEL,
+    ON_DONE,
+    ON_FAILURE,
+    ON_SUCCESS,
     CompiledWorkflow,
+    Dependency,
+    EdgeSpec,
+    FanOutSpec,
     Output,
     Runtime,
     Step,
+    StructuredSpec,
     WorkflowParseError,
 )
 
@@ -494,6 +503,121 @@ def _resolve_method(
     return service.methods_by_name[method_name]
 
 
+#: Step keys that make a workflow a graph workflow (besides the workflow's own
+#: ``maxParallel`` and ``completion``).
+GRAPH_STEP_KEYS = ("after", "join", "compensate", "edge", "fanOut", "structured")
+_ON = (ON_SUCCESS, ON_FAILURE, ON_DONE)
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+def _int32(obj: Mapping[str, Any], key: str, step: str, message: str) -> int:
+    """An optional 32-bit integer read leniently as upstream (``"5"`` is 5); absent -> 0."""
+    value = obj.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value.strip())
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise WorkflowParseError(step, message)
+    if not _INT32[0] <= value <= _INT32[1]:
+        raise WorkflowParseError(step, message)
+    return value
+
+
+def _parse_after(value: Any, step: str) -> tuple[Dependency, ...]:
+    shape = '\'after\' must be an array of step names or {"step": name, "on": outcome} objects'
+    if not isinstance(value, list):
+        raise WorkflowParseError(step, shape)
+    out: list[Dependency] = []
+    for item in value:
+        if isinstance(item, str) and item.strip():
+            out.append(Dependency(item.strip()))
+        elif isinstance(item, dict) and _text(item, "step") is not None:
+            on = item.get("on", ON_SUCCESS)
+            if on not in _ON:
+                raise WorkflowParseError(
+                    step,
+                    f"'after' entry for '{item['step']}': 'on' must be 'success', 'failure' or "
+                    f"'done'; got {_brief(on)}",
+                )
+            out.append(Dependency(str(item["step"]).strip(), on))
+        else:
+            raise WorkflowParseError(step, f"{shape}; got {_brief(item)}")
+    return tuple(out)
+
+
+def _parse_structured(
+    obj: dict[str, Any], name: str, pool: descriptor_pool.DescriptorPool
+) -> StructuredSpec:
+    spec = obj["structured"]
+    if not isinstance(spec, dict):
+        raise WorkflowParseError(name, "'structured' must be an object")
+    if any(k in obj for k in ("target", "method", "tls")):
+        raise WorkflowParseError(name, "a structured step must not declare target, method, or tls")
+    target_type = _text(spec, "targetType")
+    model = _text(spec, "model")
+    if target_type is None or model is None:
+        raise WorkflowParseError(name, "a structured step needs 'targetType' and 'model'")
+    attempts = _int32(spec, "maxAttempts", name, "structured.maxAttempts must be a 32-bit integer")
+    return StructuredSpec(
+        target_type=_find_type(pool, target_type.strip(), name), model=model, max_attempts=attempts
+    )
+
+
+def _parse_edge(value: Any, name: str, pool: descriptor_pool.DescriptorPool) -> EdgeSpec:
+    if not isinstance(value, dict):
+        raise WorkflowParseError(name, "'edge' must be an object")
+    sources = value.get("sources")
+    produce = _text(value, "produceType")
+    if (
+        not isinstance(sources, list)
+        or not sources
+        or not all(isinstance(x, str) for x in sources)
+        or produce is None
+    ):
+        raise WorkflowParseError(name, "an edge needs 'sources' and 'produceType'")
+    project_to = _text(value, "projectTo")
+    return EdgeSpec(
+        sources=tuple(x.strip() for x in sources),
+        produce_type=_find_type(pool, produce.strip(), name),
+        rules=_parse_text_rules(value.get("rules")),
+        cel_rules=_parse_cel_rules(value.get("celRules"), name),
+        project_to=_find_type(pool, project_to.strip(), name) if project_to else None,
+        validate=_bool(value, "validate"),
+    )
+
+
+def _parse_fan_out(value: Any, name: str, pool: descriptor_pool.DescriptorPool) -> FanOutSpec:
+    if not isinstance(value, dict):
+        raise WorkflowParseError(name, "'fanOut' must be an object")
+    items = _text(value, "items")
+    collect_type = _text(value, "collectType")
+    collect_into = _text(value, "collectInto")
+    policy = _text(value, "failurePolicy")
+    if items is None or collect_type is None or collect_into is None or policy is None:
+        raise WorkflowParseError(
+            name, "a fanOut needs 'items', 'collectType', 'collectInto', and 'failurePolicy'"
+        )
+    if policy not in ("FAIL_FAST", "CONTINUE"):
+        raise WorkflowParseError(
+            name, f"fanOut.failurePolicy must be FAIL_FAST or CONTINUE; got '{policy}'"
+        )
+    max_items = _int32(value, "maxItems", name, "fanOut.maxItems must be a 32-bit integer")
+    max_conc = _int32(
+        value, "maxConcurrency", name, "fanOut.maxConcurrency must be a 32-bit integer"
+    )
+    return FanOutSpec(
+        items=items.strip(),
+        max_items=max_items,
+        max_concurrency=max_conc,
+        failure_policy=policy,
+        collect_type=_find_type(pool, collect_type.strip(), name),
+        collect_into=collect_into.strip(),
+    )
+
+
 def _parse_step(
     index: int, obj: Any, pool: descriptor_pool.DescriptorPool, files: tuple[str, ...]
 ) -> Step:
@@ -502,14 +626,43 @@ def _parse_step(
     name = _text(obj, "name")
     if name is None:
         raise WorkflowParseError("", "each step needs a 'name'")
-    unsupported = tuple(k for k in ("structured", "edge", "fanOut") if k in obj)
     target = _text(obj, "target") or ""
     method_text = _text(obj, "method") or ""
     method = None
-    if "structured" not in obj:
+    structured = None
+    if "structured" in obj:
+        structured = _parse_structured(obj, name, pool)
+        target = "structured-generation"
+    else:
         if not target or not method_text:
             raise WorkflowParseError(name, "a step needs 'target' and 'method'")
         method = _resolve_method(pool, files, method_text, name)
+    cel_rules = _parse_cel_rules(obj.get("celRules"), name)
+    edge = _parse_edge(obj["edge"], name, pool) if "edge" in obj else None
+    fan_out = None
+    if "fanOut" in obj:
+        if edge is None:
+            raise WorkflowParseError(
+                name,
+                "fan-out requires an edge; the items resolve against the edge's produced message",
+            )
+        fan_out = _parse_fan_out(obj["fanOut"], name, pool)
+    after = _parse_after(obj["after"], name) if "after" in obj else None
+    join = obj.get("join", "all")
+    if join not in ("all", "any"):
+        raise WorkflowParseError(name, f"'join' must be 'all' or 'any'; got {_brief(join)}")
+    compensate = ""
+    if "compensate" in obj:
+        text = _text(obj, "compensate")
+        if text is None:
+            raise WorkflowParseError(name, "'compensate' must name a step")
+        compensate = text.strip()
+    if fan_out is not None:
+        output_type = fan_out.collect_type
+    elif structured is not None:
+        output_type = structured.target_type
+    else:
+        output_type = method.output_type if method is not None else None
     return Step(
         index=index,
         name=name,
@@ -518,15 +671,69 @@ def _parse_step(
         method=method,
         method_name=method_text,
         input_type=method.input_type if method is not None else None,
-        output_type=method.output_type if method is not None else None,
+        output_type=output_type,
         when=_text(obj, "when") or "",
         rules=_parse_text_rules(obj.get("rules")),
-        cel_rules=_parse_cel_rules(obj.get("celRules"), name),
+        cel_rules=cel_rules,
         validate=_bool(obj, "validate"),
         deadline_ms=_deadline_ms(obj, name),
         completion=obj["completion"] if isinstance(obj.get("completion"), str) else "",
-        unsupported=unsupported,
+        after=after,
+        join=join,
+        compensate=compensate,
+        edge=edge,
+        fan_out=fan_out,
+        structured=structured,
     )
+
+
+def resolve_depends(steps: tuple[Step, ...]) -> tuple[Step, ...]:
+    """Fill ``Step.depends`` (graph workflows): ``after``, else the edge's sources other than
+    ``input``, else the step before it that is not a compensation step."""
+    compensations = {s.compensate for s in steps if s.compensate}
+    out: list[Step] = []
+    previous: str | None = None
+    for step in steps:
+        if step.name in compensations:
+            depends: tuple[Dependency, ...] = ()
+        elif step.after is not None:
+            depends = step.after
+        elif step.edge is not None:
+            depends = tuple(Dependency(x) for x in step.edge.sources if x != "input")
+        else:
+            depends = (Dependency(previous),) if previous is not None else ()
+        if step.name not in compensations:
+            previous = step.name
+        out.append(dataclasses.replace(step, depends=depends))
+    return tuple(out)
+
+
+def _max_parallel(obj: Mapping[str, Any]) -> int:
+    value = obj.get("maxParallel")
+    if value is None:
+        return DEFAULT_MAX_PARALLEL
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise WorkflowParseError(
+            "", f"'maxParallel' must be a whole number from 1 to 64; got {_brief(value)}"
+        )
+    return value  # the verifier reports a value outside 1..64
+
+
+def _require(obj: Mapping[str, Any]) -> tuple[str, ...] | None:
+    value = obj.get("completion")
+    if value is None:
+        return None
+    shape = "'completion' must be an object {\"require\": [step names]}"
+    if not isinstance(value, dict):
+        raise WorkflowParseError("", f"{shape}; got {_brief(value)}")
+    require = value.get("require")
+    if require is None:
+        return None
+    if not isinstance(require, list) or not all(isinstance(x, str) and x.strip() for x in require):
+        raise WorkflowParseError("", "'completion.require' must be an array of step names")
+    return tuple(x.strip() for x in require)
 
 
 def _parse_output(obj: Any, pool: descriptor_pool.DescriptorPool) -> Output | None:
@@ -586,15 +793,34 @@ def _parse(obj: Any, runtime: Runtime) -> CompiledWorkflow:
     steps = tuple(_parse_step(i, s, pool, files) for i, s in enumerate(raw_steps))
     output = _parse_output(obj.get("output"), pool) if "output" in obj else None
     deadline_ms = _deadline_ms(obj, "")
+    graph = (
+        "maxParallel" in obj
+        or "completion" in obj
+        or any(k in s for s in raw_steps if isinstance(s, dict) for k in GRAPH_STEP_KEYS)
+    )
+    if not graph:
+        return CompiledWorkflow(
+            name=_text(obj, "name") or "",
+            input_type=input_type,
+            steps=steps,
+            output=output,
+            deadline_ms=deadline_ms if deadline_ms > 0 else DEFAULT_DEADLINE_MS,
+            definition=obj,
+            pool=pool,
+            files=files,
+        )
     return CompiledWorkflow(
         name=_text(obj, "name") or "",
         input_type=input_type,
-        steps=steps,
+        steps=resolve_depends(steps),
         output=output,
         deadline_ms=deadline_ms if deadline_ms > 0 else DEFAULT_DEADLINE_MS,
         definition=obj,
         pool=pool,
         files=files,
+        graph=True,
+        max_parallel=_max_parallel(obj),
+        require=_require(obj),
     )
 
 

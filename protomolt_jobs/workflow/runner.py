@@ -236,14 +236,20 @@ def run_segment(
     on_checkpoint: Callable[[dict[str, Any]], None],
     *,
     runtime: Runtime,
+    call_permit: Callable[[str], Any] | None = None,
 ) -> Completed | Parked:
     """Replay ``prior`` and run the rest of ``workflow``.
+
+    A graph workflow (``workflow.graph``) runs on ``graph_run.run_graph``: ready steps in
+    parallel, checkpoints keyed by step name in completion order, ``call_permit`` held around
+    each call. A sequential workflow runs here, step after step, exactly as before graphs.
 
     :param workflow: a parsed (and verified) workflow.
     :param input: the input message, or its proto3 JSON.
     :param prior: stored checkpoint entries ``{"name", "skipped", "response"?}``, a prefix.
     :param on_checkpoint: called with each new entry as the step lands (ready to store).
     :param runtime: the host's runtime (channel factory for ``inprocess:`` targets).
+    :param call_permit: graph workflows: ``target -> context manager`` held around each call.
     :returns: :class:`Completed` or :class:`Parked` (at an external step).
     :raises WorkflowExecutionError: kind, step, message (and code for GRPC).
     """
@@ -260,6 +266,12 @@ def run_segment(
             FailureKind.WORKFLOW,
             "",
             f"stored checkpoints ({len(prior)}) outnumber the workflow's steps ({len(steps)})",
+        )
+    if workflow.graph:
+        from protomolt_jobs.workflow.graph_run import run_graph
+
+        return run_graph(
+            workflow, input, prior, on_checkpoint, runtime=runtime, call_permit=call_permit
         )
     deadline = time.monotonic() + workflow.deadline_ms / 1000.0
     scope = _Scope(input)
@@ -348,7 +360,10 @@ def run(
 
 def next_target(workflow: CompiledWorkflow, n_done: int) -> str | None:
     """The target the next segment calls first: step ``n_done``'s, or None when every step is
-    done or that step is external (it parks without a call)."""
+    done, that step is external (it parks without a call), or the workflow is a graph (its
+    calls take their permits one by one: ``run_segment(call_permit=...)``)."""
+    if workflow.graph:
+        return None  # a graph run takes a permit per call, for each call's own target
     if n_done < 0 or n_done >= len(workflow.steps):
         return None
     step = workflow.steps[n_done]

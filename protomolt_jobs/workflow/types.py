@@ -27,15 +27,20 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_DEADLINE_MS",
+    "DEFAULT_MAX_PARALLEL",
     "EXTERNAL",
     "CompiledWorkflow",
     "Completed",
+    "Dependency",
+    "EdgeSpec",
     "FailureKind",
+    "FanOutSpec",
     "Finding",
     "Output",
     "Parked",
     "Runtime",
     "Step",
+    "StructuredSpec",
     "WorkflowExecutionError",
     "WorkflowParseError",
 ]
@@ -44,6 +49,10 @@ __all__ = [
 DEFAULT_DEADLINE_MS = 30_000
 #: The one completion mode besides invoking: the step parks until ``complete-step``.
 EXTERNAL = "external"
+#: Ready steps a graph workflow runs at once when it does not say ``maxParallel``.
+DEFAULT_MAX_PARALLEL = 4
+#: Dependency edge kinds (``after: [{"step", "on"}]``): the upstream outcome that lets a step run.
+ON_SUCCESS, ON_FAILURE, ON_DONE = "success", "failure", "done"
 
 
 class FailureKind(str, enum.Enum):
@@ -56,6 +65,10 @@ class FailureKind(str, enum.Enum):
     DEADLINE = "DEADLINE"
     EXTERNAL = "EXTERNAL"
     WORKFLOW = "WORKFLOW"
+    #: a structured-generation step failed (no generator, or the generator failed).
+    STRUCTURED = "STRUCTURED"
+    #: an edge's source, items path, item cap, projection or collection failed.
+    EDGE = "EDGE"
 
     def __str__(self) -> str:
         return self.value
@@ -100,6 +113,8 @@ class WorkflowExecutionError(Exception):
         self.message = message
         self.code = code
         self.store_failure = store_failure
+        #: graph workflows: the final report of the failed run (see ``graph.report``).
+        self.report: dict[str, Any] | None = None
 
     @property
     def detail(self) -> str:
@@ -144,9 +159,61 @@ class Runtime:
     cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
+@dataclass(frozen=True)
+class Dependency:
+    """One dependency edge of a graph step: run after ``step`` ended with ``on`` (``success``,
+    ``failure`` or ``done``: any end, a skip included)."""
+
+    step: str
+    on: str = ON_SUCCESS
+
+
+@dataclass(frozen=True, eq=False)
+class EdgeSpec:
+    """Upstream's typed edge: a ``produce_type`` message built from the declared ``sources``
+    only (``rules``/``cel_rules``), optionally projected to ``project_to`` and validated."""
+
+    sources: tuple[str, ...]
+    produce_type: _descriptor.Descriptor
+    rules: tuple[TextRule, ...] = ()
+    cel_rules: tuple[CelRule, ...] = ()
+    project_to: _descriptor.Descriptor | None = None
+    validate: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class FanOutSpec:
+    """Upstream's bounded fan-out: one branch per element of the repeated message field at
+    ``items`` inside the edge's produced message; outputs collected in index order into the
+    repeated field ``collect_into`` of ``collect_type``."""
+
+    items: str
+    max_items: int
+    max_concurrency: int
+    failure_policy: str  # "FAIL_FAST" or "CONTINUE"
+    collect_type: _descriptor.Descriptor
+    collect_into: str
+
+
+@dataclass(frozen=True, eq=False)
+class StructuredSpec:
+    """A structured-generation step: the configured ``StructuredGenerator`` fills
+    ``target_type`` with ``model`` (``max_attempts`` 0 = the generator's default)."""
+
+    target_type: _descriptor.Descriptor
+    model: str
+    max_attempts: int = 0
+
+
 @dataclass(frozen=True, eq=False)
 class Step:
-    """One resolved step. ``method`` is None only for steps the verifier rejects as unsupported."""
+    """One resolved step. ``method`` is None for a structured step (and ``structured`` is set).
+
+    ``output_type`` is what the step binds in the scope: the method's output, a fan-out's
+    collect type, or a structured step's target type. ``depends`` is resolved at parse time:
+    ``after`` when given, else the edge's sources (``input`` aside), else the step before it
+    (compensation steps aside); a compensation step depends on nothing (it runs only to undo).
+    """
 
     index: int
     name: str
@@ -162,8 +229,19 @@ class Step:
     validate: bool
     deadline_ms: int
     completion: str
-    #: keys present that this engine does not run (``structured``, ``edge``, ``fanOut``).
+    #: keys present that this engine does not run (none since graph workflows landed).
     unsupported: tuple[str, ...] = ()
+    #: ``after`` as written (None when absent).
+    after: tuple[Dependency, ...] | None = None
+    #: the resolved dependencies (graph workflows).
+    depends: tuple[Dependency, ...] = ()
+    #: ``all`` (every dependency edge must match) or ``any`` (one must).
+    join: str = "all"
+    #: the step that undoes this one when the run fails after it succeeded ("" for none).
+    compensate: str = ""
+    edge: EdgeSpec | None = None
+    fan_out: FanOutSpec | None = None
+    structured: StructuredSpec | None = None
 
     @property
     def external(self) -> bool:
@@ -199,6 +277,28 @@ class CompiledWorkflow:
     pool: descriptor_pool.DescriptorPool
     #: the files the schema named (their transitive imports included), by file name.
     files: tuple[str, ...] = ()
+    #: True when the workflow uses a graph key (``after``, ``join``, ``compensate``, ``edge``,
+    #: ``fanOut``, ``structured``, ``maxParallel``, ``completion``): it runs on the graph
+    #: executor. False: the sequential runner, exactly as before graphs existed.
+    graph: bool = False
+    #: ready steps run at once (graph workflows).
+    max_parallel: int = DEFAULT_MAX_PARALLEL
+    #: ``completion.require`` as written, or None (the default criterion).
+    require: tuple[str, ...] | None = None
+
+    @property
+    def compensations(self) -> frozenset[str]:
+        """Names of the steps some step names in ``compensate`` (they run only to undo)."""
+        return frozenset(s.compensate for s in self.steps if s.compensate)
+
+    @property
+    def checkpoints_to_complete(self) -> int:
+        """How many checkpoint entries a completed run holds: every step for a sequential
+        workflow; every step but the compensation steps for a graph workflow."""
+        if not self.graph:
+            return len(self.steps)
+        comp = self.compensations
+        return sum(1 for s in self.steps if s.name not in comp)
 
     def step(self, name: str) -> Step | None:
         """The step called ``name``, or None."""
@@ -216,12 +316,15 @@ class Completed:
     :ivar output_json: its proto3 JSON (lowerCamelCase, fields without presence printed).
     :ivar output_type: its full type name.
     :ivar steps: ``[{"name", "skipped"}]`` for every replayed, executed and skipped step.
+    :ivar report: graph workflows only: ``{"steps": [{"name", "status", "reason"?}],
+        "criterion": str}`` (see ``graph.report``); None for a sequential run.
     """
 
     output: Message
     output_json: dict[str, Any]
     output_type: str
     steps: list[dict[str, Any]]
+    report: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

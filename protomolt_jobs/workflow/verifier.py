@@ -22,6 +22,7 @@ from celpy import celtypes
 from google.protobuf import descriptor as _d
 
 from protomolt_jobs.workflow import cel as _cel
+from protomolt_jobs.workflow import graph as _graph
 from protomolt_jobs.workflow import mapping
 from protomolt_jobs.workflow.envelope import message_class, parse_workflow
 from protomolt_jobs.workflow.types import (
@@ -147,6 +148,8 @@ def verify(workflow: CompiledWorkflow) -> list[Finding]:
 
 
 def _verify(workflow: CompiledWorkflow) -> list[Finding]:
+    if workflow.graph:
+        return _verify_graph(workflow)
     findings: list[Finding] = []
     scope: dict[str, _d.Descriptor] = {"input": workflow.input_type}
     for step in workflow.steps:
@@ -205,6 +208,259 @@ def _verify(workflow: CompiledWorkflow) -> list[Finding]:
             for f in _check_mapping("", "output", out.rules, out.cel_rules, scope, out.type)
         )
     return findings
+
+
+# -- graph workflows ---------------------------------------------------------------------------
+
+
+def _verify_graph(workflow: CompiledWorkflow) -> list[Finding]:
+    """Graph workflows: names, then the graph's structure (graph.structure_findings), reads of
+    non-ancestors, then each step's own checks against the scope of every step (types), and
+    the output mapping."""
+    findings: list[Finding] = []
+    scope: dict[str, _d.Descriptor] = {"input": workflow.input_type}
+    known: set[str] = set()
+    for step in workflow.steps:
+        name = step.name
+        if not mapping.identifier(name) or name in _RESERVED:
+            findings.append(
+                Finding(
+                    name, "workflow", "step name must be an identifier other than 'input'/'target'"
+                )
+            )
+            continue
+        if name in scope:
+            findings.append(Finding(name, "workflow", "duplicate step name"))
+            continue
+        known.add(name)
+        if step.output_type is not None:
+            scope[name] = step.output_type
+    findings.extend(_graph.structure_findings(workflow, known))
+    anc = _graph.ancestors(workflow)
+    findings.extend(_graph.read_findings(workflow, known, anc))
+    for step in workflow.steps:
+        if step.name in known:
+            findings.extend(_check_graph_step(workflow, step, scope, anc.get(step.name, ())))
+    if workflow.output is not None:
+        out = workflow.output
+        findings.extend(
+            Finding("", "output", f.error)
+            for f in _check_mapping("", "output", out.rules, out.cel_rules, scope, out.type)
+        )
+    return findings
+
+
+def _reachable(workflow: CompiledWorkflow, desc: _d.Descriptor) -> bool:
+    return not workflow.files or desc.file.name in workflow.files
+
+
+def _check_graph_step(
+    workflow: CompiledWorkflow,
+    step: Any,
+    scope: dict[str, _d.Descriptor],
+    ancestors: Any,
+) -> list[Finding]:
+    name = step.name
+    out: list[Finding] = []
+    if step.structured is not None:
+        out.extend(_check_structured(workflow, step))
+    else:
+        method = step.method
+        assert method is not None and step.input_type is not None
+        if method.client_streaming or method.server_streaming:
+            out.append(
+                Finding(
+                    name,
+                    "method",
+                    f"{method.full_name} is not unary; workflows call unary methods "
+                    "(streaming is a later phase)",
+                )
+            )
+        if step.completion not in ("", EXTERNAL):
+            out.append(
+                Finding(
+                    name,
+                    "completion",
+                    f"completion must be '' (invoke) or 'external'; got '{step.completion}'",
+                )
+            )
+        if step.edge is None:
+            out.extend(
+                _check_mapping(name, None, step.rules, step.cel_rules, scope, step.input_type)
+            )
+    if step.edge is not None:
+        out.extend(_check_edge(workflow, step, scope, ancestors))
+    if step.when.strip() and step.structured is None:
+        target = step.input_type
+        error = _check_cel(step.when, _trial_scope(scope, target), boolean=True)
+        if error:
+            out.append(Finding(name, "when", f"{error} ({step.when})"))
+    return out
+
+
+def _check_structured(workflow: CompiledWorkflow, step: Any) -> list[Finding]:
+    name, spec = step.name, step.structured
+    out: list[Finding] = []
+
+    def add(error: str) -> None:
+        out.append(Finding(name, "structured", error))
+
+    if not spec.model.strip():
+        add("structured step model must not be blank")
+    if not 0 <= spec.max_attempts <= 3:
+        add(f"structured step maxAttempts must be between 0 and 3; got {spec.max_attempts}")
+    if step.when.strip():
+        add("structured steps do not support when gates")
+    if step.rules or step.cel_rules:
+        add(
+            "structured steps declare no mapping rules; the coordinator fills the target type "
+            "directly"
+        )
+    if step.validate:
+        add(
+            "validate is meaningless on a structured step; the coordinator always validates its output"
+        )
+    if step.deadline_ms > 0:
+        add("structured steps do not support per-step deadlines")
+    if step.completion:
+        add("structured steps do not support completion modes")
+    if not _reachable(workflow, spec.target_type):
+        add(
+            f"target type {spec.target_type.full_name}'s file {spec.target_type.file.name} is not "
+            "reachable from the workflow's files; compile and replay fingerprint over the "
+            "workflow's file set"
+        )
+    return out
+
+
+def _items_type(produce: _d.Descriptor, path: str) -> tuple[_d.Descriptor | None, str]:
+    """The element type of the repeated message field at ``path`` in ``produce``, or the
+    problem (upstream's EdgeFlow.itemType texts)."""
+    current = produce
+    segments = path.split(".")
+    for i, seg in enumerate(segments):
+        fd = current.fields_by_name.get(seg)
+        if fd is None:
+            return (
+                None,
+                f"items path '{path}' does not resolve: {current.full_name} has no field '{seg}'",
+            )
+        last = i == len(segments) - 1
+        if not last:
+            if fd.is_repeated or fd.message_type is None:
+                return (
+                    None,
+                    f"items path '{path}' walks through '{seg}', which is not a singular message field",
+                )
+            current = fd.message_type
+            continue
+        if not fd.is_repeated:
+            return None, f"items path '{path}' ends at a non-repeated field"
+        if fd.message_type is None or fd.message_type.GetOptions().map_entry:
+            return (
+                None,
+                f"items path '{path}' ends at a non-message field; branches execute on messages",
+            )
+        return fd.message_type, ""
+    return None, f"items path '{path}' does not resolve"
+
+
+def _check_edge(
+    workflow: CompiledWorkflow, step: Any, scope: dict[str, _d.Descriptor], ancestors: Any
+) -> list[Finding]:
+    name, edge, fan = step.name, step.edge, step.fan_out
+    out: list[Finding] = []
+
+    def add(error: str, kind: str = "edge") -> None:
+        out.append(Finding(name, kind, error))
+
+    if step.external:
+        add("external-completion steps do not carry edges; the completion lane owns their request")
+    if step.rules or step.cel_rules:
+        add(
+            "top-level rules and celRules must be empty when an edge is set; the edge owns "
+            "request mapping"
+        )
+    restricted: dict[str, _d.Descriptor] = {}
+    for source in edge.sources:
+        if not mapping.identifier(source):
+            add(f"edge source '{source}' is not an identifier")
+        elif source == "input" or (source in scope and source in ancestors):
+            restricted[source] = scope[source]
+        else:
+            add(f"edge source '{source}' is not 'input' or a prior step")
+    for f in _check_mapping(name, None, edge.rules, edge.cel_rules, restricted, edge.produce_type):
+        out.append(Finding(name, "edge", f.error))
+    if not _reachable(workflow, edge.produce_type):
+        add(
+            f"produce type {edge.produce_type.full_name}'s file is not reachable from the workflow's files"
+        )
+    item_type: _d.Descriptor | None = None
+    if fan is not None:
+        item_type, problem = _items_type(edge.produce_type, fan.items)
+        if problem:
+            add(problem, "fanOut")
+        if not 1 <= fan.max_items <= 1024:
+            add(f"fan-out maxItems must be between 1 and 1024; got {fan.max_items}", "fanOut")
+        if not 1 <= fan.max_concurrency <= 64:
+            add(
+                f"fan-out maxConcurrency must be between 1 and 64; got {fan.max_concurrency}",
+                "fanOut",
+            )
+        collect = fan.collect_type
+        if not _reachable(workflow, collect):
+            add(
+                f"collect type {collect.full_name}'s file is not reachable from the workflow's files",
+                "fanOut",
+            )
+        cfd = collect.fields_by_name.get(fan.collect_into)
+        branch_out = (
+            step.structured.target_type if step.structured is not None else step.method.output_type
+        )
+        if cfd is None:
+            add(f"collect type {collect.full_name} has no field '{fan.collect_into}'", "fanOut")
+        elif (
+            not cfd.is_repeated
+            or cfd.message_type is None
+            or cfd.message_type.GetOptions().map_entry
+        ):
+            add(
+                f"collect field '{fan.collect_into}' of {collect.full_name} must be a repeated "
+                "message field",
+                "fanOut",
+            )
+        elif cfd.message_type.full_name != branch_out.full_name:
+            add(
+                f"collect field '{fan.collect_into}' takes {cfd.message_type.full_name} but the "
+                f"branch output type is {branch_out.full_name}",
+                "fanOut",
+            )
+    if edge.project_to is not None:
+        if step.structured is None and fan is None:
+            add(
+                "a gRPC step without fan-out takes no projection; the edge value must be the "
+                "method request"
+            )
+        else:
+            # This engine reads no projection annotations (the projection protos are not
+            # vendored), so no message declares projection sources here.
+            add(f"projection target {edge.project_to.full_name} declares no projection sources")
+        return out
+    if step.structured is None:
+        request = step.input_type
+        if fan is None:
+            if edge.produce_type.full_name != request.full_name:
+                add(
+                    f"a gRPC step's edge must produce the method's request type "
+                    f"{request.full_name}; got {edge.produce_type.full_name}"
+                )
+        elif item_type is not None and item_type.full_name != request.full_name:
+            add(
+                f"a fanned-out gRPC step's item type must be the method's request type "
+                f"{request.full_name}; got {item_type.full_name}",
+                "fanOut",
+            )
+    return out
 
 
 def check(obj: Any, runtime: Runtime) -> list[Finding]:

@@ -171,6 +171,11 @@ class CheckWorkflowAction:
         "properties": {
             "workflow": {"type": "object", "description": "the workflow envelope"},
             "workflowName": {"type": "string", "description": "a stored workflow's name"},
+            "simulate": {
+                "type": "boolean",
+                "description": "also say, for every step, what runs, what is skipped and how "
+                "the run ends if that step fails",
+            },
         },
         "additionalProperties": False,
     }
@@ -180,11 +185,16 @@ class CheckWorkflowAction:
         self.repository = repository
 
     def execute(self, input: dict[str, Any]) -> dict[str, Any]:
-        """Check the workflow.
+        """Check the workflow; with ``"simulate": true`` a workflow without findings also gets
+        ``"simulation": {"allSucceed": {...}, "ifFails": [{"step", "runs", "skipped",
+        "notRun", "compensates", "status", "criterion"}]}`` (see ``graph.simulate``).
 
         :raises InvalidInput: the input is not an object, or ``workflowName`` is not a string.
         """
         input = _require_object(input)
+        simulate = input.get("simulate", False)
+        if not isinstance(simulate, bool):
+            raise InvalidInput("'simulate' must be a boolean", {"field": "simulate"})
         if "workflow" not in input and "workflowName" in input:
             definition, answer = _resolve(input, self.repository)
             if answer is not None:
@@ -198,4 +208,9 @@ class CheckWorkflowAction:
             findings = [{"step": "", "kind": "workflow", "error": "'workflow' object is required"}]
         else:
             findings = [f.to_json() for f in check(definition, self.runtime)]
-        return {"ok": not findings, "findings": findings}
+        answer: dict[str, Any] = {"ok": not findings, "findings": findings}
+        if simulate and not findings:
+            from protomolt_jobs.workflow.graph import simulate as _simulate
+
+            answer["simulation"] = _simulate(parse_workflow(definition, self.runtime))
+        return answer

@@ -58,6 +58,7 @@ METHODS: dict[str, tuple[str, str, str]] = {
     "Tokenize": ("jobs.test.Tokenizer", "jobs.test.Text", "jobs.test.Tokens"),
     "Embed": ("jobs.test.Embedder", "jobs.test.Tokens", "jobs.test.Embedding"),
     "Review": ("jobs.test.ReviewDesk", "jobs.test.ReviewRequest", "jobs.test.Review"),
+    "Run": ("jobs.test.Steps", "jobs.test.StepRequest", "jobs.test.StepReply"),
 }
 STREAM_METHOD = ("jobs.test.Streamer", "Stream")
 
@@ -163,6 +164,7 @@ class TestServices:
         self._failures: dict[str, _Injected] = {}
         self._requests: dict[str, list[Any]] = {}
         self._handlers: dict[str, Callable[[Any, grpc.ServicerContext], Any]] = {}
+        self._spans: list[tuple[str, float, float]] = []
         self.reset()
 
     # -- schema forms -------------------------------------------------------------------------
@@ -248,6 +250,7 @@ class TestServices:
             self._failures = {}
             self._requests = {n: [] for n in names}
             self._handlers = {}
+            self._spans = []
 
     def calls(self, method: str) -> int:
         """How many calls ``method`` has received (failed and injected ones included)."""
@@ -258,6 +261,17 @@ class TestServices:
         """Copies of the requests ``method`` received, oldest first."""
         with self._lock:
             return list(self._requests[_canonical(method)])
+
+    def spans(self, step: str | None = None) -> list[tuple[str, float, float]]:
+        """``Steps/Run`` calls as ``(step, started, ended)`` (``time.monotonic()`` seconds on
+        the server, which shares the test's clock), in the order they ended; ``step`` filters."""
+        with self._lock:
+            return [s for s in self._spans if step is None or s[0] == step]
+
+    def step_calls(self, step: str) -> int:
+        """How many ``Steps/Run`` calls named ``step`` started (failed ones included)."""
+        with self._lock:
+            return sum(1 for r in self._requests["Run"] if r.step == step)
 
     def max_in_flight(self, method: str) -> int:
         """The most calls of ``method`` seen in flight at once."""
@@ -350,6 +364,24 @@ class TestServices:
         out.model = "test-embed-v1"
         if request.HasField("meta"):
             out.meta.CopyFrom(request.meta)
+        return out
+
+    def _do_run(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """``Steps/Run``: sleep ``sleep_ms`` (in slices, so a cancelled call frees its thread),
+        record the span, fail with ``fail`` (a status code name) when set, else answer."""
+        started = time.monotonic()
+        end = started + request.sleep_ms / 1000.0
+        while context.is_active() and time.monotonic() < end:
+            time.sleep(min(0.01, max(0.0, end - time.monotonic())))
+        with self._lock:
+            self._spans.append((request.step, started, time.monotonic()))
+        if request.fail:
+            context.abort(grpc.StatusCode[request.fail], f"step {request.step} asked to fail")
+        out = message_class("jobs.test.StepReply")()
+        out.step = request.step
+        out.index = request.index
+        out.seen.extend(request.seen)
+        out.seen.append(request.step)
         return out
 
     @staticmethod

@@ -100,6 +100,8 @@ class _Input:
 class _Workflow:
     input_type = _Input()
     steps = ("a", "b")
+    graph = False
+    checkpoints_to_complete = 2
 
 
 @pytest.fixture
@@ -127,7 +129,7 @@ def engine(monkeypatch):
         Engine.targets.append(n)
         return "t:1"
 
-    def run_segment(workflow, message, prior, on_checkpoint, *, runtime):
+    def run_segment(workflow, message, prior, on_checkpoint, *, runtime, call_permit=None):
         return Engine.segment(prior, on_checkpoint)
 
     for name, value in {

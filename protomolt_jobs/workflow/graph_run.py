@@ -1,0 +1,469 @@
+"""Running a graph workflow inside one segment (one claimed run): ready steps in parallel.
+
+:func:`run_graph` is what ``runner.run_segment`` calls for a workflow with ``graph`` set. The
+decisions (what may start, what is skipped and why, how the run ends) are ``graph``'s; this
+module executes them:
+
+1. **Replay** the stored checkpoints, keyed by step name (they are in completion order): a
+   succeeded entry binds its response (parsed strictly as the step's output type), a skipped
+   or failed one binds the output type's default. An entry naming no step of the workflow, or
+   a step twice, is drift (WORKFLOW). Replayed steps are never called again.
+2. **Schedule** on this (the calling) thread: start every ready step, up to ``maxParallel``
+   at once, on a thread pool; evaluate ``when`` here first (false: a skipped checkpoint with
+   ``condition false: <expr>``); record skips the decision table gives (``upstream <d>
+   failed``). Every checkpoint is handed to ``on_checkpoint`` from this thread, one at a time,
+   as its step completes, so the stored array is the completion order and the callback needs
+   no lock of its own.
+3. A step **failure** that some step depends on (``on: failure``/``done``) is handled: its
+   entry ``{"name", "skipped": false, "failed": {"kind", "code"?, "message"}}`` is checkpointed
+   and the graph goes on. An unhandled failure that a retry could fix (gRPC UNAVAILABLE,
+   DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, kind DEADLINE) is not checkpointed: the steps in
+   flight finish and are checkpointed, then the error leaves (the job retries and calls that
+   step again). Any other unhandled failure is checkpointed as failed; no new step starts;
+   the steps in flight finish and are checkpointed; the run **fails** naming it.
+4. **Settle** when nothing runs and nothing can start: an external step that is ready parks
+   the run (:class:`Parked`); else COMPLETED when the criterion holds; else, before the error
+   leaves, the **compensation** steps of every succeeded step that declared ``compensate``
+   run one by one in reverse completion order, each checkpointed.
+
+Steps call through the segment's channels (one per ``(target, tls)``, shared by the threads)
+and, when the worker passes ``call_permit``, each call holds the worker's per-target permit
+for its own target (a graph run takes no segment-wide permit).
+
+Upstream's ``edge`` steps build their request from the declared sources only; ``fanOut``
+steps run one branch per item (``maxConcurrency`` at once, FAIL_FAST or CONTINUE) and collect
+the outputs in index order; ``structured`` steps fail without a generator (none is configured
+in this engine yet), with upstream's text.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from protomolt_jobs.workflow import graph as g
+from protomolt_jobs.workflow import runner as _r
+from protomolt_jobs.workflow.calls import SegmentChannels, call_unary
+from protomolt_jobs.workflow.envelope import message_class
+from protomolt_jobs.workflow.types import (
+    CompiledWorkflow,
+    Completed,
+    FailureKind,
+    Parked,
+    Runtime,
+    Step,
+    WorkflowExecutionError,
+)
+
+__all__ = ["RETRYABLE_CODES", "run_graph"]
+
+log = logging.getLogger("protomolt_jobs.workflow")
+
+#: gRPC codes a job retries (the worker's rule, repeated here so the engine knows which
+#: failures must not be checkpointed as final).
+RETRYABLE_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
+_DRIFT = "the workflow definition changed under the job"
+
+
+def retryable(exc: WorkflowExecutionError) -> bool:
+    """True for a failure the job retries rather than judges."""
+    return (
+        exc.kind is FailureKind.DEADLINE
+        or (exc.kind is FailureKind.GRPC and exc.code in RETRYABLE_CODES)
+        or exc.store_failure
+    )
+
+
+def _fail(kind: FailureKind, step: str, message: str, **kw: Any) -> WorkflowExecutionError:
+    return WorkflowExecutionError(kind, step, message, **kw)
+
+
+class _Values:
+    """A read-only scope for one step: name -> message, and CEL values built on demand."""
+
+    def __init__(self, values: dict[str, Message]) -> None:
+        self.values = values
+        self._cel: dict[str, Any] | None = None
+
+    def cel(self) -> dict[str, Any]:
+        if self._cel is None:
+            from protomolt_jobs.workflow import cel as _cel
+
+            self._cel = {k: _cel.message_to_cel(v) for k, v in self.values.items()}
+        return self._cel
+
+
+def failed_entry(step: str, exc: WorkflowExecutionError) -> dict[str, Any]:
+    """The checkpoint of a failed step: ``{"name", "skipped": false, "failed": {"kind",
+    "code"?, "message"}}``."""
+    failed: dict[str, Any] = {"kind": exc.kind.value, "message": exc.message}
+    if exc.code is not None:
+        failed["code"] = exc.code.name
+    return {"name": step, "skipped": False, "failed": failed}
+
+
+def _error_from_entry(step: str, failed: Any) -> WorkflowExecutionError:
+    """Rebuild a stored failure (replay of a run that had already failed)."""
+    if not isinstance(failed, dict):
+        failed = {}
+    try:
+        kind = FailureKind(failed.get("kind", "WORKFLOW"))
+    except ValueError:
+        kind = FailureKind.WORKFLOW
+    code = None
+    if isinstance(failed.get("code"), str):
+        code = getattr(grpc.StatusCode, failed["code"], None)
+    return WorkflowExecutionError(kind, step, str(failed.get("message", "")), code=code)
+
+
+class _Run:
+    """The state of one graph segment (used from the scheduling thread only, except the
+    channel map, which has its own lock)."""
+
+    def __init__(
+        self,
+        workflow: CompiledWorkflow,
+        input_msg: Message,
+        on_checkpoint: Callable[[dict[str, Any]], None],
+        runtime: Runtime,
+        channels: SegmentChannels,
+        call_permit: Callable[[str], Any] | None,
+    ) -> None:
+        self.workflow = workflow
+        self.values: dict[str, Message] = {"input": input_msg}
+        self.state = g.GraphState(workflow)
+        self.errors: dict[str, WorkflowExecutionError] = {}
+        self.on_checkpoint = on_checkpoint
+        self.runtime = runtime
+        self.channels = channels
+        self._channel_lock = threading.Lock()
+        self.call_permit = call_permit
+        self.deadline = time.monotonic() + workflow.deadline_ms / 1000.0
+
+    # -- replay ------------------------------------------------------------------------------
+
+    def replay(self, prior: list[Any]) -> None:
+        seen: set[str] = set()
+        for i, entry in enumerate(prior):
+            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                raise _fail(
+                    FailureKind.WORKFLOW,
+                    "",
+                    f"checkpoint {i} is not a {{name, skipped, response}} object; {_DRIFT}",
+                )
+            name = entry["name"]
+            step = self.workflow.step(name)
+            if step is None or step.output_type is None:
+                raise _fail(
+                    FailureKind.WORKFLOW,
+                    name,
+                    f"checkpoint {i} names step '{name}', which the workflow does not have; "
+                    f"{_DRIFT}",
+                )
+            if name in seen:
+                raise _fail(
+                    FailureKind.WORKFLOW, name, f"checkpoint {i} repeats step '{name}'; {_DRIFT}"
+                )
+            seen.add(name)
+            if "failed" in entry:
+                self.values[name] = message_class(step.output_type)()
+                exc = _error_from_entry(name, entry["failed"])
+                self.errors[name] = exc
+                self.state.ended(name, g.FAILED, exc.message)
+                continue
+            replayed = _r._replay(self.workflow, i, step, entry)
+            if replayed is None:
+                self.values[name] = message_class(step.output_type)()
+                self.state.ended(name, g.SKIPPED, str(entry.get("reason", "")))
+            else:
+                self.values[name] = replayed
+                self.state.ended(name, g.SUCCEEDED)
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def record(self, step: Step, entry: dict[str, Any]) -> None:
+        """Hand one entry to ``on_checkpoint``; a failure there is the run's (store) failure."""
+        try:
+            self.on_checkpoint(entry)
+        except Exception as exc:
+            raise _fail(
+                FailureKind.WORKFLOW,
+                step.name,
+                f"checkpoint observer failed; the step's response may not have persisted: {exc}",
+                store_failure=True,
+            ) from exc
+
+    def succeeded(self, step: Step, response: Message) -> None:
+        try:
+            entry = _r.checkpoint_entry(step.name, response, self.workflow.pool)
+        except Exception as exc:
+            raise _fail(
+                FailureKind.WORKFLOW,
+                step.name,
+                f"could not render the checkpoint for '{step.name}' as JSON: {exc}",
+            ) from exc
+        self.values[step.name] = response
+        self.record(step, entry)
+        self.state.ended(step.name, g.SUCCEEDED)
+
+    def skipped(self, step: Step, reason: str) -> None:
+        assert step.output_type is not None
+        self.values[step.name] = message_class(step.output_type)()
+        self.record(step, {"name": step.name, "skipped": True, "reason": reason})
+        self.state.ended(step.name, g.SKIPPED, reason)
+
+    def failed(self, step: Step, exc: WorkflowExecutionError) -> None:
+        assert step.output_type is not None
+        self.values[step.name] = message_class(step.output_type)()
+        self.errors[step.name] = exc
+        self.record(step, failed_entry(step.name, exc))
+        self.state.ended(step.name, g.FAILED, exc.message)
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def channel(self, step: Step) -> grpc.Channel:
+        with self._channel_lock:
+            return self.channels.channel(step)
+
+    def call_ms(self, step: Step) -> int:
+        remaining_ms = math.floor((self.deadline - time.monotonic()) * 1000)
+        if remaining_ms <= 0:
+            raise _fail(
+                FailureKind.DEADLINE, step.name, "workflow deadline exhausted before the step ran"
+            )
+        return min(step.deadline_ms, remaining_ms) if step.deadline_ms > 0 else remaining_ms
+
+    def call(self, step: Step, request: Message, call_ms: int, channel: grpc.Channel) -> Message:
+        permit = self.call_permit(step.target) if self.call_permit else contextlib.nullcontext()
+        with permit:
+            return call_unary(channel, step, request, call_ms / 1000.0)
+
+    def execute(self, step: Step, scope: dict[str, Message]) -> Message:
+        """Run one step (on a pool thread): its result, or a WorkflowExecutionError."""
+        if step.structured is not None:
+            raise _fail(
+                FailureKind.STRUCTURED,
+                step.name,
+                f"structured step '{step.name}' needs a StructuredGenerator; this runner was "
+                "built without one",
+            )
+        if step.edge is not None:
+            from protomolt_jobs.workflow import edges
+
+            return edges.execute_edge(self, step, scope)
+        request = _r._build(step.input_type, step.rules, step.cel_rules, _Values(scope), step.name)
+        call_ms = self.call_ms(step)
+        response = self.call(step, request, call_ms, self.channel(step))
+        if step.validate:
+            _r._validate(step, response)
+        return response
+
+    def gate(self, step: Step) -> bool:
+        """``when`` of a step about to start (on the scheduling thread)."""
+        return _r._gate(step, _Values(dict(self.values)))  # type: ignore[arg-type]
+
+
+def run_graph(
+    workflow: CompiledWorkflow,
+    input_msg: Message,
+    prior: list[Any],
+    on_checkpoint: Callable[[dict[str, Any]], None],
+    *,
+    runtime: Runtime,
+    call_permit: Callable[[str], Any] | None = None,
+) -> Completed | Parked:
+    """Replay ``prior`` and run the rest of a graph workflow (see the module docstring).
+
+    :param prior: stored checkpoint entries in completion order, keyed by ``name``.
+    :param on_checkpoint: called from this thread with each new entry as its step ends.
+    :param call_permit: ``target -> context manager`` held around every call (the worker's
+        per-target permits), or None.
+    :returns: :class:`Completed` (with ``report``) or :class:`Parked`.
+    :raises WorkflowExecutionError: the failure that decided the run (with ``report`` set when
+        the run failed for good); a store failure in ``on_checkpoint`` (``store_failure``).
+    :raises Exception: whatever ``call_permit`` or ``on_checkpoint`` raised that is not an
+        ``Exception`` the engine classifies (a lost lease, a cancelled permit wait) leaves
+        as is, after the steps in flight end.
+    """
+    with SegmentChannels(runtime) as channels:
+        run = _Run(workflow, input_msg, on_checkpoint, runtime, channels, call_permit)
+        run.replay(prior)
+        outcome = _schedule(run)
+        if outcome is not None:
+            return outcome
+        return _settle(run)
+
+
+def _schedule(run: _Run) -> Parked | None:
+    """Start, wait, record, until nothing runs and nothing can start. Parked, or None."""
+    state = run.state
+    limit = max(1, min(run.workflow.max_parallel, g.MAX_PARALLEL))
+    external: list[Step] = []
+    fatal: BaseException | None = None
+    futures: dict[cf.Future[Message], Step] = {}
+    with cf.ThreadPoolExecutor(max_workers=limit, thread_name_prefix="graph-step") as pool:
+        try:
+            while True:
+                if fatal is None:
+                    try:
+                        _start_ready(run, pool, futures, external, limit)
+                    except BaseException as exc:  # noqa: BLE001 - raised once in flight ends
+                        fatal = exc
+                if not futures:
+                    break
+                done, _ = cf.wait(list(futures), return_when=cf.FIRST_COMPLETED)
+                for fut in sorted(done, key=lambda f: futures[f].index):
+                    step = futures.pop(fut)
+                    try:
+                        _finish(run, step, fut)
+                    except BaseException as exc:  # noqa: BLE001 - kept, raised after draining
+                        if fatal is None:
+                            fatal = exc
+                        state.running.discard(step.name)
+        except BaseException as exc:  # noqa: BLE001 - an interrupt: drain, then raise it
+            fatal = fatal or exc
+            # Let the calls in flight end (their threads cannot be stopped), unrecorded.
+            cf.wait(list(futures))
+        if fatal is not None:
+            raise fatal
+    if external and state.unhandled is None:
+        pending = {s.name for s in state.pending()}
+        for step in external:
+            if step.name in pending:
+                return Parked(step.name)
+    return None
+
+
+def _start_ready(
+    run: _Run,
+    pool: cf.ThreadPoolExecutor,
+    futures: dict[cf.Future[Message], Step],
+    external: list[Step],
+    limit: int,
+) -> None:
+    state = run.state
+    while True:
+        start, skip = state.next()
+        progressed = False
+        for step, reason in skip:
+            run.skipped(step, reason)
+            progressed = True
+        for step in start:
+            if len(futures) >= limit or state.unhandled is not None:
+                break
+            if step.external:
+                if step not in external:
+                    external.append(step)
+                continue
+            if step.when.strip() and step.structured is None:
+                try:
+                    go = run.gate(step)
+                except WorkflowExecutionError as exc:
+                    _failure(run, step, exc)
+                    progressed = True
+                    continue
+                if not go:
+                    run.skipped(step, f"{g.CONDITION_FALSE}{step.when}")
+                    progressed = True
+                    continue
+            state.running.add(step.name)
+            futures[pool.submit(run.execute, step, dict(run.values))] = step
+        if not progressed:
+            return
+
+
+def _failure(run: _Run, step: Step, exc: WorkflowExecutionError) -> None:
+    """A step failed: checkpoint it unless a retry should call it again (then raise)."""
+    handled = step.name in g.handled_failures(run.workflow)
+    if retryable(exc) and not handled:
+        raise exc
+    run.failed(step, exc)
+
+
+def _finish(run: _Run, step: Step, fut: cf.Future[Message]) -> None:
+    try:
+        response = fut.result()
+    except WorkflowExecutionError as exc:
+        _failure(run, step, exc)
+        return
+    run.succeeded(step, response)
+
+
+def _settle(run: _Run) -> Completed:
+    state = run.state
+    completed, sentence = state.verdict()
+    if completed:
+        wf = run.workflow
+        if wf.output is not None:
+            out = wf.output
+            output = _r._build(out.type, out.rules, out.cel_rules, _Values(run.values), "output")
+        else:
+            last = [n for n in state.order if state.outcomes.get(n) == g.SUCCEEDED]
+            output = run.values[last[-1]] if last else run.values["input"]
+        try:
+            output_json = json_format.MessageToDict(
+                output, always_print_fields_with_no_presence=True, descriptor_pool=wf.pool
+            )
+        except Exception as exc:
+            raise _fail(
+                FailureKind.WORKFLOW, "output", f"failed to render the workflow output: {exc}"
+            ) from exc
+        return Completed(
+            output=output,
+            output_json=output_json,
+            output_type=output.DESCRIPTOR.full_name,
+            steps=[
+                {"name": n, "skipped": state.outcomes[n] == g.SKIPPED, "status": state.outcomes[n]}
+                for n in state.order
+            ],
+            report=g.report(state, True, sentence),
+        )
+    _compensate(run)
+    if state.unhandled is not None:
+        exc = run.errors[state.unhandled]
+        error = WorkflowExecutionError(exc.kind, exc.step, exc.message, code=exc.code)
+    else:
+        req = next(
+            (n for n in g.required(run.workflow) if state.outcomes.get(n) != g.SUCCEEDED), ""
+        )
+        error = _fail(FailureKind.WORKFLOW, req, f"completion criterion not met: {sentence}")
+    error.report = g.report(state, False, sentence)
+    raise error
+
+
+def _compensate(run: _Run) -> None:
+    """Run the compensation steps (reverse completion order), each checkpointed; a failing
+    compensation is checkpointed as failed and the others still run."""
+    for comp in run.state.to_compensate():
+        if comp.when.strip():
+            try:
+                if not run.gate(comp):
+                    run.skipped(comp, f"{g.CONDITION_FALSE}{comp.when}")
+                    continue
+            except WorkflowExecutionError as exc:
+                run.failed(comp, exc)
+                continue
+        try:
+            response = run.execute(comp, dict(run.values))
+        except WorkflowExecutionError as exc:
+            if retryable(exc):
+                raise  # the job retries; the compensation runs on the next attempt
+            run.failed(comp, exc)
+            continue
+        run.succeeded(comp, response)

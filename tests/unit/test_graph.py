@@ -1,0 +1,336 @@
+"""Graph workflows without services: the decision table, the verifier's graph findings,
+``simulate`` and the envelope's new keys. Nothing here calls a step."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from protomolt_jobs.workflow import Runtime, WorkflowParseError, check, parse_workflow
+from protomolt_jobs.workflow import graph as g
+from protomolt_jobs.workflow.types import Dependency
+from protomolt_jobs.workflow.workflow_verbs import CheckWorkflowAction
+from tests.support.graphs import diamond, graph, step
+from tests.support.grpc_servers import seed_workflow
+
+T = "127.0.0.1:9"  # never called
+
+
+@pytest.fixture(scope="module")
+def runtime() -> Runtime:
+    return Runtime()
+
+
+def _findings(wf, runtime):
+    return [(f.step, f.kind, f.error) for f in check(wf, runtime)]
+
+
+# -- the decision table, exhaustively -------------------------------------------------------------
+
+
+class _S:
+    """A stand-in step for :func:`graph.decide` (it reads ``depends`` and ``join`` only)."""
+
+    def __init__(self, deps, join="all"):
+        self.depends = tuple(Dependency(n, on) for n, on in deps)
+        self.join = join
+
+
+OUTCOMES = (None, g.SUCCEEDED, g.FAILED, g.SKIPPED)
+ONS = ("success", "failure", "done")
+
+
+def _expected(deps, outcomes, join):
+    """The table of graph.py's docstring, written out independently."""
+
+    def match(on, o):
+        return {"success": o == g.SUCCEEDED, "failure": o == g.FAILED, "done": True}[on]
+
+    if join == "all":
+        for (name, on), o in zip(deps, outcomes, strict=True):
+            if o is not None and not match(on, o):
+                return ("skip", f"upstream {name} {o}")
+        return ("run", "") if all(o is not None for o in outcomes) else None
+    if any(o is None for o in outcomes):
+        return None
+    if any(match(on, o) for (_, on), o in zip(deps, outcomes, strict=True)):
+        return ("run", "")
+    return "skip-any"
+
+
+@pytest.mark.parametrize("join", ["all", "any"])
+def test_decision_table_for_every_combination_of_two_edges(join):
+    n = 0
+    for on1, on2 in itertools.product(ONS, repeat=2):
+        deps = [("x", on1), ("y", on2)]
+        for o1, o2 in itertools.product(OUTCOMES, repeat=2):
+            outcomes = {k: v for k, v in (("x", o1), ("y", o2)) if v is not None}
+            got = g.decide(_S(deps, join), outcomes)
+            want = _expected(deps, (o1, o2), join)
+            if want == "skip-any":
+                assert got is not None and got[0] == "skip"
+                assert got[1].startswith("no upstream edge matched (x ")
+            else:
+                assert got == want, (deps, outcomes, join)
+            n += 1
+    assert n == 9 * 16
+
+
+def test_a_step_without_dependencies_runs_at_once():
+    assert g.decide(_S([]), {}) == ("run", "")
+
+
+def test_a_skip_propagates_only_through_edges_that_do_not_match_it():
+    assert g.decide(_S([("a", "success")]), {"a": g.SKIPPED}) == ("skip", "upstream a skipped")
+    assert g.decide(_S([("a", "done")]), {"a": g.SKIPPED}) == ("run", "")
+    assert g.decide(_S([("a", "failure")]), {"a": g.SUCCEEDED}) == (
+        "skip",
+        "upstream a succeeded",
+    )
+
+
+# -- the envelope -------------------------------------------------------------------------------
+
+
+def test_a_workflow_without_graph_keys_stays_sequential(runtime):
+    wf = parse_workflow(seed_workflow(T, review="invoke"), runtime)
+    assert wf.graph is False
+    assert all(s.depends == () for s in wf.steps)
+    assert wf.checkpoints_to_complete == 3
+
+
+def test_dependencies_come_from_after_then_edge_sources_then_the_previous_step(runtime):
+    wf = parse_workflow(
+        graph(
+            [
+                step("a", T),
+                step("b", T),  # the step before it
+                step("c", T, after=["a", {"step": "b", "on": "failure"}]),
+                step("undo", T),
+                step("e", T),  # the step before it that is not a compensation: c
+            ],
+            maxParallel=2,
+            completion={"require": ["e"]},
+        ),
+        runtime,
+    )
+    by = {s.name: s for s in wf.steps}
+    assert by["a"].depends == ()
+    assert by["b"].depends == (Dependency("a"),)
+    assert by["c"].depends == (Dependency("a"), Dependency("b", "failure"))
+    assert by["e"].depends == (Dependency("undo"),)
+    assert wf.max_parallel == 2
+    assert wf.require == ("e",)
+
+
+def test_compensation_steps_depend_on_nothing_and_are_skipped_as_previous(runtime):
+    wf = parse_workflow(
+        graph([step("a", T, compensate="undo"), step("undo", T), step("b", T)]), runtime
+    )
+    by = {s.name: s for s in wf.steps}
+    assert by["undo"].depends == ()
+    assert by["b"].depends == (Dependency("a"),)
+    assert wf.checkpoints_to_complete == 2
+
+
+@pytest.mark.parametrize(
+    ("mutate", "step_name", "text"),
+    [
+        (lambda s: s.update(after="a"), "b", "'after' must be an array"),
+        (lambda s: s.update(after=[{"step": "a", "on": "sometimes"}]), "b", "'on' must be"),
+        (lambda s: s.update(after=[3]), "b", "'after' must be an array"),
+        (lambda s: s.update(join="most"), "b", "'join' must be 'all' or 'any'"),
+        (lambda s: s.update(compensate=""), "b", "'compensate' must name a step"),
+    ],
+)
+def test_malformed_graph_keys_are_parse_errors_naming_the_step(runtime, mutate, step_name, text):
+    b = step("b", T)
+    mutate(b)
+    with pytest.raises(WorkflowParseError) as info:
+        parse_workflow(graph([step("a", T), b]), runtime)
+    assert info.value.step == step_name
+    assert text in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("keys", "text"),
+    [
+        ({"maxParallel": "four"}, "'maxParallel' must be a whole number"),
+        ({"completion": "all"}, "'completion' must be an object"),
+        ({"completion": {"require": "a"}}, "'completion.require' must be an array"),
+    ],
+)
+def test_malformed_workflow_graph_keys_are_parse_errors(runtime, keys, text):
+    with pytest.raises(WorkflowParseError) as info:
+        parse_workflow(graph([step("a", T)], **keys), runtime)
+    assert text in info.value.message
+
+
+# -- verification ---------------------------------------------------------------------------------
+
+
+def test_the_diamond_verifies(runtime):
+    assert check(diamond(T), runtime) == []
+
+
+def test_a_cycle_is_refused_with_its_path(runtime):
+    wf = graph([step("a", T, after=["c"]), step("b", T, after=["a"]), step("c", T, after=["b"])])
+    assert _findings(wf, runtime) == [("a", "graph", "cycle: a -> b -> c -> a")]
+
+
+def test_a_step_after_itself_is_a_cycle(runtime):
+    assert _findings(graph([step("a", T, after=["a"])]), runtime) == [
+        ("a", "graph", "cycle: a -> a")
+    ]
+
+
+def test_an_unknown_dependency_is_refused_naming_the_step(runtime):
+    wf = graph([step("a", T), step("b", T, after=["a", "nope"])])
+    assert _findings(wf, runtime) == [("b", "graph", "unknown dependency 'nope'")]
+
+
+def test_an_unreachable_step_is_refused_naming_it(runtime):
+    wf = graph(
+        [
+            step("a", T, compensate="undo"),
+            step("undo", T),
+            step("x", T, after=["undo"]),
+            step("y", T, after=["x"]),
+        ]
+    )
+    found = _findings(wf, runtime)
+    assert (
+        "x",
+        "graph",
+        "unreachable: it depends on 'undo', a compensation step that runs only to undo 'a'",
+    ) in found
+    assert ("y", "graph", "unreachable: it waits on 'x', which can never run") in found
+
+
+def test_steps_after_a_cycle_are_unreachable(runtime):
+    wf = graph([step("a", T, after=["b"]), step("b", T, after=["a"]), step("c", T, after=["b"])])
+    assert _findings(wf, runtime) == [
+        ("a", "graph", "cycle: a -> b -> a"),
+        ("c", "graph", "unreachable: it waits on 'b', which can never run"),
+    ]
+
+
+def test_reading_a_sibling_is_refused_as_a_race(runtime):
+    wf = graph(
+        [
+            step("a", T),
+            step("b", T, after=["a"], reads=["a"]),
+            step("c", T, after=["a"], reads=["b"]),
+        ]
+    )
+    assert _findings(wf, runtime) == [
+        (
+            "c",
+            "graph",
+            (
+                "reads 'b', which is not an ancestor of 'c' (a sibling's output is a race); "
+                "add it to 'after'"
+            ),
+        )
+    ]
+
+
+def test_a_gate_reading_a_sibling_is_refused_too(runtime):
+    wf = graph(
+        [step("a", T), step("b", T, after=["a"]), step("c", T, after=["a"], when="b.step == 'b'")]
+    )
+    assert [f[0] for f in _findings(wf, runtime)] == ["c"]
+
+
+def test_reading_an_ancestor_through_a_chain_is_fine(runtime):
+    wf = graph([step("a", T), step("b", T), step("c", T, reads=["a"])])
+    assert check(wf, runtime) == []
+
+
+@pytest.mark.parametrize(
+    ("keys", "finding"),
+    [
+        ({"maxParallel": 0}, ("", "graph", "maxParallel must be between 1 and 64; got 0")),
+        ({"maxParallel": 65}, ("", "graph", "maxParallel must be between 1 and 64; got 65")),
+        (
+            {"completion": {"require": ["a", "zz"]}},
+            ("", "completion", "completion.require names no step 'zz'"),
+        ),
+    ],
+)
+def test_workflow_bounds_and_require(runtime, keys, finding):
+    assert _findings(graph([step("a", T)], **keys), runtime) == [finding]
+
+
+def test_a_compensation_naming_no_step_is_refused(runtime):
+    wf = graph([step("a", T, compensate="undo_a")])
+    assert _findings(wf, runtime) == [("a", "graph", "compensate names no step 'undo_a'")]
+
+
+def test_a_compensation_step_reads_the_step_it_undoes(runtime):
+    wf = graph([step("a", T, compensate="undo"), step("b", T), step("undo", T, reads=["a"])])
+    assert check(wf, runtime) == []
+    wf = graph([step("a", T, compensate="undo"), step("b", T), step("undo", T, reads=["b"])])
+    assert [f[0] for f in _findings(wf, runtime)] == ["undo"]
+
+
+# -- simulate -----------------------------------------------------------------------------------
+
+
+def test_simulate_on_the_diamond_says_what_each_failure_does(runtime):
+    answer = CheckWorkflowAction(runtime).execute({"workflow": diamond(T), "simulate": True})
+    assert answer["ok"] is True
+    sim = answer["simulation"]
+    assert sim["allSucceed"]["status"] == "COMPLETED"
+    assert sim["allSucceed"]["runs"] == ["a", "b", "c", "d"]
+    by = {s["step"]: s for s in sim["ifFails"]}
+    assert list(by) == ["a", "b", "c", "d"]
+    assert by["a"]["runs"] == ["a"]
+    assert by["a"]["notRun"] == ["b", "c", "d"]
+    assert by["a"]["status"] == "FAILED"
+    # b fails: c was started beside it and finishes; d never starts
+    assert by["b"]["runs"] == ["a", "b", "c"]
+    assert by["b"]["notRun"] == ["d"]
+    assert by["b"]["criterion"] == "unhandled failure of step 'b': simulated failure"
+    assert by["d"]["runs"] == ["a", "b", "c", "d"]
+    assert all(s["status"] == "FAILED" for s in by.values())
+
+
+def test_simulate_with_a_failure_edge_and_a_compensation(runtime):
+    wf = graph(
+        [
+            step("a", T, compensate="undo_a"),
+            step("b", T, after=["a"]),
+            step("fix", T, after=[{"step": "b", "on": "failure"}]),
+            step("d", T, after=["b"]),
+            step("undo_a", T),
+        ]
+    )
+    answer = CheckWorkflowAction(runtime).execute({"workflow": wf, "simulate": True})
+    by = {s["step"]: s for s in answer["simulation"]["ifFails"]}
+    assert by["b"]["runs"] == ["a", "b", "fix"]
+    assert by["b"]["skipped"] == [{"step": "d", "reason": "upstream b failed"}]
+    assert by["b"]["status"] == "FAILED"
+    assert by["b"]["compensates"] == ["undo_a"]
+    assert answer["simulation"]["allSucceed"]["skipped"] == [
+        {"step": "fix", "reason": "upstream b succeeded"}
+    ]
+    assert answer["simulation"]["allSucceed"]["status"] == "COMPLETED"
+
+
+def test_simulate_must_be_a_boolean(runtime):
+    from protomolt_jobs.errors import InvalidInput
+
+    with pytest.raises(InvalidInput) as info:
+        CheckWorkflowAction(runtime).execute({"workflow": diamond(T), "simulate": "yes"})
+    assert "simulate" in str(info.value)
+
+
+def test_simulate_on_a_sequential_workflow_is_its_chain(runtime):
+    answer = CheckWorkflowAction(runtime).execute(
+        {"workflow": seed_workflow(T, review="invoke"), "simulate": True}
+    )
+    by = {s["step"]: s for s in answer["simulation"]["ifFails"]}
+    assert by["embed"]["runs"] == ["tokenize", "embed"]
+    assert by["embed"]["notRun"] == ["review"]
