@@ -1,0 +1,313 @@
+"""Graph workflows run by the jobs worker: real PostgreSQL, the test gRPC servers on loopback
+(``Steps/Run`` records each call's start and end), worker processes for the crash test."""
+
+from __future__ import annotations
+
+import pytest
+
+from protomolt_jobs.store import JobStore
+from protomolt_jobs.worker import Settlement, Worker
+from protomolt_jobs.workflow import Runtime
+from tests.support.graphs import diamond, graph, step
+from tests.support.grpc_servers import TestServices, seed_workflow
+from tests.support.worker_proc import (
+    CRASH_EXIT_CODE,
+    WorkerProcess,
+    enqueue,
+    event_types,
+    jobs_config,
+    wait_for,
+)
+
+#: Store methods that each run one transaction (their docstrings say "Transaction: one").
+_WRITES = (
+    "job_claim",
+    "job_heartbeat",
+    "job_checkpoint",
+    "job_complete",
+    "job_fail",
+    "job_park",
+    "job_retry",
+    "job_dead",
+)
+
+
+@pytest.fixture(scope="module")
+def svc():
+    with TestServices() as services:
+        yield services
+
+
+@pytest.fixture
+def services(svc):
+    svc.reset()
+    yield svc
+    svc.reset()
+
+
+@pytest.fixture
+def store(fresh_dsn):
+    s = JobStore.open(fresh_dsn, max_size=4)
+    yield s
+    s.close()
+
+
+def _count_transactions(store) -> list[str]:
+    calls: list[str] = []
+    for name in _WRITES:
+        real = getattr(store, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        setattr(store, name, counted)
+    return calls
+
+
+def _run_one(store, dsn, **overrides) -> None:
+    worker = Worker(store, runtime=Runtime(), config=jobs_config(dsn, **overrides), dsn=dsn)
+    try:
+        assert worker.run_once() is True
+    finally:
+        worker.stop()
+
+
+def _overlap(x, y) -> bool:
+    return x[1] < y[2] and y[1] < x[2]
+
+
+def test_the_diamond_runs_b_and_c_at_once(store, fresh_dsn, services):
+    job = enqueue(store, diamond(services.target, sleep_ms=1000), {"text": "diamond"})
+    calls = _count_transactions(store)
+    # a lease long enough that no heartbeat falls inside the run
+    _run_one(store, fresh_dsn, lease_seconds=30)
+    row = store.job_get(job.job_id)
+    assert row.status == "COMPLETED", row.error
+    (a,), (b,), (c,), (d,) = (services.spans(n) for n in "abcd")
+    assert _overlap(b, c), f"b and c did not overlap on the server: {b} {c}"
+    assert d[2] - a[1] < 1.8, f"step time {d[2] - a[1]:.2f}s"
+    names = [cp["name"] for cp in row.checkpoints]
+    assert len(names) == 4 and names[0] == "a" and names[-1] == "d"
+    assert sorted(names[1:3]) == ["b", "c"]
+    assert row.checkpoints[-1]["response"] == {"step": "d", "seen": ["a", "b", "a", "c", "d"]}
+    # claim, three checkpoints, and the completion carrying d's checkpoint
+    assert calls == [
+        "job_claim",
+        "job_checkpoint",
+        "job_checkpoint",
+        "job_checkpoint",
+        "job_complete",
+    ]
+    assert len(calls) <= 7
+    assert event_types(store, job.job_id) == [
+        ("ACCEPTED", ""),
+        *[("STEP_CHECKPOINT", n) for n in names],
+        ("COMPLETED", ""),
+    ]
+
+
+def _failure_edge(target: str, **keys) -> dict:
+    return graph(
+        [
+            step("a", target),
+            step("b", target, fail="FAILED_PRECONDITION", after=["a"]),
+            step("c", target, after=["a"]),
+            step("d", target, after=["b", "c"]),
+            step("fix", target, after=[{"step": "b", "on": "failure"}]),
+        ],
+        name="failure-edge",
+        **keys,
+    )
+
+
+def test_a_failure_edge_runs_the_fix_and_skips_what_needed_b(store, fresh_dsn, services):
+    job = enqueue(
+        store,
+        _failure_edge(services.target, completion={"require": ["c", "fix"]}),
+        {"text": "x"},
+    )
+    _run_one(store, fresh_dsn)
+    row = store.job_get(job.job_id)
+    assert row.status == "COMPLETED", row.error
+    by = {cp["name"]: cp for cp in row.checkpoints}
+    assert set(by) == {"a", "b", "c", "d", "fix"}
+    assert by["d"] == {"name": "d", "skipped": True, "reason": "upstream b failed"}
+    assert by["b"]["failed"]["kind"] == "GRPC"
+    assert by["b"]["failed"]["code"] == "FAILED_PRECONDITION"
+    assert services.step_calls("fix") == 1
+    assert services.step_calls("d") == 0
+    assert services.step_calls("b") == 1
+
+
+def test_without_require_the_skipped_sink_fails_the_run(store, fresh_dsn, services):
+    job = enqueue(store, _failure_edge(services.target), {"text": "x"})
+    _run_one(store, fresh_dsn)
+    row = store.job_get(job.job_id)
+    assert row.status == "FAILED"
+    assert row.error == (
+        "WORKFLOW: completion criterion not met: every sink [d]: required step 'd' skipped "
+        "(upstream b failed)"
+    )
+    assert services.step_calls("fix") == 1
+
+
+def test_an_unhandled_failure_lets_the_sibling_finish_and_starts_nothing_new(
+    store, fresh_dsn, services
+):
+    wf = graph(
+        [
+            step("a", services.target),
+            step("b", services.target, fail="FAILED_PRECONDITION", after=["a"]),
+            step("c", services.target, sleep_ms=400, after=["a"]),
+            step("d", services.target, after=["b", "c"]),
+            step("e", services.target, after=["c"]),
+        ]
+    )
+    job = enqueue(store, wf, {"text": "x"})
+    _run_one(store, fresh_dsn)
+    row = store.job_get(job.job_id)
+    assert row.status == "FAILED"
+    assert row.error.startswith("GRPC: gRPC FAILED_PRECONDITION from ")
+    assert [cp["name"] for cp in row.checkpoints] == ["a", "b", "c"]
+    assert services.step_calls("e") == 0, "a step started after the unhandled failure"
+    assert services.step_calls("d") == 0
+
+
+def test_a_failed_run_compensates_once_in_reverse_completion_order(store, fresh_dsn, services):
+    t = services.target
+    wf = graph(
+        [
+            step("reserve", t, compensate="release"),
+            step("charge", t, after=["reserve"], compensate="refund"),
+            step("ship", t, fail="FAILED_PRECONDITION", after=["charge"]),
+            step("release", t, reads=["reserve"]),
+            step("refund", t, reads=["charge"]),
+        ]
+    )
+    job = enqueue(store, wf, {"text": "x"})
+    _run_one(store, fresh_dsn)
+    row = store.job_get(job.job_id)
+    assert row.status == "FAILED"
+    assert row.error.startswith("GRPC: gRPC FAILED_PRECONDITION")
+    assert [cp["name"] for cp in row.checkpoints] == [
+        "reserve",
+        "charge",
+        "ship",
+        "refund",
+        "release",
+    ]
+    assert services.step_calls("refund") == 1
+    assert services.step_calls("release") == 1
+    refund = next(cp for cp in row.checkpoints if cp["name"] == "refund")
+    assert refund["response"]["seen"] == ["charge", "refund"]
+    kinds = [k for k, _ in event_types(store, job.job_id)]
+    assert kinds == ["ACCEPTED", *["STEP_CHECKPOINT"] * 5, "FAILED"]
+
+
+def test_a_completed_run_compensates_nothing(store, fresh_dsn, services):
+    t = services.target
+    wf = graph([step("reserve", t, compensate="release"), step("use", t), step("release", t)])
+    job = enqueue(store, wf, {"text": "x"})
+    _run_one(store, fresh_dsn)
+    row = store.job_get(job.job_id)
+    assert row.status == "COMPLETED", row.error
+    assert [cp["name"] for cp in row.checkpoints] == ["reserve", "use"]
+    assert services.step_calls("release") == 0
+
+
+_FAST = {
+    "lease_seconds": 1.5,
+    "poll_interval_ms": 200,
+    "sweep_interval_ms": 200,
+    "backoff_base_seconds": 0.2,
+    "worker_count": 1,
+    "pool_max_size": 4,
+}
+
+
+def test_sigkill_after_b_checkpointed_while_c_runs_calls_only_c_again(store, fresh_dsn, services):
+    t = services.target
+    wf = graph(
+        [
+            step("a", t),
+            step("b", t, after=["a"]),
+            step("c", t, sleep_ms=1500, after=["a"]),
+            step("d", t, after=["b", "c"]),
+        ]
+    )
+    job = enqueue(store, wf, {"text": "crash"})
+    first = WorkerProcess(fresh_dsn, worker_id="proc-a", crash_at="after_checkpoint:b", **_FAST)
+    second = WorkerProcess(fresh_dsn, worker_id="proc-b", **_FAST)
+    try:
+        first.start(wait_ready=False)
+        assert first.wait_exit(60) == CRASH_EXIT_CODE
+        row = store.job_get(job.job_id)
+        assert row.status == "RUNNING"
+        assert [cp["name"] for cp in row.checkpoints] == ["a", "b"]
+        assert services.step_calls("c") == 1, "c was not in flight at the crash"
+        second.start()
+        wait_for(lambda: store.job_get(job.job_id).status == "COMPLETED", timeout_s=60)
+        row = store.job_get(job.job_id)
+        assert [cp["name"] for cp in row.checkpoints] == ["a", "b", "c", "d"]
+        assert services.step_calls("a") == 1
+        assert services.step_calls("b") == 1
+        assert services.step_calls("c") == 2
+        assert services.step_calls("d") == 1
+        assert row.attempt == 2
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_sequential_workflow_keeps_its_checkpoints_and_events(store, fresh_dsn, services):
+    job = enqueue(store, seed_workflow(services.target, review="invoke"), {"text": "a b c"})
+    calls = _count_transactions(store)
+    _run_one(store, fresh_dsn, lease_seconds=30)
+    row = store.job_get(job.job_id)
+    assert row.status == "COMPLETED"
+    assert [sorted(cp) for cp in row.checkpoints] == [["name", "response", "skipped"]] * 3
+    assert [(cp["name"], cp["skipped"]) for cp in row.checkpoints] == [
+        ("tokenize", False),
+        ("embed", False),
+        ("review", False),
+    ]
+    assert calls == ["job_claim", "job_checkpoint", "job_checkpoint", "job_complete"]
+    assert event_types(store, job.job_id) == [
+        ("ACCEPTED", ""),
+        ("STEP_CHECKPOINT", "tokenize"),
+        ("STEP_CHECKPOINT", "embed"),
+        ("STEP_CHECKPOINT", "review"),
+        ("COMPLETED", ""),
+    ]
+
+
+def test_a_retryable_failure_is_not_checkpointed_and_the_retry_calls_it_again(
+    store, fresh_dsn, services
+):
+    t = services.target
+    wf = graph(
+        [
+            step("a", t),
+            step("b", t, fail="UNAVAILABLE", after=["a"]),
+            step("c", t, after=["a"]),
+        ]
+    )
+    job = enqueue(store, wf, {"text": "x"})
+    _run_one(store, fresh_dsn)
+    row = store.job_get(job.job_id)
+    assert row.status == "QUEUED"
+    assert row.error.startswith("GRPC: gRPC UNAVAILABLE")
+    assert sorted(cp["name"] for cp in row.checkpoints) == ["a", "c"]
+
+
+def test_settlements_are_what_the_worker_wrote(store, fresh_dsn, services):
+    job = enqueue(store, diamond(services.target, sleep_ms=0), {"text": "x"})
+    worker = Worker(store, runtime=Runtime(), config=jobs_config(fresh_dsn), dsn=fresh_dsn)
+    try:
+        claimed = store.job_claim("test-worker", 5)
+        worker.heartbeat.start()
+        assert worker.executor.execute(claimed) is Settlement.COMPLETED
+    finally:
+        worker.stop()
+    assert store.job_get(job.job_id).verdict == "4 steps, output jobs.test.StepReply"
