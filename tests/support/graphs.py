@@ -58,3 +58,55 @@ def diamond(target: str, *, sleep_ms: int = 1000, **keys: Any) -> dict[str, Any]
         name="diamond",
         **keys,
     )
+
+
+def fan_out(
+    target: str,
+    *,
+    policy: str = "FAIL_FAST",
+    max_concurrency: int = 4,
+    max_items: int = 1024,
+    name: str = "fan",
+) -> dict[str, Any]:
+    """One fan-out step over the input's ``items`` (input ``jobs.test.StepBatch``): each item
+    is a ``StepRequest`` sent to ``Steps/Run``; replies collected into ``StepReplies.replies``."""
+    return {
+        "name": "fan-out",
+        "schema": schema_for("descriptorSetBase64"),
+        "inputType": "jobs.test.StepBatch",
+        "deadlineMs": 20_000,
+        "steps": [
+            {
+                "name": name,
+                "target": target,
+                "method": METHOD,
+                "edge": {
+                    "sources": ["input"],
+                    "produceType": "jobs.test.StepBatch",
+                    "rules": ["items = input.items"],
+                },
+                "fanOut": {
+                    "items": "items",
+                    "maxItems": max_items,
+                    "maxConcurrency": max_concurrency,
+                    "failurePolicy": policy,
+                    "collectType": "jobs.test.StepReplies",
+                    "collectInto": "replies",
+                },
+            }
+        ],
+    }
+
+
+def batch(n: int, *, failing: tuple[int, ...] = (), sleep_ms: int = 0) -> dict[str, Any]:
+    """A ``StepBatch`` input of ``n`` items named ``item<i>``; ``failing`` ones answer
+    FAILED_PRECONDITION at once (no sleep)."""
+    items = []
+    for i in range(n):
+        item: dict[str, Any] = {"step": f"item{i}", "index": i}
+        if i in failing:
+            item["fail"] = "FAILED_PRECONDITION"
+        elif sleep_ms:
+            item["sleepMs"] = sleep_ms
+        items.append(item)
+    return {"items": items}

@@ -1,0 +1,241 @@
+"""The graph executor without the jobs worker: ``run_segment`` against the test gRPC servers
+on loopback (upstream's edge and fan-out steps, structured steps, gates, handled failures)."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from protomolt_jobs.workflow import (
+    FailureKind,
+    Runtime,
+    WorkflowExecutionError,
+    check,
+    parse_workflow,
+    run,
+    run_segment,
+)
+from tests.support.graphs import batch, fan_out, graph, step
+from tests.support.grpc_servers import TestServices
+
+
+@pytest.fixture(scope="module")
+def svc():
+    with TestServices() as services:
+        yield services
+
+
+@pytest.fixture
+def services(svc):
+    svc.reset()
+    yield svc
+    svc.reset()
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    return Runtime()
+
+
+def _run(wf, input, runtime, prior=None):
+    assert check(wf, runtime) == []
+    entries: list[dict] = []
+    result = run_segment(
+        parse_workflow(wf, runtime), input, prior or [], entries.append, runtime=runtime
+    )
+    return result, entries
+
+
+# -- fan-out ------------------------------------------------------------------------------------
+
+
+def test_fail_fast_over_twenty_items_stops_starting_branches_after_item_7(services, runtime):
+    wf = fan_out(services.target, policy="FAIL_FAST", max_concurrency=4)
+    with pytest.raises(WorkflowExecutionError) as info:
+        _run(wf, batch(20, failing=(7,), sleep_ms=200), runtime)
+    err = info.value
+    assert err.kind is FailureKind.GRPC
+    assert err.code is grpc.StatusCode.FAILED_PRECONDITION
+    assert err.step == "fan"
+    assert err.message.startswith("branch 'fan#7' failed: gRPC FAILED_PRECONDITION from ")
+    assert err.message.endswith("step item7 asked to fail")
+    spans = services.spans()
+    (failed,) = [s for s in spans if s[0] == "item7"]
+    late = [s[0] for s in spans if s[1] > failed[2]]
+    assert late == [], f"branches started after item 7 failed: {late}"
+    started = {s[0] for s in spans}
+    assert not started & {f"item{i}" for i in range(8, 20)}
+
+
+def test_fail_fast_reports_the_lowest_index_failure(services, runtime):
+    wf = fan_out(services.target, policy="FAIL_FAST", max_concurrency=8)
+    with pytest.raises(WorkflowExecutionError) as info:
+        _run(wf, batch(8, failing=(5, 2)), runtime)
+    assert info.value.message.startswith("branch 'fan#2' failed: ")
+
+
+def test_continue_collects_the_nineteen_others_in_index_order(services, runtime):
+    wf = fan_out(services.target, policy="CONTINUE", max_concurrency=4)
+    result, entries = _run(wf, batch(20, failing=(7,), sleep_ms=20), runtime)
+    replies = result.output_json["replies"]
+    assert [r["index"] for r in replies] == [i for i in range(20) if i != 7]
+    assert [r["step"] for r in replies][:3] == ["item0", "item1", "item2"]
+    assert services.calls("Run") == 20
+    assert [e["name"] for e in entries] == ["fan"]
+    assert services.max_in_flight("Run") <= 4
+
+
+def test_zero_items_collect_nothing_and_succeed(services, runtime):
+    result, _ = _run(fan_out(services.target), {"items": []}, runtime)
+    assert result.output_json == {"replies": []}
+    assert services.calls("Run") == 0
+
+
+def test_more_items_than_max_items_is_an_edge_failure(services, runtime):
+    with pytest.raises(WorkflowExecutionError) as info:
+        _run(fan_out(services.target, max_items=3), batch(5), runtime)
+    assert info.value.kind is FailureKind.EDGE
+    assert info.value.message == "fan-out produced 5 items, over the max_items cap of 3"
+    assert services.calls("Run") == 0
+
+
+def test_a_fan_out_replays_its_collected_checkpoint(services, runtime):
+    wf = fan_out(services.target, policy="CONTINUE")
+    _, entries = _run(wf, batch(3), runtime)
+    services.reset()
+    result, more = _run(wf, batch(3), runtime, prior=entries)
+    assert more == []
+    assert services.calls("Run") == 0
+    assert [r["index"] for r in result.output_json["replies"]] == [0, 1, 2]
+
+
+# -- edges ----------------------------------------------------------------------------------------
+
+
+def test_an_edge_builds_the_request_from_its_sources_only(services, runtime):
+    t = services.target
+    wf = graph(
+        [
+            step("a", t),
+            {
+                "name": "e",
+                "target": t,
+                "method": "jobs.test.Steps/Run",
+                "edge": {
+                    "sources": ["input", "a"],
+                    "produceType": "jobs.test.StepRequest",
+                    "rules": ["step = input.text", "seen = a.seen"],
+                },
+            },
+        ]
+    )
+    result, entries = _run(wf, {"text": "edge"}, runtime)
+    assert result.output_json == {"step": "edge", "seen": ["a", "edge"], "index": 0}
+    assert [e["name"] for e in entries] == ["a", "e"]
+
+
+def test_edge_validate_refuses_the_value_before_the_call(services, runtime):
+    t = services.target
+    wf = graph(
+        [
+            {
+                "name": "e",
+                "target": t,
+                "method": "jobs.test.Steps/Run",
+                "edge": {
+                    "sources": ["input"],
+                    "produceType": "jobs.test.StepRequest",
+                    "rules": ["step = input.text"],
+                    "validate": True,
+                },
+            }
+        ]
+    )
+    # StepRequest declares no rules: a validated edge value passes and the call is made.
+    result, _ = _run(wf, {"text": "ok"}, runtime)
+    assert result.output_json["step"] == "ok"
+
+
+# -- structured steps -------------------------------------------------------------------------------
+
+
+def test_a_structured_step_without_a_generator_fails_with_upstreams_text(services, runtime):
+    wf = graph([{"name": "gen", "structured": {"targetType": "jobs.test.StepReply", "model": "m"}}])
+    with pytest.raises(WorkflowExecutionError) as info:
+        _run(wf, {"text": "x"}, runtime)
+    assert info.value.kind is FailureKind.STRUCTURED
+    assert info.value.message == (
+        "structured step 'gen' needs a StructuredGenerator; this runner was built without one"
+    )
+
+
+# -- gates, handled failures, run-workflow ------------------------------------------------------------
+
+
+def test_a_false_gate_skips_with_its_reason_and_skips_propagate(services, runtime):
+    t = services.target
+    wf = graph(
+        [
+            step("a", t),
+            step("b", t, after=["a"], when="input.text == 'never'"),
+            step("c", t, after=["b"]),
+            step("d", t, after=[{"step": "b", "on": "done"}]),
+        ],
+        completion={"require": ["d"]},
+    )
+    result, entries = _run(wf, {"text": "x"}, runtime)
+    by = {e["name"]: e for e in entries}
+    assert by["b"] == {
+        "name": "b",
+        "skipped": True,
+        "reason": "condition false: input.text == 'never'",
+    }
+    assert by["c"] == {"name": "c", "skipped": True, "reason": "upstream b skipped"}
+    assert by["d"]["skipped"] is False
+    assert result.report["status"] == "COMPLETED"
+    assert result.report["criterion"].startswith("completion.require [d]")
+
+
+def test_max_parallel_bounds_the_steps_in_flight(services, runtime):
+    t = services.target
+    wf = graph(
+        [step("root", t)] + [step(f"s{i}", t, sleep_ms=150, after=["root"]) for i in range(6)],
+        maxParallel=2,
+    )
+    _run(wf, {"text": "x"}, runtime)
+    assert services.max_in_flight("Run") == 2
+
+
+def test_run_workflow_runs_a_graph_synchronously(services, runtime):
+    t = services.target
+    wf = graph([step("a", t), step("b", t, reads=["a"], after=["a"])])
+    assert parse_workflow(wf, runtime).graph
+    result = run(parse_workflow(wf, runtime), {"text": "x"}, runtime=runtime)
+    assert result.output_json["seen"] == ["a", "b"]
+
+
+def test_replay_resumes_only_steps_without_a_checkpoint(services, runtime):
+    t = services.target
+    wf = graph(
+        [
+            step("a", t),
+            step("b", t, after=["a"]),
+            step("c", t, after=["a"]),
+            step("d", t, after=["b", "c"]),
+        ]
+    )
+    _, entries = _run(wf, {"text": "x"}, runtime)
+    services.reset()
+    prior = [e for e in entries if e["name"] in ("a", "c")]
+    _, more = _run(wf, {"text": "x"}, runtime, prior=prior)
+    assert [e["name"] for e in more] == ["b", "d"]
+    assert services.step_calls("a") == 0 and services.step_calls("c") == 0
+
+
+def test_a_checkpoint_naming_no_step_is_drift(services, runtime):
+    t = services.target
+    wf = graph([step("a", t), step("b", t, after=["a"])])
+    with pytest.raises(WorkflowExecutionError) as info:
+        _run(wf, {"text": "x"}, runtime, prior=[{"name": "zz", "skipped": True}])
+    assert info.value.kind is FailureKind.WORKFLOW
+    assert "names step 'zz', which the workflow does not have" in info.value.message
