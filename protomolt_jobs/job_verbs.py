@@ -416,13 +416,15 @@ class GetJobAction:
         }
 
     def execute(self, input: dict[str, Any]) -> dict[str, Any]:
-        """:returns: ``{ok: true, job}`` or ``{ok: false, error: "no workflow run <id>"}``.
+        """:returns: ``{ok: true, job}`` or ``{ok: false, error: "no workflow run <id>"}``; a
+            finished graph run's ``job`` carries ``report``: ``{"status", "steps": [{"name",
+            "status", "reason"?}], "completionOrder", "criterion"}``.
 
         :raises Unavailable: no database configured.
         :raises InvalidInput: missing, mistyped or non-uuid ``jobId``; unknown fields.
         :raises JobCorrupt: the row holds stored JSON that cannot be decoded.
         """
-        store, _ = self.backend.require()
+        store, submitter = self.backend.require()
         _only_known(self.name, input, self.fields)
         job_id = _job_id(_require_string(input, "jobId"))
         job = store.job_get(job_id)
@@ -433,7 +435,40 @@ class GetJobAction:
                 f"job {job_id} has stored JSON that cannot be read: {job.unreadable}",
                 {"jobId": str(job_id), "status": job.status},
             )
-        return {"ok": True, "job": job_json(job, full=True)}
+        body = job_json(job, full=True)
+        report = _graph_report(job, submitter)
+        if report is not None:
+            body["report"] = report
+        return {"ok": True, "job": body}
+
+
+#: Statuses after which a graph run's final report is shown by get-job.
+_REPORTED = frozenset({"COMPLETED", "FAILED", "DEAD", "CANCELLED"})
+
+
+def _graph_report(job: Any, submitter: Any) -> dict[str, Any] | None:
+    """A finished graph run's final report (``graph.report_from_checkpoints``), else None.
+
+    Sequential workflows have none here; a definition that no longer parses has none either
+    (the read never fails because of it).
+    """
+    runtime = getattr(submitter, "runtime", None)
+    if (
+        job.status not in _REPORTED
+        or not isinstance(job.workflow_definition, dict)
+        or runtime is None
+    ):
+        return None
+    from protomolt_jobs.workflow import WorkflowParseError, parse_workflow
+    from protomolt_jobs.workflow.graph import report_from_checkpoints
+
+    try:
+        workflow = parse_workflow(job.workflow_definition, runtime)
+    except (WorkflowParseError, RecursionError):
+        return None
+    if not workflow.graph:
+        return None
+    return report_from_checkpoints(workflow, job.checkpoints or [], job.status, job.error)
 
 
 class ListJobsAction:

@@ -275,6 +275,40 @@ def report(state: GraphState, completed: bool, sentence: str) -> dict[str, Any]:
     }
 
 
+def report_from_checkpoints(
+    workflow: CompiledWorkflow, checkpoints: list[Any], status: str, error: str | None = None
+) -> dict[str, Any]:
+    """The final report of a stored graph run, rebuilt from its checkpoints (no call, no
+    parse of responses): what :func:`report` said when the run settled.
+
+    :param status: the job's status (COMPLETED, FAILED, DEAD, ...).
+    :param error: the job's error text, used when no checkpoint explains the end (a retryable
+        failure that exhausted its attempts is not checkpointed).
+    """
+    state = GraphState(workflow)
+    for entry in checkpoints or []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            continue
+        name = entry["name"]
+        if workflow.step(name) is None or name in state.outcomes:
+            continue
+        if "failed" in entry:
+            failed = entry["failed"] if isinstance(entry["failed"], dict) else {}
+            state.ended(name, FAILED, str(failed.get("message", "")))
+        elif entry.get("skipped") is True:
+            state.ended(name, SKIPPED, str(entry.get("reason", "")))
+        else:
+            state.ended(name, SUCCEEDED)
+    completed, sentence = state.verdict()
+    if status != "COMPLETED" and completed:
+        sentence = f"the run ended {status}" + (f": {error}" if error else "")
+    elif status != "COMPLETED" and state.unhandled is None and error:
+        sentence = f"{sentence}; the run ended {status}: {error}"
+    out = report(state, status == "COMPLETED", sentence)
+    out["status"] = status
+    return out
+
+
 # -- static structure --------------------------------------------------------------------------
 
 

@@ -311,3 +311,64 @@ def test_settlements_are_what_the_worker_wrote(store, fresh_dsn, services):
     finally:
         worker.stop()
     assert store.job_get(job.job_id).verdict == "4 steps, output jobs.test.StepReply"
+
+
+def _get_job(store, job_id) -> dict:
+    from protomolt_jobs.job_verbs import GetJobAction, JobsBackend
+    from protomolt_jobs.submitter import Submitter
+
+    backend = JobsBackend(configured=True)
+    backend.bind(store, Submitter(store, None, Runtime(), 3))
+    answer = GetJobAction(backend).execute({"jobId": str(job_id)})
+    assert answer["ok"] is True
+    return answer["job"]
+
+
+def test_get_job_reports_every_step_and_the_criterion(store, fresh_dsn, services):
+    job = enqueue(
+        store,
+        _failure_edge(services.target, completion={"require": ["c", "fix"]}),
+        {"text": "x"},
+    )
+    _run_one(store, fresh_dsn)
+    report = _get_job(store, job.job_id)["report"]
+    assert report["status"] == "COMPLETED"
+    by = {s["name"]: s for s in report["steps"]}
+    assert by["a"] == {"name": "a", "status": "succeeded"}
+    assert by["b"]["status"] == "failed"
+    assert by["b"]["reason"].startswith("gRPC FAILED_PRECONDITION from ")
+    assert by["d"] == {"name": "d", "status": "skipped", "reason": "upstream b failed"}
+    assert by["fix"] == {"name": "fix", "status": "succeeded"}
+    assert report["criterion"] == (
+        "completion.require [c, fix]: every required step succeeded (or was gated off by its "
+        "condition)"
+    )
+
+
+def test_get_job_reports_the_unhandled_failure_and_what_never_ran(store, fresh_dsn, services):
+    t = services.target
+    wf = graph(
+        [
+            step("a", t),
+            step("b", t, fail="INVALID_ARGUMENT", after=["a"]),
+            step("c", t, after=["b"]),
+        ]
+    )
+    job = enqueue(store, wf, {"text": "x"})
+    _run_one(store, fresh_dsn)
+    body = _get_job(store, job.job_id)
+    assert body["status"] == "FAILED"
+    report = body["report"]
+    assert report["status"] == "FAILED"
+    assert report["criterion"].startswith("unhandled failure of step 'b': gRPC INVALID_ARGUMENT")
+    assert report["steps"][2] == {
+        "name": "c",
+        "status": "not run",
+        "reason": "the run failed at 'b' before it could start",
+    }
+
+
+def test_get_job_of_a_sequential_run_has_no_graph_report(store, fresh_dsn, services):
+    job = enqueue(store, seed_workflow(services.target, review="invoke"), {"text": "a b"})
+    _run_one(store, fresh_dsn)
+    assert "report" not in _get_job(store, job.job_id)
