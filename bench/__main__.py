@@ -24,6 +24,8 @@ from bench.scenarios import PEERS, SCENARIOS, Options
 
 #: ``all``: every scenario, sized to finish in about ten minutes on a 2-core machine.
 ALL = {
+    "kafka": "both",
+    "workloads": ["noop", "realistic"],
     "n": 2000,
     "jobs_per_worker_cap": 400,
     "latency_n": 300,
@@ -39,6 +41,8 @@ SMOKE = {
     "peers": [],
     "latency_n": 5,
     "relay_jobs": 20,
+    "kafka": "both",
+    "workloads": ["noop", "realistic"],
     "scale_sizes": [1000],
     "scale_queued": 20,
     "scale_samples": 20,
@@ -82,6 +86,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="throughput jobs per run at most this times W (keeps W=1 runs of slow peers short)",
     )
     p.add_argument("--latency-n", type=int)
+    p.add_argument(
+        "--kafka",
+        nargs="?",
+        const="on",
+        choices=["on", "off", "both"],
+        help="throughput: run our relay to a Tansu broker (on), not (off), or both",
+    )
+    p.add_argument(
+        "--workload",
+        dest="workloads",
+        type=lambda s: [x for x in s.split(",") if x],
+        help="throughput: our workloads, comma-separated: noop,realistic",
+    )
     p.add_argument("--relay-jobs", type=int, help="relay: jobs of 5 events the relay drains")
     p.add_argument("--relay-batch", type=int, help="relay: outbox rows per pass")
     p.add_argument("--scale-sizes", type=lambda s: [int(x) for x in s.split(",")])
@@ -105,12 +122,17 @@ def options(args: argparse.Namespace) -> Options:
         "latency_n",
         "relay_jobs",
         "relay_batch",
+        "kafka",
+        "workloads",
         "scale_sizes",
         "memory_n",
     ):
         value = getattr(args, name)
         if value is not None:
             setattr(opts, name, value)
+    bad = [w for w in opts.workloads if w not in ("noop", "realistic")]
+    if bad:
+        raise SystemExit(f"--workload: unknown {', '.join(bad)}; choose from noop, realistic")
     unknown = [p for p in opts.peers if p not in PEERS]
     if unknown:
         raise SystemExit(

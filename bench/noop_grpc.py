@@ -49,33 +49,84 @@ service Noop {
 """
 
 
-@functools.cache
-def descriptor_set_b64() -> str:
-    """Base64 of the ``FileDescriptorSet`` of :data:`PROTO_TEXT` (compiled once per process).
+#: The realistic workload's message: ~1 KB, with declared field rules and two CEL rules, echoed
+#: by ``bench.v1.Docs/Echo`` (the same raw-bytes echo as ``Call``).
+DOC_SERVICE = "bench.v1.Docs"
+DOC_PROTO_PATH = "bench/v1/doc.proto"
+DOC_PROTO_TEXT = """syntax = "proto3";
+package bench.v1;
 
-    :raises RuntimeError: protoc rejected the proto (its stderr is not captured).
-    """
+import "ai/pipestream/proto/validate/v1/validate.proto";
+
+message Doc {
+  option (ai.pipestream.proto.validate.v1.message) = {
+    cel: {
+      id: "doc-has-content"
+      message: "a document needs a title or a body"
+      expression: "size(this.title) > 0 || size(this.body) > 0"
+    }
+    cel: {
+      id: "doc-score-range"
+      message: "score must be 0..1000"
+      expression: "this.score >= 0 && this.score <= 1000"
+    }
+  };
+  string id = 1 [(ai.pipestream.proto.validate.v1.field) = {required: true, string: {max_len: 64}}];
+  string title = 2 [(ai.pipestream.proto.validate.v1.field) = {string: {max_len: 200}}];
+  string body = 3 [(ai.pipestream.proto.validate.v1.field) = {string: {max_len: 4000}}];
+  repeated string tags = 4 [(ai.pipestream.proto.validate.v1.field) = {repeated: {max_items: 32}}];
+  int32 score = 5 [(ai.pipestream.proto.validate.v1.field) = {int32: {gte: 0}}];
+  string lang = 6 [(ai.pipestream.proto.validate.v1.field) = {string: {max_len: 16}}];
+}
+
+service Docs {
+  rpc Echo(Doc) returns (Doc);
+}
+"""
+
+#: The repository's proto sources (validate.proto for the realistic workload's imports).
+_PROTO_ROOT = Path(__file__).resolve().parent.parent / "proto"
+
+
+def _compile_set(files: dict[str, str], targets: list[str]) -> str:
     from grpc_tools import protoc
 
     with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp, PROTO_PATH)
-        src.parent.mkdir(parents=True)
-        src.write_text(PROTO_TEXT)
+        for path, text in files.items():
+            src = Path(tmp, path)
+            src.parent.mkdir(parents=True, exist_ok=True)
+            src.write_text(text)
         out = Path(tmp, "set.pb")
         include = str(importlib.resources.files("grpc_tools") / "_proto")
         rc = protoc.main(
             [
                 "protoc",
                 f"-I{tmp}",
+                f"-I{_PROTO_ROOT}",
                 f"-I{include}",
                 "--include_imports",
                 f"--descriptor_set_out={out}",
-                PROTO_PATH,
+                *targets,
             ]
         )
         if rc != 0:
-            raise RuntimeError(f"protoc failed on {PROTO_PATH} (exit {rc})")
+            raise RuntimeError(f"protoc failed on {', '.join(targets)} (exit {rc})")
         return base64.b64encode(out.read_bytes()).decode("ascii")
+
+
+@functools.cache
+def descriptor_set_b64() -> str:
+    """Base64 of the ``FileDescriptorSet`` of :data:`PROTO_TEXT` (compiled once per process).
+
+    :raises RuntimeError: protoc rejected the proto (its stderr is not captured).
+    """
+    return _compile_set({PROTO_PATH: PROTO_TEXT}, [PROTO_PATH])
+
+
+@functools.cache
+def doc_descriptor_set_b64() -> str:
+    """Base64 of the ``FileDescriptorSet`` of :data:`DOC_PROTO_TEXT` and its imports."""
+    return _compile_set({DOC_PROTO_PATH: DOC_PROTO_TEXT}, [DOC_PROTO_PATH])
 
 
 def encode_ping(text: str) -> bytes:
@@ -115,6 +166,9 @@ def serve(threads: int, slow_ms: int) -> None:
                     "Call": grpc.unary_unary_rpc_method_handler(call),
                     "Slow": grpc.unary_unary_rpc_method_handler(slow),
                 },
+            ),
+            grpc.method_handlers_generic_handler(
+                DOC_SERVICE, {"Echo": grpc.unary_unary_rpc_method_handler(call)}
             ),
         )
     )

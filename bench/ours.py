@@ -12,7 +12,8 @@ which the parent calls directly (it starts no worker).
 - memory: 256 one-step jobs whose step is the slow call, ``worker_count=256``; peak RSS.
 - scale: claim and sweep latency with 1k / 100k / 1M terminal rows plus 1k queued.
 
-No Kafka: the relay stays off and outbox rows stay PENDING (the relay's cost is not counted).
+Throughput with ``kafka`` (a broker's bootstrap) also runs the relay in this process, as the
+jobs role does; without it the relay stays off and outbox rows stay PENDING.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import grpc
 import psycopg
 
 from bench.child import ready_and_wait, rss_mib, wait_until
-from bench.noop_grpc import SERVICE, descriptor_set_b64
+from bench.noop_grpc import DOC_SERVICE, SERVICE, descriptor_set_b64, doc_descriptor_set_b64
 from bench.pgdb import relation_sizes
 from bench.stats import summary_ms
 
@@ -58,6 +59,62 @@ def workflow(target: str, *, steps: int = 3, slow: bool = False, name: str = "be
         "schema": {"descriptorSetBase64": descriptor_set_b64()},
         "inputType": "bench.v1.Ping",
         "steps": out,
+    }
+
+
+def realistic_workflow(target: str, *, name: str = "bench-realistic") -> dict:
+    """The realistic workload: three ``Docs/Echo`` steps over a ~1 KB ``bench.v1.Doc``, each
+    with a ``when`` gate, two ``celRules`` (one with a filter) and ``validate: true`` against
+    the Doc's declared rules (field rules and two CEL rules)."""
+    gates = [
+        "size(input.body) > 0 && input.score >= 0",
+        "s0.score >= 0 && size(s0.tags) > 0",
+        "s1.lang != '' || size(s1.title) > 0",
+    ]
+    steps = []
+    for i, gate in enumerate(gates):
+        src = "input" if i == 0 else f"s{i - 1}"
+        steps.append(
+            {
+                "name": f"s{i}",
+                "target": target,
+                "method": f"{DOC_SERVICE}/Echo",
+                "when": gate,
+                "rules": [
+                    f"id = {src}.id",
+                    f"title = {src}.title",
+                    f"body = {src}.body",
+                    f"tags = {src}.tags",
+                    f"score = {src}.score",
+                ],
+                "celRules": [
+                    {"target": "lang", "selector": f"{src}.lang.lowerAscii()"},
+                    {
+                        "filter": f"{src}.score < 1000",
+                        "target": "score",
+                        "selector": f"{src}.score + 1",
+                    },
+                ],
+                "validate": True,
+            }
+        )
+    return {
+        "name": name,
+        "schema": {"descriptorSetBase64": doc_descriptor_set_b64()},
+        "inputType": "bench.v1.Doc",
+        "steps": steps,
+    }
+
+
+def realistic_input(i: int) -> dict:
+    """A ~1 KB ``bench.v1.Doc`` (proto3 JSON)."""
+    return {
+        "id": f"doc-{i}",
+        "title": f"Quarterly report {i}: throughput, latency and the events lane",
+        "body": ("The relay drains the outbox to the events topic in batches. " * 15)[:900],
+        "tags": ["bench", "realistic", "report", f"n{i % 10}"],
+        "score": i % 500,
+        "lang": "EN",
     }
 
 
@@ -102,8 +159,11 @@ class _Engine:
         dsn = params["dsn"]
         migrate(dsn)
         pool_max = params.get("pool_max", min(worker_count + 4, 20))
+        kafka = params.get("kafka")
         self.config = JobsConfig(
             dsn=dsn,
+            kafka_bootstrap=kafka or None,
+            events_topic=f"pmjb-events-{uuid.uuid4().hex[:8]}",
             worker_id=f"bench-{uuid.uuid4().hex[:8]}",
             worker_count=worker_count,
             lease_seconds=params.get("lease_s", 60.0),
@@ -117,15 +177,26 @@ class _Engine:
         self.submitter = Submitter(self.store, None, self.runtime, self.config.max_attempts)
         self.worker = Worker(self.store, runtime=self.runtime, config=self.config, dsn=dsn)
         self.sweeper = Sweeper(self.store, config=self.config)
+        self.relay = None
+        if kafka:
+            from protomolt_jobs.relay import Relay
+            from protomolt_jobs.topics import ensure_topics
+
+            ensure_topics(self.config)
+            self.relay = Relay(self.store, config=self.config)
         self.dsn = dsn
 
     def start(self) -> None:
         self.worker.start()
         self.sweeper.start()
+        if self.relay is not None:
+            self.relay.start()
 
-    def submit(self, definition: dict, text: str) -> str:
-        """Submit one job; returns its id. :raises RuntimeError: the submitter refused it."""
-        outcome = self.submitter.submit(workflow=definition, input={"text": text})
+    def submit(self, definition: dict, text: str | dict) -> str:
+        """Submit one job (``text`` for the no-op workflow, or a whole input object); returns
+        its id. :raises RuntimeError: the submitter refused it."""
+        payload = text if isinstance(text, dict) else {"text": text}
+        outcome = self.submitter.submit(workflow=definition, input=payload)
         if not outcome.ok:
             raise RuntimeError(f"bench submit refused: {outcome.reason}: {outcome.error}")
         return outcome.job_id
@@ -134,6 +205,8 @@ class _Engine:
         try:
             self.worker.stop(10.0)
             self.sweeper.stop(5.0)
+            if self.relay is not None:
+                self.relay.stop(10.0)
         finally:
             self.store.close()
             self.channels.close()
@@ -173,46 +246,239 @@ def _counts(dsn: str) -> dict:
     return {status: int(n) for status, n in rows}
 
 
+class StatementCounter:
+    """Statements this process sends to PostgreSQL, counted at the client.
+
+    The server's ``pg_stat_statements`` is not loaded on the bench cluster (it needs
+    ``shared_preload_libraries`` and a restart), so the harness counts what psycopg sends:
+    every ``Cursor.execute`` (also ``Connection.execute``), every ``executemany`` parameter
+    set, and every command psycopg issues itself (``BEGIN``, ``COMMIT``, ``ROLLBACK``,
+    savepoints). Threads marked with :meth:`uncounted` (the harness's own polls) are skipped.
+    """
+
+    def __init__(self) -> None:
+        import psycopg._connection_base as base
+
+        self.count = 0
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        counter = self
+
+        execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
+        exec_command = base.BaseConnection._exec_command
+
+        def counted_execute(cur, *args, **kwargs):
+            counter._add(1)
+            return execute(cur, *args, **kwargs)
+
+        def counted_executemany(cur, query, params_seq, *args, **kwargs):
+            params_seq = list(params_seq)
+            counter._add(len(params_seq))
+            return executemany(cur, query, params_seq, *args, **kwargs)
+
+        def counted_command(conn, *args, **kwargs):
+            counter._add(1)
+            return (yield from exec_command(conn, *args, **kwargs))
+
+        psycopg.Cursor.execute = counted_execute
+        psycopg.Cursor.executemany = counted_executemany
+        base.BaseConnection._exec_command = counted_command
+
+    def _add(self, n: int) -> None:
+        if getattr(self._local, "off", False):
+            return
+        with self._lock:
+            self.count += n
+
+    def uncounted(self) -> None:
+        """Stop counting this thread's statements (the harness's own polls)."""
+        self._local.off = True
+
+
+#: Installed once per child process, before any store exists.
+STATEMENTS: StatementCounter | None = None
+
+
+class _LagSampler:
+    """PENDING outbox rows every ``every_s`` on its own connection (the relay's lag)."""
+
+    def __init__(self, dsn: str, every_s: float = 0.25) -> None:
+        self.samples: list[tuple[float, int]] = []
+        self.polls = 0
+        self._dsn, self._every = dsn, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-lag", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        if STATEMENTS:
+            STATEMENTS.uncounted()
+        t0 = time.time()
+        with psycopg.connect(self._dsn, autocommit=True) as conn:
+            while not self._stop.wait(self._every):
+                n = conn.execute(
+                    "SELECT count(*) FROM workflow_run_events_outbox WHERE status = 'PENDING'"
+                ).fetchone()[0]
+                self.polls += 1
+                self.samples.append((round(time.time() - t0, 2), int(n)))
+
+
+def _checks(dsn: str, n: int, *, kafka: bool) -> dict:
+    """Nothing lost: every job COMPLETED exactly once (one row, one COMPLETED event) and, with
+    the relay on, every outbox row PUBLISHED."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT count(*) FROM workflow_run").fetchone()[0]
+        completed = conn.execute(
+            "SELECT count(*) FROM workflow_run WHERE status = 'COMPLETED'"
+        ).fetchone()[0]
+        events = conn.execute(
+            "SELECT count(*), count(DISTINCT kafka_key) FROM workflow_run_events_outbox"
+            " WHERE event_type = 'COMPLETED'"
+        ).fetchone()
+        unpublished = conn.execute(
+            "SELECT count(*) FROM workflow_run_events_outbox WHERE status <> 'PUBLISHED'"
+        ).fetchone()[0]
+    out = {
+        "rows": int(rows),
+        "completed": int(completed),
+        "completed_events": int(events[0]),
+        "jobs_with_completed_event": int(events[1]),
+        "completed_once": rows == n and completed == n and events[0] == n and events[1] == n,
+    }
+    if kafka:
+        out["unpublished_rows"] = int(unpublished)
+        out["all_published"] = unpublished == 0
+    return out
+
+
 def throughput(params: dict) -> dict:
-    """N three-step jobs; jobs/s from first submit to the last ``completed_at``."""
+    """N three-step jobs; jobs/s from first submit to the last ``completed_at`` (relay off) or
+    to the last terminal event's ``published_at`` (``kafka``: the relay runs in this process
+    against the broker, and a job counts as done when its last event is acked).
+
+    ``workload``: ``noop`` (three no-op calls) or ``realistic`` (:func:`realistic_workflow`).
+    """
+    global STATEMENTS
+    STATEMENTS = STATEMENTS or StatementCounter()
     n, w = params["n"], params["workers"]
+    kafka = params.get("kafka")
+    realistic = params.get("workload", "noop") == "realistic"
     engine = _Engine(params, worker_count=w, per_target=max(8, w))
-    definition = workflow(params["target"])
+    if realistic:
+        definition = realistic_workflow(params["target"])
+        inputs = [realistic_input(i) for i in range(n)]
+    else:
+        definition = workflow(params["target"])
+        inputs = [f"j{i}" for i in range(n)]
+    submit_cpu = [0.0]
+    submit_lock = threading.Lock()
+
+    def submit(i: int) -> str:
+        t = time.thread_time()
+        job_id = engine.submit(definition, inputs[i])
+        spent = time.thread_time() - t
+        with submit_lock:
+            submit_cpu[0] += spent
+        return job_id
+
+    lag = _LagSampler(engine.dsn) if kafka else None
+    if kafka:
+        finished = (
+            "SELECT count(*) FROM workflow_run_events_outbox WHERE status = 'PUBLISHED'"
+            " AND event_type IN ('COMPLETED', 'FAILED', 'DEAD')"
+        )
+        last_q = (
+            "SELECT extract(epoch FROM max(published_at)), extract(epoch FROM max(o.created_at))"
+            " FROM workflow_run_events_outbox AS o"
+        )
+    else:
+        finished = f"SELECT count(*) FROM workflow_run WHERE status IN {_DONE}"
+        last_q = "SELECT extract(epoch FROM max(completed_at)), NULL FROM workflow_run"
     try:
         engine.start()
         ready_and_wait()
+        STATEMENTS.uncounted()  # this thread polls from here on
+        statements0 = STATEMENTS.count
         t0 = time.time()
         cpu0 = _cpu_s()
+        if lag:
+            lag.start()
         with ThreadPoolExecutor(4) as pool:
-            list(pool.map(lambda i: engine.submit(definition, f"j{i}"), range(n)))
+            list(pool.map(submit, range(n)))
         with psycopg.connect(engine.dsn, autocommit=True) as conn:
 
             def done() -> bool:
-                q = f"SELECT count(*) FROM workflow_run WHERE status IN {_DONE}"
-                return conn.execute(q).fetchone()[0] >= n
+                return conn.execute(finished).fetchone()[0] >= n
 
             polls = wait_until(done, params.get("timeout_s", 1800), 0.2)
+            if kafka:
+                # Lag back to 0: every row published (the relay drains the last ones).
+                polls += wait_until(
+                    lambda: (
+                        conn.execute(
+                            "SELECT count(*) FROM workflow_run_events_outbox"
+                            " WHERE status = 'PENDING'"
+                        ).fetchone()[0]
+                        == 0
+                    ),
+                    60,
+                    0.1,
+                )
             cpu_s = _cpu_s() - cpu0
-            last = conn.execute(
+            statements = STATEMENTS.count - statements0
+            last, _ = conn.execute(last_q).fetchone()
+            last_completed = conn.execute(
                 "SELECT extract(epoch FROM max(completed_at)) FROM workflow_run"
             ).fetchone()[0]
     finally:
+        if lag:
+            lag.stop()
         engine.close()
     counts = _counts(params["dsn"])
     elapsed = float(last) - t0
     completed = counts.get("COMPLETED", 0)
-    return {
+    checks = _checks(params["dsn"], n, kafka=bool(kafka))
+    result = {
         "jobs": completed,
         "not_completed": {k: v for k, v in counts.items() if k != "COMPLETED"},
         "elapsed_s": round(elapsed, 3),
         "jobs_per_s": round(completed / elapsed, 1),
-        "own_commits": polls + 2,
-        # CPU of this process (submitters, worker, gRPC threads) per job: one process, one GIL.
+        "own_commits": polls + 2 + (lag.polls + 1 if lag else 0),
+        # CPU of this process (submitters, worker, relay, gRPC threads) per job: one GIL.
         "cpu_ms_per_job": round(1000 * cpu_s / max(1, completed), 2),
+        # The same without the submitting threads' own CPU (thread_time): worker + relay.
+        "cpu_ms_per_job_run": round(1000 * (cpu_s - submit_cpu[0]) / max(1, completed), 2),
+        "statements_per_job": round(statements / max(1, completed), 2),
         "store_calls_per_job": {
             k: round(v / max(1, n), 2) for k, v in sorted(engine.calls.items())
         },
+        "checks": checks,
     }
+    if kafka:
+        pending = [p for _, p in lag.samples]
+        result["relay"] = {
+            "events_per_s": round(_published(params["dsn"]) / elapsed, 1),
+            "lag_max": max(pending, default=0),
+            "lag_mean": round(sum(pending) / len(pending), 1) if pending else 0,
+            "lag_samples": lag.samples[:: max(1, len(lag.samples) // 40)],
+            "drain_s": round(float(last) - float(last_completed), 3),
+        }
+    return result
+
+
+def _published(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return int(
+            conn.execute(
+                "SELECT count(*) FROM workflow_run_events_outbox WHERE status = 'PUBLISHED'"
+            ).fetchone()[0]
+        )
 
 
 _TRIGGER = """

@@ -10,11 +10,25 @@ from bench.stats import ratio
 
 #: Column order of the peers.
 PEER_ORDER = list(PEERS)
+#: Row order of our throughput variants (workload, relay on or off).
+OURS_ORDER = ["ours+relay", "ours", "ours-realistic+relay", "ours-realistic"]
+
+
+def _get(run: dict | None, key: str):
+    """``run[a][b]`` for ``"a.b"``; None when absent."""
+    value = run
+    for part in key.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
 
 
 def _fmt(v: float | None, unit: str = "") -> str:
     if v is None:
         return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
     if isinstance(v, float) and v >= 100:
         return f"{v:,.0f}{unit}"
     return f"{v:g}{unit}"
@@ -55,28 +69,49 @@ def rows(results: dict) -> list[dict]:
         tp = None
     if tp:
         by = {(r["system"], r["workers"]): r for r in tp["runs"] if "error" not in r}
+        present = {r["system"] for r in tp["runs"]}
+        ours_labels = [x for x in OURS_ORDER if x in present]
+        ours_labels += sorted(x for x in present if x.startswith("ours") and x not in OURS_ORDER)
         for w in sorted({r["workers"] for r in tp["runs"]}):
+            for label in ours_labels:
+                ours = by.get((label, w))
+                noop = not label.startswith("ours-")
+                for key, name, better in (
+                    ("jobs_per_s", "jobs/s", "higher"),
+                    ("tx_per_job", "transactions/job", "lower"),
+                    ("statements_per_job", "statements/job (client count)", "lower"),
+                    ("cpu_ms_per_job_run", "CPU ms/job, worker+relay", "lower"),
+                    ("cpu_ms_per_job", "CPU ms/job, with submitting", "lower"),
+                    # What was subtracted (times the run's duration) to get transactions/job.
+                    ("idle_rate", "idle commits/s (subtracted)", "lower"),
+                    ("relay.events_per_s", "relay events/s", "higher"),
+                    ("relay.lag_max", "outbox lag max (PENDING rows)", "lower"),
+                    ("relay.lag_mean", "outbox lag mean (PENDING rows)", "lower"),
+                    ("relay.drain_s", "lag to 0 after last completion (s)", "lower"),
+                    ("checks.completed_once", "every job COMPLETED once", ""),
+                    ("checks.all_published", "every outbox row PUBLISHED", ""),
+                ):
+                    value = _get(ours, key)
+                    if value is None:
+                        continue
+                    peers = {}
+                    if noop and key in ("jobs_per_s", "tx_per_job", "idle_rate"):
+                        peers = {p: by[(p, w)].get(key) for p in PEER_ORDER if (p, w) in by}
+                    out.append(
+                        {
+                            "metric": f"throughput W={w} ({label}): {name}",
+                            "better": better,
+                            "ours": value,
+                            "peers": peers,
+                        }
+                    )
             ours = by.get(("ours", w))
-            for key, label, better in (
-                ("jobs_per_s", "jobs/s", "higher"),
-                ("tx_per_job", "transactions/job", "lower"),
-                # What was subtracted (times the run's duration) to get transactions/job.
-                ("idle_rate", "idle commits/s (subtracted)", "lower"),
-            ):
-                out.append(
-                    {
-                        "metric": f"throughput W={w}: {label}",
-                        "better": better,
-                        "ours": ours.get(key) if ours else None,
-                        "peers": {p: by[(p, w)].get(key) for p in PEER_ORDER if (p, w) in by},
-                    }
-                )
             if ceiling and ours and ours["tx_per_job"]:
                 clients = min(ceiling["tps"], key=lambda c: abs(int(c) - w))
                 share = ours["jobs_per_s"] * ours["tx_per_job"] / ceiling["tps"][clients]
                 out.append(
                     {
-                        "metric": f"throughput W={w}: share of ceiling ({clients} conn)",
+                        "metric": f"throughput W={w} (ours): share of ceiling ({clients} conn)",
                         "better": "",
                         "ours": round(100 * share, 1),
                         "peers": {},
@@ -183,11 +218,12 @@ def table(results: dict, title: str = "protomolt-jobs benchmarks") -> Table:
     for r in rows(results):
         if "text" in r:
             # Table-size rows: the system's figure goes in its own column.
-            cells = {"ours": r["text"] if r["system"] == "ours" else ""}
-            line = [r["metric"], "", cells["ours"]]
+            mine = r["system"].startswith("ours")
+            metric = f"{r['metric']} ({r['system']})" if mine else r["metric"]
+            line = [metric, "", r["text"] if mine else ""]
             for p in peers:
                 line += [r["text"] if r["system"] == p else "", ""]
-            if r["system"] == "ours" or r["system"] in peers:
+            if mine or r["system"] in peers:
                 t.add_row(*line)
             continue
         unit = r.get("unit", "")

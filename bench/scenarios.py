@@ -70,6 +70,11 @@ class Options:
     idle_window_s: float = 3.0
     #: Seconds from a child's ready to its idle window (late statistics, see bench.child).
     settle_s: float = 4.0
+    #: throughput: ours with the relay to a Tansu broker ("on"), without ("off"), or both.
+    kafka: str = "off"
+    #: throughput: our workloads, "noop" (three no-op calls) and/or "realistic" (gates,
+    #: celRules, validation, ~1 KB messages). Peers run the no-op workload only.
+    workloads: list[str] = field(default_factory=lambda: ["noop"])
     #: relay: jobs whose 5 events each the relay drains alone, and its batch size.
     relay_jobs: int = 1000
     relay_batch: int = 500
@@ -98,6 +103,20 @@ def _systems(opts: Options) -> list[tuple[str, str, dict]]:
     return [("ours", "ours", {})] + [(p, *PEERS[p]) for p in opts.peers]
 
 
+def ours_variants(opts: Options, bootstrap: str | None) -> list[tuple[str, str, dict]]:
+    """Our throughput runs: each workload with the relay on (``<name>+relay``) and/or off.
+    ``both`` runs the no-op workload both ways (the relay-off figure is the historical row)
+    and the other workloads with the relay on only (the product as deployed)."""
+    out = []
+    for workload in opts.workloads:
+        name = "ours" if workload == "noop" else f"ours-{workload}"
+        if opts.kafka in ("on", "both"):
+            out.append((f"{name}+relay", "ours", {"kafka": bootstrap, "workload": workload}))
+        if opts.kafka == "off" or (opts.kafka == "both" and workload == "noop"):
+            out.append((name, "ours", {"workload": workload}))
+    return out
+
+
 def _throughput_run(label: str, system: str, params: dict, opts: Options) -> dict:
     with BenchDatabase(f"tp_{system}") as db:
         r = run_child(
@@ -122,24 +141,55 @@ def _throughput_run(label: str, system: str, params: dict, opts: Options) -> dic
         "idle_rate": r["idle_rate"],
         "sizes": sizes,
     }
-    for key in ("not_completed", "store_calls_per_job", "cpu_ms_per_job"):
+    for key in (
+        "not_completed",
+        "store_calls_per_job",
+        "cpu_ms_per_job",
+        "cpu_ms_per_job_run",
+        "statements_per_job",
+        "checks",
+        "relay",
+    ):
         if r.get(key):
             run[key] = r[key]
+    extra = ""
+    if "statements_per_job" in run:
+        extra = (
+            f"  {run['statements_per_job']} stmt/job  {run.get('cpu_ms_per_job_run')} ms CPU/job"
+        )
+    if "relay" in run:
+        rl = run["relay"]
+        extra += (
+            f"  relay {rl['events_per_s']} ev/s lag max {rl['lag_max']} drain {rl['drain_s']} s"
+        )
     print(
-        f"  throughput {label:16s} W={params['workers']:<3d} n={params['n']:<5d} "
-        f"{run['jobs_per_s']:8.1f} jobs/s  {run['tx_per_job']} tx/job",
+        f"  throughput {label:22s} W={params['workers']:<3d} n={params['n']:<5d} "
+        f"{run['jobs_per_s']:8.1f} jobs/s  {run['tx_per_job']} tx/job{extra}",
         flush=True,
     )
+    checks = run.get("checks")
+    failed = [k for k in ("completed_once", "all_published") if checks and checks.get(k) is False]
+    if failed:
+        print(f"  !! {label}: check failed: {', '.join(failed)}: {checks}", flush=True)
+        run["error"] = f"check failed: {', '.join(failed)}"
     return run
 
 
 def throughput(opts: Options) -> dict:
-    """Jobs/s and transactions/job of every system at each W."""
+    """Jobs/s and transactions/job of every system at each W (ours: each workload, with the
+    relay to a Tansu broker of the run's own and/or without)."""
+    from contextlib import nullcontext
+
+    from bench import kafka
+
     runs = []
-    with NoopServer(threads=max(32, 2 * max(opts.workers))) as srv:
+    broker_cm = kafka.Broker() if opts.kafka in ("on", "both") else nullcontext()
+    with NoopServer(threads=max(32, 2 * max(opts.workers))) as srv, broker_cm as broker:
+        bootstrap = broker.bootstrap if broker is not None else None
         for w in opts.workers:
             n = min(opts.n, opts.jobs_per_worker_cap * w)
-            for label, system, extra in _systems(opts):
+            systems = ours_variants(opts, bootstrap) + [(p, *PEERS[p]) for p in opts.peers]
+            for label, system, extra in systems:
                 n_run = min(n, DBOS_1S_JOBS_PER_W * w) if label == "dbos-queue-1s" else n
                 params = {"target": srv.target, "n": n_run, "workers": w, **extra}
                 run = _guarded(label, _throughput_run, label, system, params, opts)

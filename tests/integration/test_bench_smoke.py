@@ -71,14 +71,23 @@ def test_bench_smoke_runs_every_scenario_and_cleans_up(tmp_path):
 
     assert results["ceiling"]["tps"]["1"] > 0
 
-    (tp,) = results["throughput"]["runs"]
-    assert tp["system"] == "ours"
-    assert tp["jobs"] == tp["n"] == 20
-    assert "not_completed" not in tp
-    assert tp["jobs_per_s"] > 0
-    assert tp["tx_per_job"] is not None and tp["tx_per_job"] > 0
-    sizes = {s["table"]: s for s in tp["sizes"]}
-    assert sizes["workflow_run"]["total_bytes"] > 0
+    relay = results["relay"]
+    assert relay["events"] == relay["rows"] == 100 and relay["not_published"] == 0
+
+    runs = {r["system"]: r for r in results["throughput"]["runs"]}
+    assert set(runs) == {"ours", "ours+relay", "ours-realistic+relay"}
+    for tp in runs.values():
+        assert tp["jobs"] == tp["n"] == 20
+        assert "not_completed" not in tp and "error" not in tp
+        assert tp["jobs_per_s"] > 0
+        assert tp["tx_per_job"] is not None and tp["tx_per_job"] > 0
+        assert tp["statements_per_job"] > 0 and tp["cpu_ms_per_job_run"] > 0
+        assert tp["checks"]["completed_once"] is True
+        sizes = {s["table"]: s for s in tp["sizes"]}
+        assert sizes["workflow_run"]["total_bytes"] > 0
+    for label in ("ours+relay", "ours-realistic+relay"):
+        assert runs[label]["checks"]["all_published"] is True
+        assert runs[label]["relay"]["drain_s"] >= 0
 
     (lat,) = results["latency"]["runs"]
     assert lat["running"]["samples"] == lat["completed"]["samples"] == 5
@@ -94,7 +103,7 @@ def test_bench_smoke_runs_every_scenario_and_cleans_up(tmp_path):
 
     # The one table was printed with our figures.
     assert "protomolt-jobs benchmarks" in proc.stdout
-    assert "throughput W=2: jobs/s" in proc.stdout
+    assert "throughput W=2 (ours+relay): jobs/s" in proc.stdout
 
     # Nothing left behind: no benchmark database, no process the run started (the gRPC server
     # and the system-under-test children inherit the marker through their environment).
