@@ -49,6 +49,7 @@ from protomolt_jobs import crashpoints
 from protomolt_jobs.config import ConfigError, JobsConfig
 from protomolt_jobs.errors import StoreError
 from protomolt_jobs.events import WorkflowRunEvent, event_violations
+from protomolt_jobs.service import Backoff, Service
 
 __all__ = [
     "Relay",
@@ -136,7 +137,7 @@ def check_payload(payload: bytes, kafka_key: str) -> str | None:
     return None
 
 
-class Relay:
+class Relay(Service):
     """Drains the outbox to ``config.events_topic`` (see the module doc).
 
     :param store: the job store (``outbox_claim``, ``outbox_mark_published``,
@@ -150,6 +151,8 @@ class Relay:
     """
 
     name = "relay"
+    #: A pass waiting for delivery reports gives up on stop, so a stop is quick.
+    stop_timeout_s = 10.0
 
     def __init__(
         self,
@@ -164,6 +167,7 @@ class Relay:
         for key in ("enable.idempotence", "acks", "partitioner"):
             if key in overrides:
                 raise ConfigError(f"producer_config may not override {key!r}")
+        super().__init__(worker_id=config.worker_id)
         self._store = store
         self._config = config
         self.topic = config.events_topic
@@ -187,54 +191,25 @@ class Relay:
         self.claim_s = 2 * self.report_wait_s
         self._producer: Producer | None = None
         self._fatal = False
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # Held for one pass (and while the producer is dropped): one pass at a time.
+        self._pass_lock = threading.Lock()
+        self._retry = Backoff(BACKOFF_MIN_S, BACKOFF_MAX_S)
         self._lane_trouble = False
         self._last_client_error: tuple[int, float] | None = None
 
-    # -- lifecycle ---------------------------------------------------------------------------
+    # -- lifecycle (start/stop/health: protomolt_jobs.service.Service) ----------------------
 
-    def start(self) -> None:
-        """Start the relay loop in a daemon thread; returns at once (idempotent)."""
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="protomolt-jobs-relay", daemon=True)
-        self._thread.start()
-        log.info(
-            "relay publishing outbox events to topic %s on %s (batch %d, idle poll %d ms)",
-            self.topic,
-            self._config.kafka_bootstrap,
-            self._config.relay_batch_size,
-            self._config.relay_poll_interval_ms,
-            extra={
-                "action": "relay_started",
-                "topic": self.topic,
-                "bootstrap": self._config.kafka_bootstrap,
-            },
-        )
+    def _started_fields(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "bootstrap": self._config.kafka_bootstrap,
+            "batch": self._config.relay_batch_size,
+            "idle_poll_ms": self._config.relay_poll_interval_ms,
+        }
 
-    def stop(self, timeout_s: float | None = None) -> None:
-        """Stop the loop (a pass waiting for acks gives up; its rows are claimed again later),
-        then close the producer. Never-started and repeated stops are fine.
-
-        :param timeout_s: how long to wait for the loop thread; None waits for it.
-        """
-        self._stop.set()
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout_s)
-            if thread.is_alive():
-                log.warning(
-                    "relay did not stop within %ss",
-                    timeout_s,
-                    extra={"action": "relay_stop_timeout"},
-                )
-                return
-            self._thread = None
-            log.info("relay stopped", extra={"action": "relay_stopped"})
-        with self._lock:
+    def _on_stopped(self) -> None:
+        # A pass waiting for acks gave up on stop; its rows are claimed again later.
+        with self._pass_lock:
             self._drop_producer()
 
     # -- one pass ----------------------------------------------------------------------------
@@ -246,7 +221,7 @@ class Relay:
         :raises StoreError: when the claim or a mark fails (published rows stay PENDING and
             are published again once their claim lease runs out).
         """
-        with self._lock:
+        with self._pass_lock:
             self._lane_trouble = False
             rows = self._store.outbox_claim(self._config.relay_batch_size, claim_s=self.claim_s)
             if not rows:
@@ -435,10 +410,10 @@ class Relay:
             extra={"action": "relay_broker_error", "error_code": err.name(), "topic": self.topic},
         )
 
-    def _loop(self) -> None:
+    def _run(self, stop: threading.Event) -> None:
         idle_s = self._config.relay_poll_interval_ms / 1000.0
-        backoff = 0.0
-        while not self._stop.is_set():
+        while not stop.is_set():
+            self._checkpoint()
             try:
                 published = self.run_once()
                 failed = self._lane_trouble
@@ -449,15 +424,11 @@ class Relay:
                     extra={"action": "relay_store_failed"},
                 )
                 published, failed = 0, True
-            except Exception:
-                log.exception(
-                    "relay pass failed; the loop continues", extra={"action": "relay_pass_failed"}
-                )
-                published, failed = 0, True
             if failed:
-                backoff = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, backoff * 2))
-                self._stop.wait(backoff)
+                if self._sleep(self._retry.next()):
+                    return
                 continue
-            backoff = 0.0
-            if published == 0:
-                self._stop.wait(idle_s)
+            self._retry.reset()
+            self._progressed()
+            if published == 0 and self._sleep(idle_s):
+                return

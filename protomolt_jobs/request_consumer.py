@@ -49,6 +49,7 @@ from google.protobuf.message import DecodeError
 from protomolt_jobs import crashpoints
 from protomolt_jobs.config import CONSUMER_GROUP, ConfigError, JobsConfig
 from protomolt_jobs.errors import StoreError
+from protomolt_jobs.service import Service
 
 __all__ = [
     "FAIL_AT_BIRTH_REASONS",
@@ -153,7 +154,7 @@ def _summarize(violations: list[Any]) -> str:
     return "; ".join(f"{v.rule_id} at {v.path or '(message)'}: {v.message}" for v in violations)
 
 
-class RequestConsumer:
+class RequestConsumer(Service):
     """Reads ``config.effective_request_topic`` and submits each record (see the module doc).
 
     :param store: the job store (``job_insert``, ``reject_insert``).
@@ -165,6 +166,8 @@ class RequestConsumer:
     """
 
     name = "request_consumer"
+    #: A pass polls for at most half a second; leaving the group may take a join's time.
+    stop_timeout_s = 10.0
 
     def __init__(
         self,
@@ -181,6 +184,7 @@ class RequestConsumer:
         topic = config.effective_request_topic
         if not topic:
             raise ConfigError("jobs.request_topic is not set")
+        super().__init__(worker_id=config.worker_id)
         self._store = store
         self._submitter = submitter
         self._config = config
@@ -204,9 +208,8 @@ class RequestConsumer:
             **overrides,
         }
         self._consumer: Consumer | None = None
-        self._lock = threading.RLock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # Held for one pass and while the consumer closes: one user of the client at a time.
+        self._pass_lock = threading.RLock()
         #: A record whose write failed on a store error: handled again before the next poll.
         self._held: Message | None = None
         #: A handled record whose offset commit failed transiently: committed before the next.
@@ -218,52 +221,19 @@ class RequestConsumer:
         #: Test hook: called with (outcome, message) after each record's offset is committed.
         self.on_handled: Callable[[str, Message], None] | None = None
 
-    # -- lifecycle ---------------------------------------------------------------------------
+    # -- lifecycle (start/stop/health: protomolt_jobs.service.Service) ----------------------
 
-    def start(self) -> None:
-        """Start the consume loop in a daemon thread; returns at once (idempotent)."""
-        with self._lock:
-            if self._thread is not None and self._thread.is_alive():
-                return
-            self._stop.clear()
-            self._thread = threading.Thread(
-                target=self._loop, name="protomolt-jobs-request-consumer", daemon=True
-            )
-            self._thread.start()
-        log.info(
-            "request consumer reading %s on %s as group %s",
-            self.topic,
-            self._config.kafka_bootstrap,
-            CONSUMER_GROUP,
-            extra={
-                "action": "request_consumer_started",
-                "topic": self.topic,
-                "bootstrap": self._config.kafka_bootstrap,
-                "group": CONSUMER_GROUP,
-            },
-        )
+    def _started_fields(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "bootstrap": self._config.kafka_bootstrap,
+            "group": CONSUMER_GROUP,
+        }
 
-    def stop(self, timeout_s: float | None = None) -> None:
-        """Stop the loop, then leave the group and close the consumer.
-
-        Uncommitted records are redelivered to the next member (idempotent). Never-started
-        and repeated stops are fine.
-
-        :param timeout_s: how long to wait for the loop thread; None waits for it.
-        """
-        self._stop.set()
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout_s)
-            if thread.is_alive():
-                log.warning(
-                    "request consumer did not stop within %ss",
-                    timeout_s,
-                    extra={"action": "request_consumer_stop_timeout"},
-                )
-                return
-        self._thread = None
-        with self._lock:
+    def _on_stopped(self) -> None:
+        """Leave the group and close the consumer once the loop has ended. Uncommitted
+        records are redelivered to the next member (idempotent)."""
+        with self._pass_lock:
             consumer, self._consumer = self._consumer, None
             self._held = None
             self._uncommitted = None
@@ -278,7 +248,6 @@ class RequestConsumer:
                     exc,
                     extra={"action": "request_consumer_close_failed"},
                 )
-            log.info("request consumer stopped", extra={"action": "request_consumer_stopped"})
 
     # -- one pass ----------------------------------------------------------------------------
 
@@ -290,7 +259,7 @@ class RequestConsumer:
             queued for retry), else 0 (nothing arrived, a broker error, or a store failure:
             then the record is held for the next pass and a backoff is suggested).
         """
-        with self._lock:
+        with self._pass_lock:
             consumer = self._ensure_consumer()
             self._backoff_s = 0.0
             if self._uncommitted is not None and not self._commit(consumer, self._uncommitted):
@@ -555,20 +524,16 @@ class RequestConsumer:
         )
         return "failed_at_birth"
 
-    def _loop(self) -> None:
+    def _run(self, stop: threading.Event) -> None:
         backoff = 0.0
-        while not self._stop.is_set():
-            try:
-                self.run_once(0.5)
-                wanted = self._backoff_s
-            except Exception:
-                log.exception(
-                    "request consumer pass failed; the loop continues",
-                    extra={"action": "request_consumer_pass_failed"},
-                )
-                wanted = BACKOFF_MIN_S
+        while not stop.is_set():
+            self._checkpoint()
+            self.run_once(0.5)
+            wanted = self._backoff_s
             if wanted:
                 backoff = min(BACKOFF_MAX_S, max(wanted, backoff * 2))
-                self._stop.wait(backoff)
+                if self._sleep(backoff):
+                    return
             else:
                 backoff = 0.0
+                self._progressed()

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AlreadyDone",
-    "ParkedStepCompleted",
     "InsertOutcome",
     "JobRecord",
     "JobStore",
@@ -34,6 +33,7 @@ __all__ = [
     "NewJob",
     "OutboxRow",
     "ParkedCompletion",
+    "ParkedStepCompleted",
     "SweepResult",
     "WrongState",
 ]

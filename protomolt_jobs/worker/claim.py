@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +41,7 @@ import psycopg
 from psycopg import sql
 
 from protomolt_jobs.errors import StoreError
+from protomolt_jobs.service import Backoff, PeriodicService, Service
 
 __all__ = ["BACKLOG_S", "CHANNEL", "ClaimLoop", "Doorbell", "Listener", "Poller", "backlogged"]
 
@@ -113,8 +113,8 @@ class Doorbell:
             return False
 
 
-class Poller:
-    """Rings the doorbell once per poll interval (jittered 0.9-1.1): the fallback wake-up.
+class Poller(PeriodicService):
+    """Rings the doorbell once per poll interval (jittered): the fallback wake-up.
 
     :param doorbell: rung once per interval.
     :param interval_s: the poll interval, seconds (> 0).
@@ -122,49 +122,32 @@ class Poller:
     """
 
     name = "poller"
+    stop_timeout_s = 5.0
 
     def __init__(self, *, doorbell: Doorbell, interval_s: float, worker_id: str) -> None:
         if not interval_s > 0:
             raise ValueError(f"poll interval: must be > 0 seconds; got {interval_s!r}")
+        super().__init__(interval_s=interval_s, worker_id=worker_id)
         self._doorbell = doorbell
-        self._interval_s = float(interval_s)
-        self.worker_id = worker_id
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
         #: Rings so far (tests watch the cadence through it).
         self.rings = 0
 
-    def start(self) -> None:
-        """Start ringing; returns at once. Idempotent."""
-        with self._lock:
-            if self._thread is not None and self._thread.is_alive():
-                return
-            self._stop = threading.Event()
-            self._thread = threading.Thread(
-                target=self._loop,
-                args=(self._stop,),
-                name=f"protomolt-jobs-poller-{self.worker_id}",
-                daemon=True,
-            )
-            self._thread.start()
+    def run_once(self) -> int:
+        """Ring once; returns the rings so far."""
+        self.rings += 1
+        self._doorbell.ring(1)
+        return self.rings
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop ringing and join the thread. Never-started and double stop are fine."""
-        with self._lock:
-            thread, self._thread = self._thread, None
-            self._stop.set()
-        if thread is not None:
-            thread.join(timeout_s)
-
-    def _loop(self, stop: threading.Event) -> None:
-        while not stop.wait(self._interval_s * random.uniform(0.9, 1.1)):
-            self.rings += 1
-            self._doorbell.ring(1)
+    def _wait_before_first_pass(self) -> bool:
+        return True
 
 
-class Listener:
+class Listener(Service):
     """``LISTEN protomolt_jobs`` on a dedicated autocommit connection; rings the doorbell.
+
+    A lost connection is retried with a capped exponential backoff (health shows
+    BACKING_OFF meanwhile); the first connect happens in the thread, so a database that is
+    down does not block the worker's start.
 
     :param dsn: libpq connection string.
     :param doorbell: rung once per notification, ``ring_all`` after each (re)connect.
@@ -176,40 +159,14 @@ class Listener:
     def __init__(self, dsn: str, *, doorbell: Doorbell, worker_id: str) -> None:
         if not dsn:
             raise ValueError("the listener needs a dsn (jobs.dsn)")
+        super().__init__(worker_id=worker_id)
         self._dsn = dsn
         self._doorbell = doorbell
-        self.worker_id = worker_id
-        self._log = logging.getLogger("protomolt_jobs.listener")
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._reconnect = Backoff(_RECONNECT_FIRST_S, _RECONNECT_CAP_S)
         #: Connections made so far (tests watch reconnects through it).
         self.connects = 0
         #: Set while a LISTEN connection is established.
         self.listening = threading.Event()
-
-    def start(self) -> None:
-        """Start the listener thread; returns at once (the first connect happens in the
-        thread, so a database that is down does not block the worker's start). Idempotent."""
-        with self._lock:
-            if self._thread is not None and self._thread.is_alive():
-                return
-            self._stop.clear()
-            self._thread = threading.Thread(
-                target=self._loop, name=f"protomolt-jobs-listener-{self.worker_id}", daemon=True
-            )
-            self._thread.start()
-
-    def stop(self, timeout_s: float | None = None) -> None:
-        """Stop and return once the thread has ended (within about a quarter second).
-        Never-started and double stop are fine."""
-        with self._lock:
-            thread = self._thread
-            self._thread = None
-        if thread is None:
-            return
-        self._stop.set()
-        thread.join(10.0 if timeout_s is None else timeout_s)
 
     def run_once(self, conn: Any, timeout_s: float = _LISTEN_SLICE_S) -> int:
         """Wait up to ``timeout_s`` on ``conn`` for notifications and ring for each.
@@ -233,15 +190,16 @@ class Listener:
             raise
         return conn
 
-    def _loop(self) -> None:
-        backoff_s = _RECONNECT_FIRST_S
-        while not self._stop.is_set():
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self._checkpoint()
             conn = None
             try:
                 conn = self._connect()
                 self.connects += 1
                 self.listening.set()
-                self._log.info(
+                self._progressed()
+                self.log.info(
                     "listening for new jobs",
                     extra={
                         "action": "listener_connected",
@@ -249,26 +207,28 @@ class Listener:
                         "connects": self.connects,
                     },
                 )
-                backoff_s = _RECONNECT_FIRST_S
+                self._reconnect.reset()
                 # Notifications sent while we were away are lost: every loop polls once.
                 self._doorbell.ring_all()
-                while not self._stop.is_set():
+                while not stop.is_set():
+                    self._checkpoint()
                     self.run_once(conn)
-            except Exception as exc:  # noqa: BLE001 - any connection failure: reconnect with backoff
+            except (psycopg.Error, OSError) as exc:
                 self.listening.clear()
-                if self._stop.is_set():
+                if stop.is_set():
                     break
-                self._log.warning(
+                retry_s = self._reconnect.next()
+                self._backing_off(f"{type(exc).__name__}: {exc}")
+                self.log.warning(
                     "listener connection failed; reconnecting",
                     extra={
                         "action": "listener_disconnected",
                         "worker_id": self.worker_id,
                         "error": str(exc),
-                        "retry_in_s": backoff_s,
+                        "retry_in_s": round(retry_s, 3),
                     },
                 )
-                self._stop.wait(backoff_s * random.uniform(0.8, 1.2))
-                backoff_s = min(_RECONNECT_CAP_S, backoff_s * 2)
+                self._sleep(retry_s)
             finally:
                 self.listening.clear()
                 if conn is not None:
@@ -291,8 +251,11 @@ def backlogged(job: Any) -> bool:
         return True
 
 
-class ClaimLoop:
+class ClaimLoop(Service):
     """One claim loop: claim, execute, repeat until the queue is empty, then wait.
+
+    A failed claim (store error) is a warning and the loop waits for the next wake-up; any
+    other exception (a defect; the claimed job is left to the sweeper) goes to supervision.
 
     :param claim: ``() -> JobRecord | None`` (``store.job_claim(worker_id, lease_s)``).
     :param execute: runs and settles a claimed job.
@@ -300,8 +263,10 @@ class ClaimLoop:
         claim that shows a backlog (:func:`backlogged`).
     :param stopping: set when the worker stops claiming (the worker then closes the doorbell,
         which wakes every waiting loop).
-    :param name: the thread name.
+    :param name: the loop's name (``claim_loop_<i>``; the thread is named after it).
     """
+
+    name = "claim_loop"
 
     def __init__(
         self,
@@ -309,20 +274,19 @@ class ClaimLoop:
         claim: Callable[[], Any],
         execute: Callable[[Any], Any],
         doorbell: Doorbell,
-        stopping: threading.Event,
-        name: str,
+        stopping: threading.Event | None = None,
+        name: str = "claim_loop",
         worker_id: str,
     ) -> None:
+        self.name = name
+        super().__init__(worker_id=worker_id)
+        self.log = logging.getLogger("protomolt_jobs.worker")
         self._claim = claim
         self._execute = execute
         self._doorbell = doorbell
-        self._stopping = stopping
-        self.name = name
-        self.worker_id = worker_id
+        self._stopping = stopping if stopping is not None else self._stop
         # True while the loop claims job after job without waiting on the doorbell.
         self._continuing = False
-        self._log = logging.getLogger("protomolt_jobs.worker")
-        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
     def run_once(self) -> bool:
         """Claim one job and execute it in the calling thread.
@@ -348,12 +312,18 @@ class ClaimLoop:
         self._execute(job)
         return True
 
-    def _loop(self) -> None:
-        while not self._stopping.is_set():
+    def _wake(self) -> None:
+        # A stop of the whole worker closes the doorbell; a lone loop (tests, an injected
+        # failure) is woken by one ring.
+        self._doorbell.ring(1)
+
+    def _run(self, stop: threading.Event) -> None:
+        while not (stop.is_set() or self._stopping.is_set()):
+            self._checkpoint()
             try:
                 claimed = self.run_once()
             except StoreError as exc:
-                self._log.warning(
+                self.log.warning(
                     "claim failed; retrying at the next wake-up (at most a poll interval)",
                     extra={
                         "action": "claim_failed",
@@ -362,13 +332,9 @@ class ClaimLoop:
                     },
                 )
                 claimed = False
-            except Exception:  # noqa: BLE001 - a defect must not kill the loop; the sweeper takes the job
-                self._log.exception(
-                    "claim loop iteration failed (loop continues)",
-                    extra={"action": "claim_loop_failed", "worker_id": self.worker_id},
-                )
-                claimed = False
-            if claimed or self._stopping.is_set():
+            if claimed:
+                self._progressed()
+            if claimed or stop.is_set() or self._stopping.is_set():
                 continue
             # No timeout: the poller rings once per poll interval for the whole worker.
             self._continuing = False

@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 from protomolt_jobs.errors import LeaseLost, StoreError
+from protomolt_jobs.service import Service
 
 __all__ = ["Heartbeat", "LeaseGuard"]
 
@@ -82,8 +83,12 @@ class LeaseGuard:
         return True
 
 
-class Heartbeat:
+class Heartbeat(Service):
     """Extends the leases of tracked jobs every ``lease_s / 3`` seconds.
+
+    A :class:`~protomolt_jobs.service.Service`. Its stop keeps the base's rule for a join
+    that times out (a beat blocked in the store): the thread is kept, ends after its beat,
+    and a ``start()`` meanwhile tells it to carry on instead of starting a second one.
 
     :param store: the job store (``job_heartbeat(lease, lease_s)``).
     :param lease_s: lease length, seconds (> 0).
@@ -96,14 +101,12 @@ class Heartbeat:
     def __init__(self, store: Any, *, lease_s: float, worker_id: str) -> None:
         if not lease_s or lease_s <= 0:
             raise ValueError(f"lease_s must be a positive number of seconds; got {lease_s!r}")
+        super().__init__(worker_id=worker_id)
         self._store = store
         self.lease_s = float(lease_s)
         self.interval_s = self.lease_s / 3.0
-        self.worker_id = worker_id
         self._cond = threading.Condition()
         self._guards: dict[Any, LeaseGuard] = {}
-        self._thread: threading.Thread | None = None
-        self._stopping = False
 
     # -- tracking ------------------------------------------------------------------------
 
@@ -131,58 +134,12 @@ class Heartbeat:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the heartbeat thread; returns at once. Idempotent.
+    def _started_fields(self) -> dict[str, Any]:
+        return {"interval_s": self.interval_s}
 
-        After a :meth:`stop` whose join timed out (a beat blocked in the store), the old
-        thread is still alive: it is told to carry on instead of a second thread starting.
-        """
+    def _wake(self) -> None:
         with self._cond:
-            if self._thread is not None and self._thread.is_alive():
-                self._stopping = False
-                self._cond.notify_all()
-                return
-            self._stopping = False
-            self._thread = threading.Thread(
-                target=self._loop, name=f"protomolt-jobs-heartbeat-{self.worker_id}", daemon=True
-            )
-            self._thread.start()
-        log.info(
-            "heartbeat started",
-            extra={
-                "action": "heartbeat_started",
-                "worker_id": self.worker_id,
-                "interval_s": self.interval_s,
-            },
-        )
-
-    def stop(self, timeout_s: float | None = None) -> None:
-        """Stop the thread and return once it has ended. Never-started and double stop are
-        fine. Tracked guards stay tracked (the caller settles or releases them).
-
-        :param timeout_s: join bound, seconds (None: 10 s).
-        """
-        with self._cond:
-            thread = self._thread
-            if thread is None:
-                return
-            self._stopping = True
             self._cond.notify_all()
-        thread.join(10.0 if timeout_s is None else timeout_s)
-        if thread.is_alive():
-            # A beat is blocked in the store. Keep the reference: the thread ends on its own
-            # once the beat returns (it sees _stopping), and start() must not add a second one.
-            log.warning(
-                "heartbeat thread did not stop in time; it ends after its current beat",
-                extra={"action": "heartbeat_stop_timeout", "worker_id": self.worker_id},
-            )
-            return
-        with self._cond:
-            if self._thread is thread:
-                self._thread = None
-        log.info(
-            "heartbeat stopped", extra={"action": "heartbeat_stopped", "worker_id": self.worker_id}
-        )
 
     def run_once(self) -> int:
         """Extend every lease whose beat is due.
@@ -259,26 +216,18 @@ class Heartbeat:
         guard.next_due = time.monotonic() + self.interval_s
         return True
 
-    def _loop(self) -> None:
-        while True:
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
             with self._cond:
-                if self._stopping:
-                    # Under the lock, so start() either sees this thread gone or keeps it.
-                    if self._thread is threading.current_thread():
-                        self._thread = None
+                if stop.is_set():
                     return
                 now = time.monotonic()
                 pending = [g.next_due for g in self._guards.values() if not g.lost]
                 wait_s = (min(pending) - now) if pending else self.interval_s
                 if wait_s > 0:
                     self._cond.wait(wait_s)
+                    self._checkpoint()
                     continue
-            try:
-                self.run_once()
-            except Exception:  # a defect must not end the heartbeat of every job
-                log.exception(
-                    "heartbeat pass failed",
-                    extra={"action": "heartbeat_pass_failed", "worker_id": self.worker_id},
-                )
-                with self._cond:
-                    self._cond.wait(min(1.0, self.interval_s))
+            self._checkpoint()
+            self.run_once()
+            self._progressed()

@@ -13,74 +13,30 @@ Several sweepers (one per process) are safe: the store's sweep locks the rows it
 
 from __future__ import annotations
 
-import logging
-import random
-import threading
 from typing import Any
 
+from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import StoreError
+from protomolt_jobs.service import PeriodicService
 
 __all__ = ["Sweeper"]
 
-log = logging.getLogger("protomolt_jobs.sweeper")
 
-# Jitter of the sweep cadence: each wait is the interval times a factor in this range.
-_JITTER = (0.8, 1.2)
-
-
-class Sweeper:
-    """The lease sweeper component.
+class Sweeper(PeriodicService):
+    """The lease sweeper component (a :class:`~protomolt_jobs.service.PeriodicService`:
+    one pass per jittered ``sweep_interval_ms``, the first after one interval; a store
+    failure is a warning and the pass is retried after a backoff).
 
     :param store: the job store (``job_sweep_expired()``).
-    :param config: ``JobsConfig`` (``sweep_interval_ms``, ``worker_id``).
+    :param config: ``JobsConfig`` (``sweep_interval_ms``, ``worker_id``; validated there).
     """
 
     name = "sweeper"
+    transient = (StoreError,)
 
-    def __init__(self, store: Any, *, config: Any) -> None:
-        if config.sweep_interval_ms <= 0:
-            raise ValueError(
-                f"jobs.sweep_interval_ms must be positive; got {config.sweep_interval_ms!r}"
-            )
+    def __init__(self, store: Any, *, config: JobsConfig) -> None:
+        super().__init__(interval_s=config.sweep_interval_ms / 1000.0, worker_id=config.worker_id)
         self._store = store
-        self.interval_s = config.sweep_interval_ms / 1000.0
-        self.worker_id = config.worker_id
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        """Start sweeping on the cadence; returns at once. Idempotent."""
-        with self._lock:
-            if self._thread is not None and self._thread.is_alive():
-                return
-            self._stop.clear()
-            self._thread = threading.Thread(
-                target=self._loop, name=f"protomolt-jobs-sweeper-{self.worker_id}", daemon=True
-            )
-            self._thread.start()
-        log.info(
-            "sweeper started",
-            extra={
-                "action": "sweeper_started",
-                "worker_id": self.worker_id,
-                "interval_s": self.interval_s,
-            },
-        )
-
-    def stop(self, timeout_s: float | None = None) -> None:
-        """Stop and return once the loop has ended (a sweep in progress finishes first).
-        Never-started and double stop are fine."""
-        with self._lock:
-            thread = self._thread
-            self._thread = None
-        if thread is None:
-            return
-        self._stop.set()
-        thread.join(10.0 if timeout_s is None else timeout_s)
-        log.info(
-            "sweeper stopped", extra={"action": "sweeper_stopped", "worker_id": self.worker_id}
-        )
 
     def run_once(self) -> Any:
         """One sweep pass.
@@ -90,7 +46,7 @@ class Sweeper:
         """
         result = self._store.job_sweep_expired()
         if result.requeued:
-            log.info(
+            self.log.info(
                 "expired leases requeued",
                 extra={
                     "action": "sweep_requeued",
@@ -99,27 +55,20 @@ class Sweeper:
                 },
             )
         if result.dead:
-            log.warning(
+            self.log.warning(
                 "expired leases with no attempts left went DEAD",
                 extra={"action": "sweep_dead", "worker_id": self.worker_id, "count": result.dead},
             )
         return result
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s * random.uniform(*_JITTER)):
-            try:
-                self.run_once()
-            except StoreError as exc:
-                log.warning(
-                    "sweep failed (next pass retries)",
-                    extra={
-                        "action": "sweep_failed",
-                        "worker_id": self.worker_id,
-                        "error": str(exc),
-                    },
-                )
-            except Exception:  # a defect must not end the sweeper
-                log.exception(
-                    "sweep pass crashed (next pass retries)",
-                    extra={"action": "sweep_failed", "worker_id": self.worker_id},
-                )
+    def _wait_before_first_pass(self) -> bool:
+        return True
+
+    def _started_fields(self) -> dict[str, Any]:
+        return {"interval_s": self.interval_s}
+
+    def _failed_pass(self, exc: BaseException) -> None:
+        self.log.warning(
+            "sweep failed (next pass retries)",
+            extra={"action": "sweep_failed", "worker_id": self.worker_id, "error": str(exc)},
+        )

@@ -27,6 +27,7 @@ import threading
 import time
 from typing import Any
 
+from protomolt_jobs.service import ServiceHealth, ServiceState
 from protomolt_jobs.worker.claim import ClaimLoop, Doorbell, Listener, Poller
 from protomolt_jobs.worker.execute import SegmentExecutor
 from protomolt_jobs.worker.heartbeat import Heartbeat
@@ -110,13 +111,13 @@ class Worker:
                     execute=self.executor.execute,
                     doorbell=self.doorbell,
                     stopping=self._stopping,
-                    name=f"protomolt-jobs-worker-{self.worker_id}-{i}",
+                    name=f"claim_loop_{i}",
                     worker_id=self.worker_id,
                 )
                 for i in range(self.config.worker_count)
             ]
             for loop in self._loops:
-                loop.thread.start()
+                loop.start()
             self.poller.start()
             self._started = True
         log.info(
@@ -129,19 +130,20 @@ class Worker:
             },
         )
 
-    def stop(self, timeout_s: float | None = None) -> None:
+    def stop(self, timeout_s: float | None = None) -> bool:
         """Graceful stop (see the module docstring); returns once stopped. Never-started and
         double stop are fine.
 
         :param timeout_s: caps the grace period for in-flight segments, seconds: the grace
             is ``min(shutdown_grace_seconds, timeout_s)``; None uses ``shutdown_grace_seconds``.
             Stopping takes at most the grace plus about 2 s (the release pass and joins).
+        :returns: True when every thread ended; False when a loop is still inside a call
+            (released: it writes nothing more and ends when the call returns).
         """
         with self._lock:
             if not self._started:
                 # run_once() may have started the heartbeat without start().
-                self.heartbeat.stop()
-                return
+                return self.heartbeat.stop()
             self._started = False
             loops, self._loops = self._loops, []
             grace_s = self.config.shutdown_grace_seconds
@@ -157,13 +159,17 @@ class Worker:
             )
             # 1. stop claiming (the listener goes too: nothing is left to wake).
             self._stopping.set()
+            for loop in loops:
+                loop.request_stop()
             self.doorbell.close()
+            self.listener.request_stop()
+            self.poller.request_stop()
             self.listener.stop()
             self.poller.stop()
             # 2. grace period for the segments in flight.
             deadline = time.monotonic() + grace_s
             for loop in loops:
-                loop.thread.join(max(0.0, deadline - time.monotonic()))
+                loop.join(deadline - time.monotonic())
             # 3. release the rest back to QUEUED.
             self._draining.set()
             released = 0
@@ -172,11 +178,11 @@ class Worker:
                     released += 1
             self.permits.wake_all()
             join_deadline = time.monotonic() + _JOIN_AFTER_RELEASE_S
-            for loop in loops:
-                loop.thread.join(max(0.0, join_deadline - time.monotonic()))
-            left = sum(1 for loop in loops if loop.thread.is_alive())
+            left = sum(
+                1 for loop in loops if not loop.stop(max(0.0, join_deadline - time.monotonic()))
+            )
             # 4. heartbeats end with their segments.
-            self.heartbeat.stop()
+            stopped = self.heartbeat.stop() and left == 0
         log.info(
             "worker stopped",
             extra={
@@ -186,6 +192,20 @@ class Worker:
                 "threads_left_in_calls": left,
             },
         )
+        return stopped
+
+    def health(self) -> ServiceHealth:
+        """RUNNING while started and every part (heartbeat, listener, poller, claim loops)
+        runs; the parts are listed by name."""
+        with self._lock:
+            parts = (
+                self.heartbeat.health(),
+                self.listener.health(),
+                self.poller.health(),
+                *(loop.health() for loop in self._loops),
+            )
+            state = ServiceState.RUNNING if self._started else ServiceState.STOPPED
+        return ServiceHealth(self.name, state, parts=parts if self._started else ())
 
     def run_once(self) -> bool:
         """Claim one job and execute it in the calling thread (tests, tools).

@@ -45,7 +45,7 @@ def store(fresh_dsn):
 
 
 def _threads(name: str) -> int:
-    return sum(1 for t in threading.enumerate() if t.name == name and t.is_alive())
+    return sum(1 for t in threading.enumerate() if t.name.startswith(name) and t.is_alive())
 
 
 def test_relay_start_stop_stress(fresh_dsn, store, broker):

@@ -99,7 +99,9 @@ def test_dead_release_parked_fail_outbox_error_and_rejects_accept_nul(store):
     store.job_dead(dead.lease, "gave up \x00")
     assert store.job_get(dead.job_id).error == f"gave up {R}"
     parked = parked_job(store)
-    assert isinstance(store.job_fail_parked(parked.job_id, "approve", "no \x00"), ParkedStepCompleted)
+    assert isinstance(
+        store.job_fail_parked(parked.job_id, "approve", "no \x00"), ParkedStepCompleted
+    )
     assert store.job_get(parked.job_id).error == f"no {R}"
     event_id = store.outbox_for_job(parked.job_id)[-1].event_id
     assert store.outbox_mark_failed(event_id, "broker \x00 down").last_error == f"broker {R} down"

@@ -85,7 +85,9 @@ def test_seed_scenario_retry_replay_park_complete(store, fresh_dsn, services):
         from protomolt_jobs.store import ParkedStepCompleted
 
         entry = {"name": "review", "skipped": False, "response": {"approved": True, "note": "ok"}}
-        assert isinstance(store.job_complete_parked(job.job_id, "review", entry), ParkedStepCompleted)
+        assert isinstance(
+            store.job_complete_parked(job.job_id, "review", entry), ParkedStepCompleted
+        )
         assert store.job_get(job.job_id).status == "QUEUED"
         assert worker.run_once() is True
         row = store.job_get(job.job_id)
