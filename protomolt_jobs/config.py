@@ -48,6 +48,12 @@ class JobsConfig:
     request_topic: str | None = None
     #: Topic the relay publishes ``WorkflowRunEvent`` records to.
     events_topic: str = "workflow-run-events"
+    #: Framing of event values on the topic: ``confluent`` (magic byte 0, schema id, message
+    #: index 0, as upstream's serializer writes and its deserializer requires) or ``raw``.
+    events_wire: str = "confluent"
+    #: Confluent Schema Registry base URL; when set, the schema id stamped into framed events
+    #: is the one registered for subject ``<events_topic>-value``, else 0.
+    schema_registry_url: str | None = None
     #: Stamped into ``lease_owner``; never blank. Default ``<host>-<pid>``.
     worker_id: str = dataclasses.field(default_factory=default_worker_id)
     #: Concurrent job executions in this process (claim loops / in-flight segments).
@@ -103,6 +109,10 @@ class JobsConfig:
                     f"jobs.{key} must be a finite number of seconds, {lower} and at most "
                     f"{most:g}; got {_shown(value)}"
                 )
+        if self.events_wire not in ("confluent", "raw"):
+            raise ConfigError(
+                f"jobs.events_wire must be 'confluent' or 'raw'; got {_shown(self.events_wire)}"
+            )
         if not self.events_topic or not str(self.events_topic).strip():
             raise ConfigError("jobs.events_topic must not be blank")
         if self.request_topic is not None and not self.kafka_bootstrap:
@@ -215,6 +225,11 @@ def _coerce(key: str, raw: Any, field: dataclasses.Field) -> Any:
         return None
     if not isinstance(raw, str):
         raise ConfigError(f"jobs.{key} must be a string; got {_shown(raw)}")
-    if raw.strip() == "" and key in ("dsn", "kafka_bootstrap", "request_topic"):
+    if raw.strip() == "" and key in (
+        "dsn",
+        "kafka_bootstrap",
+        "request_topic",
+        "schema_registry_url",
+    ):
         return None
     return raw.strip()

@@ -15,7 +15,8 @@ Model (at least once; consumers dedupe on ``event_id``):
   here), and its ``job_id`` must equal the row's key. A
   row that fails is a recorded failure (``outbox_mark_failed(event_id, "<rule>: ...")``),
   never a crash; the row's later events in the batch are held back.
-- **Publish.** The raw protobuf bytes go to ``config.events_topic`` keyed by the job id, with
+- **Publish.** The protobuf bytes, Confluent-framed unless ``jobs.events_wire = "raw"``
+  (:mod:`protomolt_jobs.framing`), go to ``config.events_topic`` keyed by the job id, with
   an idempotent ``acks=all`` producer and the ``murmur2_random`` partitioner (the partition a
   Java client picks for the same key). The whole batch is produced, then the relay waits for
   every delivery report.
@@ -49,6 +50,7 @@ from protomolt_jobs import crashpoints
 from protomolt_jobs.config import ConfigError, JobsConfig
 from protomolt_jobs.errors import StoreError
 from protomolt_jobs.events import WorkflowRunEvent, event_violations
+from protomolt_jobs.framing import EventFraming, RegistryError
 from protomolt_jobs.service import Backoff, Service
 
 __all__ = [
@@ -189,6 +191,10 @@ class Relay(Service):
         self.report_wait_s = message_timeout_s + REPORT_MARGIN_S
         #: The claim lease on outbox rows, seconds: longer than a pass can take.
         self.claim_s = 2 * self.report_wait_s
+        #: Framing applied at produce time (``jobs.events_wire``); the outbox stays raw.
+        self._frame = EventFraming(
+            config.events_wire, topic=config.events_topic, registry_url=config.schema_registry_url
+        )
         self._producer: Producer | None = None
         self._fatal = False
         # Held for one pass (and while the producer is dropped): one pass at a time.
@@ -333,10 +339,16 @@ class Relay(Service):
         def on_delivery(err: KafkaError | None, _msg: Any) -> None:
             reports[event_id] = err
 
+        try:
+            value = self._frame(row.payload)
+        except RegistryError as exc:
+            # The registry is part of the lane: the row stays PENDING and is claimed again.
+            log.warning("%s", exc, extra={"action": "relay_registry_failed", "topic": self.topic})
+            return False
         while True:
             try:
                 producer.produce(
-                    self.topic, value=row.payload, key=row.kafka_key, on_delivery=on_delivery
+                    self.topic, value=value, key=row.kafka_key, on_delivery=on_delivery
                 )
                 return True
             except BufferError:

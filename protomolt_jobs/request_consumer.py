@@ -49,6 +49,7 @@ from google.protobuf.message import DecodeError
 from protomolt_jobs import crashpoints
 from protomolt_jobs.config import CONSUMER_GROUP, ConfigError, JobsConfig
 from protomolt_jobs.errors import StoreError
+from protomolt_jobs.framing import REQUEST_INDEX_PATH, unframe
 from protomolt_jobs.service import Service
 
 __all__ = [
@@ -83,48 +84,17 @@ _RETRY_COMMIT = frozenset(
 )
 
 
-def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
-    shift = 0
-    value = 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise ValueError("truncated varint in the Confluent message-index array")
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-
-
-def _zigzag(n: int) -> int:
-    return (n >> 1) ^ -(n & 1)
-
-
 def _unframe(raw: bytes) -> bytes:
     """Strip Confluent wire framing (``00 <schema id:4> <index path> <protobuf>``).
 
-    :raises ValueError: when the frame is short or names another message than the request.
+    :raises ValueError: when the frame is malformed or names another message than the request.
     """
-    if len(raw) < 6:
-        raise ValueError(f"a Confluent frame needs at least 6 bytes; got {len(raw)}")
-    pos = 5
-    count, pos = _read_varint(raw, pos)
-    count = _zigzag(count)
-    if count == 0:
-        path = [0]
-    else:
-        if count < 0 or count > 16:
-            raise ValueError(f"message-index array of length {count} is not plausible")
-        path = []
-        for _ in range(count):
-            index, pos = _read_varint(raw, pos)
-            path.append(_zigzag(index))
-    if path != [1]:
+    _schema_id, path, body = unframe(raw)
+    if path != list(REQUEST_INDEX_PATH):
         raise ValueError(
             f"the frame names message index path {path}; WorkflowRunRequest is [1] in jobs.proto"
         )
-    return raw[pos:]
+    return body
 
 
 def decode_request(raw: bytes | None) -> tuple[Any | None, str | None]:

@@ -20,6 +20,7 @@ import pytest
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.crashpoints import CRASH_EXIT_CODE
 from protomolt_jobs.events import OutboxEvent, build_event
+from protomolt_jobs.framing import unframe
 from protomolt_jobs.relay import Relay
 from protomolt_jobs.store import JobStore
 from protomolt_jobs.wire import EventType, WorkflowRunEvent, validate_event
@@ -58,6 +59,13 @@ def run_queued_jobs(store: JobStore, limit: int | None = None) -> int:
         store.job_complete(job.lease, {"ok": True}, "all good")
         done += 1
     return done
+
+
+def topic_event(value: bytes) -> WorkflowRunEvent:
+    """A record value on the events topic (Confluent-framed by default) as an event."""
+    _schema_id, path, body = unframe(value)
+    assert path == [0]
+    return WorkflowRunEvent.FromString(body)
 
 
 def outbox_counts(dsn: str) -> dict[str, int]:
@@ -104,7 +112,7 @@ def check_topic(records, expected_ids: set[str], partitions: int = 4) -> dict[st
     per_job: dict[str, list[WorkflowRunEvent]] = defaultdict(list)
     job_partition: dict[str, int] = {}
     for rec in sorted(records, key=lambda r: (r.partition, r.offset)):
-        event = WorkflowRunEvent.FromString(rec.value)
+        event = topic_event(rec.value)
         assert validate_event(event) == [], event
         assert rec.key == event.job_id
         assert job_partition.setdefault(event.job_id, rec.partition) == rec.partition
@@ -137,9 +145,7 @@ def test_500_jobs_every_event_published_in_state_order(fresh_dsn, store, broker)
         relay.stop(timeout_s=30)
     ids = outbox_ids(fresh_dsn)
     with TopicReader(broker.bootstrap, topic) as reader:
-        records = reader.read_until(
-            lambda rs: {WorkflowRunEvent.FromString(r.value).event_id for r in rs} >= ids
-        )
+        records = reader.read_until(lambda rs: {topic_event(r.value).event_id for r in rs} >= ids)
     per_job = check_topic(records, ids)
     assert sorted(per_job) == sorted(jobs)
     assert all(len(events) == 4 for events in per_job.values())
@@ -266,7 +272,7 @@ def test_event_breaking_its_rules_is_dead_lettered_after_10_attempts(fresh_dsn, 
         records = reader.read_until(lambda rs: len(rs) >= 6)
     keys = {r.key for r in records}
     assert keys == set(others) | {bad_job}
-    assert str(bad.event_id) not in {WorkflowRunEvent.FromString(r.value).event_id for r in records}
+    assert str(bad.event_id) not in {topic_event(r.value).event_id for r in records}
 
 
 @pytest.mark.slow
@@ -303,7 +309,7 @@ def test_broker_paused_30s_backlog_drains_in_order(fresh_dsn, store, broker, cap
     ids = outbox_ids(fresh_dsn)
     with TopicReader(broker.bootstrap, topic) as reader:
         records = reader.read_until(
-            lambda rs: {WorkflowRunEvent.FromString(r.value).event_id for r in rs} >= ids,
+            lambda rs: {topic_event(r.value).event_id for r in rs} >= ids,
             timeout_s=60,
         )
     per_job = check_topic(records, ids)

@@ -14,81 +14,25 @@ from google.protobuf import (
     descriptor_pb2,
     descriptor_pool,
     message_factory,
-    struct_pb2,
     timestamp_pb2,
     unknown_fields,
 )
 
 from protomolt_jobs.wire import EventType, WorkflowRunEvent, WorkflowRunRequest
-
-F = descriptor_pb2.FieldDescriptorProto
-
-# (name, number, type, type_name) exactly as upstream declares them.
-UPSTREAM_EVENT = [
-    ("event_id", 1, F.TYPE_STRING, None),
-    ("job_id", 2, F.TYPE_STRING, None),
-    ("workflow_name", 3, F.TYPE_STRING, None),
-    ("type", 4, F.TYPE_ENUM, ".up.jobs.v1.WorkflowRunEvent.Type"),
-    ("step", 5, F.TYPE_STRING, None),
-    ("attempt", 6, F.TYPE_INT32, None),
-    ("verdict", 7, F.TYPE_STRING, None),
-    ("error", 8, F.TYPE_STRING, None),
-    ("detail", 9, F.TYPE_MESSAGE, ".google.protobuf.Struct"),
-    ("occurred_at", 10, F.TYPE_MESSAGE, ".google.protobuf.Timestamp"),
-]
-UPSTREAM_TYPES = [
-    ("TYPE_UNSPECIFIED", 0),
-    ("TYPE_ACCEPTED", 1),
-    ("TYPE_STEP_CHECKPOINT", 2),
-    ("TYPE_WAITING", 3),
-    ("TYPE_COMPLETED", 4),
-    ("TYPE_FAILED", 5),
-    ("TYPE_DEAD", 6),
-]
-UPSTREAM_REQUEST = [
-    ("job_id", 1, F.TYPE_STRING, None),
-    ("workflow_name", 2, F.TYPE_STRING, None),
-    ("input", 3, F.TYPE_MESSAGE, ".google.protobuf.Struct"),
-]
-
-
-def _message(name: str, fields) -> descriptor_pb2.DescriptorProto:
-    m = descriptor_pb2.DescriptorProto(name=name)
-    for fname, number, ftype, type_name in fields:
-        f = m.field.add(name=fname, number=number, type=ftype, label=F.LABEL_OPTIONAL)
-        if type_name:
-            f.type_name = type_name
-    return m
+from tests.support.upstream import (
+    UPSTREAM_EVENT,
+    UPSTREAM_REQUEST,
+    UPSTREAM_TYPES,
+    F,
+    message_proto,
+    upstream_classes,
+)
 
 
 @pytest.fixture(scope="module")
 def upstream():
-    """Message classes for the hand-built upstream layout, in their own pool.
-
-    A different package name keeps it apart from ours: only numbers and types must agree.
-    """
-    file = descriptor_pb2.FileDescriptorProto(
-        name="up/jobs/v1/jobs.proto",
-        package="up.jobs.v1",
-        syntax="proto3",
-        dependency=["google/protobuf/struct.proto", "google/protobuf/timestamp.proto"],
-    )
-    event = _message("WorkflowRunEvent", UPSTREAM_EVENT)
-    enum = event.enum_type.add(name="Type")
-    for name, number in UPSTREAM_TYPES:
-        enum.value.add(name=name, number=number)
-    file.message_type.append(event)
-    file.message_type.append(_message("WorkflowRunRequest", UPSTREAM_REQUEST))
-    pool = descriptor_pool.DescriptorPool()
-    pool.AddSerializedFile(struct_pb2.DESCRIPTOR.serialized_pb)
-    pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
-    pool.Add(file)
-    return (
-        message_factory.GetMessageClass(pool.FindMessageTypeByName("up.jobs.v1.WorkflowRunEvent")),
-        message_factory.GetMessageClass(
-            pool.FindMessageTypeByName("up.jobs.v1.WorkflowRunRequest")
-        ),
-    )
+    """Message classes for the hand-built upstream layout, in their own pool."""
+    return upstream_classes()
 
 
 def _full_event(type_: int) -> WorkflowRunEvent:
@@ -192,7 +136,7 @@ def test_a_renumbered_field_would_be_caught(upstream):
     # decodes into an unknown field, not into job_id.
     up_event, _ = upstream
     proto = descriptor_pb2.FileDescriptorProto(name="skew.proto", package="skew", syntax="proto3")
-    proto.message_type.append(_message("E", [("job_id", 12, F.TYPE_STRING, None)]))
+    proto.message_type.append(message_proto("E", [("job_id", 12, F.TYPE_STRING, None)]))
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
     skewed = message_factory.GetMessageClass(pool.FindMessageTypeByName("skew.E"))(job_id="abc")

@@ -167,8 +167,9 @@ def test_publishes_the_batch_keyed_by_job_and_marks_acked_rows():
     assert relay.run_once() == 2
     assert relay.run_once() == 0
     assert store.published == [r.event_id for r in rows]
+    # Confluent-framed by default: magic 0, schema id 0, message index [0], the payload.
     assert [(t, k, v) for t, k, v in producer.sent] == [
-        ("ev", r.kafka_key, r.payload) for r in rows
+        ("ev", r.kafka_key, b"\x00\x00\x00\x00\x00\x00" + r.payload) for r in rows
     ]
     assert store.claims[0] == (3, relay.claim_s) and relay.claim_s > relay.report_wait_s
 
