@@ -46,7 +46,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 from google.protobuf.message import DecodeError
 
-from protomolt_jobs import crashpoints
+from protomolt_jobs import crashpoints, metrics
 from protomolt_jobs.config import ConfigError, JobsConfig
 from protomolt_jobs.errors import StoreError
 from protomolt_jobs.events import WorkflowRunEvent, event_violations
@@ -307,6 +307,7 @@ class Relay(Service):
         count = 0
         if published:
             count = self._store.outbox_mark_published([r.event_id for r in published])
+            metrics.RELAY_PUBLISHED.inc(count)
             log.info(
                 "published %d events to %s",
                 len(published),

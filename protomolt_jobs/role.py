@@ -24,6 +24,7 @@ import logging
 import threading
 from typing import Any
 
+from protomolt_jobs import metrics
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import StoreError
 from protomolt_jobs.hooks.contract import (
@@ -77,7 +78,7 @@ class JobsModule:
             ctx.contributions.contribute(Action, action)
         ctx.contributions.contribute(Action, RunWorkflowAction(runtime, repository))
         ctx.contributions.contribute(Action, CheckWorkflowAction(runtime, repository))
-        return JobsMount(
+        mount = JobsMount(
             config=config,
             repository=repository,
             runtime=runtime,
@@ -85,6 +86,12 @@ class JobsModule:
             type_pool=type_pool,
             descriptors=lambda: ctx.contributions.all(FileDescriptorContribution),
         )
+        # The host serves /metrics; the role contributes what only it can count.
+        ctx.contributions.contribute(
+            metrics.StoreCollector,
+            metrics.StoreCollector(_StoreView(mount), mount.components_running),
+        )
+        return mount
 
 
 class JobsMount:
@@ -197,6 +204,17 @@ class JobsMount:
             },
         )
 
+    def components_running(self) -> dict[str, bool]:
+        """``{component: ok}`` for ``/metrics``: a duty is ok while it (and every part of
+        it, such as the worker's claim loops) runs (its service health)."""
+        out: dict[str, bool] = {}
+        for name, component in list(self.components):
+            try:
+                out[name] = bool(component.health().ok)
+            except Exception:  # a component without health, or one that cannot say
+                out[name] = False
+        return out
+
     def _start_component(self, name: str, component: Any) -> None:
         # Recorded before start() so a component that half-started is still stopped.
         self.components.append((name, component))
@@ -245,6 +263,19 @@ class JobsMount:
             self.store = None
         if self._started and self.config.configured:
             log.info("jobs role closed", extra={"action": "jobs_closed"})
+
+
+class _StoreView:
+    """The mount's current store for the metrics collector (None before start: unavailable)."""
+
+    def __init__(self, mount: JobsMount) -> None:
+        self._mount = mount
+
+    def metrics_counts(self) -> tuple[dict[str, int], int]:
+        store = self._mount.store
+        if store is None:
+            raise StoreError("the jobs store is not open")
+        return store.metrics_counts()
 
 
 @hookimpl

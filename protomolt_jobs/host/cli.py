@@ -104,7 +104,10 @@ def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfa
     """
     from protomolt_jobs.host.grpc_service import ProtoMoltGrpcServer
     from protomolt_jobs.host.http_route import ActionsHttpServer, HttpRoute
+    from protomolt_jobs.host.metrics_route import METRICS_PATH, metrics_route
+    from protomolt_jobs.metrics import StoreCollector
 
+    metrics_public = bool(getattr(config, "metrics_public", False))
     http = grpc_server = None
     try:
         node.start()
@@ -114,6 +117,8 @@ def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfa
             port=config.http_port,
             api_token=config.api_token,
             routes=node.contributions.all(HttpRoute),
+            extra=[metrics_route(node.contributions.all(StoreCollector))],
+            public=lambda path: metrics_public and path == METRICS_PATH,
         ).start()
         grpc_server = ProtoMoltGrpcServer(
             node.catalog, host=config.grpc_host, port=config.grpc_port, api_token=config.api_token

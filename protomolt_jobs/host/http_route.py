@@ -487,19 +487,42 @@ def _send(response: HttpResponse, method: str, *, close: bool = False) -> Respon
     )
 
 
+def _cookie(header: str, name: str) -> str | None:
+    """The value of cookie ``name`` in a ``Cookie`` header, or None."""
+    for part in header.split(";"):
+        key, sep, value = part.strip().partition("=")
+        if sep and key == name:
+            return unquote(value.strip().strip('"')) or None
+    return None
+
+
 class _TokenGuard:
     """ASGI middleware: every route but ``/health`` demands the token (the built-in routes,
     role routes and a host's extra routes alike)."""
 
-    def __init__(self, app: Any, dispatcher: _Dispatcher) -> None:
+    def __init__(
+        self,
+        app: Any,
+        dispatcher: _Dispatcher,
+        public: Callable[[str], bool] = lambda path: False,
+        token_cookie: str | None = None,
+    ) -> None:
         self.app = app
         self.dispatcher = dispatcher
+        self.public = public
+        self.token_cookie = token_cookie
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope.get("path") != _HEALTH:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and path != _HEALTH and not self.public(path):
             headers = {
                 k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
             }
+            if self.token_cookie and "cookie" in headers and not token_from_headers(headers):
+                # A browser (the dashboard) presents the token as a cookie.
+                cookie = _cookie(headers["cookie"], self.token_cookie)
+                if cookie:
+                    headers["api_token"] = cookie
             if not self.dispatcher.token_ok(headers):
                 response = _send(_unauthenticated(), scope["method"], close=_has_body(headers))
                 await response(scope, receive, send)
@@ -520,6 +543,8 @@ def actions_app(
     request_timeout_s: float = REQUEST_TIMEOUT_S,
     health: Callable[[HttpRequest], HttpResponse] = _health_up,
     handler_threads: int = HANDLER_THREADS,
+    public: Callable[[str], bool] = lambda path: False,
+    token_cookie: str | None = None,
 ) -> Starlette:
     """The node's HTTP surface as an ASGI app (mountable by another host).
 
@@ -533,6 +558,9 @@ def actions_app(
     :param request_timeout_s: seconds a request body has to arrive (408 after that).
     :param health: the ``/health`` handler (``GET``/``HEAD``, no token).
     :param handler_threads: threads that run handlers and verbs.
+    :param public: ``public(path)`` True exempts that path from the token (``/metrics`` with
+        ``metrics_public``, the dashboard's login form and assets).
+    :param token_cookie: a cookie name also accepted as the token (the dashboard's login).
     :returns: the Starlette app; ``app.state.dispatcher`` holds the live settings.
     """
     dispatcher = _Dispatcher(
@@ -547,7 +575,7 @@ def actions_app(
     app = Starlette(
         routes=[*extra, Route("/{path:path}", dispatcher.endpoint, methods=_ALL_METHODS)],
     )
-    app.add_middleware(_TokenGuard, dispatcher=dispatcher)
+    app.add_middleware(_TokenGuard, dispatcher=dispatcher, public=public, token_cookie=token_cookie)
     app.state.dispatcher = dispatcher
     return app
 
@@ -566,6 +594,8 @@ class ActionsHttpServer:
         keep-alive connection is closed after ``min(request_timeout_s, 5)`` seconds.
     :param health: the ``/health`` handler.
     :param handler_threads: threads that run handlers and verbs.
+    :param public: paths exempt from the token (see :func:`actions_app`).
+    :param token_cookie: a cookie name also accepted as the token.
     """
 
     def __init__(
@@ -581,6 +611,8 @@ class ActionsHttpServer:
         request_timeout_s: float = REQUEST_TIMEOUT_S,
         health: Callable[[HttpRequest], HttpResponse] = _health_up,
         handler_threads: int = HANDLER_THREADS,
+        public: Callable[[str], bool] = lambda path: False,
+        token_cookie: str | None = None,
     ) -> None:
         self.catalog = catalog
         self.host = host
@@ -594,6 +626,8 @@ class ActionsHttpServer:
             request_timeout_s=request_timeout_s,
             health=health,
             handler_threads=handler_threads,
+            public=public,
+            token_cookie=token_cookie,
         )
         self._dispatcher: _Dispatcher = self.app.state.dispatcher
         self._server: uvicorn.Server | None = None

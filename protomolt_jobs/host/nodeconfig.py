@@ -41,6 +41,8 @@ _NODE_DEFAULTS: dict[str, Any] = {
     "grpc_host": "127.0.0.1",
     "grpc_port": 9090,
     "api_token": None,
+    "metrics_public": False,
+    "otlp_endpoint": None,
 }
 
 #: Environment aliases: variable -> (section, key). The canonical variable wins.
@@ -66,6 +68,9 @@ class NodeConfig:
     :ivar grpc_host: ``ProtoMoltService`` bind address (default loopback).
     :ivar grpc_port: ``ProtoMoltService`` port, 0 picks a free port (default 9090).
     :ivar api_token: operator token the surfaces require, or None for an open node.
+    :ivar metrics_public: serve ``/metrics`` without the token (default False).
+    :ivar otlp_endpoint: OTLP/gRPC collector (``http://host:4317``) traces are exported to, or
+        None: tracing off.
     :ivar source: the file the configuration was read from, or None.
     """
 
@@ -76,6 +81,8 @@ class NodeConfig:
     grpc_host: str = "127.0.0.1"
     grpc_port: int = 9090
     api_token: str | None = None
+    metrics_public: bool = False
+    otlp_endpoint: str | None = None
     source: Path | None = None
     #: role sections with overrides applied: section -> key -> (value, origin).
     _sections: Mapping[str, Mapping[str, tuple[Any, str]]] = dataclasses.field(
@@ -147,6 +154,8 @@ class NodeConfig:
             grpc_host=_parse_host("grpc_host", node.get("grpc_host")),
             grpc_port=_parse_port("grpc_port", node.get("grpc_port")),
             api_token=_parse_token(node.get("api_token")),
+            metrics_public=_parse_bool("metrics_public", node.get("metrics_public")),
+            otlp_endpoint=_parse_endpoint("otlp_endpoint", node.get("otlp_endpoint")),
             source=source,
             _sections={k: v for k, v in sections.items() if k != "node"},
         )
@@ -312,3 +321,31 @@ def _parse_token(entry: tuple[Any, str] | None) -> str | None:
     if not isinstance(raw, str):
         raise ConfigError(f"node.api_token ({origin}) must be a string; got {type(raw).__name__}")
     return raw.strip() or None
+
+
+def _parse_bool(key: str, entry: tuple[Any, str] | None) -> bool:
+    if entry is None:
+        return bool(_NODE_DEFAULTS[key])
+    raw, origin = entry
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().lower() in ("true", "false", "1", "0"):
+        return raw.strip().lower() in ("true", "1")
+    raise ConfigError(f"node.{key} ({origin}) must be true or false; got {_shown(raw)}")
+
+
+def _parse_endpoint(key: str, entry: tuple[Any, str] | None) -> str | None:
+    if entry is None or entry[0] is None:
+        return None
+    raw, origin = entry
+    if not isinstance(raw, str):
+        raise ConfigError(f"node.{key} ({origin}) must be a URL string; got {_shown(raw)}")
+    text = raw.strip()
+    if not text:
+        return None
+    if not text.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"node.{key} ({origin}) must be an http:// or https:// URL of an OTLP/gRPC "
+            f"collector, like http://127.0.0.1:4317; got {_shown(raw)}"
+        )
+    return text

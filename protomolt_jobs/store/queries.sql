@@ -386,3 +386,17 @@ SELECT event_id, seq, event_type, payload, kafka_key, attempts, status, created_
 INSERT INTO workflow_run_rejects (topic, "partition", "offset", raw, reason)
 VALUES (%(topic)s, %(partition)s, %(offset)s, %(raw)s, %(reason)s)
 RETURNING id
+
+-- ---------------------------------------------------------------------------------------------
+-- metrics (the /metrics collector; cached by the caller for a few seconds)
+-- ---------------------------------------------------------------------------------------------
+
+-- name: metrics_run_counts
+-- description: runs per status (index idx_workflow_run_status_run_after), and the outbox rows still PENDING, in one read.
+SELECT 'run' AS kind, status, count(*) AS n
+  FROM workflow_run
+ GROUP BY status
+UNION ALL
+SELECT 'outbox' AS kind, 'PENDING' AS status, count(*) AS n
+  FROM workflow_run_events_outbox
+ WHERE status = 'PENDING'

@@ -322,6 +322,21 @@ class JobStore:
             rows = _rows(conn, "job_list", params)
         return [JobRecord.from_row(r) for r in rows]
 
+    @_translated
+    def metrics_counts(self) -> tuple[dict[str, int], int]:
+        """Runs per status and the number of PENDING outbox rows (for ``/metrics``).
+
+        SQL: ``metrics_run_counts`` (two counts, one statement). Transaction: one, read only.
+
+        :returns: ``({status: runs}, outbox_pending)``; statuses without runs are absent.
+        :raises StoreError: on a database failure.
+        """
+        with self._pool.connection() as conn:
+            rows = _rows(conn, "metrics_run_counts", {})
+        runs = {r["status"]: int(r["n"]) for r in rows if r["kind"] == "run"}
+        pending = sum(int(r["n"]) for r in rows if r["kind"] == "outbox")
+        return runs, pending
+
     # -- the claim and the fenced writes ----------------------------------------------------
 
     @_translated

@@ -28,6 +28,7 @@ import threading
 import time
 from typing import Any
 
+from protomolt_jobs import metrics
 from protomolt_jobs.errors import LeaseLost, StoreError
 from protomolt_jobs.service import Service
 
@@ -80,6 +81,8 @@ class LeaseGuard:
             return False
         self.reason = reason
         self._lost.set()
+        if reason == "lease_lost":
+            metrics.LEASE_LOST.inc()
         return True
 
 

@@ -27,6 +27,7 @@ import threading
 import time
 from typing import Any
 
+from protomolt_jobs import metrics
 from protomolt_jobs.service import ServiceHealth, ServiceState
 from protomolt_jobs.worker.claim import ClaimLoop, Doorbell, Listener, Poller
 from protomolt_jobs.worker.execute import SegmentExecutor
@@ -108,7 +109,7 @@ class Worker:
             self._loops = [
                 ClaimLoop(
                     claim=self._claim,
-                    execute=self.executor.execute,
+                    execute=self._execute,
                     doorbell=self.doorbell,
                     stopping=self._stopping,
                     name=f"claim_loop_{i}",
@@ -217,10 +218,18 @@ class Worker:
         job = self._claim()
         if job is None:
             return False
-        self.executor.execute(job)
+        self._execute(job)
         return True
 
     # -- internals -----------------------------------------------------------------------
 
     def _claim(self) -> Any:
-        return self._store.job_claim(self.worker_id, self.config.lease_seconds)
+        job = self._store.job_claim(self.worker_id, self.config.lease_seconds)
+        if job is not None:
+            metrics.CLAIMS.inc()
+        return job
+
+    def _execute(self, job: Any) -> Any:
+        settlement = self.executor.execute(job)
+        metrics.SETTLED.labels(settlement.value).inc()
+        return settlement

@@ -11,11 +11,13 @@ channel of the segment's own, closed when the segment ends, however it ends.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Self
 
 import grpc
 from google.protobuf.message import Message
 
+from protomolt_jobs import metrics
 from protomolt_jobs.workflow.envelope import message_class
 from protomolt_jobs.workflow.types import FailureKind, Runtime, Step, WorkflowExecutionError
 
@@ -129,12 +131,15 @@ def call_unary(channel: grpc.Channel, step: Step, request: Message, timeout_s: f
         request_serializer=_serialize,
         response_deserializer=response_cls.FromString,
     )
+    started = time.perf_counter()
+    outcome = "OK"
     try:
         return multicallable(request, timeout=timeout_s)
     except ValueError as exc:
         # grpc refuses a closed channel this way: the host closed its in-process channel
         # (shutting down). Another claim, on a live node, can make the call: retryable.
         code = grpc.StatusCode.UNAVAILABLE
+        outcome = code.name
         raise WorkflowExecutionError(
             FailureKind.GRPC,
             step.name,
@@ -145,12 +150,17 @@ def call_unary(channel: grpc.Channel, step: Step, request: Message, timeout_s: f
         code = exc.code() if callable(getattr(exc, "code", None)) else grpc.StatusCode.UNKNOWN
         details = exc.details() if callable(getattr(exc, "details", None)) else None
         code = code or grpc.StatusCode.UNKNOWN
+        outcome = code.name
         raise WorkflowExecutionError(
             FailureKind.GRPC,
             step.name,
             f"gRPC {code.name} from {step.target}: {details if details else 'null'}",
             code=code,
         ) from exc
+    finally:
+        metrics.STEP_SECONDS.labels(step.full_method, outcome).observe(
+            time.perf_counter() - started
+        )
 
 
 def _serialize(msg: Message) -> bytes:

@@ -1,0 +1,178 @@
+"""Prometheus metrics: the process's counters and a node's database collector (``/metrics``).
+
+Process-wide instruments live in :data:`REGISTRY` (not prometheus-client's global registry, so
+a host embedding us keeps its own). They are updated where the work happens and cost a lock
+and an add, never a statement:
+
+======================================== ======================================================
+metric                                   meaning
+======================================== ======================================================
+``protomolt_jobs_claims_total``          jobs this process's workers claimed
+``protomolt_jobs_settled_total``         segments settled, label ``outcome``: ``completed``,
+                                         ``parked``, ``retried``, ``dead``, ``failed``,
+                                         ``abandoned`` (lease lost, or released at a stop),
+                                         ``unsettled`` (the settling write failed)
+``protomolt_jobs_lease_lost_total``      fenced writes or heartbeats that matched no row
+``protomolt_jobs_step_duration_seconds`` histogram of step calls, labels ``method``
+                                         (``/pkg.Service/Method``) and ``outcome`` (``OK`` or
+                                         the gRPC status name)
+``protomolt_jobs_relay_published_total`` outbox events the relay published to Kafka
+======================================== ======================================================
+
+A node adds :class:`StoreCollector` (one read, cached :data:`STORE_CACHE_S` seconds, so
+scrapes from several Prometheus servers cost one query): ``protomolt_jobs_runs`` (gauge, labels
+``status`` and ``queue``), ``protomolt_jobs_outbox_pending`` and ``protomolt_jobs_component_up``
+(label ``component``). Labels are bounded: no job id, no error text.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+__all__ = [
+    "CLAIMS",
+    "LEASE_LOST",
+    "REGISTRY",
+    "RELAY_PUBLISHED",
+    "SETTLED",
+    "STEP_SECONDS",
+    "STORE_CACHE_S",
+    "StoreCollector",
+    "exposition",
+]
+
+log = logging.getLogger("protomolt_jobs.metrics")
+
+#: Seconds a :class:`StoreCollector` reuses its last read.
+STORE_CACHE_S = 5.0
+#: Statuses always exported (0 when none), so a dashboard's series do not come and go.
+_STATUSES = ("QUEUED", "RUNNING", "WAITING", "COMPLETED", "FAILED", "DEAD")
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+CLAIMS = Counter(
+    "protomolt_jobs_claims", "Jobs claimed by this process's workers.", registry=REGISTRY
+)
+SETTLED = Counter(
+    "protomolt_jobs_settled",
+    "Segments settled by this process's workers, by outcome.",
+    ["outcome"],
+    registry=REGISTRY,
+)
+LEASE_LOST = Counter(
+    "protomolt_jobs_lease_lost",
+    "Fenced writes or heartbeats that matched no row (another claim owns the job).",
+    registry=REGISTRY,
+)
+STEP_SECONDS = Histogram(
+    "protomolt_jobs_step_duration_seconds",
+    "Step calls, seconds from request sent to response or error.",
+    ["method", "outcome"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+    registry=REGISTRY,
+)
+RELAY_PUBLISHED = Counter(
+    "protomolt_jobs_relay_published",
+    "Outbox events the relay published to Kafka.",
+    registry=REGISTRY,
+)
+
+for _outcome in ("completed", "parked", "retried", "dead", "failed", "abandoned", "unsettled"):
+    SETTLED.labels(_outcome)  # exported at 0 from the start
+
+
+class StoreCollector:
+    """Counts read from the store, cached; registered in a node's own registry.
+
+    :param store: a :class:`~protomolt_jobs.store.store.JobStore` (``metrics_counts()``), or
+        None when the node has no database (then only component health is exported).
+    :param components: returns ``{component: running}`` for the node's background duties.
+    :param cache_s: seconds a read is reused.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        components: Callable[[], Mapping[str, bool]] = dict,
+        *,
+        cache_s: float = STORE_CACHE_S,
+    ) -> None:
+        self._store = store
+        self._components = components
+        self._cache_s = cache_s
+        self._lock = threading.Lock()
+        self._read_at = -1e18
+        self._counts: tuple[dict[str, int], int] | None = None
+        self._store_up = False
+
+    def _read(self) -> tuple[dict[str, int], int] | None:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._read_at >= self._cache_s:
+                self._read_at = now
+                try:
+                    self._counts = self._store.metrics_counts()
+                    self._store_up = True
+                except Exception:  # a scrape must answer even when the database does not
+                    log.warning(
+                        "metrics: store counts unavailable",
+                        exc_info=True,
+                        extra={"action": "metrics_store_unavailable"},
+                    )
+                    self._counts, self._store_up = None, False
+            return self._counts
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the gauges (prometheus-client's collector protocol)."""
+        up = GaugeMetricFamily(
+            "protomolt_jobs_component_up",
+            "1 when the node's component is running (store: the last count query answered).",
+            labels=["component"],
+        )
+        if self._store is not None:
+            counts = self._read()
+            up.add_metric(["store"], 1.0 if self._store_up else 0.0)
+            if counts is not None:
+                runs, pending = counts
+                gauge = GaugeMetricFamily(
+                    "protomolt_jobs_runs", "Runs by status and queue.", labels=["status", "queue"]
+                )
+                for status in sorted(set(_STATUSES) | set(runs)):
+                    # One queue until queues exist in the row.
+                    gauge.add_metric([status, "default"], float(runs.get(status, 0)))
+                yield gauge
+                yield GaugeMetricFamily(
+                    "protomolt_jobs_outbox_pending",
+                    "Outbox events not yet published (PENDING).",
+                    value=float(pending),
+                )
+        try:
+            components = dict(self._components())
+        except Exception:
+            log.warning(
+                "metrics: component health unavailable",
+                exc_info=True,
+                extra={"action": "metrics_components_unavailable"},
+            )
+            components = {}
+        for name, running in sorted(components.items()):
+            up.add_metric([name], 1.0 if running else 0.0)
+        yield up
+
+
+def exposition(node_registry: CollectorRegistry | None = None) -> bytes:
+    """The text exposition of the process's metrics and, when given, a node's collectors.
+
+    :returns: Prometheus text format 0.0.4 (UTF-8).
+    """
+    body = generate_latest(REGISTRY)
+    if node_registry is not None:
+        body += generate_latest(node_registry)
+    return body
