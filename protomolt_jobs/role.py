@@ -209,10 +209,8 @@ class JobsMount:
         it, such as the worker's claim loops) runs (its service health)."""
         out: dict[str, bool] = {}
         for name, component in list(self.components):
-            try:
-                out[name] = bool(component.health().ok)
-            except Exception:  # a component without health, or one that cannot say
-                out[name] = False
+            health = getattr(component, "health", None)
+            out[name] = health is not None and bool(health().ok)
         return out
 
     def _start_component(self, name: str, component: Any) -> None:
