@@ -15,6 +15,13 @@ a ``Struct`` nested past protobuf's limit) and a ``Struct`` holding NaN or an in
 ``UNKNOWN``: an unexpected exception anywhere in a call is ``INTERNAL``
 ``"internal-error: <Method> failed"``; the traceback stays in the server log.
 
+The same handlers answer under upstream's service name as well,
+``ai.pipestream.proto.grpc.service.v1.ProtoMoltService`` (:data:`UPSTREAM_SERVICE_NAME`), so a
+client generated from the Java ProtoMolt's ``protomolt_service.proto`` reaches every RPC both
+declare; every RPC of our service gets the alias, and reflection lists and describes both
+names (the alias is our file re-packaged, :func:`alias_file`). The differences from upstream's
+service are listed in the header of ``proto/ai/pipestream/proto/service/v1/protomolt_service.proto``.
+
 The server also serves health (``grpc.health.v1``) and server reflection under both
 ``grpc.reflection.v1alpha`` and ``grpc.reflection.v1`` (grpcio-reflection serves only v1alpha;
 the v1 service is the same servicer under the v1 name, LIBRARIES.md section 5). With an API
@@ -43,11 +50,16 @@ from protomolt_jobs.host.http_route import _token_ok
 from protomolt_jobs.pb.ai.pipestream.proto.service.v1 import protomolt_service_pb2 as pb
 
 __all__ = [
+    "ALIAS_FILE_NAME",
     "REFLECTION_V1",
     "REFLECTION_V1ALPHA",
     "RPCS",
     "SERVICE_NAME",
+    "SERVICE_NAMES",
+    "UPSTREAM_PACKAGE",
+    "UPSTREAM_SERVICE_NAME",
     "ProtoMoltGrpcServer",
+    "alias_file",
     "verb_of",
 ]
 
@@ -60,6 +72,14 @@ REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 HEALTH_SERVICE = "grpc.health.v1.Health"
 
 _SERVICE_DESCRIPTOR = pb.DESCRIPTOR.services_by_name["ProtoMoltService"]
+
+#: Upstream's package for ProtoMoltService (the Java ProtoMolt's ``protomolt_service.proto``).
+UPSTREAM_PACKAGE = "ai.pipestream.proto.grpc.service.v1"
+UPSTREAM_SERVICE_NAME = f"{UPSTREAM_PACKAGE}.ProtoMoltService"
+#: Every name the service answers under: ours first, then upstream's.
+SERVICE_NAMES: tuple[str, ...] = (SERVICE_NAME, UPSTREAM_SERVICE_NAME)
+#: The file that describes the alias in the descriptor pool (upstream's file path).
+ALIAS_FILE_NAME = "ai/pipestream/proto/grpc/service/v1/protomolt_service.proto"
 
 
 def verb_of(rpc_name: str) -> str:
@@ -105,6 +125,53 @@ def _ensure_reflection_v1_descriptor(pool: descriptor_pool.DescriptorPool) -> No
         pool.AddSerializedFile(text)
     except (TypeError, ValueError):  # a conflicting definition: reflection still works
         log.debug("reflection v1 descriptor not added", extra={"action": "reflection_v1_skipped"})
+
+
+def alias_file() -> descriptor_pb2.FileDescriptorProto:
+    """Our service file re-packaged under upstream's package (file :data:`ALIAS_FILE_NAME`).
+
+    Every message and the service keep their names, fields and numbers; only the package and
+    the references to it change, so the alias describes exactly what the handlers accept.
+    """
+    fdp = descriptor_pb2.FileDescriptorProto()
+    pb.DESCRIPTOR.CopyToProto(fdp)
+    ours = f".{fdp.package}."
+    fdp.name = ALIAS_FILE_NAME
+    fdp.package = UPSTREAM_PACKAGE
+
+    def retarget(name: str) -> str:
+        return f".{UPSTREAM_PACKAGE}.{name[len(ours) :]}" if name.startswith(ours) else name
+
+    def visit(message: descriptor_pb2.DescriptorProto) -> None:
+        for f in message.field:
+            if f.type_name:
+                f.type_name = retarget(f.type_name)
+        for nested in message.nested_type:
+            visit(nested)
+
+    for message in fdp.message_type:
+        visit(message)
+    for service in fdp.service:
+        for method in service.method:
+            method.input_type = retarget(method.input_type)
+            method.output_type = retarget(method.output_type)
+    return fdp
+
+
+def _ensure_alias_descriptor(pool: descriptor_pool.DescriptorPool) -> None:
+    """Describe the upstream-named alias in ``pool`` so reflection can serve it."""
+    try:
+        pool.FindServiceByName(UPSTREAM_SERVICE_NAME)
+        return
+    except KeyError:
+        pass
+    try:
+        pool.AddSerializedFile(alias_file().SerializeToString())
+    except (TypeError, ValueError):  # a conflicting definition: the calls still work
+        log.warning(
+            "the upstream-named service alias is not described by reflection",
+            extra={"action": "grpc_alias_descriptor_skipped"},
+        )
 
 
 class _TokenInterceptor(grpc.ServerInterceptor):
@@ -209,13 +276,17 @@ class ProtoMoltGrpcServer:
             )
             handlers = {name: self._rpc_handler(name) for name in RPCS}
             server.add_generic_rpc_handlers(
-                (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers), *self._extra)
+                (
+                    *(grpc.method_handlers_generic_handler(n, handlers) for n in SERVICE_NAMES),
+                    *self._extra,
+                )
             )
             hs = health.HealthServicer()
             health_pb2_grpc.add_HealthServicer_to_server(hs, server)
             pool = descriptor_pool.Default()
             _ensure_reflection_v1_descriptor(pool)
-            names = (SERVICE_NAME, HEALTH_SERVICE, REFLECTION_V1ALPHA, REFLECTION_V1)
+            _ensure_alias_descriptor(pool)
+            names = (*SERVICE_NAMES, HEALTH_SERVICE, REFLECTION_V1ALPHA, REFLECTION_V1)
             reflection.enable_server_reflection(names, server)
             servicer = reflection.ReflectionServicer(names)
             server.add_generic_rpc_handlers(
@@ -240,7 +311,7 @@ class ProtoMoltGrpcServer:
             if port == 0:
                 raise RuntimeError(f"cannot bind gRPC on {address}")
             server.start()
-            for name in ("", SERVICE_NAME):
+            for name in ("", *SERVICE_NAMES):
                 hs.set(name, health_pb2.HealthCheckResponse.SERVING)
             self._server, self._port, self._health = server, port, hs
         log.info(

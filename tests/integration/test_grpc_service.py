@@ -18,6 +18,7 @@ from protomolt_jobs.host.grpc_service import (
     REFLECTION_V1ALPHA,
     RPCS,
     SERVICE_NAME,
+    SERVICE_NAMES,
     ProtoMoltGrpcServer,
     verb_of,
 )
@@ -177,7 +178,7 @@ def _list_services(channel, service, metadata=()):
 def test_reflection_lists_services_under_v1_and_v1alpha(served, service):
     _, channel, _ = served
     assert _list_services(channel, service) == sorted(
-        [SERVICE_NAME, "grpc.health.v1.Health", REFLECTION_V1, REFLECTION_V1ALPHA]
+        [*SERVICE_NAMES, "grpc.health.v1.Health", REFLECTION_V1, REFLECTION_V1ALPHA]
     )
 
 

@@ -135,3 +135,77 @@ def confluent_serialize(message, *, schema_id: int = 0, index: int) -> bytes:
     file: ``[0]`` is the single byte 00, ``[n]`` is ``02 <zigzag n>`` (one-byte varints)."""
     path = b"\x00" if index == 0 else bytes([2, index << 1])
     return b"\x00" + schema_id.to_bytes(4, "big") + path + message.SerializeToString()
+
+
+#: Upstream's ProtoMoltService package and the messages a jobs client uses, from
+#: reference/upstream-host.md section 3.7 (names, numbers, types), built by hand.
+UPSTREAM_SERVICE_PACKAGE = "ai.pipestream.proto.grpc.service.v1"
+_S = ".google.protobuf.Struct"
+_P = f".{UPSTREAM_SERVICE_PACKAGE}"
+UPSTREAM_SERVICE_MESSAGES = {
+    # The inline 'workflow' (field 1, a CompiledWorkflow message upstream) is left out:
+    # this client submits by name.
+    "SubmitWorkflowRequest": [
+        ("workflow_name", 2, F.TYPE_STRING, None),
+        ("input", 3, F.TYPE_MESSAGE, _S),
+        ("job_id", 4, F.TYPE_STRING, None),
+    ],
+    "SubmitWorkflowResponse": [
+        ("ok", 1, F.TYPE_BOOL, None),
+        ("job_id", 2, F.TYPE_STRING, None),
+        ("status", 3, F.TYPE_STRING, None),
+        ("error", 4, F.TYPE_STRING, None),
+    ],
+    "WorkflowRunCheckpoint": [
+        ("name", 1, F.TYPE_STRING, None),
+        ("skipped", 2, F.TYPE_BOOL, None),
+        ("response", 3, F.TYPE_MESSAGE, _S),
+    ],
+    "WorkflowRun": [
+        ("job_id", 1, F.TYPE_STRING, None),
+        ("workflow_name", 2, F.TYPE_STRING, None),
+        ("status", 3, F.TYPE_STRING, None),
+        ("attempt", 4, F.TYPE_INT32, None),
+        ("outstanding_step", 5, F.TYPE_STRING, None),
+        ("input", 6, F.TYPE_MESSAGE, _S),
+        ("checkpoints", 7, F.TYPE_MESSAGE, f"{_P}.WorkflowRunCheckpoint"),
+        ("result", 8, F.TYPE_MESSAGE, _S),
+        ("error", 9, F.TYPE_STRING, None),
+        ("created_at", 10, F.TYPE_STRING, None),
+        ("updated_at", 11, F.TYPE_STRING, None),
+        ("completed_at", 12, F.TYPE_STRING, None),
+    ],
+    "GetJobRequest": [("job_id", 1, F.TYPE_STRING, None)],
+    "GetJobResponse": [
+        ("ok", 1, F.TYPE_BOOL, None),
+        ("job", 2, F.TYPE_MESSAGE, f"{_P}.WorkflowRun"),
+        ("error", 3, F.TYPE_STRING, None),
+    ],
+}
+
+
+@functools.cache
+def upstream_service_classes() -> dict[str, type]:
+    """Message classes of upstream's service package (see :data:`UPSTREAM_SERVICE_MESSAGES`),
+    in a pool of their own; ``checkpoints`` is repeated."""
+    file = descriptor_pb2.FileDescriptorProto(
+        name="upstream/protomolt_service.proto",
+        package=UPSTREAM_SERVICE_PACKAGE,
+        syntax="proto3",
+        dependency=["google/protobuf/struct.proto"],
+    )
+    for name, fields in UPSTREAM_SERVICE_MESSAGES.items():
+        m = message_proto(name, fields)
+        for f in m.field:
+            if f.name == "checkpoints":
+                f.label = F.LABEL_REPEATED
+        file.message_type.append(m)
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(struct_pb2.DESCRIPTOR.serialized_pb)
+    pool.Add(file)
+    return {
+        name: message_factory.GetMessageClass(
+            pool.FindMessageTypeByName(f"{UPSTREAM_SERVICE_PACKAGE}.{name}")
+        )
+        for name in UPSTREAM_SERVICE_MESSAGES
+    }
