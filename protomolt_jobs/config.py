@@ -54,6 +54,9 @@ class JobsConfig:
     #: Confluent Schema Registry base URL; when set, the schema id stamped into framed events
     #: is the one registered for subject ``<events_topic>-value``, else 0.
     schema_registry_url: str | None = None
+    #: gRPC target (``host:port`` or ``inprocess:NAME``) of the ``StructuredGenerator`` that
+    #: graph workflows' ``structured`` steps call. None: such a step fails (STRUCTURED).
+    structured_generator: str | None = None
     #: Stamped into ``lease_owner``; never blank. Default ``<host>-<pid>``.
     worker_id: str = dataclasses.field(default_factory=default_worker_id)
     #: Concurrent job executions in this process (claim loops / in-flight segments).
@@ -230,6 +233,7 @@ def _coerce(key: str, raw: Any, field: dataclasses.Field) -> Any:
         "kafka_bootstrap",
         "request_topic",
         "schema_registry_url",
+        "structured_generator",
     ):
         return None
     return raw.strip()

@@ -72,7 +72,11 @@ class JobsModule:
         if type_pool is None:
             # A host without a shared pool: the role keeps its own.
             type_pool = TypePool()
-        runtime = Runtime(pool=type_pool.pool, channel_factory=ctx.channels.channel)
+        runtime = Runtime(
+            pool=type_pool.pool,
+            channel_factory=ctx.channels.channel,
+            structured_generator=config.structured_generator,
+        )
         backend = JobsBackend(configured=config.configured)
         for action in jobs_actions(backend, runtime):
             ctx.contributions.contribute(Action, action)

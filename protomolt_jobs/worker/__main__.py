@@ -95,7 +95,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except StoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    worker = Worker(store, runtime=Runtime(), config=config, dsn=config.dsn)
+    worker = Worker(
+        store,
+        runtime=Runtime(structured_generator=config.structured_generator),
+        config=config,
+        dsn=config.dsn,
+    )
     sweeper = None if args.no_sweeper else Sweeper(store, config=config)
     stop = threading.Event()
 

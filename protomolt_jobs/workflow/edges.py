@@ -97,6 +97,8 @@ def execute_edge(run: _Run, step: Step, scope: dict[str, Message]) -> Message:
                     step.name,
                     f"edge value failed validation before the step executed: {summary}",
                 )
+        if step.structured is not None:
+            return run.generate(step, produced)
         call_ms = run.call_ms(step)
         response = run.call(step, produced, call_ms, run.channel(step))
         if step.validate:
@@ -107,7 +109,7 @@ def execute_edge(run: _Run, step: Step, scope: dict[str, Message]) -> Message:
 
 def _fan_out(run: _Run, step: Step, produced: Message) -> Message:
     fan, edge = step.fan_out, step.edge
-    assert fan is not None and edge is not None and step.method is not None
+    assert fan is not None and edge is not None
     try:
         items = _items(produced, fan.items)
     except ValueError as exc:
@@ -136,8 +138,10 @@ def _fan_out(run: _Run, step: Step, produced: Message) -> Message:
     fail_fast = fan.failure_policy == "FAIL_FAST"
     if n == 0 or (fail_fast and first_rejected == 0):
         return _collect(step, slots, failures, fail_fast)
-    call_ms = run.call_ms(step)
-    channel = run.channel(step)
+    structured = step.structured is not None
+    # gRPC branches share one call deadline and one channel, computed before the first branch.
+    call_ms = 0 if structured else run.call_ms(step)
+    channel = None if structured else run.channel(step)
     abandoned = threading.Event()
     lock = threading.Lock()
 
@@ -145,7 +149,20 @@ def _fan_out(run: _Run, step: Step, produced: Message) -> Message:
         if fail_fast and abandoned.is_set():
             return  # not started: the fan-out was abandoned after a failure
         try:
-            response = run.call(step, items[i], call_ms, channel)
+            if structured:
+                try:
+                    response = run.generate(step, items[i])
+                except WorkflowExecutionError as exc:
+                    if exc.kind is not FailureKind.STRUCTURED:
+                        raise
+                    raise _fail(
+                        FailureKind.STRUCTURED,
+                        step.name,
+                        f"structured generation failed at branch '{branch_id(step.name, i)}'",
+                    ) from exc
+            else:
+                assert channel is not None
+                response = run.call(step, items[i], call_ms, channel)
             if step.validate:
                 summary = _validation_summary(response)
                 if summary:

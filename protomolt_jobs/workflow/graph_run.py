@@ -32,14 +32,16 @@ for its own target (a graph run takes no segment-wide permit).
 
 Upstream's ``edge`` steps build their request from the declared sources only; ``fanOut``
 steps run one branch per item (``maxConcurrency`` at once, FAIL_FAST or CONTINUE) and collect
-the outputs in index order; ``structured`` steps fail without a generator (none is configured
-in this engine yet), with upstream's text.
+the outputs in index order; ``structured`` steps call the ``StructuredGenerator`` configured as
+``jobs.structured_generator`` (``Runtime.structured_generator``), and without one fail with
+upstream's text.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import dataclasses
 import logging
 import math
 import threading
@@ -71,6 +73,9 @@ log = logging.getLogger("protomolt_jobs.workflow")
 
 #: gRPC codes a job retries (the worker's rule, repeated here so the engine knows which
 #: failures must not be checkpointed as final).
+#: The structured-generation lane's method (proto/ai/pipestream/proto/jobs/v1/structured.proto).
+GENERATE_METHOD = "/ai.pipestream.proto.jobs.v1.StructuredGenerator/Generate"
+
 RETRYABLE_CODES = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
@@ -256,23 +261,83 @@ class _Run:
 
     def execute(self, step: Step, scope: dict[str, Message]) -> Message:
         """Run one step (on a pool thread): its result, or a WorkflowExecutionError."""
-        if step.structured is not None:
-            raise _fail(
-                FailureKind.STRUCTURED,
-                step.name,
-                f"structured step '{step.name}' needs a StructuredGenerator; this runner was "
-                "built without one",
-            )
         if step.edge is not None:
             from protomolt_jobs.workflow import edges
 
             return edges.execute_edge(self, step, scope)
+        if step.structured is not None:
+            return self.generate(step, None)
         request = _r._build(step.input_type, step.rules, step.cel_rules, _Values(scope), step.name)
         call_ms = self.call_ms(step)
         response = self.call(step, request, call_ms, self.channel(step))
         if step.validate:
             _r._validate(step, response)
         return response
+
+    def generate(self, step: Step, grounding: Message | None) -> Message:
+        """A structured step (or one fan-out branch of it): ask the configured
+        ``StructuredGenerator`` for a ``targetType`` message (reference 3.5).
+
+        The call is bounded by what is left of the segment's budget (upstream leaves it
+        unbounded, gap 6; a claimed run must not hang on it).
+
+        :raises WorkflowExecutionError: STRUCTURED without a generator or when it fails;
+            DEADLINE when no budget is left; WORKFLOW when its answer does not parse.
+        """
+        from protomolt_jobs.pb.ai.pipestream.proto.jobs.v1 import structured_pb2
+
+        spec = step.structured
+        assert spec is not None
+        target = self.runtime.structured_generator
+        if not target:
+            raise _fail(
+                FailureKind.STRUCTURED,
+                step.name,
+                f"structured step '{step.name}' needs a StructuredGenerator; this runner was "
+                "built without one",
+            )
+        call_ms = self.call_ms(step)
+        request = structured_pb2.GenerateStructuredRequest(
+            target_type=spec.target_type.full_name,
+            model=spec.model,
+            max_attempts=spec.max_attempts,
+        )
+        if grounding is not None:
+            request.grounding.Pack(grounding)
+        lane = dataclasses.replace(step, target=target, tls=False)
+        channel = self.channel(lane)
+        call = channel.unary_unary(
+            GENERATE_METHOD,
+            request_serializer=structured_pb2.GenerateStructuredRequest.SerializeToString,
+            response_deserializer=structured_pb2.GenerateStructuredResponse.FromString,
+        )
+        permit = self.call_permit(target) if self.call_permit else contextlib.nullcontext()
+        try:
+            with permit:
+                answer = call(request, timeout=call_ms / 1000.0)
+        except grpc.RpcError as exc:
+            code = exc.code() if callable(getattr(exc, "code", None)) else None
+            details = exc.details() if callable(getattr(exc, "details", None)) else None
+            name = code.name if code is not None else "UNKNOWN"
+            raise _fail(
+                FailureKind.STRUCTURED,
+                step.name,
+                f"structured generation failed: gRPC {name} from {target}: {details or 'null'}",
+            ) from exc
+        except ValueError as exc:  # a closed channel
+            raise _fail(
+                FailureKind.STRUCTURED, step.name, f"structured generation failed: {exc}"
+            ) from exc
+        out = message_class(spec.target_type)()
+        try:
+            out.ParseFromString(answer.message.value)
+        except Exception as exc:
+            raise _fail(
+                FailureKind.WORKFLOW,
+                step.name,
+                "the coordinator's packed output does not parse as the step's target type",
+            ) from exc
+        return out
 
     def gate(self, step: Step) -> bool:
         """``when`` of a step about to start (on the scheduling thread)."""

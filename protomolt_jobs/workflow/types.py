@@ -151,10 +151,14 @@ class Runtime:
         node-owned channels). Without one, ``inprocess:`` targets fail and network targets get
         a channel for the segment. The engine does not close channels the factory hands out:
         the factory owns them.
+    :param structured_generator: the ``StructuredGenerator`` target for ``structured`` steps.
     """
 
     pool: descriptor_pool.DescriptorPool | None = None
     channel_factory: Callable[[str, bool], grpc.Channel] | None = None
+    #: gRPC target of the ``StructuredGenerator`` (``jobs.structured_generator``) that graph
+    #: workflows' ``structured`` steps call; None: those steps fail (STRUCTURED).
+    structured_generator: str | None = None
     #: compiled workflows by canonical definition text (see ``envelope.parse_workflow``).
     cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 

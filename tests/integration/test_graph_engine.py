@@ -52,7 +52,9 @@ def _run(wf, input, runtime, prior=None):
 def test_fail_fast_over_twenty_items_stops_starting_branches_after_item_7(services, runtime):
     wf = fan_out(services.target, policy="FAIL_FAST", max_concurrency=4)
     with pytest.raises(WorkflowExecutionError) as info:
-        _run(wf, batch(20, failing=(7,), sleep_ms=200), runtime)
+        # items 4..7 start together once 0..3 end; 7 fails 100 ms into its call, while
+        # 4, 5 and 6 still hold the other three slots: nothing may start after that
+        _run(wf, batch(20, failing=(7,), sleep_ms=300, fail_after_ms=100), runtime)
     err = info.value
     assert err.kind is FailureKind.GRPC
     assert err.code is grpc.StatusCode.FAILED_PRECONDITION
@@ -239,3 +241,88 @@ def test_a_checkpoint_naming_no_step_is_drift(services, runtime):
         _run(wf, {"text": "x"}, runtime, prior=[{"name": "zz", "skipped": True}])
     assert info.value.kind is FailureKind.WORKFLOW
     assert "names step 'zz', which the workflow does not have" in info.value.message
+
+
+# -- structured steps through a StructuredGenerator ------------------------------------------------
+
+
+@pytest.fixture
+def generator():
+    from tests.support.grpc_servers import GeneratorServer
+
+    with GeneratorServer() as gen:
+        yield gen
+
+
+def _structured(**extra) -> dict:
+    spec = {"targetType": "jobs.test.StepReply", "model": "m1", "maxAttempts": 2}
+    return {"name": "gen", "structured": spec, **extra}
+
+
+def test_a_structured_step_asks_the_configured_generator(generator):
+    runtime = Runtime(structured_generator=generator.target)
+    result, entries = _run(graph([_structured()]), {"text": "x"}, runtime)
+    assert result.output_json == {"step": "gen:m1", "seen": [], "index": 0}
+    assert entries == [{"name": "gen", "skipped": False, "response": {"step": "gen:m1"}}]
+    (request,) = generator.requests
+    assert (request.target_type, request.model, request.max_attempts) == (
+        "jobs.test.StepReply",
+        "m1",
+        2,
+    )
+    assert not request.HasField("grounding")
+
+
+def test_a_structured_edge_step_is_grounded_on_the_edge_value(generator):
+    runtime = Runtime(structured_generator=generator.target)
+    wf = graph(
+        [
+            _structured(
+                edge={
+                    "sources": ["input"],
+                    "produceType": "jobs.test.StepRequest",
+                    "rules": ["step = input.text", "index = 4"],
+                }
+            )
+        ]
+    )
+    result, _ = _run(wf, {"text": "ground"}, runtime)
+    assert result.output_json == {"step": "gen:m1", "seen": ["ground"], "index": 4}
+    assert generator.requests[0].grounding.type_url.endswith("/jobs.test.StepRequest")
+
+
+def test_a_structured_fan_out_reports_the_failed_branch(generator):
+    runtime = Runtime(structured_generator=generator.target)
+    wf = fan_out("unused:1", policy="FAIL_FAST")
+    step_ = wf["steps"][0]
+    del step_["target"], step_["method"]
+    step_["structured"] = {"targetType": "jobs.test.StepReply", "model": "m1"}
+    with pytest.raises(WorkflowExecutionError) as info:
+        _run(wf, batch(5, failing=(3,)), runtime)
+    assert info.value.kind is FailureKind.STRUCTURED
+    assert info.value.message == (
+        "branch 'fan#3' failed: structured generation failed at branch 'fan#3'"
+    )
+    step_["fanOut"]["failurePolicy"] = "CONTINUE"
+    result, _ = _run(wf, batch(5, failing=(3,)), runtime)
+    assert [r["index"] for r in result.output_json["replies"]] == [0, 1, 2, 4]
+
+
+def test_a_generator_answer_that_does_not_parse_is_a_workflow_failure(generator):
+    generator.garbage = True
+    runtime = Runtime(structured_generator=generator.target)
+    with pytest.raises(WorkflowExecutionError) as info:
+        _run(graph([_structured()]), {"text": "x"}, runtime)
+    assert info.value.kind is FailureKind.WORKFLOW
+    assert info.value.message == (
+        "the coordinator's packed output does not parse as the step's target type"
+    )
+
+
+def test_a_generator_that_cannot_be_reached_is_a_structured_failure():
+    runtime = Runtime(structured_generator="127.0.0.1:9")
+    wf = graph([_structured()], deadlineMs=2000)
+    with pytest.raises(WorkflowExecutionError) as info:
+        _run(wf, {"text": "x"}, runtime)
+    assert info.value.kind is FailureKind.STRUCTURED
+    assert info.value.message.startswith("structured generation failed: gRPC ")

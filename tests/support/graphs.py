@@ -98,14 +98,18 @@ def fan_out(
     }
 
 
-def batch(n: int, *, failing: tuple[int, ...] = (), sleep_ms: int = 0) -> dict[str, Any]:
-    """A ``StepBatch`` input of ``n`` items named ``item<i>``; ``failing`` ones answer
-    FAILED_PRECONDITION at once (no sleep)."""
+def batch(
+    n: int, *, failing: tuple[int, ...] = (), sleep_ms: int = 0, fail_after_ms: int = 0
+) -> dict[str, Any]:
+    """A ``StepBatch`` input of ``n`` items named ``item<i>``, each sleeping ``sleep_ms`` on
+    the server; ``failing`` ones answer FAILED_PRECONDITION after ``fail_after_ms``."""
     items = []
     for i in range(n):
         item: dict[str, Any] = {"step": f"item{i}", "index": i}
         if i in failing:
             item["fail"] = "FAILED_PRECONDITION"
+            if fail_after_ms:
+                item["sleepMs"] = fail_after_ms
         elif sleep_ms:
             item["sleepMs"] = sleep_ms
         items.append(item)

@@ -634,3 +634,80 @@ class BoxServer:
 if __name__ == "__main__":  # a quick manual check: python -m tests.support.grpc_servers
     with TestServices() as svc:
         print(svc.target, len(svc.descriptor_set_b64), os.getpid())
+
+
+# -- a StructuredGenerator (graph workflows' structured steps) --------------------------------------
+
+
+class GeneratorServer:
+    """Serves ``ai.pipestream.proto.jobs.v1.StructuredGenerator/Generate`` on 127.0.0.1.
+
+    For target type ``jobs.test.StepReply`` it answers ``StepReply(step="gen:<model>", index)``
+    where ``index`` (and ``seen = [step]``) come from the grounding when it packs a
+    ``jobs.test.StepRequest``; a grounding whose ``fail`` is set is answered INTERNAL.
+    ``garbage = True`` answers bytes that parse as no message. Requests are kept in
+    :attr:`requests`.
+    """
+
+    __test__ = False
+
+    def __init__(self) -> None:
+        self.requests: list[Any] = []
+        self.garbage = False
+        self._lock = threading.Lock()
+        self._server: grpc.Server | None = None
+        self.target = ""
+
+    def start(self) -> GeneratorServer:
+        from protomolt_jobs.pb.ai.pipestream.proto.jobs.v1 import structured_pb2
+
+        step_request = message_class("jobs.test.StepRequest")
+        step_reply = message_class("jobs.test.StepReply")
+
+        def generate(request: Any, context: grpc.ServicerContext) -> Any:
+            with self._lock:
+                self.requests.append(copy.deepcopy(request))
+            answer = structured_pb2.GenerateStructuredResponse()
+            if self.garbage:
+                answer.message.type_url = f"type.googleapis.com/{request.target_type}"
+                answer.message.value = b"\xff\xff\xff"
+                return answer
+            reply = step_reply(step=f"gen:{request.model}")
+            if request.HasField("grounding"):
+                item = step_request()
+                item.ParseFromString(request.grounding.value)
+                if item.fail:
+                    context.abort(grpc.StatusCode.INTERNAL, f"cannot generate for {item.step}")
+                reply.index = item.index
+                reply.seen.append(item.step)
+            answer.message.type_url = "type.googleapis.com/jobs.test.StepReply"
+            answer.message.value = reply.SerializeToString()
+            return answer
+
+        handler = grpc.method_handlers_generic_handler(
+            "ai.pipestream.proto.jobs.v1.StructuredGenerator",
+            {
+                "Generate": grpc.unary_unary_rpc_method_handler(
+                    generate,
+                    request_deserializer=structured_pb2.GenerateStructuredRequest.FromString,
+                    response_serializer=lambda m: m.SerializeToString(),
+                )
+            },
+        )
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+        self._server.add_generic_rpc_handlers((handler,))
+        port = self._server.add_insecure_port("127.0.0.1:0")
+        self._server.start()
+        self.target = f"127.0.0.1:{port}"
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop(0.5).wait(5)
+            self._server = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
