@@ -149,15 +149,11 @@ class _Engine:
     """Store, submitter, worker and sweeper of one child process."""
 
     def __init__(self, params: dict, *, worker_count: int, per_target: int) -> None:
+        from protomolt_jobs.app import JobsApp, Lanes
         from protomolt_jobs.config import JobsConfig
-        from protomolt_jobs.store import JobStore
-        from protomolt_jobs.store.migrate import migrate
-        from protomolt_jobs.submitter import Submitter
-        from protomolt_jobs.worker import Sweeper, Worker
         from protomolt_jobs.workflow.types import Runtime
 
         dsn = params["dsn"]
-        migrate(dsn)
         pool_max = params.get("pool_max", min(worker_count + 4, 20))
         kafka = params.get("kafka")
         self.config = JobsConfig(
@@ -170,27 +166,22 @@ class _Engine:
             max_concurrent_per_target=per_target,
             pool_max_size=pool_max,
         )
-        self.store = JobStore.open(dsn, max_size=pool_max)
-        self.calls = _count_calls(self.store)
         self.channels = _Channels()
         self.runtime = Runtime(channel_factory=self.channels.channel)
-        self.submitter = Submitter(self.store, None, self.runtime, self.config.max_attempts)
-        self.worker = Worker(self.store, runtime=self.runtime, config=self.config, dsn=dsn)
-        self.sweeper = Sweeper(self.store, config=self.config)
-        self.relay = None
-        if kafka:
-            from protomolt_jobs.relay import Relay
-            from protomolt_jobs.topics import ensure_topics
-
-            ensure_topics(self.config)
-            self.relay = Relay(self.store, config=self.config)
+        # The product's composition root (role and worker process build through it too).
+        self.app = JobsApp.open(
+            self.config, runtime=self.runtime, lanes=Lanes(request_consumer=False)
+        )
+        self.store = self.app.store
+        self.calls = _count_calls(self.store)
+        self.submitter = self.app.submitter
+        self.worker = self.app.worker
+        self.sweeper = self.app.sweeper
+        self.relay = self.app.relay
         self.dsn = dsn
 
     def start(self) -> None:
-        self.worker.start()
-        self.sweeper.start()
-        if self.relay is not None:
-            self.relay.start()
+        self.app.start()
 
     def submit(self, definition: dict, text: str | dict) -> str:
         """Submit one job (``text`` for the no-op workflow, or a whole input object); returns
@@ -203,12 +194,8 @@ class _Engine:
 
     def close(self) -> None:
         try:
-            self.worker.stop(10.0)
-            self.sweeper.stop(5.0)
-            if self.relay is not None:
-                self.relay.stop(10.0)
+            self.app.close()
         finally:
-            self.store.close()
             self.channels.close()
 
 

@@ -14,8 +14,9 @@ Role ``jobs``, requires ``registry`` (its :class:`WorkflowRepository`, read at w
 - **close**: the exact reverse (worker first, so nothing claims work mid-shutdown; the relay
   last of the duties, so it drains what the others wrote), then the pool. Idempotent.
 
-This module imports nothing from ``protomolt_jobs.host``; the worker, relay and request
-consumer are imported inside ``start()``.
+The runtime is built by :meth:`protomolt_jobs.app.JobsApp.open` (the one composition root,
+shared with the worker process and the benchmark). This module imports nothing from
+``protomolt_jobs.host``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ import logging
 import threading
 from typing import Any
 
+from google.protobuf import descriptor_pb2
+
 from protomolt_jobs import metrics
+from protomolt_jobs.app import JobsApp
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import StoreError
 from protomolt_jobs.hooks.contract import (
@@ -37,6 +41,8 @@ from protomolt_jobs.hooks.contract import (
 )
 from protomolt_jobs.hooks.hookspecs import hookimpl
 from protomolt_jobs.job_verbs import JobsBackend, jobs_actions
+from protomolt_jobs.workflow.types import Runtime
+from protomolt_jobs.workflow.workflow_verbs import CheckWorkflowAction, RunWorkflowAction
 
 __all__ = ["ROLE", "JobsModule", "JobsMount", "protomolt_role_module"]
 
@@ -64,9 +70,6 @@ class JobsModule:
         if repository is None:
             raise ComposerError(MISSING_REGISTRY)
         config = JobsConfig.from_mapping(ctx.settings)
-
-        from protomolt_jobs.workflow.types import Runtime
-        from protomolt_jobs.workflow.workflow_verbs import CheckWorkflowAction, RunWorkflowAction
 
         type_pool = ctx.contributions.first(TypePool)
         if type_pool is None:
@@ -99,11 +102,11 @@ class JobsModule:
 
 
 class JobsMount:
-    """The started (or startable) jobs role. ``close()`` is idempotent and safe before
+    """The started (or startable) jobs role: a thin adapter over
+    :class:`~protomolt_jobs.app.JobsApp`. ``close()`` is idempotent and safe before
     ``start()``.
 
-    :ivar store: the open store while started, else None.
-    :ivar components: the running duties in start order (``name`` -> object).
+    :ivar app: the jobs runtime while started, else None.
     """
 
     def __init__(
@@ -122,12 +125,25 @@ class JobsMount:
         self.backend = backend
         self.type_pool = type_pool
         self._descriptors = descriptors
-        self.store: Any = None
-        self.submitter: Any = None
-        self.components: list[tuple[str, Any]] = []
+        self.app: JobsApp | None = None
         self._lock = threading.Lock()
         self._started = False
         self._closed = False
+
+    @property
+    def store(self) -> Any:
+        """The open store while started, else None."""
+        return self.app.store if self.app is not None else None
+
+    @property
+    def submitter(self) -> Any:
+        """The submitter while started, else None."""
+        return self.app.submitter if self.app is not None else None
+
+    @property
+    def components(self) -> list[tuple[str, Any]]:
+        """The duties in start order (``name`` -> service)."""
+        return [(s.name, s) for s in self.app.services] if self.app is not None else []
 
     def start(self) -> None:
         """Open the store and start the duties (see the module docstring).
@@ -148,86 +164,46 @@ class JobsMount:
             )
             return
         try:
-            self._start_configured()
+            try:
+                app = JobsApp.open(self.config, runtime=self.runtime, repository=self.repository)
+            except StoreError as exc:
+                # Say which setting leads there: the driver's text names neither key nor
+                # variable.
+                raise StoreError(
+                    f"jobs.dsn (protomolt.toml [jobs] dsn or PROTOMOLT_JOBS_DSN) does not lead "
+                    f"to a usable database: {exc}"
+                ) from exc
+            with self._lock:
+                self.app = app
+                closed = self._closed
+            if closed:
+                app.close()
+                return
+            self.backend.bind(app.store, app.submitter)
+            app.start()
         except BaseException:
             self.close()
             raise
 
-    def _start_configured(self) -> None:
-        from protomolt_jobs.store.migrate import migrate
-        from protomolt_jobs.store.store import JobStore
-        from protomolt_jobs.submitter import Submitter
-        from protomolt_jobs.worker import Sweeper, Worker
-
-        config = self.config
-        dsn = config.dsn
-        assert dsn is not None
-        try:
-            migrate(dsn)
-            self.store = JobStore.open(dsn, max_size=config.pool_max_size)
-        except StoreError as exc:
-            # Say which setting leads there: the driver's text names neither key nor variable.
-            raise StoreError(
-                f"jobs.dsn (protomolt.toml [jobs] dsn or PROTOMOLT_JOBS_DSN) does not lead to a "
-                f"usable database: {exc}"
-            ) from exc
-        self.submitter = Submitter(self.store, self.repository, self.runtime, config.max_attempts)
-        self.backend.bind(self.store, self.submitter)
-
-        self._start_component("sweeper", Sweeper(self.store, config=config))
-        if config.kafka_bootstrap:
-            from protomolt_jobs.relay import Relay
-            from protomolt_jobs.topics import ensure_topics
-
-            ensure_topics(config)
-            self._start_component("relay", Relay(self.store, config=config))
-            if config.effective_request_topic:
-                from protomolt_jobs.request_consumer import RequestConsumer
-
-                self._start_component(
-                    "request_consumer",
-                    RequestConsumer(self.store, submitter=self.submitter, config=config),
-                )
-        else:
-            log.info(
-                "no Kafka configured: the relay and the request consumer are off; outbox rows "
-                "wait as PENDING (set jobs.kafka_bootstrap or PROTOMOLT_JOBS_KAFKA_BOOTSTRAP)",
-                extra={"action": "kafka_lanes_off"},
-            )
-        self._start_component(
-            "worker", Worker(self.store, runtime=self.runtime, config=config, dsn=dsn)
-        )
-        log.info(
-            "jobs role started (worker %s, %d claim loops)",
-            config.worker_id,
-            config.worker_count,
-            extra={
-                "action": "jobs_started",
-                "worker_id": config.worker_id,
-                "components": [name for name, _ in self.components],
-            },
-        )
+    def health(self) -> dict[str, dict[str, Any]]:
+        """Readiness by component (see :meth:`JobsApp.health`); without ``jobs.dsn`` the role
+        has nothing running and nothing to report; closed or not yet started it is DOWN."""
+        if not self.config.configured:
+            return {}
+        app = self.app
+        if app is None or self._closed:
+            return {"runtime": {"status": "DOWN", "state": "STOPPED"}}
+        return app.health()
 
     def components_running(self) -> dict[str, bool]:
         """``{component: ok}`` for ``/metrics``: a duty is ok while it (and every part of
         it, such as the worker's claim loops) runs (its service health)."""
-        out: dict[str, bool] = {}
-        for name, component in list(self.components):
-            health = getattr(component, "health", None)
-            out[name] = health is not None and bool(health().ok)
-        return out
-
-    def _start_component(self, name: str, component: Any) -> None:
-        # Recorded before start() so a component that half-started is still stopped.
-        self.components.append((name, component))
-        component.start()
+        return {name: component.health().ok for name, component in self.components}
 
     def _register_descriptors(self) -> None:
         contributions = tuple(self._descriptors())
         if not contributions:
             return
-        from google.protobuf import descriptor_pb2
-
         available = {
             descriptor_pb2.FileDescriptorProto.FromString(c.serialized).name: c.serialized
             for c in contributions
@@ -243,26 +219,10 @@ class JobsMount:
             if self._closed:
                 return
             self._closed = True
-            components, self.components = list(self.components), []
-        for name, component in reversed(components):
-            try:
-                # The worker's own grace (jobs.shutdown_grace_seconds) bounds its stop.
-                component.stop(None if name == "worker" else 10.0)
-            except Exception:
-                log.exception(
-                    "jobs component %s failed to stop",
-                    name,
-                    extra={"action": "jobs_component_stop_failed", "component": name},
-                )
+            app, self.app = self.app, None
+        if app is not None:
+            app.close()
         self.backend.unbind()
-        if self.store is not None:
-            try:
-                self.store.close()
-            except Exception:
-                log.exception(
-                    "jobs store failed to close", extra={"action": "jobs_store_close_failed"}
-                )
-            self.store = None
         if self._started and self.config.configured:
             log.info("jobs role closed", extra={"action": "jobs_closed"})
 

@@ -22,6 +22,10 @@ SELECT pg_advisory_lock(%(key)s)
 -- description: release the migration runners' advisory lock.
 SELECT pg_advisory_unlock(%(key)s)
 
+-- name: database_ping
+-- description: one trivial round trip: the readiness probe of /health and gRPC health.
+SELECT 1
+
 -- name: migrate_history_create
 -- description: the history of applied migration files (created under the lock, idempotent).
 CREATE TABLE IF NOT EXISTS protomolt_jobs_schema_history (

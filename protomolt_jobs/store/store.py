@@ -209,6 +209,17 @@ class JobStore:
         if not self._pool.closed:
             self._pool.close()
 
+    @_translated
+    def ping(self, timeout_s: float = 1.0) -> None:
+        """One trivial round trip (readiness probes).
+
+        :param timeout_s: longest wait for a pooled connection, seconds (the statement
+            itself is bounded by the caller: see ``app.DatabaseProbe``).
+        :raises StoreError: no connection within ``timeout_s``, or the statement failed.
+        """
+        with self._pool.connection(timeout=timeout_s) as conn:
+            _execute(conn, "database_ping", {})
+
     # -- insert and reads -------------------------------------------------------------------
 
     @_translated

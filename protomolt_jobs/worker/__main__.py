@@ -1,7 +1,8 @@
 """A standalone worker process: ``python -m protomolt_jobs.worker``.
 
-Runs a :class:`~protomolt_jobs.worker.Worker` and a :class:`~protomolt_jobs.worker.Sweeper`
-against one database until SIGTERM or SIGINT, then stops gracefully (in-flight jobs get the
+Runs a :class:`~protomolt_jobs.worker.Worker` and a :class:`~protomolt_jobs.worker.Sweeper`,
+built by :meth:`protomolt_jobs.app.JobsApp.open` (the one composition root), against one
+database until SIGTERM or SIGINT, then stops gracefully (in-flight jobs get the
 grace period, the rest are released back to QUEUED) and exits 0.
 
 Configuration is the ``[jobs]`` keys, from ``PROTOMOLT_JOBS_<KEY>`` environment variables
@@ -28,8 +29,10 @@ import threading
 from collections.abc import Mapping, Sequence
 
 from protomolt_jobs import crashpoints
+from protomolt_jobs.app import JobsApp, Lanes
 from protomolt_jobs.config import ConfigError, JobsConfig
 from protomolt_jobs.errors import StoreError
+from protomolt_jobs.workflow import Runtime
 
 _ENV_PREFIX = "PROTOMOLT_JOBS_"
 
@@ -86,22 +89,15 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     )
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
 
-    from protomolt_jobs.store import JobStore
-    from protomolt_jobs.worker import Sweeper, Worker
-    from protomolt_jobs.workflow import Runtime
-
     try:
-        store = JobStore.open(config.dsn, max_size=config.pool_max_size)
+        app = JobsApp.open(
+            config,
+            runtime=Runtime(structured_generator=config.structured_generator),
+            lanes=Lanes(sweeper=not args.no_sweeper, relay=False, request_consumer=False),
+        )
     except StoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    worker = Worker(
-        store,
-        runtime=Runtime(structured_generator=config.structured_generator),
-        config=config,
-        dsn=config.dsn,
-    )
-    sweeper = None if args.no_sweeper else Sweeper(store, config=config)
     stop = threading.Event()
 
     def _on_signal(signum: int, _frame: object) -> None:
@@ -110,9 +106,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     try:
-        worker.start()
-        if sweeper is not None:
-            sweeper.start()
+        app.start()
         print(
             json.dumps({"event": "ready", "worker_id": config.worker_id, "pid": os.getpid()}),
             flush=True,
@@ -120,10 +114,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         while not stop.wait(0.5):
             pass
     finally:
-        worker.stop()
-        if sweeper is not None:
-            sweeper.stop()
-        store.close()
+        app.close()
     return 0
 
 
