@@ -25,6 +25,7 @@ import re
 import uuid
 from typing import Any
 
+from protomolt_jobs import tracing
 from protomolt_jobs.hooks.contract import WorkflowRepository
 from protomolt_jobs.store.records import NewJob
 
@@ -224,6 +225,7 @@ class Submitter:
                 workflow_definition=definition,
                 input=input,
                 max_attempts=self.max_attempts,
+                trace_context=tracing.submit_trace_context(key, stored_name),
             )
         )
         job = outcome.job

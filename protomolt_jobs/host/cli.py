@@ -110,6 +110,10 @@ def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfa
     metrics_public = bool(getattr(config, "metrics_public", False))
     http = grpc_server = None
     try:
+        if getattr(config, "otlp_endpoint", None):
+            from protomolt_jobs import tracing
+
+            tracing.configure(config.otlp_endpoint)
         node.start()
         http = ActionsHttpServer(
             node.catalog,

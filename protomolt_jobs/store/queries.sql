@@ -53,9 +53,9 @@ VALUES (%(version)s, %(name)s, %(checksum)s)
 -- name: job_insert
 -- description: insert a new job idempotently on job_id; no row back means it already existed.
 INSERT INTO workflow_run (job_id, workflow_name, workflow_definition, input, status,
-                          max_attempts, error, completed_at)
+                          max_attempts, error, trace_context, completed_at)
 VALUES (%(job_id)s, %(workflow_name)s, %(workflow_definition)s, %(input)s, %(status)s,
-        %(max_attempts)s, %(error)s,
+        %(max_attempts)s, %(error)s, %(trace_context)s,
         CASE WHEN %(status)s::text IN ('COMPLETED', 'FAILED', 'DEAD') THEN now() END)
 ON CONFLICT (job_id) DO NOTHING
 RETURNING job_id, workflow_name, workflow_definition::text AS workflow_definition,
@@ -122,7 +122,8 @@ UPDATE workflow_run
 RETURNING job_id, workflow_name, workflow_definition::text AS workflow_definition,
           input::text AS input, status, attempt, max_attempts, run_after, outstanding_step,
           checkpoints::text AS checkpoints, result::text AS result, verdict, error,
-          lease_owner, lease_token, lease_until, created_at, updated_at, completed_at
+          lease_owner, lease_token, lease_until, created_at, updated_at, completed_at,
+          trace_context
 
 -- name: job_heartbeat
 -- description: fenced (status, lease_owner, attempt, lease_token): extend lease_until to now() + lease_s.

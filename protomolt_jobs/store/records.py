@@ -106,6 +106,8 @@ class JobRecord:
     updated_at: datetime
     completed_at: datetime | None
     unreadable: str | None = None
+    #: W3C traceparent stored at submit; only the claim reads it (None elsewhere).
+    trace_context: str | None = None
 
     @property
     def lease(self) -> Lease:
@@ -129,7 +131,12 @@ class JobRecord:
         wrong shape, becomes None and is named in ``unreadable``. Call it after the reading
         transaction has committed.
         """
-        values = {f.name: row[f.name] for f in fields(cls) if f.name != "unreadable"}
+        values = {
+            f.name: row[f.name]
+            for f in fields(cls)
+            if f.name not in ("unreadable", "trace_context")
+        }
+        values["trace_context"] = row.get("trace_context")
         problems: list[str] = []
         for column, shapes in _JSON_COLUMNS:
             value, problem = _decode_json(values[column], shapes)
@@ -172,6 +179,8 @@ class NewJob:
     max_attempts: int = 3
     status: Literal["QUEUED", "FAILED"] = "QUEUED"
     error: str | None = None
+    #: W3C traceparent of the span that started the job's trace (None: tracing off).
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -258,6 +258,7 @@ class JobStore:
             "status": new.status,
             "max_attempts": new.max_attempts,
             "error": error,
+            "trace_context": new.trace_context,
         }
         existing: dict[str, Any] | None = None
         with self._pool.connection() as conn, conn.transaction():

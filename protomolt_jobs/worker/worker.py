@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any
 
-from protomolt_jobs import metrics
+from protomolt_jobs import metrics, tracing
 from protomolt_jobs.service import ServiceHealth, ServiceState
 from protomolt_jobs.worker.claim import ClaimLoop, Doorbell, Listener, Poller
 from protomolt_jobs.worker.execute import SegmentExecutor
@@ -230,6 +230,11 @@ class Worker:
         return job
 
     def _execute(self, job: Any) -> Any:
-        settlement = self.executor.execute(job)
+        if tracing.enabled():
+            with tracing.segment_span(job, self.worker_id) as span:
+                settlement = self.executor.execute(job)
+                span.set_attribute("protomolt.settlement", settlement.value)
+        else:
+            settlement = self.executor.execute(job)
         metrics.SETTLED.labels(settlement.value).inc()
         return settlement

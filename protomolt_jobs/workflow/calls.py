@@ -17,7 +17,7 @@ from typing import Any, Self
 import grpc
 from google.protobuf.message import Message
 
-from protomolt_jobs import metrics
+from protomolt_jobs import metrics, tracing
 from protomolt_jobs.workflow.envelope import message_class
 from protomolt_jobs.workflow.types import FailureKind, Runtime, Step, WorkflowExecutionError
 
@@ -131,10 +131,27 @@ def call_unary(channel: grpc.Channel, step: Step, request: Message, timeout_s: f
         request_serializer=_serialize,
         response_deserializer=response_cls.FromString,
     )
+    if not tracing.enabled():
+        return _invoke(multicallable, step, request, timeout_s, None)
+    with tracing.step_span(step.name, step.full_method, step.target) as metadata:
+        try:
+            return _invoke(multicallable, step, request, timeout_s, metadata)
+        except WorkflowExecutionError as exc:
+            tracing.step_failed(exc.code.name if exc.code else "UNKNOWN", exc.message)
+            raise
+
+
+def _invoke(
+    multicallable: Any,
+    step: Step,
+    request: Message,
+    timeout_s: float,
+    metadata: list[tuple[str, str]] | None,
+) -> Any:
     started = time.perf_counter()
     outcome = "OK"
     try:
-        return multicallable(request, timeout=timeout_s)
+        return multicallable(request, timeout=timeout_s, metadata=metadata)
     except ValueError as exc:
         # grpc refuses a closed channel this way: the host closed its in-process channel
         # (shutting down). Another claim, on a live node, can make the call: retryable.

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import contextvars
 import dataclasses
 import logging
 import math
@@ -448,7 +449,9 @@ def _start_ready(
                     progressed = True
                     continue
             state.running.add(step.name)
-            futures[pool.submit(run.execute, step, dict(run.values))] = step
+            # In the caller's context (a copy per call): the segment's trace span, if any.
+            call = contextvars.copy_context().run
+            futures[pool.submit(call, run.execute, step, dict(run.values))] = step
         if not progressed:
             return
 

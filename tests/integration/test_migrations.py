@@ -41,8 +41,10 @@ def test_fresh_apply_creates_the_tables_and_records_history(empty_dsn):
         "protomolt_jobs_schema_history",
     } <= tables
     history = q(empty_dsn, "SELECT version, name, checksum FROM protomolt_jobs_schema_history")
-    assert [(v, n) for v, n, _ in history] == [("0001", "workflow_run")]
-    assert history[0][2] == migration_files()[0].checksum
+    files = migration_files()
+    assert sorted((v, n, c) for v, n, c in history) == [
+        (f.version, f.name, f.checksum) for f in files
+    ]
     # it closed its connection: a template copy of this database must be possible
     assert backends(empty_dsn) == 0
 
@@ -72,13 +74,14 @@ def test_two_concurrent_runners_apply_each_file_once(empty_dsn):
     for t in threads:
         t.join(timeout=60)
     assert errors == []
-    assert sorted(results, key=len) == [[], ["0001_workflow_run.sql"]]
-    assert q(empty_dsn, "SELECT count(*) FROM protomolt_jobs_schema_history")[0][0] == 1
+    every = [f.filename for f in migration_files()]
+    assert sorted(results, key=len) == [[], every]
+    assert q(empty_dsn, "SELECT count(*) FROM protomolt_jobs_schema_history")[0][0] == len(every)
 
 
 def test_an_existing_connection_is_left_open(empty_dsn):
     with psycopg.connect(empty_dsn) as conn:
-        assert migrate(conn) == ["0001_workflow_run.sql"]
+        assert migrate(conn) == [f.filename for f in migration_files()]
         assert not conn.closed
         assert conn.autocommit is False
         assert conn.execute("SELECT count(*) FROM workflow_run").fetchone()[0] == 0
@@ -133,10 +136,10 @@ def test_the_claim_sweep_and_outbox_indexes_exist(fresh_dsn):
 
 def test_a_changed_applied_file_is_a_loud_error(empty_dsn, tmp_path):
     shutil.copytree(migrations_dir(), tmp_path / "m")
-    assert migrate(empty_dsn, directory=tmp_path / "m") == ["0001_workflow_run.sql"]
+    assert migrate(empty_dsn, directory=tmp_path / "m")[0] == "0001_workflow_run.sql"
     path = tmp_path / "m" / "0001_workflow_run.sql"
     path.write_text(path.read_text() + "\n-- edited after release\n")
-    (tmp_path / "m" / "0002_more.sql").write_text("CREATE TABLE should_not_exist (x int);")
+    (tmp_path / "m" / "9990_more.sql").write_text("CREATE TABLE should_not_exist (x int);")
     with pytest.raises(MigrationError, match="0001_workflow_run.sql was changed"):
         migrate(empty_dsn, directory=tmp_path / "m")
     assert q(empty_dsn, "SELECT to_regclass('should_not_exist') IS NULL")[0][0] is True
@@ -146,16 +149,16 @@ def test_a_changed_applied_file_is_a_loud_error(empty_dsn, tmp_path):
 def test_a_new_file_applies_and_a_failing_file_rolls_back(empty_dsn, tmp_path):
     shutil.copytree(migrations_dir(), tmp_path / "m")
     migrate(empty_dsn, directory=tmp_path / "m")
-    (tmp_path / "m" / "0002_extra.sql").write_text("CREATE TABLE extra_one (x int);")
-    (tmp_path / "m" / "0003_broken.sql").write_text(
+    (tmp_path / "m" / "9990_extra.sql").write_text("CREATE TABLE extra_one (x int);")
+    (tmp_path / "m" / "9991_broken.sql").write_text(
         "CREATE TABLE extra_two (x int);\nSELECT * FROM no_such_table;"
     )
-    with pytest.raises(MigrationError, match="0003_broken.sql failed"):
+    with pytest.raises(MigrationError, match="9991_broken.sql failed"):
         migrate(empty_dsn, directory=tmp_path / "m")
     versions = [
         r[0] for r in q(empty_dsn, "SELECT version FROM protomolt_jobs_schema_history ORDER BY 1")
     ]
-    assert versions == ["0001", "0002"]
+    assert versions == [f.version for f in migration_files()] + ["9990"]
     assert q(
         empty_dsn, "SELECT to_regclass('extra_one') IS NOT NULL, to_regclass('extra_two') IS NULL"
     )[0] == (True, True)
