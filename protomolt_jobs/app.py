@@ -177,7 +177,11 @@ class JobsApp:
         if not config.dsn:
             raise StoreError("jobs.dsn is required to run jobs")
         migrate(config.dsn)
-        store = JobStore.open(config.dsn, max_size=config.pool_max_size)
+        store = JobStore.open(
+            config.dsn,
+            max_size=config.pool_max_size,
+            connect_timeout_s=config.connect_timeout_seconds,
+        )
         try:
             return cls(config, store=store, runtime=runtime, repository=repository, lanes=lanes)
         except BaseException:

@@ -84,6 +84,16 @@ class JobsConfig:
     pool_max_size: int = 10
     #: Graceful stop: how long in-flight segments may finish before their leases are released.
     shutdown_grace_seconds: float = 10.0
+    #: How long a store call may wait for a healthy database connection before it fails as
+    #: ``unavailable`` (the database cannot be reached), seconds.
+    connect_timeout_seconds: float = 2.0
+    #: The pruner deletes PUBLISHED outbox rows older than this, seconds (7 days; 0: never).
+    outbox_retention_seconds: float = 7 * 86_400.0
+    #: The pruner deletes terminal runs (COMPLETED, FAILED, DEAD) finished longer ago than
+    #: this, with their outbox rows, seconds (30 days; 0: never).
+    run_retention_seconds: float = 30 * 86_400.0
+    #: How often the pruner runs a pass, seconds.
+    prune_interval_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         if self.worker_id is None or not str(self.worker_id).strip():
@@ -178,6 +188,10 @@ _SECONDS_LIMITS: dict[str, tuple[float | None, float]] = {
     "lease_seconds": (None, 86_400.0),
     "backoff_base_seconds": (None, 86_400.0),
     "shutdown_grace_seconds": (0.0, 3_600.0),
+    "connect_timeout_seconds": (None, 300.0),
+    "outbox_retention_seconds": (0.0, 3_650 * 86_400.0),
+    "run_retention_seconds": (0.0, 3_650 * 86_400.0),
+    "prune_interval_seconds": (None, 86_400.0),
 }
 _INT_KEYS = set(_INT_LIMITS)
 _FLOAT_KEYS = set(_SECONDS_LIMITS)

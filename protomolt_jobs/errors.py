@@ -18,7 +18,8 @@ internal-error      INTERNAL           500
 Results with ``ok: false`` (not found, wrong state, does not verify) are answers, not errors,
 and are returned, never raised.
 
-:class:`LeaseLost` and :class:`StoreError` are internal: they never leave a verb.
+:class:`LeaseLost` and :class:`StoreError` are internal: they never leave a verb, except
+:class:`StoreUnavailable`, which is an :class:`Unavailable` too.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "PermissionDenied",
     "ResourceExhausted",
     "StoreError",
+    "StoreUnavailable",
     "Unavailable",
     "UnknownAction",
     "error_for_code",
@@ -150,6 +152,17 @@ class StoreError(Exception):
     """A store operation failed (connection lost, statement error). The driver's exception is
     the ``__cause__``. Raised by ``protomolt_jobs.store``; nothing above ``store/`` imports
     psycopg's error classes."""
+
+
+class StoreUnavailable(StoreError, Unavailable):
+    """The store could not get a healthy database connection within its bound
+    (``jobs.connect_timeout_seconds``), or the connection broke during the call: the database
+    is down, unreachable, refusing connections, or every pooled connection stayed busy.
+
+    It is both a :class:`StoreError` (background duties treat it as an outage and retry) and
+    an :class:`Unavailable` (a verb that meets it answers ``unavailable``, 503 / UNAVAILABLE,
+    with no translation on the way).
+    """
 
 
 class NotFound(StoreError):

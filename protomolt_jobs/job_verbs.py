@@ -11,7 +11,8 @@ the deliberate differences of DESIGN.md section 4 and ``docs/verbs.md``:
   too, not ``ok: false`` answers.
 - Values PostgreSQL cannot store (NUL characters, lone surrogates, non-finite numbers) are
   refused up front, and so are integers beyond +-2**53 (:data:`MAX_JSON_INT`): protobuf's
-  ``Struct`` holds numbers as doubles, so a larger one could not be read back over gRPC.
+  ``Struct`` holds numbers as doubles, so a larger one could not be read back over gRPC. The
+  rule lives in :mod:`protomolt_jobs.input_rules`, shared with the request topic.
 - With no database configured every verb raises ``unavailable`` saying how to configure one.
 
 Answers with ``ok: false`` (unknown job, wrong state, a definition that does not verify) are
@@ -28,6 +29,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from protomolt_jobs.errors import InvalidInput, JobCorrupt, NotFound, Unavailable
+from protomolt_jobs.input_rules import MAX_JSON_DEPTH, MAX_JSON_INT
+from protomolt_jobs.input_rules import check_json as _check_json
+from protomolt_jobs.input_rules import check_text as _check_text
 from protomolt_jobs.store.records import JOB_STATUSES, AlreadyDone, ParkedStepCompleted, WrongState
 from protomolt_jobs.submitter import Submitter, parse_job_id
 
@@ -59,10 +63,6 @@ NOT_RUNNING = (
 )
 #: ``submit-workflow``: exactly one definition source (CEL over ``{workflow?, workflow_name}``).
 SOURCE_RULE = "has(this.workflow) != (this.workflow_name != '')"
-#: Deepest nesting accepted in free-form objects (protobuf's JSON parser stops near 100).
-MAX_JSON_DEPTH = 100
-#: Largest integer magnitude accepted in free-form objects: exact in a double (``Struct``).
-MAX_JSON_INT = 2**53
 #: Largest offset PostgreSQL's bigint holds.
 _MAX_OFFSET = 2**63 - 1
 _MAX_LIMIT = 500
@@ -128,33 +128,6 @@ def _only_known(verb: str, input: dict[str, Any], known: tuple[str, ...]) -> Non
             raise _invalid(name, f"Unknown field '{name}'; {verb} accepts: {', '.join(known)}")
 
 
-def has_lone_surrogate(text: str) -> bool:
-    """True when ``text`` holds a lone surrogate (U+D800-U+DFFF), which UTF-8 cannot carry.
-    The verbs and the host's HTTP route both refuse such text as invalid-input."""
-    if text.isascii():
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
-def _text_problem(text: str) -> str | None:
-    if "\x00" in text:
-        return "must not contain NUL characters"
-    if has_lone_surrogate(text):
-        return "must not contain lone surrogates (U+D800-U+DFFF)"
-    return None
-
-
-def _check_text(field: str, value: str) -> str:
-    problem = _text_problem(value)
-    if problem is not None:
-        raise _invalid(field, f"Field '{field}' {problem}")
-    return value
-
-
 def _require_string(input: dict[str, Any], field: str) -> str:
     value = input.get(field)
     if value is None:
@@ -191,43 +164,6 @@ def _optional_object(input: dict[str, Any], field: str) -> dict[str, Any] | None
         raise _invalid(field, f"Field '{field}' must be a JSON object")
     _check_json(field, value)
     return value
-
-
-def _check_json(field: str, value: Any) -> None:
-    """Refuse what JSON or PostgreSQL ``jsonb`` cannot hold (iteratively: no recursion)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise _invalid(field, f"Field '{field}' is nested deeper than {MAX_JSON_DEPTH} levels")
-        if isinstance(item, dict):
-            for key, child in item.items():
-                if not isinstance(key, str):
-                    raise _invalid(field, f"Field '{field}' must be JSON: object keys are strings")
-                problem = _text_problem(key)
-                if problem is not None:
-                    raise _invalid(field, f"Field '{field}' {problem}")
-                stack.append((child, depth + 1))
-        elif isinstance(item, list):
-            stack.extend((child, depth + 1) for child in item)
-        elif isinstance(item, str):
-            problem = _text_problem(item)
-            if problem is not None:
-                raise _invalid(field, f"Field '{field}' {problem}")
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                raise _invalid(field, f"Field '{field}' must hold only finite numbers")
-        elif item is None or isinstance(item, bool):
-            continue
-        elif isinstance(item, int):
-            if not -MAX_JSON_INT <= item <= MAX_JSON_INT:
-                raise _invalid(
-                    field,
-                    f"Field '{field}' holds an integer beyond +-2**53 ({MAX_JSON_INT}); "
-                    "send larger values as strings",
-                )
-        else:
-            raise _invalid(field, f"Field '{field}' must be JSON; it holds a {type(item).__name__}")
 
 
 def _as_integer(value: Any) -> int | None:
@@ -569,7 +505,8 @@ class CompleteStepAction:
         complete the parked step.
 
         :returns: ``{ok: true, status: "QUEUED"}`` (resumed), ``{ok: true, status}`` (already
-            done), ``{ok: false, status, outstandingStep?, error}`` (wrong state),
+            done), ``{ok: false, status, error}`` (the step is not external: the error names
+            its kind), ``{ok: false, status, outstandingStep?, error}`` (wrong state),
             ``{ok: false, status: "FAILED", error}`` (rejected by the step's rules) or
             ``{ok: false, error: "no workflow run <id>"}``.
         :raises Unavailable: no database configured.
@@ -592,10 +529,15 @@ class CompleteStepAction:
             if any(
                 isinstance(c, dict) and c.get("name") == step_name for c in job.checkpoints or []
             ):
+                _, done = self._resolve_step(job, step_name)
+                if not done.external:
+                    return _not_external(job.status, step_name, done)
                 return {"ok": True, "status": job.status}
             return _wrong_state(job_id, job.status, job.outstanding_step, step_name)
 
         compiled, step = self._resolve_step(job, step_name)
+        if not step.external:
+            return _not_external(job.status, step_name, step)
         message = self._parse_response(step, response)
 
         if step.validate:
@@ -697,6 +639,28 @@ class CompleteStepAction:
                 f"'response' is not valid proto3 JSON for {step.output_type.full_name}: {exc}",
             ) from exc
         return message
+
+
+def _not_external(status: str, step_name: str, step: Any) -> dict[str, Any]:
+    # Only an external step is answered from outside; a call step's checkpoint is its
+    # service's answer (upstream answers ok: true here; see docs/verbs.md).
+    return {
+        "ok": False,
+        "status": status,
+        "error": f"step '{step_name}' is a {step_kind(step)} step, not an external one "
+        '(completion: "external"); only an external step can be completed',
+    }
+
+
+def step_kind(step: Any) -> str:
+    """How a step runs, for messages: ``gRPC call`` (``completion: "invoke"``, the default),
+    ``external``, or the ``completion`` value as written."""
+    if step.external:
+        return "external"
+    completion = getattr(step, "completion", "") or "invoke"
+    if completion == "invoke":
+        return 'gRPC call (completion: "invoke")'
+    return f'completion: "{completion}"'
 
 
 def jobs_actions(

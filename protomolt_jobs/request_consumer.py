@@ -11,6 +11,8 @@ Model (at least once, idempotent on ``job_id``):
   ======================================================= ==========================================
   no value, undecodable, or breaks the request rules      a ``workflow_run_rejects`` row
   (an ``input`` holding NaN or an infinity included)
+  breaks the verbs' input rule (``input_rules``: NUL,     a ``workflow_run_rejects`` row, reason
+  lone surrogates, integers beyond +-2**53, depth)        ``invalid-input: <the verb's message>``
   handling failed unexpectedly (a defect)                 a ``workflow_run_rejects`` row
                                                           (``internal-error: ...``)
   submitter ``ok``                                        the job row (or nothing: it already exists)
@@ -48,8 +50,9 @@ from google.protobuf.message import DecodeError
 
 from protomolt_jobs import crashpoints
 from protomolt_jobs.config import CONSUMER_GROUP, ConfigError, JobsConfig
-from protomolt_jobs.errors import StoreError
+from protomolt_jobs.errors import InvalidInput, StoreError
 from protomolt_jobs.framing import REQUEST_INDEX_PATH, unframe
+from protomolt_jobs.input_rules import check_json, check_text
 from protomolt_jobs.service import Service
 
 __all__ = [
@@ -421,6 +424,12 @@ class RequestConsumer(Service):
         if violations:
             return self._reject(message, f"invalid-request: {_summarize(violations)}")
         try:
+            # The verbs' input rule (input_rules), field by field, as submit-workflow names them.
+            check_text("jobId", request.job_id)
+            check_text("workflowName", request.workflow_name)
+        except InvalidInput as exc:
+            return self._reject(message, f"invalid-input: {exc.message}")
+        try:
             job_uuid = uuid.UUID(request.job_id)
         except ValueError:
             return self._reject(message, f"invalid-job-id: job_id {request.job_id!r} is not a uuid")
@@ -429,6 +438,10 @@ class RequestConsumer(Service):
         except (json_format.Error, ValueError, TypeError, RecursionError) as exc:
             # NaN and the infinities have no JSON form (nor a jsonb one).
             return self._reject(message, f"invalid-request: input cannot be read as JSON: {exc}")
+        try:
+            check_json("input", input_json)
+        except InvalidInput as exc:
+            return self._reject(message, f"invalid-input: {exc.message}")
         try:
             outcome = self._submitter.submit(
                 workflow_name=request.workflow_name, input=input_json, job_id=request.job_id

@@ -195,7 +195,8 @@ class Submitter:
             )
         # 5. The input against inputType.
         try:
-            parse_input(compiled, input)
+            # Strict: a misspelt field ({"txt": ...} for "text") is refused, not dropped.
+            parse_input(compiled, input, ignore_unknown_fields=False)
         except WorkflowParseError as exc:
             message = exc.message
             if not message.startswith("'input'"):

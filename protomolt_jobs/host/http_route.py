@@ -71,7 +71,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from protomolt_jobs.errors import ActionError
-from protomolt_jobs.job_verbs import has_lone_surrogate
+from protomolt_jobs.input_rules import has_lone_surrogate
 
 __all__ = [
     "HANDLER_THREADS",

@@ -40,11 +40,17 @@ worker, which fails it, instead of rolling back and blocking every later claim o
 Failures
 --------
 - The worker dies: its lease expires, the sweep requeues (or kills) the job.
+- The database cannot be reached: a call that gets no healthy connection within
+  ``connect_timeout_s`` raises :class:`~protomolt_jobs.errors.StoreUnavailable` (a
+  ``StoreError`` and an ``Unavailable``: verbs answer ``unavailable``), never a long wait.
+- A pooled connection the server killed while it sat idle (restart, ``pg_terminate_backend``,
+  an idle timeout) is noticed before it is used, without a round trip (its socket has the
+  server's goodbye to read), closed, and the call goes on with a fresh connection
+  (:meth:`JobStore._connection`).
 - The database connection drops mid-write: the transaction rolls back; the store raises
-  :class:`~protomolt_jobs.errors.StoreError` (driver error as ``__cause__``); the write may be
-  retried by the caller while its lease is live. A pooled connection the server killed while
-  it sat idle fails the one call it is handed to in the same way (the pool does not check
-  connections before handing them out; see :meth:`JobStore.open`) and is then discarded.
+  :class:`~protomolt_jobs.errors.StoreUnavailable` (driver error as ``__cause__``) and does not
+  retry, because it cannot know whether the server committed; the write may be retried by the
+  caller while its lease is live.
 - The process dies after commit and before the caller learns of it: the change and its event
   are both durable; the caller's next fenced write is either valid (same lease) or LeaseLost.
 
@@ -73,17 +79,20 @@ import functools
 import json
 import logging
 import math
+import select
+import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
-from protomolt_jobs.errors import LeaseLost, NotFound, StoreError
+from protomolt_jobs.errors import LeaseLost, NotFound, StoreError, StoreUnavailable
 from protomolt_jobs.events import MAX_ERROR_CHARS, EventType, build_event
 from protomolt_jobs.store.queries import QUERIES
 from protomolt_jobs.store.records import (
@@ -126,8 +135,12 @@ OUTBOX_CLAIM_S_DEFAULT = 30.0
 SWEEP_BATCH_DEFAULT = 500
 #: Most sweep transactions per ``job_sweep_expired`` call (bounds one call's run time).
 SWEEP_MAX_BATCHES_DEFAULT = 20
-#: Pool: how long to wait for a connection (and for the first one at open), seconds.
+#: Pool: how long to wait for the first connection at open, and for a connection while every
+#: pooled one is busy with other calls (the database answers; it is only loaded), seconds.
 POOL_TIMEOUT_S = 10.0
+#: How long a call waits for a healthy connection before the database counts as unreachable
+#: (``jobs.connect_timeout_seconds``), seconds.
+CONNECT_TIMEOUT_S_DEFAULT = 2.0
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -140,6 +153,13 @@ def _translated(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         try:
             return fn(*args, **kwargs)
+        except psycopg.OperationalError as exc:
+            # The connection broke or the server refused to go on (shutting down, out of
+            # connections, cancelled): an outage, not a defect. Not retried here: a write
+            # whose connection died may have committed.
+            raise StoreUnavailable(
+                f"the jobs database failed during {fn.__name__}: {type(exc).__name__}: {exc}"
+            ) from exc
         except psycopg.Error as exc:
             raise StoreError(f"{fn.__name__} failed: {type(exc).__name__}: {exc}") from exc
 
@@ -150,29 +170,45 @@ class JobStore:
     """The durable store of jobs and their outbox, over a psycopg connection pool.
 
     :param pool: an open ``psycopg_pool.ConnectionPool``; the store closes it in :meth:`close`.
+    :param connect_timeout_s: how long a call waits for a healthy connection before it raises
+        :class:`StoreUnavailable`, seconds.
     """
 
-    def __init__(self, pool: ConnectionPool) -> None:
+    def __init__(
+        self, pool: ConnectionPool, *, connect_timeout_s: float = CONNECT_TIMEOUT_S_DEFAULT
+    ) -> None:
         self._pool = pool
+        self.connect_timeout_s = connect_timeout_s
+        # Connections this store has lent out right now: tells "every connection is busy"
+        # (wait longer) from "the pool cannot connect" (unavailable) when a wait times out.
+        self._in_use = 0
+        self._in_use_lock = threading.Lock()
 
     # -- lifecycle --------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, dsn: str, *, max_size: int = 10, timeout_s: float = POOL_TIMEOUT_S) -> JobStore:
+    def open(
+        cls,
+        dsn: str,
+        *,
+        max_size: int = 10,
+        timeout_s: float = POOL_TIMEOUT_S,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S_DEFAULT,
+    ) -> JobStore:
         """Open a pool on ``dsn`` and wait for its first connection.
 
-        Connections are not checked before they are handed out: a check is one more round
-        trip and one more commit on every store call (it was about half the commits of a
-        job). A connection the server killed (restart, ``pg_terminate_backend``, an idle
-        timeout) is therefore handed out once, that call raises :class:`StoreError`, and the
-        pool discards the connection; the next call gets a fresh one. Nothing is retried
-        here: a fenced write that failed this way changed nothing, and its caller decides
-        (the worker retries or leaves the job to the sweeper, a claim loop polls again).
+        Connections are not checked with a query before they are handed out: that is one
+        more round trip and one more commit on every store call (it was about half the
+        commits of a job). :meth:`_connection` instead looks at the idle connection's socket:
+        one the server killed (restart, ``pg_terminate_backend``, an idle timeout) has the
+        server's goodbye waiting there, and is replaced before any statement is sent.
 
         :param dsn: libpq connection string of a migrated database.
         :param max_size: most connections in the pool (>= 1).
-        :param timeout_s: how long to wait for the first connection, and for any connection
-            later, seconds.
+        :param timeout_s: how long to wait for the first connection, and for a connection
+            while all of them are busy, seconds.
+        :param connect_timeout_s: how long a call waits for a healthy connection when the
+            pool cannot make one (the database is unreachable), seconds.
         :raises ValueError: when ``max_size`` < 1.
         :raises StoreError: when the database cannot be reached within ``timeout_s``.
         """
@@ -186,7 +222,9 @@ class JobStore:
             # Autocommit: a single-statement method is its own transaction in one round trip
             # (BEGIN and COMMIT would be two more); multi-statement methods open an explicit
             # transaction with conn.transaction().
-            kwargs={"autocommit": True},
+            # libpq's own bound on one connection attempt (whole seconds, at least 2): a
+            # black-holed host must not hold the pool's connector past the call's bound.
+            kwargs={"autocommit": True, "connect_timeout": max(2, math.ceil(connect_timeout_s))},
             timeout=timeout_s,
             name="protomolt-jobs-store",
         )
@@ -197,7 +235,68 @@ class JobStore:
             raise StoreError(
                 f"cannot reach the jobs database within {timeout_s:g} s: {exc}"
             ) from exc
-        return cls(pool)
+        return cls(pool, connect_timeout_s=connect_timeout_s)
+
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A healthy pooled connection for one call (the call's transaction, if any, is the
+        caller's ``conn.transaction()``); returned to the pool afterwards.
+
+        A connection whose server side is gone is closed and the next one taken, without a
+        round trip (:func:`_server_gone`). Waiting is bounded: ``connect_timeout_s`` when the
+        pool has room to connect but gets nowhere (the database is unreachable), up to
+        :data:`POOL_TIMEOUT_S` when every connection exists and is busy with other calls.
+
+        :raises StoreUnavailable: no healthy connection within the bound.
+        """
+        conn = self._healthy_connection()
+        with self._in_use_lock:
+            self._in_use += 1
+        try:
+            with conn:  # commit or roll back what the call left open, as pool.connection()
+                yield conn
+        finally:
+            with self._in_use_lock:
+                self._in_use -= 1
+            self._pool.putconn(conn)
+
+    def _healthy_connection(self) -> psycopg.Connection[Any]:
+        waited_busy = False
+        # Each pass either hands out a connection or discards a dead one; more passes than
+        # connections would mean the pool keeps handing out dead ones.
+        for _ in range(self._pool.max_size + 2):
+            try:
+                conn = self._pool.getconn(timeout=self.connect_timeout_s)
+            except PoolTimeout as exc:
+                # The pool's own size counts connections it is still trying to make, so
+                # "busy" is judged by what this store has lent out.
+                busy = self._in_use >= self._pool.max_size and not waited_busy
+                if not busy:
+                    raise StoreUnavailable(
+                        "the jobs database cannot be reached: no connection within "
+                        f"{self.connect_timeout_s:g} s (jobs.connect_timeout_seconds)"
+                    ) from exc
+                # Every connection exists and is in use: the database answers, the node is
+                # loaded. Wait longer, once.
+                waited_busy = True
+                try:
+                    conn = self._pool.getconn(timeout=POOL_TIMEOUT_S)
+                except PoolTimeout as busy_exc:
+                    raise StoreUnavailable(
+                        f"the jobs database is overloaded: all {self._pool.max_size} "
+                        f"connections stayed busy for {POOL_TIMEOUT_S:g} s"
+                    ) from busy_exc
+            if not _server_gone(conn):
+                return conn
+            log.info(
+                "discarding a pooled connection the server closed",
+                extra={"action": "store_connection_discarded"},
+            )
+            conn.close()
+            self._pool.putconn(conn)  # a closed connection is dropped and replaced by the pool
+        raise StoreUnavailable(
+            "the jobs database cannot be reached: every pooled connection was closed by the server"
+        )
 
     @property
     def pool(self) -> ConnectionPool:
@@ -261,7 +360,7 @@ class JobStore:
             "trace_context": new.trace_context,
         }
         existing: dict[str, Any] | None = None
-        with self._pool.connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
             row = _one(conn, "job_insert", params)
             if row is None:
                 existing = _one(conn, "job_get", {"job_id": job_id})
@@ -291,7 +390,7 @@ class JobStore:
         :raises StoreError: on a database failure.
         """
         key = _uuid("job_id", job_id)
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = _one(conn, "job_get", {"job_id": key})
         return JobRecord.from_row(row) if row else None
 
@@ -330,7 +429,7 @@ class JobStore:
             "limit": effective,
             "offset": offset,
         }
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             rows = _rows(conn, "job_list", params)
         return [JobRecord.from_row(r) for r in rows]
 
@@ -374,7 +473,7 @@ class JobStore:
         """
         _text("worker_id", worker_id)
         _positive_seconds("lease_s", lease_s)
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = _one(
                 conn, "job_claim", {"worker_id": scrub_text(worker_id), "lease_s": float(lease_s)}
             )
@@ -392,7 +491,7 @@ class JobStore:
         :raises StoreError: on a database failure.
         """
         _positive_seconds("lease_s", lease_s)
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = _fenced(conn, "job_heartbeat", lease, {"lease_s": float(lease_s)})
         return row["lease_until"]
 
@@ -411,7 +510,7 @@ class JobStore:
         """
         step = scrub_text(_entry_name(entry))
         entry_json = _jsonb("entry", entry, dict)
-        with self._pool.connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
             row = _fenced(conn, "job_checkpoint", lease, {"entry": entry_json})
             self._outbox_txn(conn, row, EventType.TYPE_STEP_CHECKPOINT, step=step)
 
@@ -428,7 +527,7 @@ class JobStore:
         """
         _text("step", step)
         step = scrub_text(step)
-        with self._pool.connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
             row = _fenced(conn, "job_park", lease, {"step": step})
             self._outbox_txn(conn, row, EventType.TYPE_WAITING, step=step)
 
@@ -469,7 +568,7 @@ class JobStore:
             step = scrub_text(_entry_name(final_entry))
             params["entry"] = _jsonb("final_entry", final_entry, dict)
         query = "job_complete" if final_entry is None else "job_complete_with_checkpoint"
-        with self._pool.connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
             row = _fenced(conn, query, lease, params)
             if final_entry is not None:
                 checkpointed = {**row, "status": "RUNNING"}
@@ -493,7 +592,7 @@ class JobStore:
         _text("error", error)
         error = scrub_text(error)
         step = scrub_text(step or "")
-        with self._pool.connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
             row = _fenced(conn, "job_fail", lease, {"error": error})
             self._outbox_txn(conn, row, EventType.TYPE_FAILED, step=step or "", error=error)
 
@@ -513,7 +612,7 @@ class JobStore:
         :raises StoreError: on a database failure.
         """
         _non_negative_seconds("backoff_s", backoff_s)
-        with self._pool.connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
             row = _fenced(
                 conn,
                 "job_retry",
@@ -536,7 +635,7 @@ class JobStore:
         """
         _text("error", error)
         error = scrub_text(error)
-        with self._pool.connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
             row = _fenced(conn, "job_dead", lease, {"error": error})
             self._outbox_txn(conn, row, EventType.TYPE_DEAD, error=error)
 
@@ -551,7 +650,7 @@ class JobStore:
         :raises LeaseLost: when the fence matches no row (nothing changed).
         :raises StoreError: on a database failure.
         """
-        with self._pool.connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
             _fenced(conn, "job_release", lease, {})
             _execute(conn, "job_notify", {})
 
@@ -601,7 +700,7 @@ class JobStore:
 
     def _sweep_batch(self, limit: int) -> tuple[int, list[uuid.UUID], bool]:
         """One sweep transaction: ``(requeued, dead job ids, whether the batch was full)``."""
-        with self._pool.connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
             rows = _rows(conn, "job_sweep_expired", {"limit": limit})
             dead = [r for r in rows if r["status"] == "DEAD"]
             for row in dead:
@@ -653,7 +752,7 @@ class JobStore:
             )
         entry_json = _jsonb("entry", entry, dict)
         step = scrub_text(step)
-        with self._pool.connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
             refusal = self._parked_gate_txn(conn, key, step)
             if refusal is not None:
                 return refusal
@@ -684,7 +783,7 @@ class JobStore:
         _text("error", error)
         step = scrub_text(step)
         error = scrub_text(error)
-        with self._pool.connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
             refusal = self._parked_gate_txn(conn, key, step)
             if refusal is not None:
                 return refusal
@@ -740,7 +839,7 @@ class JobStore:
         """
         _positive_int("limit", limit)
         _positive_seconds("claim_s", claim_s)
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             rows = _rows(conn, "outbox_claim", {"limit": limit, "claim_s": float(claim_s)})
         return sorted((OutboxRow.from_row(r) for r in rows), key=lambda r: r.seq)
 
@@ -758,7 +857,7 @@ class JobStore:
         ids = [_uuid("event_ids", e) for e in event_ids]
         if not ids:
             return 0
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             cur = _execute(conn, "outbox_mark_published", {"event_ids": ids})
             return cur.rowcount
 
@@ -780,7 +879,7 @@ class JobStore:
             "error": scrub_text((error or "")[:MAX_ERROR_CHARS]),
             "max_attempts": OUTBOX_MAX_ATTEMPTS,
         }
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = _one(conn, "outbox_mark_failed", params)
         if row is not None and row["status"] == "FAILED":
             log.warning(
@@ -802,7 +901,7 @@ class JobStore:
         :raises StoreError: on a database failure.
         """
         key = _uuid("job_id", job_id)
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             rows = _rows(conn, "outbox_for_job", {"kafka_key": str(key)})
         return [OutboxRow.from_row(r) for r in rows]
 
@@ -831,7 +930,7 @@ class JobStore:
             "raw": bytes(raw) if raw is not None else None,
             "reason": scrub_text(reason),
         }
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = _one(conn, "reject_insert", params)
         assert row is not None
         return int(row["id"])
@@ -876,6 +975,23 @@ class JobStore:
 
 
 # -- statement helpers ----------------------------------------------------------------------
+
+
+def _server_gone(conn: psycopg.Connection[Any]) -> bool:
+    """Whether an idle connection's server side is gone, without a round trip.
+
+    An idle connection has nothing to read; a killed backend leaves its FATAL message and the
+    end of the stream there. Any waiting input counts as gone: it is almost always that
+    goodbye, and the rare stray notice costs one reconnect.
+    """
+    if conn.closed or conn.broken:
+        return True
+    poller = select.poll()
+    try:
+        poller.register(conn.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError, psycopg.Error):
+        return True
 
 
 def _execute(

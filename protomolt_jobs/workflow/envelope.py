@@ -858,9 +858,14 @@ def parse_workflow(obj: Any, runtime: Runtime) -> CompiledWorkflow:
     return workflow
 
 
-def parse_input(workflow: CompiledWorkflow, input_json: Any) -> Message:
-    """Parse a run's input as proto3 JSON of the workflow's input type (unknown fields ignored).
+def parse_input(
+    workflow: CompiledWorkflow, input_json: Any, *, ignore_unknown_fields: bool = True
+) -> Message:
+    """Parse a run's input as proto3 JSON of the workflow's input type.
 
+    :param ignore_unknown_fields: False at submit (a misspelt field is refused, naming it);
+        True (the default) when a stored input is run, so rows accepted before the check
+        still run.
     :raises WorkflowParseError: ``("", "'input' is not valid proto3 JSON for <type>: <detail>")``.
     """
     full = workflow.input_type.full_name
@@ -871,7 +876,10 @@ def parse_input(workflow: CompiledWorkflow, input_json: Any) -> Message:
     msg = message_class(workflow.input_type)()
     try:
         json_format.ParseDict(
-            input_json, msg, ignore_unknown_fields=True, descriptor_pool=workflow.pool
+            input_json,
+            msg,
+            ignore_unknown_fields=ignore_unknown_fields,
+            descriptor_pool=workflow.pool,
         )
     except (json_format.ParseError, ValueError, TypeError, AttributeError, RecursionError) as exc:
         raise WorkflowParseError("", f"'input' is not valid proto3 JSON for {full}: {exc}") from exc

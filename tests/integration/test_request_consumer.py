@@ -301,3 +301,39 @@ def test_an_unexpected_failure_is_stored_as_a_reject_not_lost(
     assert store.job_get(first) is None
     assert store.job_get(second).status == "QUEUED"
     assert committed(broker.bootstrap, topic) == {partition: 2}
+
+
+# ------------------------------------------------------------------ one input rule, both doors
+# A record the verb would refuse is refused on the topic too, with the verb's reason.
+
+
+@pytest.mark.parametrize(
+    "bad_input",
+    [{"text": "a\x00b"}, {"text": "ok", "k\x00ey": 1}, {"n": {"deep": ["x\x00"]}}],
+    ids=["value", "key", "deep"],
+)
+def test_a_nul_in_input_is_an_invalid_input_reject_and_no_job(
+    fresh_dsn, store, broker, topic, consumer, bad_input
+):
+    bad, good = str(uuid.uuid4()), str(uuid.uuid4())
+    produce(broker.bootstrap, topic, request(bad, input=bad_input), key="k")
+    produce(broker.bootstrap, topic, request(good), key="k")
+    outcomes = drain(consumer, 2)
+    assert [o for o, _, _ in outcomes] == ["rejected", "submitted"]
+    (reason,) = [r for (r,) in rows(fresh_dsn, "SELECT reason FROM workflow_run_rejects")]
+    assert reason == "invalid-input: Field 'input' must not contain NUL characters"
+    assert store.job_get(bad) is None
+    assert store.job_get(good).status == "QUEUED"
+    assert rows(fresh_dsn, "SELECT count(*) FROM workflow_run") == [(1,)]
+
+
+def test_a_misspelt_input_field_is_an_invalid_input_reject_naming_it(
+    fresh_dsn, store, broker, topic, consumer
+):
+    bad = str(uuid.uuid4())
+    produce(broker.bootstrap, topic, request(bad, input={"txt": "x"}), key="k")
+    assert [o for o, _, _ in drain(consumer, 1)] == ["rejected"]
+    (reason,) = [r for (r,) in rows(fresh_dsn, "SELECT reason FROM workflow_run_rejects")]
+    assert reason.startswith("invalid-input: 'input' is not valid proto3 JSON for ")
+    assert '"txt"' in reason
+    assert store.job_get(bad) is None

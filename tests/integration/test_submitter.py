@@ -29,11 +29,11 @@ def submitter(store):
 
 
 def test_created_row_snapshots_definition_and_input(submitter, store):
-    out = submitter.submit(workflow_name="seed-review", input={"text": "hi", "zzz": 1})
+    out = submitter.submit(workflow_name="seed-review", input={"text": "hi", "meta": {"zzz": 1}})
     assert out.ok and out.created and out.status == "QUEUED" and out.reason is None
     job = store.job_get(out.job_id)
     assert job.workflow_definition == seed_workflow(TARGET)
-    assert job.input == {"text": "hi", "zzz": 1}  # raw, not canonicalised
+    assert job.input == {"text": "hi", "meta": {"zzz": 1}}  # raw, not canonicalised
     assert job.max_attempts == 5 and job.attempt == 0
     # a later edit of the stored workflow does not shift the live job
     submitter.repository.put("seed-review", {"name": "changed"})

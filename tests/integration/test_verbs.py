@@ -223,6 +223,15 @@ def test_submit_refusals_are_answers(verbs, body, error, failed_step):
     assert verbs.counts() == before
 
 
+def test_a_misspelt_input_field_is_refused_at_submit_naming_it(verbs):
+    before = verbs.counts()
+    answer = verbs("submit-workflow", {"workflowName": "seed-review", "input": {"txt": "x"}})
+    assert answer["ok"] is False
+    assert answer["error"].startswith("'input' is not valid proto3 JSON for jobs.test.Text")
+    assert '"txt"' in answer["error"]
+    assert verbs.counts() == before
+
+
 def test_definition_that_does_not_verify_names_the_step(verbs):
     bad = seed_workflow(verbs.workflow["steps"][0]["target"])
     bad["steps"][1]["rules"] = ["ids = nowhere.ids"]
@@ -329,9 +338,29 @@ def test_complete_step_wrong_state_and_wrong_step(verbs):
         "status": "QUEUED",
         "error": f"job {queued} is QUEUED; it is not waiting on step 'review'",
     }
-    # a step the job already checkpointed is an idempotent redelivery
+    # a step that is not external is never completed from outside, checkpointed or not
+    before = verbs.counts()
     answer = verbs("complete-step", {"jobId": str(job_id), "stepName": "embed", "response": {}})
-    assert answer == {"ok": True, "status": "WAITING"}
+    assert answer == {
+        "ok": False,
+        "status": "WAITING",
+        "error": "step 'embed' is a gRPC call (completion: \"invoke\") step, not an external "
+        'one (completion: "external"); only an external step can be completed',
+    }
+    assert verbs.counts() == before
+
+
+def test_complete_step_twice_on_the_external_step_completes_then_is_already_done(verbs):
+    job_id = verbs.parked()
+    body = {"jobId": str(job_id), "stepName": "review", "response": {"approved": True}}
+    assert verbs("complete-step", body) == {"ok": True, "status": "QUEUED"}
+    # The store's own gate, too: the second answer is AlreadyDone, whatever the pre-gate saw.
+    from protomolt_jobs.store.records import AlreadyDone
+
+    entry = {"name": "review", "skipped": False, "response": {"approved": True}}
+    assert isinstance(verbs.store.job_complete_parked(job_id, "review", entry), AlreadyDone)
+    assert verbs("complete-step", body) == {"ok": True, "status": "QUEUED"}
+    assert len(review_checkpoints(verbs, job_id)) == 1
 
 
 def test_complete_step_unknown_job(verbs):

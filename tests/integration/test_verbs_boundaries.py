@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from protomolt_jobs.errors import InvalidInput
-from protomolt_jobs.job_verbs import MAX_JSON_INT
+from protomolt_jobs.input_rules import MAX_JSON_INT
 from tests.integration.test_verbs import make_verbs
 from tests.support.grpc_servers import TestServices
 
@@ -97,7 +97,8 @@ def test_integers_up_to_2_pow_53_and_surrogate_pairs_are_accepted(session_dsn):
     services = TestServices().start()
     v = make_verbs(session_dsn, services.target)
     try:
-        payload = {"text": "\U0001f600", "n": MAX_JSON_INT, "m": -MAX_JSON_INT, "f": 1.5}
+        # Free-form numbers sit in `meta` (a Struct): unknown input fields are refused.
+        payload = {"text": "\U0001f600", "meta": {"n": MAX_JSON_INT, "m": -MAX_JSON_INT, "f": 1.5}}
         answer = v("submit-workflow", {"workflowName": "seed-review", "input": payload})
         assert answer["ok"] is True
         job = v("get-job", {"jobId": answer["jobId"]})["job"]
