@@ -442,7 +442,7 @@ class JobStore:
         :returns: ``({status: runs}, outbox_pending)``; statuses without runs are absent.
         :raises StoreError: on a database failure.
         """
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             rows = _rows(conn, "metrics_run_counts", {})
         runs = {r["status"]: int(r["n"]) for r in rows if r["kind"] == "run"}
         pending = sum(int(r["n"]) for r in rows if r["kind"] == "outbox")
