@@ -372,3 +372,31 @@ def test_get_job_of_a_sequential_run_has_no_graph_report(store, fresh_dsn, servi
     job = enqueue(store, seed_workflow(services.target, review="invoke"), {"text": "a b"})
     _run_one(store, fresh_dsn)
     assert "report" not in _get_job(store, job.job_id)
+
+
+def test_an_external_step_in_a_graph_parks_after_its_siblings_and_resumes(
+    store, fresh_dsn, services
+):
+    t = services.target
+    wf = graph(
+        [
+            step("a", t),
+            step("approve", t, after=["a"], completion="external"),
+            step("side", t, sleep_ms=200, after=["a"]),
+            step("ship", t, after=["approve", "side"], reads=["approve"]),
+        ]
+    )
+    job = enqueue(store, wf, {"text": "x"})
+    _run_one(store, fresh_dsn)
+    row = store.job_get(job.job_id)
+    assert row.status == "WAITING"
+    assert row.outstanding_step == "approve"
+    assert [cp["name"] for cp in row.checkpoints] == ["a", "side"]
+    entry = {"name": "approve", "skipped": False, "response": {"step": "approve", "seen": ["ok"]}}
+    store.job_complete_parked(job.job_id, "approve", entry)
+    _run_one(store, fresh_dsn)
+    row = store.job_get(job.job_id)
+    assert row.status == "COMPLETED", row.error
+    assert [cp["name"] for cp in row.checkpoints] == ["a", "side", "approve", "ship"]
+    assert row.checkpoints[-1]["response"]["seen"] == ["ok", "ship"]
+    assert services.step_calls("a") == 1 and services.step_calls("side") == 1

@@ -334,3 +334,44 @@ def test_simulate_on_a_sequential_workflow_is_its_chain(runtime):
     by = {s["step"]: s for s in answer["simulation"]["ifFails"]}
     assert by["embed"]["runs"] == ["tokenize", "embed"]
     assert by["embed"]["notRun"] == ["review"]
+
+
+@pytest.mark.parametrize(
+    ("wf", "finding"),
+    [
+        (
+            graph([step("a", T, after=["b"]), step("b", T, after=["a"])]),
+            {"step": "a", "kind": "graph", "error": "cycle: a -> b -> a"},
+        ),
+        (
+            graph([step("a", T), step("b", T, after=["zz"])]),
+            {"step": "b", "kind": "graph", "error": "unknown dependency 'zz'"},
+        ),
+        (
+            graph([step("a", T, compensate="u"), step("u", T), step("x", T, after=["u"])]),
+            {
+                "step": "x",
+                "kind": "graph",
+                "error": "unreachable: it depends on 'u', a compensation step that runs only "
+                "to undo 'a'",
+            },
+        ),
+        (
+            graph(
+                [step("a", T), step("b", T, after=["a"]), step("c", T, after=["a"], reads=["b"])]
+            ),
+            {
+                "step": "c",
+                "kind": "graph",
+                "error": "reads 'b', which is not an ancestor of 'c' (a sibling's output is a "
+                "race); add it to 'after'",
+            },
+        ),
+    ],
+    ids=["cycle", "unknown-dependency", "unreachable", "sibling-read"],
+)
+def test_check_workflow_refuses_each_naming_the_step(runtime, wf, finding):
+    answer = CheckWorkflowAction(runtime).execute({"workflow": wf, "simulate": True})
+    assert answer["ok"] is False
+    assert answer["findings"] == [finding]
+    assert "simulation" not in answer
