@@ -137,19 +137,25 @@ class RunWorkflowAction:
         try:
             result = run(workflow, message, runtime=self.runtime)
         except WorkflowExecutionError as exc:
-            return {"ok": False, "failedStep": exc.step, "error": exc.message}
+            failed: dict[str, Any] = {"ok": False, "failedStep": exc.step, "error": exc.message}
+            if exc.report is not None:
+                failed["report"] = exc.report
+            return failed
         except Exception as exc:
             log.exception(
                 "run-workflow failed",
                 extra={"action": "run_workflow_crashed", "workflow_name": workflow.name},
             )
             raise InternalError(f"run-workflow failed: {type(exc).__name__}") from exc
-        return {
+        answer: dict[str, Any] = {
             "ok": True,
             "outputType": result.output_type,
             "output": result.output_json,
             "steps": result.steps,
         }
+        if result.report is not None:
+            answer["report"] = result.report  # graph workflows: the final report
+        return answer
 
 
 class CheckWorkflowAction:

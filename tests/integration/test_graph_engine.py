@@ -326,3 +326,25 @@ def test_a_generator_that_cannot_be_reached_is_a_structured_failure():
         _run(wf, {"text": "x"}, runtime)
     assert info.value.kind is FailureKind.STRUCTURED
     assert info.value.message.startswith("structured generation failed: gRPC ")
+
+
+def test_run_workflow_answers_a_graphs_report(services, runtime):
+    from protomolt_jobs.workflow.workflow_verbs import RunWorkflowAction
+
+    t = services.target
+    wf = graph(
+        [
+            step("a", t),
+            step("b", t, fail="FAILED_PRECONDITION", after=["a"]),
+            step("c", t, after=["b"]),
+        ]
+    )
+    answer = RunWorkflowAction(runtime).execute({"workflow": wf, "input": {"text": "x"}})
+    assert answer["ok"] is False
+    assert answer["failedStep"] == "b"
+    assert answer["report"]["status"] == "FAILED"
+    assert [s["status"] for s in answer["report"]["steps"]] == ["succeeded", "failed", "not run"]
+    wf["steps"][1]["rules"] = ['step = "b"']
+    answer = RunWorkflowAction(runtime).execute({"workflow": wf, "input": {"text": "x"}})
+    assert answer["ok"] is True
+    assert answer["report"]["criterion"].startswith("every sink [c]")
