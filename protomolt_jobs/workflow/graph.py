@@ -309,6 +309,43 @@ def report_from_checkpoints(
     return out
 
 
+def descendants(workflow: CompiledWorkflow, names: Iterable[str]) -> set[str]:
+    """``names`` and every step that (transitively) depends on one of them, whatever the edge."""
+    out = set(names)
+    changed = True
+    while changed:
+        changed = False
+        for s in main_steps(workflow):
+            if s.name not in out and any(d.step in out for d in s.depends):
+                out.add(s.name)
+                changed = True
+    return out
+
+
+def requeue_checkpoints(workflow: CompiledWorkflow, checkpoints: list[Any]) -> list[Any]:
+    """The checkpoints a failed graph run keeps when it is sent back to QUEUED with fresh
+    attempts (for ``requeue-job``): without failed entries, compensation entries, the entries
+    of steps a compensation undid, skips that an upstream outcome decided, and every entry of a
+    step downstream of one dropped (its inputs may change). Succeeded steps (not undone) and
+    ``condition false`` skips stay: they are not called again.
+    """
+    entries = [
+        e for e in checkpoints or [] if isinstance(e, dict) and isinstance(e.get("name"), str)
+    ]
+    comp = workflow.compensations
+    ran = {e["name"] for e in entries}
+    undone = {s.name for s in workflow.steps if s.compensate and s.compensate in ran}
+    dropped: set[str] = set(undone)
+    for e in entries:
+        upstream_skip = e.get("skipped") is True and not str(e.get("reason", "")).startswith(
+            CONDITION_FALSE
+        )
+        if e["name"] in comp or "failed" in e or upstream_skip:
+            dropped.add(e["name"])
+    dropped = descendants(workflow, dropped - comp) | (dropped & comp)
+    return [e for e in entries if e["name"] not in dropped]
+
+
 # -- static structure --------------------------------------------------------------------------
 
 
