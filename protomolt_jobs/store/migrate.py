@@ -14,6 +14,15 @@ Protocol (one call of :func:`migrate`):
    stops the run;
 4. release the lock; close the connection if :func:`migrate` opened it.
 
+Adopting upstream's database: when the history does not record 0001 but ``workflow_run`` and
+``workflow_run_events_outbox`` exist with exactly upstream's ``V1__workflow_runs.sql`` columns
+(the Java ProtoMolt's Flyway migration), step 3 first applies
+``0007_adopt_upstream_v1.sql`` (which brings the schema to what 0001 makes and installs the
+foreign-writer fence) and records 0001 as adopted and 0007 as applied, in one transaction; the
+other files then apply as usual. Tables that exist in any other shape are refused
+(:class:`MigrationError`), never altered. Flyway's ``flyway_schema_history`` is left alone,
+so Java nodes keep starting against the same database.
+
 Where the files are found: the repository's top-level ``migrations/`` (an editable install or a
 source checkout, recognised by the ``pyproject.toml`` beside it), else
 ``protomolt_jobs/_migrations`` inside an installed wheel: in the repository that is a symlink to
@@ -51,6 +60,49 @@ log = logging.getLogger("protomolt_jobs.migrate")
 MIGRATION_LOCK_KEY = 0x706D6A6F62730001
 
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+#: The file that adopts upstream's V1 schema in place of 0001.
+ADOPTION_VERSION = "0007"
+#: Columns of upstream's ``V1__workflow_runs.sql`` (reference/upstream-jobs.md section 2).
+UPSTREAM_V1_COLUMNS: dict[str, frozenset[str]] = {
+    "workflow_run": frozenset(
+        [
+            "job_id",
+            "workflow_name",
+            "workflow_definition",
+            "input",
+            "input_ref",
+            "status",
+            "attempt",
+            "max_attempts",
+            "run_after",
+            "outstanding_step",
+            "checkpoints",
+            "result",
+            "result_ref",
+            "verdict",
+            "error",
+            "lease_owner",
+            "lease_until",
+            "created_at",
+            "updated_at",
+            "completed_at",
+        ]
+    ),
+    "workflow_run_events_outbox": frozenset(
+        [
+            "event_id",
+            "event_type",
+            "payload",
+            "kafka_key",
+            "attempts",
+            "status",
+            "created_at",
+            "published_at",
+            "last_error",
+        ]
+    ),
+}
 
 
 class MigrationError(StoreError):
@@ -203,6 +255,12 @@ def _apply_pending(conn: psycopg.Connection[Any], files: list[MigrationFile]) ->
             )
 
     done: list[str] = []
+    if "0001" not in applied and _has_upstream_v1(conn):
+        _adopt(conn, files)
+        done.append(next(mf.filename for mf in files if mf.version == ADOPTION_VERSION))
+        applied = {
+            row[0]: (row[1], row[2]) for row in conn.execute(QUERIES["migrate_history_list"])
+        }
     for mf in files:
         if mf.version in applied:
             continue
@@ -224,3 +282,67 @@ def _apply_pending(conn: psycopg.Connection[Any], files: list[MigrationFile]) ->
         )
         done.append(mf.filename)
     return done
+
+
+def _has_upstream_v1(conn: psycopg.Connection[Any]) -> bool:
+    """True when the jobs tables exist exactly as upstream's V1 makes them (adopt them);
+    False when neither exists (a fresh database).
+
+    :raises MigrationError: when they exist in another shape (never altered, never guessed).
+    """
+    try:
+        rows = conn.execute(QUERIES["migrate_existing_columns"]).fetchall()
+    except psycopg.Error as exc:
+        raise StoreError(f"migrate: cannot read the existing schema: {exc}") from exc
+    existing: dict[str, set[str]] = {}
+    for table, column in rows:
+        existing.setdefault(table, set()).add(column)
+    if not existing:
+        return False
+    if {t: frozenset(c) for t, c in existing.items()} == UPSTREAM_V1_COLUMNS:
+        return True
+    described = "; ".join(f"{t}: {', '.join(sorted(c))}" for t, c in sorted(existing.items()))
+    raise MigrationError(
+        "the jobs tables exist but protomolt_jobs_schema_history does not record 0001, and "
+        "they are not upstream's V1__workflow_runs.sql schema either (found "
+        f"{described}); refusing to alter them"
+    )
+
+
+def _adopt(conn: psycopg.Connection[Any], files: list[MigrationFile]) -> None:
+    """Adopt upstream's V1 schema: apply 0007, record 0001 (adopted) and 0007, one transaction."""
+    by_version = {mf.version: mf for mf in files}
+    if "0001" not in by_version or ADOPTION_VERSION not in by_version:
+        raise MigrationError(
+            f"cannot adopt upstream's schema: migrations 0001 and {ADOPTION_VERSION} must both "
+            "ship with this release"
+        )
+    first, adoption = by_version["0001"], by_version[ADOPTION_VERSION]
+    try:
+        with conn.transaction():
+            conn.execute(cast(LiteralString, adoption.sql))
+            conn.execute(
+                QUERIES["migrate_history_insert"],
+                {
+                    "version": first.version,
+                    "name": f"{first.name} (adopted from upstream V1__workflow_runs.sql)",
+                    "checksum": first.checksum,
+                },
+            )
+            conn.execute(
+                QUERIES["migrate_history_insert"],
+                {
+                    "version": adoption.version,
+                    "name": adoption.name,
+                    "checksum": adoption.checksum,
+                },
+            )
+    except psycopg.Error as exc:
+        raise MigrationError(
+            f"adopting upstream's schema ({adoption.filename}) failed and was rolled back: {exc}"
+        ) from exc
+    log.info(
+        "adopted upstream's V1__workflow_runs.sql schema with %s; 0001 recorded as adopted",
+        adoption.filename,
+        extra={"action": "migration_adopted_upstream", "version": adoption.version},
+    )

@@ -46,6 +46,13 @@ SELECT version, name, checksum, applied_at
 INSERT INTO protomolt_jobs_schema_history (version, name, checksum)
 VALUES (%(version)s, %(name)s, %(checksum)s)
 
+-- name: migrate_existing_columns
+-- description: the columns of workflow_run and the outbox as they stand (adopting upstream's V1).
+SELECT table_name, column_name
+  FROM information_schema.columns
+ WHERE table_schema = current_schema()
+   AND table_name IN ('workflow_run', 'workflow_run_events_outbox')
+
 -- ---------------------------------------------------------------------------------------------
 -- jobs: insert and reads
 -- ---------------------------------------------------------------------------------------------

@@ -166,6 +166,23 @@ def _translated(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     return wrapper
 
 
+#: Session setting every store connection carries (``protomolt_jobs.session = store``). On a
+#: database adopted from upstream's schema, the foreign-writer fence (migration 0007) lets
+#: sessions with it through to our own fence and holds every other writer (a Java worker) off
+#: the leases our workers hold.
+SESSION_SETTING = "protomolt_jobs.session"
+
+
+def session_options(dsn: str) -> str:
+    """The libpq ``options`` for a store connection: the DSN's own, plus
+    ``-c protomolt_jobs.session=store`` (one connection-start parameter, no statement)."""
+    try:
+        existing = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""
+    except psycopg.ProgrammingError:
+        existing = ""  # a malformed DSN fails at connect, with libpq's own message
+    return f"{existing} -c {SESSION_SETTING}=store".strip()
+
+
 class JobStore:
     """The durable store of jobs and their outbox, over a psycopg connection pool.
 
@@ -224,7 +241,12 @@ class JobStore:
             # transaction with conn.transaction().
             # libpq's own bound on one connection attempt (whole seconds, at least 2): a
             # black-holed host must not hold the pool's connector past the call's bound.
-            kwargs={"autocommit": True, "connect_timeout": max(2, math.ceil(connect_timeout_s))},
+            # options: the session setting our fence trigger recognises (docs/interop.md).
+            kwargs={
+                "autocommit": True,
+                "connect_timeout": max(2, math.ceil(connect_timeout_s)),
+                "options": session_options(dsn),
+            },
             timeout=timeout_s,
             name="protomolt-jobs-store",
         )

@@ -1,0 +1,264 @@
+"""Adopting a database made by upstream's Flyway migration, and a mixed fleet on it (#20).
+
+The database is created with ``tests/support/upstream_v1.sql`` (upstream's V1 schema, from the
+reference); "Java workers" are upstream's JDBC statement texts (``tests/support/upstream_jdbc``)
+on a plain connection, next to our store, worker and sweeper on the same tables.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from protomolt_jobs.errors import LeaseLost
+from protomolt_jobs.store import JobStore
+from protomolt_jobs.store.migrate import MigrationError, migrate, migration_files
+from tests.integration.test_role import boot, wait_for, write_config
+from tests.support import pg
+from tests.support.grpc_servers import TestServices, seed_workflow
+from tests.support.roles import MemoryRepository
+from tests.support.upstream_jdbc import (
+    MARK_COMPLETED,
+    MARK_FAILED,
+    REQUEUE,
+    REQUEUE_EXPIRED,
+    SAVE_CHECKPOINT,
+    UPSTREAM_V1_SQL,
+    JavaWorker,
+    now,
+)
+
+
+def q(dsn: str, sql: str, params=None) -> list[tuple]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cur = conn.execute(sql, params)
+        return cur.fetchall() if cur.description else []
+
+
+@pytest.fixture(scope="module")
+def services():
+    svc = TestServices().start()
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture
+def upstream_dsn(empty_dsn):
+    """A database exactly as upstream's V1 leaves it (plus Flyway's history of it)."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(UPSTREAM_V1_SQL)
+        conn.execute(
+            "CREATE TABLE flyway_schema_history (installed_rank INT PRIMARY KEY, "
+            "version TEXT, script TEXT NOT NULL, checksum INT, success BOOLEAN NOT NULL)"
+        )
+        conn.execute(
+            "INSERT INTO flyway_schema_history VALUES (1, '1', 'V1__workflow_runs.sql', 42, true)"
+        )
+    return empty_dsn
+
+
+@pytest.fixture
+def adopted_dsn(upstream_dsn):
+    migrate(upstream_dsn)
+    return upstream_dsn
+
+
+def _schema(dsn: str) -> tuple[list[tuple], list[tuple]]:
+    columns = q(
+        dsn,
+        "SELECT table_name, column_name, data_type, is_nullable, column_default "
+        "FROM information_schema.columns WHERE table_schema = 'public' "
+        "AND table_name LIKE 'workflow_run%%' ORDER BY 1, 2",
+    )
+    indexes = q(
+        dsn,
+        "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public' "
+        "AND tablename LIKE 'workflow_run%%' ORDER BY 1",
+    )
+    return columns, indexes
+
+
+def test_upstream_database_is_adopted_to_exactly_our_schema(upstream_dsn):
+    java = JavaWorker(upstream_dsn)
+    try:  # a job and its ACCEPTED event written by the Java node before adoption
+        before = java.insert({"name": "x"}, {"text": "t"}, "wf-before")
+    finally:
+        java.close()
+
+    applied = migrate(upstream_dsn)
+    files = [f.filename for f in migration_files()]
+    assert applied[0] == "0007_adopt_upstream_v1.sql"
+    assert sorted(applied) == sorted(f for f in files if f != "0001_workflow_run.sql")
+    history = q(upstream_dsn, "SELECT version, name FROM protomolt_jobs_schema_history ORDER BY 1")
+    assert history[0] == ("0001", "workflow_run (adopted from upstream V1__workflow_runs.sql)")
+    assert [v for v, _ in history] == [f.version for f in migration_files()]
+    assert migrate(upstream_dsn) == []  # recorded: the next start is a no-op
+    # Flyway's history is untouched (a Java node still starts against this database).
+    assert q(upstream_dsn, "SELECT version, script FROM flyway_schema_history") == [
+        ("1", "V1__workflow_runs.sql")
+    ]
+
+    # The same columns, defaults and indexes as a database our migrations made.
+    fresh_name = pg.new_name("pmjt_fresh")
+    fresh = pg.create_database(fresh_name)
+    try:
+        migrate(fresh)
+        assert _schema(upstream_dsn) == _schema(fresh)
+    finally:
+        pg.drop_database(fresh_name)
+
+    # The Java node's rows survive; its PENDING event got a place in the relay's order.
+    assert q(upstream_dsn, "SELECT status FROM workflow_run WHERE job_id = %s", (before,)) == [
+        ("QUEUED",)
+    ]
+    assert q(upstream_dsn, "SELECT seq, status FROM workflow_run_events_outbox") == [(1, "PENDING")]
+
+
+def test_tables_in_another_shape_are_refused_not_altered(empty_dsn):
+    q(empty_dsn, "CREATE TABLE workflow_run (job_id UUID PRIMARY KEY, status TEXT)")
+    with pytest.raises(MigrationError, match="not upstream's V1__workflow_runs.sql schema"):
+        migrate(empty_dsn)
+    assert q(empty_dsn, "SELECT to_regclass('workflow_run_events_outbox') IS NULL") == [(True,)]
+
+
+def test_a_job_inserted_by_upstream_sql_runs_on_our_worker_beside_a_java_worker(
+    tmp_path, adopted_dsn, services
+):
+    wf = seed_workflow(services.target, review="invoke")
+    java = JavaWorker(adopted_dsn)
+    ours = java.insert(wf, {"text": "hello brave new world"}, "seed-review")
+    # More jobs for a mixed fleet: a Java worker (upstream's claim and markCompleted) and our
+    # node take them from one table; each job runs exactly once.
+    more = [java.insert(wf, {"text": f"job {i}"}, "seed-review") for i in range(12)]
+    stop = threading.Event()
+    java_done: list[str] = []
+
+    def java_loop() -> None:
+        loop = JavaWorker(adopted_dsn, "java-2")
+        try:
+            while not stop.is_set():
+                row = loop.claim()
+                if row is None:
+                    time.sleep(0.02)
+                    continue
+                result = json.dumps({"by": "java"})
+                assert loop.run(MARK_COMPLETED, result, "java", row["job_id"]) == 1
+                java_done.append(str(row["job_id"]))
+        finally:
+            loop.close()
+
+    node = boot(write_config(tmp_path, adopted_dsn), MemoryRepository())
+    thread = threading.Thread(target=java_loop, daemon=True)
+    node.start()
+    thread.start()
+    try:
+        store = node.mount("jobs").store
+        every = [ours, *more]
+        wait_for(
+            lambda: all(store.job_get(j).status == "COMPLETED" for j in every),
+            60,
+            "every job to complete",
+        )
+    finally:
+        stop.set()
+        thread.join(10)
+        node.close()
+        java.close()
+    rows = {
+        str(r[0]): r[1:]
+        for r in q(adopted_dsn, "SELECT job_id, attempt, verdict, result FROM workflow_run")
+    }
+    assert all(attempt == 1 for attempt, _, _ in rows.values())  # nobody ran a job twice
+    ran_by_us = [j for j in every if rows[j][1] != "java"]
+    assert sorted(ran_by_us + java_done) == sorted(every)
+    assert ran_by_us, "our worker ran none of the jobs"
+    for j in ran_by_us:
+        assert rows[j][1].startswith("3 steps, output ")
+    if ours in ran_by_us:
+        cps = q(adopted_dsn, "SELECT checkpoints FROM workflow_run WHERE job_id = %s", (ours,))
+        assert [c["name"] for c in cps[0][0]] == ["tokenize", "embed", "review"]
+    # Every event our worker wrote sits after the Java node's ACCEPTED events in seq order.
+    assert q(adopted_dsn, "SELECT count(*) FROM workflow_run_events_outbox WHERE seq IS NULL") == [
+        (0,)
+    ]
+
+
+def test_a_java_claim_swept_and_reclaimed_is_safe_under_our_fence(adopted_dsn):
+    java = JavaWorker(adopted_dsn, "java-1")
+    store = JobStore.open(adopted_dsn, max_size=2)
+    try:
+        job_id = java.insert({"name": "w"}, {"text": "t"}, "wf")
+        # A Java worker claims it with a lease that has already run out (it stalled).
+        row = java.claim(lease=timedelta(seconds=-1))
+        assert str(row["job_id"]) == job_id
+        got = store.job_get(job_id)
+        assert (got.status, got.lease_owner, got.lease_token, got.attempt) == (
+            "RUNNING",
+            "java-1",
+            None,
+            1,
+        )
+        assert store.job_claim("ours", 30.0) is None  # not ours to take while RUNNING
+
+        # Our sweeper recovers it; our worker claims it with a token.
+        assert store.job_sweep_expired().requeued == 1
+        job = store.job_claim("ours", 30.0)
+        assert str(job.job_id) == job_id and job.lease_token is not None and job.attempt == 2
+
+        # The stalled Java worker wakes up and writes, by job_id only: every write is held off.
+        stale_checkpoints = json.dumps([{"name": "a", "skipped": False, "response": {}}])
+        assert java.run(SAVE_CHECKPOINT, stale_checkpoints, job_id) == 0
+        assert java.run(MARK_COMPLETED, json.dumps({"by": "java"}), "java", job_id) == 0
+        assert java.run(MARK_FAILED, "GRPC: stale", job_id) == 0
+        assert java.run(REQUEUE, now(), job_id) == 0
+        assert java.run(REQUEUE_EXPIRED) == 0  # our lease is live
+        held = store.job_get(job_id)
+        assert (held.status, held.lease_owner, held.checkpoints) == ("RUNNING", "ours", [])
+
+        # Our fenced writes go through.
+        store.job_checkpoint(job.lease, {"name": "a", "skipped": False, "response": {"x": 1}})
+        store.job_complete(job.lease, {"ok": True}, "1 steps, output x.Y")
+        done = store.job_get(job_id)
+        assert (done.status, done.result, done.lease_token) == ("COMPLETED", {"ok": True}, None)
+        # A terminal row is not a Java worker's to change either.
+        assert java.run(MARK_FAILED, "late", job_id) == 0
+        assert store.job_get(job_id).status == "COMPLETED"
+    finally:
+        store.close()
+        java.close()
+
+
+def test_java_sweep_of_our_expired_lease_fences_our_stale_worker(adopted_dsn):
+    java = JavaWorker(adopted_dsn, "java-1")
+    store = JobStore.open(adopted_dsn, max_size=2)
+    try:
+        job_id = java.insert({"name": "w"}, {"text": "t"}, "wf")
+        job = store.job_claim("ours", 30.0)
+        assert str(job.job_id) == job_id
+        # Our worker stalls past its lease; upstream's sweep takes the row back.
+        with psycopg.connect(adopted_dsn, autocommit=True) as conn:
+            conn.execute("SET protomolt_jobs.session = 'test'")
+            conn.execute(
+                "UPDATE workflow_run SET lease_until = now() - interval '1 second' "
+                "WHERE job_id = %s",
+                (job_id,),
+            )
+        assert java.run(REQUEUE_EXPIRED) == 1
+        swept = store.job_get(job_id)
+        assert (swept.status, swept.lease_owner, swept.lease_token) == ("QUEUED", None, None)
+        # A Java worker claims it: no token of ours survives.
+        assert str(java.claim()["job_id"]) == job_id
+        assert store.job_get(job_id).lease_token is None
+        # Our stale worker's fenced write finds nothing to write.
+        with pytest.raises(LeaseLost):
+            store.job_checkpoint(job.lease, {"name": "a", "skipped": False, "response": {}})
+        # The Java worker's own writes on its own claim go through, as upstream's always did.
+        assert java.run(MARK_COMPLETED, json.dumps({"by": "java"}), "java", job_id) == 1
+    finally:
+        store.close()
+        java.close()
