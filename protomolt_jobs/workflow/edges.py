@@ -18,6 +18,7 @@ left out. The outputs that succeeded are collected in index order into ``collect
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextvars
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -182,7 +183,13 @@ def _fan_out(run: _Run, step: Step, produced: Message) -> Message:
     last = first_rejected if fail_fast else n
     width = max(1, min(fan.max_concurrency, n))
     with cf.ThreadPoolExecutor(max_workers=width, thread_name_prefix=f"fanout-{step.name}") as pool:
-        for future in [pool.submit(branch, i) for i in range(last) if i not in failures]:
+        # each branch in a copy of this thread's context (the segment's trace span, if any)
+        submitted = [
+            pool.submit(contextvars.copy_context().run, branch, i)
+            for i in range(last)
+            if i not in failures
+        ]
+        for future in submitted:
             future.result()
     return _collect(step, slots, failures, fail_fast)
 

@@ -433,10 +433,6 @@ def _start_ready(
         for step in start:
             if len(futures) >= limit or state.unhandled is not None:
                 break
-            if step.external:
-                if step not in external:
-                    external.append(step)
-                continue
             if step.when.strip() and step.structured is None:
                 try:
                     go = run.gate(step)
@@ -448,6 +444,11 @@ def _start_ready(
                     run.skipped(step, f"{g.CONDITION_FALSE}{step.when}")
                     progressed = True
                     continue
+            if step.external:
+                # parks once nothing else can run (its gate, when it has one, said true)
+                if step not in external:
+                    external.append(step)
+                continue
             state.running.add(step.name)
             # In the caller's context (a copy per call): the segment's trace span, if any.
             call = contextvars.copy_context().run

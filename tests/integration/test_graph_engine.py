@@ -8,6 +8,7 @@ import pytest
 
 from protomolt_jobs.workflow import (
     FailureKind,
+    Parked,
     Runtime,
     WorkflowExecutionError,
     check,
@@ -348,3 +349,21 @@ def test_run_workflow_answers_a_graphs_report(services, runtime):
     answer = RunWorkflowAction(runtime).execute({"workflow": wf, "input": {"text": "x"}})
     assert answer["ok"] is True
     assert answer["report"]["criterion"].startswith("every sink [c]")
+
+
+def test_an_external_step_whose_gate_is_false_is_skipped_not_parked(services, runtime):
+    t = services.target
+    wf = graph(
+        [
+            step("a", t),
+            step("approve", t, after=["a"], completion="external", when="input.text == 'ask'"),
+            step("b", t, after=[{"step": "approve", "on": "done"}]),
+        ]
+    )
+    _, entries = _run(wf, {"text": "x"}, runtime)
+    assert [e["name"] for e in entries] == ["a", "approve", "b"]
+    assert entries[1]["reason"] == "condition false: input.text == 'ask'"
+    parked = run_segment(
+        parse_workflow(wf, runtime), {"text": "ask"}, [], lambda e: None, runtime=runtime
+    )
+    assert parked == Parked("approve")
