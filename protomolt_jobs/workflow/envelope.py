@@ -54,6 +54,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, json_format, messag
 from google.protobuf.message import DecodeError, Message
 
 from protomolt_jobs.workflow import mapping
+from protomolt_jobs.workflow.proto_sources import qualify_rpc_types
 from protomolt_jobs.workflow.types import (
     DEFAULT_DEADLINE_MS,
     DEFAULT_MAX_PARALLEL,
@@ -317,6 +318,8 @@ def _house_set_file(tmp: str) -> str:
 
 def _compile_sources(sources: dict[str, str], root: str | None) -> descriptor_pb2.FileDescriptorSet:
     where = "/schema/sources"
+    # Bare rpc types resolved in the package first, as upstream's compiler does (proto_sources).
+    sources = qualify_rpc_types(sources)
     with tempfile.TemporaryDirectory(prefix="protomolt-sources-") as tmp:
         for name, text in sources.items():
             path = PurePosixPath(name)
