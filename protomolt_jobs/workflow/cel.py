@@ -97,14 +97,23 @@ def _join(items: Any, sep: Any = "") -> celtypes.StringType:
     return celtypes.StringType(_str(sep).join(_str(x) for x in items))
 
 
+def _lower_ascii(s: Any) -> celtypes.StringType:
+    return celtypes.StringType("".join(c.lower() if c.isascii() else c for c in _str(s)))
+
+
+def _upper_ascii(s: Any) -> celtypes.StringType:
+    return celtypes.StringType("".join(c.upper() if c.isascii() else c for c in _str(s)))
+
+
+def _trim(s: Any) -> celtypes.StringType:
+    return celtypes.StringType(_str(s).strip())
+
+
+#: Module-level functions only: compiled CEL calls them by module path (celenv.Program).
 STRINGS_EXTENSION: dict[str, Callable[..., Any]] = {
-    "lowerAscii": lambda s: celtypes.StringType(
-        "".join(c.lower() if c.isascii() else c for c in _str(s))
-    ),
-    "upperAscii": lambda s: celtypes.StringType(
-        "".join(c.upper() if c.isascii() else c for c in _str(s))
-    ),
-    "trim": lambda s: celtypes.StringType(_str(s).strip()),
+    "lowerAscii": _lower_ascii,
+    "upperAscii": _upper_ascii,
+    "trim": _trim,
     "replace": _replace,
     "split": _split,
     "substring": _substring,
@@ -134,7 +143,7 @@ def compile_expression(text: str) -> Any:
         base = celenv.program(text)
     except celenv.CelCompileError as exc:
         raise CelError(f"Invalid CEL expression: {exc.detail}") from exc
-    prog = celenv.environment().program(base.ast, functions=STRINGS_EXTENSION)
+    prog = celenv.Program(base.ast, functions=STRINGS_EXTENSION)
     with _programs_lock:
         if len(_programs) > celenv.PROGRAM_CACHE_SIZE:
             _programs.clear()
