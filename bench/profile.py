@@ -9,6 +9,8 @@ the pyinstrument tree (time per call path over the whole run) and the store call
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import time
 
 from pyinstrument import Profiler
@@ -21,31 +23,63 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.profile")
     p.add_argument("--n", type=int, default=500)
     p.add_argument("--html", help="also write the HTML report here")
+    p.add_argument("--workload", choices=["noop", "realistic"], default="noop")
+    p.add_argument(
+        "--cpu",
+        action="store_true",
+        help="cProfile on thread CPU time (time.thread_time) instead of pyinstrument's wall",
+    )
     args = p.parse_args(argv)
 
     from bench import ours
 
     with NoopServer(threads=8) as srv, BenchDatabase("prof") as db:
         engine = ours._Engine({"dsn": db.dsn}, worker_count=1, per_target=8)
-        definition = ours.workflow(srv.target)
+        if args.workload == "realistic":
+            definition = ours.realistic_workflow(srv.target)
+            inputs = [ours.realistic_input(i) for i in range(args.n)]
+        else:
+            definition = ours.workflow(srv.target)
+            inputs = [f"p{i}" for i in range(args.n)]
+        engine.submit(definition, inputs[0])  # warm: parse, verify, channel
+        engine.worker.run_once()
         try:
-            profiler = Profiler(interval=0.0005)
+            if args.cpu:
+                profiler = cProfile.Profile(time.thread_time)
+                profiler.enable()
+            else:
+                profiler = Profiler(interval=0.0005)
+                profiler.start()
             t0 = time.perf_counter()
-            profiler.start()
+            c0 = time.thread_time()
             for i in range(args.n):
-                engine.submit(definition, f"p{i}")
+                engine.submit(definition, inputs[i])
             submit_s = time.perf_counter() - t0
+            submit_cpu = time.thread_time() - c0
             done = 0
             while engine.worker.run_once():
                 done += 1
-            profiler.stop()
             total_s = time.perf_counter() - t0
+            total_cpu = time.thread_time() - c0
+            if args.cpu:
+                profiler.disable()
+            else:
+                profiler.stop()
         finally:
             engine.worker.stop(5.0)
             engine.store.close()
             engine.channels.close()
-    print(profiler.output_text(unicode=True, color=False, show_all=False))
-    if args.html:
+    if args.cpu:
+        stats = pstats.Stats(profiler)
+        stats.sort_stats("cumulative").print_stats(45)
+        stats.sort_stats("tottime").print_stats(25)
+    else:
+        print(profiler.output_text(unicode=True, color=False, show_all=False))
+    print(
+        f"main-thread CPU: submit {1000 * submit_cpu / args.n:.2f} ms/job, execute "
+        f"{1000 * (total_cpu - submit_cpu) / max(1, done):.2f} ms/job (under the profiler)"
+    )
+    if args.html and not args.cpu:
         with open(args.html, "w") as fh:
             fh.write(profiler.output_html())
     print(

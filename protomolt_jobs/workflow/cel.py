@@ -143,7 +143,7 @@ def compile_expression(text: str) -> Any:
         base = celenv.program(text)
     except celenv.CelCompileError as exc:
         raise CelError(f"Invalid CEL expression: {exc.detail}") from exc
-    prog = celenv.Program(base.ast, functions=STRINGS_EXTENSION)
+    prog = celenv.Program(base.ast, functions=STRINGS_EXTENSION, text=text)
     with _programs_lock:
         if len(_programs) > celenv.PROGRAM_CACHE_SIZE:
             _programs.clear()

@@ -7,9 +7,21 @@ one :class:`celpy.Environment` whose parser makes the transpiler's trees, one
 :class:`Program` per expression text. Activations are dicts of CEL values (see :func:`to_cel`).
 
 **Compiled evaluation** (DESIGN.md section 17). cel-python's interpreter walks the parse tree
-on every evaluation (0.25-2 ms). A :class:`Program` instead runs the Python code cel-python's
-transpiler (the ``CompiledRunner``) made from the expression once, at compile time: 4-7x less
-CPU per evaluation here. Two things of ``CompiledRunner`` itself are not usable as they are:
+on every evaluation (0.25-2 ms). A :class:`Program` answers in three tiers, fastest first:
+
+1. **cel-cpp** (Google's runtime, the ``cel-expr-python`` wrapper; LIBRARIES.md section 2):
+   the expression compiled once per set of activation names, evaluated over plain Python
+   values in ~5-10 microseconds. It answers only where it cannot differ from cel-python: the
+   activation holds strings, ints, bools, bytes, lists and maps (no doubles, uints or times),
+   the text has no double or uint literal or conversion (cel-cpp compares an int with a
+   double, which cel-python 0.5 refuses), and the result is a value (an error, a timestamp
+   or a type goes to the next tier). ``tests/unit/test_celenv.py`` checks its answers
+   against the interpreter's on generated activations.
+2. **cel-python's transpiled code** (the ``CompiledRunner``'s Python, 4-7x faster than the
+   interpreter) for what cel-cpp does not answer.
+3. **cel-python's interpreter** when that fails, for the exact verdict and error text.
+
+Two things of ``CompiledRunner`` itself are not usable as they are:
 
 - its ``evaluate`` runs the code in the *module globals* of ``celpy.evaluation`` and stores
   the activation there, so two threads evaluating at once would read each other's
@@ -25,6 +37,7 @@ CPU per evaluation here. Two things of ``CompiledRunner`` itself are not usable 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from functools import lru_cache
 from typing import Any
@@ -35,6 +48,13 @@ from celpy import celtypes
 from celpy.evaluation import CELEvalError
 
 import protomolt_jobs
+
+try:  # Google's cel-cpp (cel-expr-python): the fast path; without it, cel-python's own code
+    from cel_expr_python import cel as _cx
+    from cel_expr_python.ext import ext_strings as _cx_strings
+except ImportError:  # pragma: no cover - a dependency; the slower paths still answer
+    _cx = None
+    _cx_strings = None
 
 log = logging.getLogger("protomolt_jobs.workflow.celenv")
 
@@ -99,12 +119,17 @@ class Program:
     :ivar ast: the parse tree.
     """
 
-    __slots__ = ("_base", "_code", "_functions", "_interpreted", "ast")
+    __slots__ = ("_base", "_code", "_fast", "_functions", "_interpreted", "ast", "text")
 
-    def __init__(self, ast: Any, functions: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, ast: Any, functions: dict[str, Any] | None = None, *, text: str | None = None
+    ) -> None:
         self.ast = ast
+        self.text = text
         self._functions = functions
         self._interpreted: celpy.Runner | None = None
+        #: cel-cpp programs by the activation's names (None: cel-cpp cannot compile it).
+        self._fast: dict[tuple[str, ...], Any] = {}
         try:
             runner = celpy.CompiledRunner(environment(), ast, functions)
             self._code: Any = runner.tp.executable_code
@@ -119,6 +144,10 @@ class Program:
         :returns: the CEL value.
         :raises CELEvalError: as cel-python's interpreter does (it may also return one).
         """
+        if _cx is not None and self.text is not None:
+            value = self._evaluate_fast(activation)
+            if value is not _NO_ANSWER:
+                return value
         if self._code is not None:
             g = _globals()
             act = self._base.clone()
@@ -135,6 +164,23 @@ class Program:
             finally:
                 g["base_activation"] = g["CEL"] = None
         return self._interpreter().evaluate(activation)
+
+    def _evaluate_fast(self, activation: dict[str, Any]) -> Any:
+        """cel-cpp over plain values; ``_NO_ANSWER`` when it cannot answer exactly as
+        cel-python would (an error, a value kind it does not take or give back)."""
+        names = tuple(activation)
+        expr = self._fast.get(names, _NO_ANSWER)
+        if expr is _NO_ANSWER:
+            expr = _cx_compile(self.text, names, strings=self._functions is not None)
+            self._fast[names] = expr
+        if expr is None:
+            return _NO_ANSWER
+        try:
+            data = {k: _plain(v) for k, v in activation.items()}
+        except _Unrepresentable:
+            return _NO_ANSWER
+        result = expr.eval(data=data)
+        return _from_cx(result)
 
     def _interpreter(self) -> celpy.Runner:
         runner = self._interpreted
@@ -163,7 +209,108 @@ def program(text: str) -> Program:
         raise CelCompileError(text, _parse_detail(exc)) from exc
     except Exception as exc:  # cel-python raises assorted types for unsupported syntax
         raise CelCompileError(text, f"{type(exc).__name__}: {exc}") from exc
-    return Program(ast)
+    return Program(ast, text=text)
+
+
+# -- the fast path: cel-cpp (cel-expr-python) over plain values ---------------------------------
+
+_NO_ANSWER = object()
+_cx_envs: dict[tuple[tuple[str, ...], bool], Any] = {}
+
+
+class _Unrepresentable(Exception):
+    """An activation value cel-cpp would read differently from cel-python (uint, time)."""
+
+
+#: Double or uint literals and conversions: with them an expression can mix number kinds,
+#: which cel-cpp answers (CEL's heterogeneous numbers) and cel-python 0.5 refuses.
+_MIXED_NUMBERS = re.compile(r"\d\.\d|\.\d|\d[eE][+-]?\d|\d[uU]\b|\b(?:double|uint)\s*\(")
+
+
+def _cx_compile(text: str, names: tuple[str, ...], *, strings: bool) -> Any:
+    """The cel-cpp program of ``text`` with ``names`` declared dynamic; None when cel-cpp
+    refuses it or could answer differently (cel-python then answers, with its messages)."""
+    if _MIXED_NUMBERS.search(text):
+        return None
+    key = (names, strings)
+    env = _cx_envs.get(key)
+    if env is None:
+        with _lock:
+            env = _cx_envs.get(key)
+            if env is None:
+                env = _cx.NewEnv(
+                    variables={n: _cx.Type.DYN for n in names},
+                    extensions=[_cx_strings.ExtStrings()] if strings else [],
+                )
+                if len(_cx_envs) > PROGRAM_CACHE_SIZE:
+                    _cx_envs.clear()
+                _cx_envs[key] = env
+    try:
+        return env.compile(text)
+    except Exception:  # noqa: BLE001 - cel-cpp rejects it (syntax, an unknown function, ...)
+        return None
+
+
+def _plain(value: Any) -> Any:
+    """A CEL value (celpy types) as the plain Python value cel-cpp reads the same way."""
+    if value is None:
+        return None
+    kind = type(value)
+    if kind is celtypes.StringType or kind is str:
+        return str(value)
+    if kind is celtypes.BoolType or kind is bool:
+        return bool(value)
+    if kind is celtypes.IntType or kind is int:
+        return int(value)
+    if kind is celtypes.MapType or kind is dict:
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if kind is celtypes.ListType or kind is list:
+        return [_plain(v) for v in value]
+    if kind is celtypes.BytesType or kind is bytes:
+        return bytes(value)
+    # Doubles (cel-cpp compares an int with a double where cel-python 0.5 fails: CEL's
+    # heterogeneous numbers), uints (cel-cpp would read an int64), timestamps, durations,
+    # types: cel-python answers.
+    raise _Unrepresentable(kind.__name__)
+
+
+def _from_cx(result: Any) -> Any:
+    """A cel-cpp result as the CEL value cel-python would give, or ``_NO_ANSWER``."""
+    kind = result.type()
+    if kind == _cx.Type.BOOL:
+        return celtypes.BoolType(result.value())
+    if kind == _cx.Type.STRING:
+        return celtypes.StringType(result.value())
+    if kind == _cx.Type.INT:
+        return celtypes.IntType(result.value())
+    if kind == _cx.Type.DOUBLE:
+        return celtypes.DoubleType(result.value())
+    if kind == _cx.Type.UINT:
+        return celtypes.UintType(result.value())
+    if kind == _cx.Type.BYTES:
+        return celtypes.BytesType(bytes(result.value()))
+    if kind == _cx.Type.NULL:
+        return None
+    name = kind.name()
+    if name.startswith(("list", "map", "LIST", "MAP")):
+        try:
+            return to_cel(_plain_result(result.plain_value()))
+        except (ValueError, TypeError):
+            return _NO_ANSWER
+    # errors (cel-python gives the verdict and its message), timestamps, types, messages
+    return _NO_ANSWER
+
+
+def _plain_result(value: Any) -> Any:
+    if isinstance(value, bytearray):
+        return bytes(value)
+    if isinstance(value, dict):
+        return {_plain_result(k): _plain_result(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain_result(v) for v in value]
+    if isinstance(value, bool | int | float | str | bytes) or value is None:
+        return value
+    raise TypeError(type(value).__name__)
 
 
 def _parse_detail(exc: Exception) -> str:

@@ -7,6 +7,8 @@ import threading
 import pytest
 from celpy import celtypes
 from celpy.evaluation import CELEvalError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from protomolt_jobs.workflow import cel, celenv
 
@@ -78,3 +80,112 @@ def test_threads_never_see_each_others_activations():
     for t in threads:
         t.join()
     assert errors == []
+
+
+# -- the fast path (cel-cpp) answers exactly as cel-python would -------------------------------
+
+
+#: Expressions of the kinds gates, mapping rules and validation rules use.
+EXPRESSIONS = [
+    "this.n >= 0 && this.n <= 1000",
+    "this.n + 1",
+    "this.n * 2 - this.m",
+    "this.n / 3",
+    "this.n % 4",
+    "this.n == this.m",
+    "this.n < this.x",
+    "this.x * 2.0",
+    "this.x == 1.0",
+    "this.n == 1.0",
+    "size(this.s) > 0 || size(this.t) > 0",
+    "this.s + '-' + this.t",
+    "this.s.startsWith('a') && this.s.endsWith('z')",
+    "this.s.contains(this.t)",
+    "this.s.matches('^[a-c]+$')",
+    "this.s < this.t",
+    "has(this.meta) && this.meta.k == 'v'",
+    "has(this.nope)",
+    "this.tags.exists(t, t == 'b')",
+    "this.tags.all(t, size(t) > 0)",
+    "this.tags.map(t, t + '!')",
+    "this.tags.filter(t, t != 'a')",
+    "size(this.tags)",
+    "'a' in this.tags",
+    "this.tags[0]",
+    "this.n > 2 ? this.s : this.t",
+    "string(this.n) + this.s",
+    "int(this.x)",
+    "double(this.n)",
+    "this.flag && this.n > 0",
+    "!this.flag",
+    "this.flag == true",
+    "this.missing || true",
+    "this.missing && false",
+    "[this.n, this.m]",
+    "{'a': this.n}",
+    "this.meta",
+    "this.s == ''",
+    "this.n != 4 || size(this.s) > 0",
+    "int(this.big) + 1",
+]
+
+
+@st.composite
+def activations(draw):
+    return {
+        "n": draw(st.integers(-5, 2000)),
+        "m": draw(st.integers(-(2**40), 2**40)),
+        # a double makes cel-python answer (cel-cpp mixes int and double where it refuses)
+        **({"x": draw(st.floats(-1e6, 1e6, allow_nan=False))} if draw(st.booleans()) else {}),
+        "s": draw(st.text(alphabet="abcz-é", max_size=6)),
+        "t": draw(st.text(alphabet="abz", max_size=3)),
+        "tags": draw(st.lists(st.sampled_from(["a", "b", "", "ccc"]), max_size=4)),
+        "flag": draw(st.booleans()),
+        "big": str(draw(st.integers(-(2**50), 2**50))),
+        **({"meta": {"k": draw(st.sampled_from(["v", "w"]))}} if draw(st.booleans()) else {}),
+    }
+
+
+ERROR = object()
+
+
+def _interpreted(prog, activation):
+    try:
+        value = prog._interpreter().evaluate(activation)
+    except CELEvalError:
+        return ERROR
+    return ERROR if isinstance(value, CELEvalError) else value
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=activations(), text=st.sampled_from(EXPRESSIONS))
+def test_fast_path_answers_exactly_as_the_interpreter(data, text):
+    prog = celenv.program(text)
+    activation = {"this": celenv.to_cel(data)}
+    fast = prog._evaluate_fast(activation)
+    slow = _interpreted(prog, activation)
+    if fast is celenv._NO_ANSWER:
+        return  # the interpreter answers (an error, or a value cel-cpp does not give back)
+    assert slow is not ERROR, f"{text}: cel-cpp gave {fast!r}, cel-python an error"
+    assert fast == slow, f"{text}: {fast!r} != {slow!r}"
+    assert prog.evaluate(activation) == slow
+
+
+def test_fast_path_answers_most_expressions_without_doubles():
+    activation = {
+        "this": celenv.to_cel(
+            {"n": 3, "m": 4, "s": "abz", "t": "a", "tags": ["a", "b"], "flag": True, "big": "7"}
+        )
+    }
+    answered = [
+        t
+        for t in EXPRESSIONS
+        if celenv.program(t)._evaluate_fast(activation) is not celenv._NO_ANSWER
+    ]
+    assert len(answered) >= 25, answered
+
+
+def test_the_realistic_rules_take_the_fast_path():
+    prog = celenv.program("size(this.title) > 0 || size(this.body) > 0")
+    prog.evaluate({"this": celenv.to_cel({"title": "t", "body": ""})})
+    assert prog._fast[("this",)] is not None
