@@ -16,7 +16,8 @@ Commands::
 variables). With the jobs role mounted and no ``jobs.dsn`` it starts an embedded PostgreSQL in
 ``<data_dir>/pg`` and says where; with no ``jobs.kafka_bootstrap`` it says the Kafka lanes are
 off. Once both surfaces listen it prints ``actions route: http://HOST:PORT/protomolt/actions``
-and ``grpc: HOST:PORT`` (one line each), then serves until SIGTERM or SIGINT, and stops cleanly.
+and ``grpc: HOST:PORT`` (one line each), then serves until SIGTERM, SIGINT or SIGHUP (the
+terminal closing), and stops cleanly: surfaces, node, then the embedded PostgreSQL it started.
 
 The client commands talk HTTP to a running node (``--url``, default ``$PROTOMOLT_URL`` or
 ``http://127.0.0.1:8081``; the token from ``--token`` or ``PROTOMOLT_API_TOKEN``). Exit codes:
@@ -180,12 +181,26 @@ def load_config(path: str | None, environ: dict[str, str]) -> tuple[Any, Any, li
     return config, embedded, notes
 
 
-def _install_stop_signals(stop: threading.Event) -> None:
+#: Signals that stop a node cleanly. SIGHUP is the terminal closing: without a handler it
+#: kills the process at once and leaves the embedded PostgreSQL it started running.
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _install_stop_signals(stop: threading.Event) -> dict[int, Any]:
+    """Set ``stop`` on any of :data:`STOP_SIGNALS`; returns the previous handlers."""
+
     def handler(signum: int, frame: Any) -> None:
         stop.set()
 
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+    return {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+
+
+def _say(text: str) -> None:
+    """Print a status line; a closed terminal (SIGHUP) or pipe must not abort the stop."""
+    try:
+        print(text, flush=True)
+    except OSError:
+        pass
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -220,10 +235,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"grpc: {surfaces.grpc.target}", flush=True)
         while not stop.wait(0.5):
             pass
-        print("stopping", flush=True)
+        _say("stopping")
     finally:
         surfaces.close()
-    print("stopped", flush=True)
+    _say("stopped")
     return EXIT_OK
 
 

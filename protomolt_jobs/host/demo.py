@@ -220,7 +220,7 @@ def run_demo(
 
     from protomolt_jobs.config import ConfigError
     from protomolt_jobs.hooks.contract import ComposerError, WorkflowRepository
-    from protomolt_jobs.host.cli import load_config, start_surfaces
+    from protomolt_jobs.host.cli import STOP_SIGNALS, load_config, start_surfaces
     from protomolt_jobs.host.composer import compose
     from protomolt_jobs.host.demo_services import DemoServices, demo_workflow
     from protomolt_jobs.host.embedded_pg import EmbeddedPostgresError
@@ -259,7 +259,8 @@ def run_demo(
 
     stop = threading.Event()
     previous = (
-        {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+        # SIGHUP too: closing the terminal stops the demo and its embedded PostgreSQL.
+        {sig: signal.signal(sig, lambda *_: stop.set()) for sig in STOP_SIGNALS}
         if threading.current_thread() is threading.main_thread()
         else {}
     )

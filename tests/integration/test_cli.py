@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -288,3 +290,49 @@ def test_serve_without_a_dsn_runs_on_the_embedded_postgresql_and_stops_it(tmp_pa
 
     wait_for(gone, timeout_s=30)
     assert json.loads((data / "pg" / ".handle_pids.json").read_text()) == []
+
+
+def _postgres_processes_of(pgdata: Path) -> list[int]:
+    """Pids of live processes whose command line names ``pgdata`` (the postmaster carries
+    ``-D <pgdata>``; its children are found through their parent)."""
+    found: list[int] = []
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        if str(pgdata) in cmdline and "postgres" in cmdline:
+            found.append(int(entry.name))
+    children = [pid for pid, ppid in parents.items() if ppid in found]
+    return sorted(set(found) | set(children))
+
+
+@pytest.fixture
+def open_data_dir():
+    """A data directory the embedded PostgreSQL's own user can reach: pytest's base temp
+    directory is 0700 (another pytest session may re-create it so at any time)."""
+    path = Path(tempfile.mkdtemp(prefix="pmj-sighup-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_sighup_stops_serve_cleanly_and_its_embedded_postgresql(open_data_dir):
+    data = open_data_dir / "data"
+    node = Served(node_environ(data, None), open_data_dir)
+    try:
+        node.wait_ready()
+        pid = int((data / "pg" / "postmaster.pid").read_text().split()[0])
+        assert pid in _postgres_processes_of(data / "pg")
+    finally:
+        code = node.stop(signal.SIGHUP)
+    assert code == 0, node.stderr
+    assert node.lines[-2:] == ["stopping", "stopped"]
+    wait_for(lambda: _postgres_processes_of(data / "pg") == [], timeout_s=30)
