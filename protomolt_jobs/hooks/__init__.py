@@ -8,6 +8,7 @@ live in :mod:`protomolt_jobs.hooks.contract`, the specifications in
 from protomolt_jobs.hooks.contract import (
     Action,
     ChannelFactory,
+    ComponentHealth,
     ComposerError,
     Contributions,
     FileDescriptorContribution,
@@ -25,6 +26,7 @@ __all__ = [
     "PROJECT",
     "Action",
     "ChannelFactory",
+    "ComponentHealth",
     "ComposerError",
     "Contributions",
     "FileDescriptorContribution",

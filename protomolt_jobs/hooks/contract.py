@@ -42,6 +42,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 __all__ = [
     "Action",
     "ChannelFactory",
+    "ComponentHealth",
     "ComposerError",
     "Contributions",
     "FileDescriptorContribution",
@@ -328,14 +329,26 @@ class WireContext:
 # --------------------------------------------------------------------------------------
 
 
+#: One role's readiness by component: ``{"database": {"status": "UP"}, "relay": {"status":
+#: "DOWN", "state": "BACKING_OFF", "lastError": "..."}}``. Each value is a JSON object with
+#: at least ``"status": "UP" | "DOWN"``; the rest is the component's own detail.
+ComponentHealth = dict[str, dict[str, Any]]
+
+
 @runtime_checkable
 class Mount(Protocol):
     """A wired role: ``start()`` binds and starts work (called once, after every role
-    wired); ``close()`` stops it, is idempotent and is called even if ``start()`` never ran."""
+    wired); ``close()`` stops it, is idempotent and is called even if ``start()`` never ran;
+    ``health()`` says whether each of its background components (and what they depend on,
+    such as a database) is ready, by name (:data:`ComponentHealth`; ``{}``: nothing runs in
+    the background). It is called by ``/health`` and gRPC health on every probe, from any
+    thread, and must answer within about a second."""
 
     def start(self) -> None: ...
 
     def close(self) -> None: ...
+
+    def health(self) -> ComponentHealth: ...
 
 
 @runtime_checkable
@@ -383,3 +396,7 @@ class InertMount:
             self._closed = True
         if self._close is not None:
             self._close()
+
+    def health(self) -> ComponentHealth:
+        """Nothing runs in the background: always ``{}``."""
+        return {}

@@ -104,7 +104,7 @@ def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfa
     :raises Exception: whatever failed to start; what had started is closed first.
     """
     from protomolt_jobs.host.grpc_service import ProtoMoltGrpcServer
-    from protomolt_jobs.host.http_route import ActionsHttpServer, HttpRoute
+    from protomolt_jobs.host.http_route import ActionsHttpServer, HttpRoute, readiness
     from protomolt_jobs.host.metrics_route import METRICS_PATH, metrics_route
     from protomolt_jobs.metrics import StoreCollector
 
@@ -124,9 +124,14 @@ def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfa
             routes=node.contributions.all(HttpRoute),
             extra=[metrics_route(node.contributions.all(StoreCollector))],
             public=lambda path: metrics_public and path == METRICS_PATH,
+            health=readiness(node.health),
         ).start()
         grpc_server = ProtoMoltGrpcServer(
-            node.catalog, host=config.grpc_host, port=config.grpc_port, api_token=config.api_token
+            node.catalog,
+            host=config.grpc_host,
+            port=config.grpc_port,
+            api_token=config.api_token,
+            ready=lambda: node.health()["status"] == "UP",
         ).start()
     except BaseException:
         for closer in (grpc_server, http):
@@ -203,6 +208,16 @@ def _say(text: str) -> None:
         pass
 
 
+def _settled_health(node: Any, stop: threading.Event, within_s: float = 5.0) -> dict[str, Any]:
+    """The node's readiness once it is UP, or as it stands after ``within_s`` seconds (the
+    loops need a moment to leave STARTING); what ``/health`` answers."""
+    deadline = time.monotonic() + within_s
+    body: dict[str, Any] = node.health()
+    while body.get("status") != "UP" and time.monotonic() < deadline and not stop.wait(0.1):
+        body = node.health()
+    return body
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from protomolt_jobs.config import ConfigError
     from protomolt_jobs.hooks.contract import ComposerError
@@ -233,6 +248,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"roles: {', '.join(node.roles)}; data dir: {config.data_dir}", flush=True)
         print(f"actions route: {surfaces.actions_url}", flush=True)
         print(f"grpc: {surfaces.grpc.target}", flush=True)
+        print(f"health: {json.dumps(_settled_health(node, stop))}", flush=True)
         while not stop.wait(0.5):
             pass
         _say("stopping")

@@ -303,6 +303,29 @@ class Node:
             )
         log.info("node %s closed", self.node_id, extra={"action": "node_closed"})
 
+    def health(self) -> dict[str, Any]:
+        """Readiness of the node: ``{"status": "UP"|"DOWN", "components": {role: {"status":
+        ..., "components": {name: {...}}}}}``. UP only while started, not closed, and every
+        component of every mounted role is UP (a role's database probe included). A role
+        whose mount predates ``Mount.health`` reports nothing and counts as UP.
+        """
+        roles: dict[str, Any] = {}
+        up = self._started and not self._closed
+        for role, mount in self._mounts:
+            probe = getattr(mount, "health", None)
+            try:
+                components = dict(probe()) if probe is not None else {}
+            except Exception as exc:  # a role's broken probe makes it DOWN, never a 500
+                log.exception("role %s health failed", role, extra={"action": "role_health_failed"})
+                components = {"health": {"status": "DOWN", "error": f"{type(exc).__name__}: {exc}"}}
+            role_up = all(c.get("status") == "UP" for c in components.values())
+            entry: dict[str, Any] = {"status": "UP" if role_up else "DOWN"}
+            if components:
+                entry["components"] = components
+            roles[role] = entry
+            up = up and role_up
+        return {"status": "UP" if up else "DOWN", "components": roles}
+
     def _add_descriptors(self) -> None:
         files = self.contributions.all(FileDescriptorContribution)
         available: dict[str, bytes] = {}

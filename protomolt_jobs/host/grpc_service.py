@@ -215,6 +215,26 @@ def _refusing(handler: grpc.RpcMethodHandler | None, message: str) -> grpc.RpcMe
     return kind(deny, response_serializer=handler.response_serializer)
 
 
+class _ReadinessHealth(health.HealthServicer):
+    """``grpc.health.v1`` whose ``Check`` asks the node: a service set SERVING answers
+    NOT_SERVING while ``ready()`` is false (a role's component or its database is down).
+    ``Watch`` streams the statuses set at start and shutdown only."""
+
+    def __init__(self, ready: Callable[[], bool] | None) -> None:
+        super().__init__()
+        self._ready = ready
+
+    def Check(self, request: Any, context: Any) -> Any:
+        response = super().Check(request, context)
+        if (
+            self._ready is not None
+            and response.status == health_pb2.HealthCheckResponse.SERVING
+            and not self._ready()
+        ):
+            return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.NOT_SERVING)
+        return response
+
+
 class ProtoMoltGrpcServer:
     """A sync ``grpc.server`` serving ProtoMoltService, health and reflection (v1 and v1alpha).
 
@@ -224,6 +244,8 @@ class ProtoMoltGrpcServer:
     :param api_token: when set, calls need it (health excepted).
     :param max_workers: handler threads, the number of calls served at once.
     :param extra_handlers: more generic handlers to serve on the same port.
+    :param ready: readiness of the node (``Node.health()["status"] == "UP"``); health
+        ``Check`` answers NOT_SERVING while it is false. None: SERVING while the server runs.
     """
 
     def __init__(
@@ -235,6 +257,7 @@ class ProtoMoltGrpcServer:
         api_token: str | None = None,
         max_workers: int = 64,
         extra_handlers: Iterable[grpc.GenericRpcHandler] = (),
+        ready: Callable[[], bool] | None = None,
     ) -> None:
         self.catalog = catalog
         self.host = host
@@ -242,6 +265,7 @@ class ProtoMoltGrpcServer:
         self.api_token = api_token or None
         self.max_workers = max_workers
         self._extra = tuple(extra_handlers)
+        self._ready = ready
         self._server: grpc.Server | None = None
         self._port: int | None = None
         self._health: health.HealthServicer | None = None
@@ -281,7 +305,7 @@ class ProtoMoltGrpcServer:
                     *self._extra,
                 )
             )
-            hs = health.HealthServicer()
+            hs = _ReadinessHealth(self._ready)
             health_pb2_grpc.add_HealthServicer_to_server(hs, server)
             pool = descriptor_pool.Default()
             _ensure_reflection_v1_descriptor(pool)

@@ -2,7 +2,8 @@
 
 Routes:
 
-- ``GET /health`` answers ``{"status": "UP"}``; it is never guarded by the API token.
+- ``GET /health`` answers readiness (:func:`readiness`: 200 ``{"status": "UP", ...}`` or 503
+  ``{"status": "DOWN", "components": {...}}``); it is never guarded by the API token.
 - ``GET /protomolt/actions``: the catalog manifest (a JSON array).
 - ``POST /protomolt/actions/{verb}``: a JSON object body, handed to ``catalog.execute``.
 - Extra routes contributed by roles as :class:`HttpRoute` values (the registry's
@@ -256,6 +257,18 @@ _HEALTH = "/health"
 
 def _health_up(request: HttpRequest) -> HttpResponse:
     return HttpResponse(200, {"status": "UP"})
+
+
+def readiness(health: Callable[[], dict[str, Any]]) -> Callable[[HttpRequest], HttpResponse]:
+    """A ``/health`` handler over a node's readiness (``Node.health``): 200 with the body
+    while its ``status`` is ``UP``, else 503 with the same body (``{"status": "DOWN",
+    "components": {...}}`` naming what is down). Liveness is the server answering at all."""
+
+    def handler(request: HttpRequest) -> HttpResponse:
+        body = health()
+        return HttpResponse(200 if body.get("status") == "UP" else 503, body)
+
+    return handler
 
 
 class _Dispatcher:
