@@ -400,3 +400,12 @@ def test_an_external_step_in_a_graph_parks_after_its_siblings_and_resumes(
     assert [cp["name"] for cp in row.checkpoints] == ["a", "side", "approve", "ship"]
     assert row.checkpoints[-1]["response"]["seen"] == ["ok", "ship"]
     assert services.step_calls("a") == 1 and services.step_calls("side") == 1
+
+
+def test_per_target_permits_bound_a_graphs_parallel_calls(store, fresh_dsn, services):
+    job = enqueue(store, diamond(services.target, sleep_ms=300), {"text": "one at a time"})
+    _run_one(store, fresh_dsn, max_concurrent_per_target=1)
+    assert store.job_get(job.job_id).status == "COMPLETED"
+    (b,), (c,) = services.spans("b"), services.spans("c")
+    assert not _overlap(b, c), "two calls to one target ran at once under a permit of 1"
+    assert services.max_in_flight("Run") == 1
