@@ -126,7 +126,13 @@ class JobsApp:
         self.config = config
         self.store = store
         self.runtime = runtime
-        self.submitter = Submitter(store, repository, runtime, config.max_attempts)
+        self.submitter = Submitter(
+            store,
+            repository,
+            runtime,
+            config.max_attempts,
+            fairness_weights=config.fairness_weights,
+        )
         self.probe = DatabaseProbe(store)
         self._kafka = bool(config.kafka_bootstrap)
         self.sweeper = Sweeper(store, config=config) if lanes.sweeper else None

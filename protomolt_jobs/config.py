@@ -9,6 +9,7 @@ base, 3 attempts, 8 concurrent calls per target, events on ``workflow-run-events
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import socket
@@ -94,6 +95,17 @@ class JobsConfig:
     run_retention_seconds: float = 30 * 86_400.0
     #: How often the pruner runs a pass, seconds.
     prune_interval_seconds: float = 60.0
+    #: The queues this process's claim loops serve (a TOML list, or JSON / comma-separated
+    #: text in the environment).
+    queues: tuple[str, ...] = ("default",)
+    #: Fleet-wide limits per queue: ``{"gpu": {"max_running": 2, "max_starts_per_second": 5}}``
+    #: (TOML ``[jobs.queue_limits.gpu]``; ``PROTOMOLT_JOBS_QUEUE_LIMITS`` as JSON). Written to
+    #: the database at start and enforced there for every worker.
+    queue_limits: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    #: Fairness weights per fairness key (> 0; an unlisted key weighs 1): a key of weight 2
+    #: gets twice the claims of a weight-1 key while both have a backlog
+    #: (``[jobs.fairness_weights]``; ``PROTOMOLT_JOBS_FAIRNESS_WEIGHTS`` as JSON).
+    fairness_weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.worker_id is None or not str(self.worker_id).strip():
@@ -126,6 +138,9 @@ class JobsConfig:
             raise ConfigError(
                 f"jobs.events_wire must be 'confluent' or 'raw'; got {_shown(self.events_wire)}"
             )
+        _check_queues(self.queues)
+        _check_queue_limits(self.queue_limits)
+        _check_weights(self.fairness_weights)
         if not self.events_topic or not str(self.events_topic).strip():
             raise ConfigError("jobs.events_topic must not be blank")
         if self.request_topic is not None and not self.kafka_bootstrap:
@@ -203,7 +218,116 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else f"{text[:37]}..."
 
 
+_NAME_MAX = 200
+_LIMIT_KEYS = ("max_running", "max_starts_per_second")
+
+
+def _is_name(value: Any) -> bool:
+    return (
+        isinstance(value, str)
+        and bool(value.strip())
+        and value == value.strip()
+        and len(value) <= _NAME_MAX
+        and not any(ord(c) < 32 for c in value)
+    )
+
+
+def _check_queues(queues: Any) -> None:
+    if (
+        not isinstance(queues, tuple)
+        or not queues
+        or not all(_is_name(q) for q in queues)
+        or len(set(queues)) != len(queues)
+    ):
+        raise ConfigError(
+            'jobs.queues must be a non-empty list of distinct queue names like ["default", '
+            f'"gpu"] (each non-blank, at most {_NAME_MAX} characters); got {_shown(queues)}'
+        )
+
+
+def _check_queue_limits(limits: Any) -> None:
+    if not isinstance(limits, Mapping):
+        raise ConfigError(
+            "jobs.queue_limits must be a table of queues, e.g. [jobs.queue_limits.gpu] with "
+            f"max_running = 2; got {_shown(limits)}"
+        )
+    for queue, limit in limits.items():
+        if not _is_name(queue):
+            raise ConfigError(f"jobs.queue_limits: {_shown(queue)} is not a queue name")
+        if not isinstance(limit, Mapping) or not limit:
+            raise ConfigError(
+                f"jobs.queue_limits.{queue} must be a table with max_running and/or "
+                f"max_starts_per_second; got {_shown(limit)}"
+            )
+        for key, value in limit.items():
+            if key not in _LIMIT_KEYS:
+                raise ConfigError(
+                    f"unknown key jobs.queue_limits.{queue}.{key}; known keys: "
+                    + ", ".join(_LIMIT_KEYS)
+                )
+            if key == "max_running":
+                ok = not isinstance(value, bool) and isinstance(value, int) and 0 < value <= 100_000
+                form = "a positive integer of at most 100000"
+            else:
+                ok = (
+                    not isinstance(value, bool)
+                    and isinstance(value, (int, float))
+                    and math.isfinite(value)
+                    and 0 < value <= 1_000_000
+                )
+                form = "a number above 0 and at most 1000000"
+            if not ok:
+                raise ConfigError(
+                    f"jobs.queue_limits.{queue}.{key} must be {form}; got {_shown(value)}"
+                )
+
+
+def _check_weights(weights: Any) -> None:
+    if not isinstance(weights, Mapping):
+        raise ConfigError(
+            f"jobs.fairness_weights must be a table of key = weight; got {_shown(weights)}"
+        )
+    for key, value in weights.items():
+        if not _is_name(key):
+            raise ConfigError(f"jobs.fairness_weights: {_shown(key)} is not a fairness key")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or not 0 < value <= 1_000_000
+        ):
+            raise ConfigError(
+                f"jobs.fairness_weights.{key} must be a number above 0 and at most 1000000; "
+                f"got {_shown(value)}"
+            )
+
+
+def _json_table(key: str, raw: Any) -> Any:
+    """A table key: a TOML table as is, or JSON object text (the environment)."""
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise ConfigError(f"jobs.{key} must be a JSON object; {exc}") from None
+    return raw
+
+
 def _coerce(key: str, raw: Any, field: dataclasses.Field) -> Any:
+    if key == "queues":
+        if isinstance(raw, str):
+            text = raw.strip()
+            if text.startswith("["):
+                try:
+                    raw = json.loads(text)
+                except ValueError as exc:
+                    raise ConfigError(f"jobs.queues must be a list of names; {exc}") from None
+            else:
+                raw = [part.strip() for part in text.split(",")]
+        if isinstance(raw, list):
+            raw = tuple(raw)
+        return raw
+    if key in ("queue_limits", "fairness_weights"):
+        return _json_table(key, raw)
     if key in _INT_KEYS:
         if isinstance(raw, bool):
             raise ConfigError(

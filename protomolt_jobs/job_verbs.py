@@ -206,9 +206,10 @@ def iso_instant(moment: datetime | None) -> str | None:
 def job_json(job: Any, *, full: bool) -> dict[str, Any]:
     """A job row as the verbs show it (camelCase, nulls omitted).
 
-    Keys in order: ``jobId, workflowName, status, attempt, outstandingStep?``, then when
-    ``full`` ``input, checkpoints, result?``, then ``verdict?, error?, createdAt?, updatedAt?,
-    completedAt?``. Never shown: max attempts, run_after, the lease, the definition.
+    Keys in order: ``jobId, workflowName, status, attempt, outstandingStep?, priority,
+    queue, fairnessKey, dedupKey?, deadlineAt?``, then when ``full`` ``input, checkpoints,
+    result?``, then ``verdict?, error?, createdAt?, updatedAt?, completedAt?``. Never shown:
+    max attempts, run_after, the lease, the fairness pass, the definition.
     """
     body: dict[str, Any] = {
         "jobId": str(job.job_id),
@@ -218,6 +219,13 @@ def job_json(job: Any, *, full: bool) -> dict[str, Any]:
     }
     if job.outstanding_step is not None:
         body["outstandingStep"] = job.outstanding_step
+    body["priority"] = getattr(job, "priority", 3)
+    body["queue"] = getattr(job, "queue", "default")
+    body["fairnessKey"] = getattr(job, "fairness_key", "default")
+    if getattr(job, "dedup_key", None) is not None:
+        body["dedupKey"] = job.dedup_key
+    if getattr(job, "deadline_at", None) is not None:
+        body["deadlineAt"] = iso_instant(job.deadline_at)
     if full:
         body["input"] = job.input
         body["checkpoints"] = job.checkpoints if job.checkpoints is not None else []
@@ -261,9 +269,20 @@ class SubmitWorkflowAction:
     description = (
         "Queue a workflow run as a durable job: give either an inline 'workflow' or a stored "
         "'workflowName' (exactly one), its 'input', and optionally a 'jobId' (uuid) that makes "
-        "the submission idempotent; answers the job id and status."
+        "the submission idempotent, a 'priority' (1 highest .. 5, default 3), a 'queue', a "
+        "'fairnessKey' and a 'dedupKey' (while a run with that key is live, its id is "
+        "answered with deduplicated: true); answers the job id and status."
     )
-    fields = ("workflow", "workflowName", "input", "jobId")
+    fields = (
+        "workflow",
+        "workflowName",
+        "input",
+        "jobId",
+        "priority",
+        "queue",
+        "fairnessKey",
+        "dedupKey",
+    )
 
     def __init__(self, backend: JobsBackend) -> None:
         self.backend = backend
@@ -284,6 +303,29 @@ class SubmitWorkflowAction:
                     "format": "uuid",
                     "description": "Idempotency key; a uuid4 is minted when absent.",
                 },
+                "priority": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 5,
+                    "description": "1 (highest) .. 5; default: the workflow's, else 3.",
+                },
+                "queue": {
+                    "type": "string",
+                    "maxLength": 200,
+                    "description": "Resource class; default: the workflow's, else 'default'.",
+                },
+                "fairnessKey": {
+                    "type": "string",
+                    "maxLength": 200,
+                    "description": "Tenant or project runs are interleaved across; default: "
+                    "the workflow's, else 'default'.",
+                },
+                "dedupKey": {
+                    "type": "string",
+                    "maxLength": 200,
+                    "description": "While a run with this key is not terminal, submitting "
+                    "again answers that run (deduplicated: true).",
+                },
             },
             "required": ["input"],
             "additionalProperties": False,
@@ -303,14 +345,40 @@ class SubmitWorkflowAction:
         workflow_name = _optional_string(input, "workflowName")
         payload = _require_object(input, "input")
         raw_job_id = _optional_string(input, "jobId")
+        sched = _scheduling_fields(input)
         _check_source_rule(workflow, workflow_name)
         job_id = None
         if raw_job_id is not None and raw_job_id.strip():
             job_id = str(_job_id(raw_job_id))
         outcome = submitter.submit(
-            workflow=workflow, workflow_name=workflow_name, input=payload, job_id=job_id
+            workflow=workflow, workflow_name=workflow_name, input=payload, job_id=job_id, **sched
         )
         return outcome.to_json()
+
+
+def _scheduling_fields(input: dict[str, Any]) -> dict[str, Any]:
+    """``priority``, ``queue``, ``fairnessKey``, ``dedupKey`` as the submitter's keywords
+    (None when absent); a malformed one is invalid-input naming it."""
+    from protomolt_jobs import scheduling
+
+    out: dict[str, Any] = {}
+    try:
+        raw = input.get("priority")
+        if raw is not None and (isinstance(raw, str) or _as_integer(raw) is None):
+            raise scheduling.FieldError(
+                "priority", f"'priority' must be an integer from 1 (highest) to 5; got {raw!r}"
+            )
+        out["priority"] = None if raw is None else scheduling.parse_priority("priority", raw)
+        for field, keyword in (
+            ("queue", "queue"),
+            ("fairnessKey", "fairness_key"),
+            ("dedupKey", "dedup_key"),
+        ):
+            value = input.get(field)
+            out[keyword] = None if value is None else scheduling.parse_name(field, value)
+    except scheduling.FieldError as exc:
+        raise _invalid(exc.field, exc.message) from None
+    return out
 
 
 def _check_source_rule(workflow: dict[str, Any] | None, workflow_name: str | None) -> None:
@@ -413,10 +481,11 @@ class ListJobsAction:
     name = "list-jobs"
     scope = "service-invoke"
     description = (
-        "List workflow jobs newest first, optionally filtered by 'status' and 'workflowName'; "
-        "'limit' (default 50, at most 500) and 'offset' page through them."
+        "List workflow jobs newest first, optionally filtered by 'status', 'workflowName', "
+        "'queue' and 'fairnessKey'; 'limit' (default 50, at most 500) and 'offset' page "
+        "through them."
     )
-    fields = ("status", "workflowName", "limit", "offset")
+    fields = ("status", "workflowName", "queue", "fairnessKey", "limit", "offset")
 
     def __init__(self, backend: JobsBackend) -> None:
         self.backend = backend
@@ -425,6 +494,8 @@ class ListJobsAction:
             "properties": {
                 "status": {"type": "string", "enum": sorted(JOB_STATUSES)},
                 "workflowName": {"type": "string"},
+                "queue": {"type": "string"},
+                "fairnessKey": {"type": "string"},
                 "limit": {
                     "type": "integer",
                     "minimum": 0,
@@ -450,6 +521,8 @@ class ListJobsAction:
                 f"'status' must be one of {', '.join(sorted(JOB_STATUSES))}; got '{status}'",
             )
         workflow_name = _optional_string(input, "workflowName")
+        queue = _optional_string(input, "queue")
+        fairness_key = _optional_string(input, "fairnessKey")
         limit = 0
         if input.get("limit") is not None:
             limit_value = _as_integer(input["limit"])
@@ -466,8 +539,13 @@ class ListJobsAction:
             if offset_value > _MAX_OFFSET:
                 raise _invalid("offset", f"Field 'offset' must be at most {_MAX_OFFSET}")
             offset = offset_value
+        filters: dict[str, Any] = {}
+        if queue is not None:
+            filters["queue"] = queue
+        if fairness_key is not None:
+            filters["fairness_key"] = fairness_key
         jobs = store.job_list(
-            status=status, workflow_name=workflow_name, limit=limit, offset=offset
+            status=status, workflow_name=workflow_name, limit=limit, offset=offset, **filters
         )
         return {"ok": True, "jobs": [job_json(job, full=False) for job in jobs]}
 

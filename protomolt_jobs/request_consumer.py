@@ -438,13 +438,19 @@ class RequestConsumer(Service):
         except (json_format.Error, ValueError, TypeError, RecursionError) as exc:
             # NaN and the infinities have no JSON form (nor a jsonb one).
             return self._reject(message, f"invalid-request: input cannot be read as JSON: {exc}")
+        sched, problem = _scheduling_headers(message)
+        if problem is not None:
+            return self._reject(message, problem)
         try:
             check_json("input", input_json)
         except InvalidInput as exc:
             return self._reject(message, f"invalid-input: {exc.message}")
         try:
             outcome = self._submitter.submit(
-                workflow_name=request.workflow_name, input=input_json, job_id=request.job_id
+                workflow_name=request.workflow_name,
+                input=input_json,
+                job_id=request.job_id,
+                **sched,
             )
         except StoreError:
             raise
@@ -520,3 +526,40 @@ class RequestConsumer(Service):
             else:
                 backoff = 0.0
                 self._progressed()
+
+
+#: Record headers that carry a submission's scheduling fields (the request proto has no fields
+#: for them, and adding some could clash with upstream's numbering): header -> keyword.
+SCHEDULING_HEADERS = {
+    "priority": "priority",
+    "queue": "queue",
+    "fairnessKey": "fairness_key",
+    "dedupKey": "dedup_key",
+}
+
+
+def _scheduling_headers(message: Any) -> tuple[dict[str, Any], str | None]:
+    """The scheduling keywords from the record's headers (UTF-8 values), or a reject reason
+    ``invalid-input: header '<name>' ...`` naming the header."""
+    from protomolt_jobs import scheduling
+
+    out: dict[str, Any] = {}
+    try:
+        headers = message.headers() or []
+    except (AttributeError, TypeError):
+        headers = []
+    for name, raw in headers:
+        keyword = SCHEDULING_HEADERS.get(name)
+        if keyword is None:
+            continue
+        try:
+            text = raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw
+            if keyword == "priority":
+                out[keyword] = scheduling.parse_priority(name, text)
+            else:
+                out[keyword] = scheduling.parse_name(name, text)
+        except UnicodeDecodeError:
+            return {}, f"invalid-input: header '{name}' is not UTF-8"
+        except scheduling.FieldError as exc:
+            return {}, f"invalid-input: header {exc.message}"
+    return out, None

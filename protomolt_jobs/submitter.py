@@ -8,9 +8,13 @@ Checks run in the reference's order (upstream ``WorkflowRunSubmitter``):
 3. parse the definition (the engine's ``parse_workflow``);
 4. verify it (the engine's ``verify``);
 5. check the input against the workflow's ``inputType`` (the engine's ``parse_input``);
-6. take the job id (a uuid) or mint a uuid4;
-7. insert the row with the definition and the input snapshotted (``ON CONFLICT (job_id) DO
-   NOTHING``: a resubmission returns the stored row untouched).
+6. resolve the scheduling fields and the budget (:mod:`~protomolt_jobs.scheduling`): a
+   submitted value that is malformed is ``invalid-input``, a workflow's own ``scheduling`` or
+   ``budget`` that is malformed is ``invalid-definition``, both naming the field;
+7. take the job id (a uuid) or mint a uuid4;
+8. insert the row with the definition and the input snapshotted (``ON CONFLICT DO NOTHING``:
+   a resubmission returns the stored row untouched; a live run holding the same ``dedupKey``
+   is answered instead, with ``deduplicated``).
 
 Failures in 1-6 are answers (:class:`SubmitOutcome` with ``ok`` false, a ``reason`` the
 request consumer routes on, ``failed_step`` and ``error``), never exceptions. Store failures
@@ -23,6 +27,7 @@ import dataclasses
 import logging
 import re
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from protomolt_jobs import tracing
@@ -69,6 +74,9 @@ class SubmitOutcome:
     :ivar failed_step: the step a definition problem belongs to ("" when none).
     :ivar error: why it was refused ("" when ok).
     :ivar reason: one of :data:`REASONS` when not ok, else None.
+    :ivar deduplicated: True when ``job_id`` is an existing live run holding the submitted
+        ``dedupKey`` (nothing was inserted).
+    :ivar field: the field a refusal names ("" when none).
     """
 
     ok: bool
@@ -78,12 +86,17 @@ class SubmitOutcome:
     failed_step: str = ""
     error: str = ""
     reason: str | None = None
+    deduplicated: bool = False
+    field: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        """The ``submit-workflow`` envelope: ``{ok, jobId, status}`` or
+        """The ``submit-workflow`` envelope: ``{ok, jobId, status, deduplicated?}`` or
         ``{ok: false, failedStep?, error}``."""
         if self.ok:
-            return {"ok": True, "jobId": self.job_id, "status": self.status}
+            body_ok: dict[str, Any] = {"ok": True, "jobId": self.job_id, "status": self.status}
+            if self.deduplicated:
+                body_ok["deduplicated"] = True
+            return body_ok
         body: dict[str, Any] = {"ok": False}
         if self.failed_step:
             body["failedStep"] = self.failed_step
@@ -91,7 +104,7 @@ class SubmitOutcome:
         return body
 
 
-def _refuse(reason: str, error: str, failed_step: str = "") -> SubmitOutcome:
+def _refuse(reason: str, error: str, failed_step: str = "", field: str = "") -> SubmitOutcome:
     return SubmitOutcome(
         ok=False,
         job_id=None,
@@ -99,6 +112,7 @@ def _refuse(reason: str, error: str, failed_step: str = "") -> SubmitOutcome:
         failed_step=failed_step or "",
         error=error,
         reason=reason,
+        field=field,
     )
 
 
@@ -109,6 +123,7 @@ class Submitter:
     :param repository: the stored workflows, or None when no registry is mounted.
     :param runtime: the engine's ``Runtime`` (type pool, channel factory).
     :param max_attempts: attempts stamped into each new row (positive).
+    :param fairness_weights: fairness key -> weight (> 0); a key not listed weighs 1.
     :raises ValueError: ``max_attempts`` is not a positive integer.
     """
 
@@ -118,6 +133,7 @@ class Submitter:
         repository: WorkflowRepository | None,
         runtime: Any,
         max_attempts: int,
+        fairness_weights: Mapping[str, float] | None = None,
     ) -> None:
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise ValueError(f"max_attempts must be a positive integer; got {max_attempts!r}")
@@ -125,6 +141,7 @@ class Submitter:
         self.repository = repository
         self.runtime = runtime
         self.max_attempts = max_attempts
+        self.fairness_weights = dict(fairness_weights or {})
 
     def submit(
         self,
@@ -133,6 +150,10 @@ class Submitter:
         workflow_name: str | None = None,
         input: Any = None,
         job_id: str | None = None,
+        priority: Any = None,
+        queue: Any = None,
+        fairness_key: Any = None,
+        dedup_key: Any = None,
     ) -> SubmitOutcome:
         """Validate a submission and insert its row.
 
@@ -140,6 +161,12 @@ class Submitter:
         :param workflow_name: a stored workflow's name.
         :param input: the workflow input (a JSON object, proto3 JSON of ``inputType``).
         :param job_id: the idempotency key (a uuid string); blank or None mints a uuid4.
+        :param priority: 1 (highest) .. 5; None takes the workflow's default, else 3.
+        :param queue: the queue; None takes the workflow's default, else ``default``.
+        :param fairness_key: the fairness key; None takes the workflow's default, else
+            ``default``.
+        :param dedup_key: while a run with this key is not terminal, answer it instead of
+            inserting; None takes the workflow's default, else no key.
         :returns: the outcome; never raises for bad input.
         :raises StoreError: the database failed.
         """
@@ -205,7 +232,25 @@ class Submitter:
                     f"{message}"
                 )
             return _refuse("invalid-input", message)
-        # 6. The job id, after the workflow checks (as the reference orders them).
+        # 6. Scheduling and budget.
+        from protomolt_jobs import scheduling
+        from protomolt_jobs.store.records import JOB_STATUSES
+
+        submitted = {
+            "priority": priority,
+            "queue": queue,
+            "fairnessKey": fairness_key,
+            "dedupKey": dedup_key,
+        }
+        try:
+            sched = scheduling.resolve(definition, submitted)
+            budget = scheduling.parse_budget(definition, pause_supported="PAUSED" in JOB_STATUSES)
+        except scheduling.FieldError as exc:
+            own = exc.field.startswith(("scheduling", "budget"))
+            return _refuse(
+                "invalid-definition" if own else "invalid-input", exc.message, field=exc.field
+            )
+        # 7. The job id, after the workflow checks (as the reference orders them).
         if job_id is None or (isinstance(job_id, str) and not job_id.strip()):
             key = uuid.uuid4()
         else:
@@ -213,7 +258,7 @@ class Submitter:
             if parsed is None:
                 return _refuse("invalid-job-id", f"'jobId' must be a uuid; got '{job_id}'")
             key = parsed
-        # 7. Insert (idempotent on job_id).
+        # 8. Insert (idempotent on job_id; a live dedup key answers its run).
         stored_name = name or (
             definition.get("name")
             if isinstance(definition.get("name"), str) and definition.get("name").strip()
@@ -227,6 +272,12 @@ class Submitter:
                 input=input,
                 max_attempts=self.max_attempts,
                 trace_context=tracing.submit_trace_context(key, stored_name),
+                priority=sched.priority,
+                queue=sched.queue,
+                fairness_key=sched.fairness_key,
+                fairness_weight=self.fairness_weights.get(sched.fairness_key, 1.0),
+                dedup_key=sched.dedup_key,
+                deadline_s=budget.deadline_s if budget is not None else None,
             )
         )
         job = outcome.job
@@ -242,5 +293,9 @@ class Submitter:
                 },
             )
         return SubmitOutcome(
-            ok=True, job_id=str(job.job_id), status=job.status, created=outcome.created
+            ok=True,
+            job_id=str(job.job_id),
+            status=job.status,
+            created=outcome.created,
+            deduplicated=getattr(outcome, "deduplicated", False),
         )

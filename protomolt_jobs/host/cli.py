@@ -401,6 +401,10 @@ def _list_jobs(args: argparse.Namespace) -> dict[str, Any]:
         envelope["status"] = args.status
     if getattr(args, "workflow", None):
         envelope["workflowName"] = args.workflow
+    if getattr(args, "queue", None):
+        envelope["queue"] = args.queue
+    if getattr(args, "fairness_key", None):
+        envelope["fairnessKey"] = args.fairness_key
     return call_verb(args.url, "list-jobs", envelope, _token(args))
 
 
@@ -568,6 +572,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = jobs_sub.add_parser(name, help=text)
         p.add_argument("--status", help="QUEUED, RUNNING, WAITING, COMPLETED, FAILED or DEAD")
         p.add_argument("--workflow", help="only jobs of this workflow name")
+        p.add_argument("--queue", help="only jobs of this queue")
+        p.add_argument("--fairness-key", help="only jobs of this fairness key")
         p.add_argument("--limit", type=int, default=50, help="at most this many jobs (<= 500)")
         _client_options(p)
         if name == "list":

@@ -58,25 +58,66 @@ SELECT table_name, column_name
 -- ---------------------------------------------------------------------------------------------
 
 -- name: job_insert
--- description: insert a new job idempotently on job_id; no row back means it already existed.
+-- description: insert a new job idempotently on job_id (and on a live dedup_key), stamping its fairness pass in the same statement; no row back means it already existed.
+WITH base AS (
+    -- Virtual time of the queue: the smallest pass still QUEUED (one index probe per
+    -- priority), or in an empty queue the largest pass ever handed out there.
+    SELECT coalesce(
+               (SELECT min(head.fairness_pass)
+                  FROM (VALUES (1), (2), (3), (4), (5)) AS pr (priority)
+                 CROSS JOIN LATERAL (SELECT w.fairness_pass
+                                       FROM workflow_run AS w
+                                      WHERE w.status = 'QUEUED' AND w.queue = %(queue)s
+                                        AND w.priority = pr.priority
+                                      ORDER BY w.fairness_pass
+                                      LIMIT 1) AS head),
+               (SELECT max(f.last_pass) FROM workflow_fairness AS f
+                 WHERE f.queue = %(queue)s),
+               0) AS pass
+), stamp AS (
+    -- pass = max(base, last_pass[key] + 1/weight); the key's row lock orders its submits.
+    INSERT INTO workflow_fairness AS f (queue, fairness_key, last_pass)
+    SELECT %(queue)s, %(fairness_key)s, base.pass + %(stride)s FROM base
+    ON CONFLICT (queue, fairness_key) DO UPDATE
+       SET last_pass = greatest((SELECT pass FROM base) + %(stride)s,
+                                f.last_pass + %(stride)s)
+    RETURNING f.last_pass
+)
 INSERT INTO workflow_run (job_id, workflow_name, workflow_definition, input, status,
-                          max_attempts, error, trace_context, completed_at)
-VALUES (%(job_id)s, %(workflow_name)s, %(workflow_definition)s, %(input)s, %(status)s,
-        %(max_attempts)s, %(error)s, %(trace_context)s,
-        CASE WHEN %(status)s::text IN ('COMPLETED', 'FAILED', 'DEAD') THEN now() END)
-ON CONFLICT (job_id) DO NOTHING
+                          max_attempts, error, completed_at, priority, queue, fairness_key,
+                          fairness_pass, dedup_key, deadline_at, trace_context)
+SELECT %(job_id)s, %(workflow_name)s, %(workflow_definition)s, %(input)s, %(status)s,
+       %(max_attempts)s, %(error)s,
+       CASE WHEN %(status)s::text IN ('COMPLETED', 'FAILED', 'DEAD') THEN now() END,
+       %(priority)s, %(queue)s, %(fairness_key)s, stamp.last_pass, %(dedup_key)s,
+       now() + make_interval(secs => %(deadline_s)s), %(trace_context)s
+  FROM stamp
+ON CONFLICT DO NOTHING
 RETURNING job_id, workflow_name, workflow_definition::text AS workflow_definition,
           input::text AS input, status, attempt, max_attempts, run_after, outstanding_step,
           checkpoints::text AS checkpoints, result::text AS result, verdict, error,
           lease_owner, lease_token, lease_until, created_at, updated_at, completed_at,
+          priority, queue, fairness_key, dedup_key, deadline_at,
           now() AS tx_now
+
+-- name: job_get_live_dedup
+-- description: the live (non-terminal) run holding a dedup key, if any.
+SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
+       input::text AS input, status, attempt, max_attempts, run_after, outstanding_step,
+       checkpoints::text AS checkpoints, result::text AS result, verdict, error,
+       lease_owner, lease_token, lease_until, created_at, updated_at, completed_at,
+       priority, queue, fairness_key, dedup_key, deadline_at
+  FROM workflow_run
+ WHERE dedup_key = %(dedup_key)s
+   AND status IN ('QUEUED', 'RUNNING', 'WAITING', 'PAUSED', 'RECOVERY_REQUIRED')
 
 -- name: job_get
 -- description: one job's full row by job_id.
 SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
        input::text AS input, status, attempt, max_attempts, run_after, outstanding_step,
        checkpoints::text AS checkpoints, result::text AS result, verdict, error,
-       lease_owner, lease_token, lease_until, created_at, updated_at, completed_at
+       lease_owner, lease_token, lease_until, created_at, updated_at, completed_at,
+       priority, queue, fairness_key, dedup_key, deadline_at
   FROM workflow_run
  WHERE job_id = %(job_id)s
 
@@ -85,10 +126,13 @@ SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
 SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
        input::text AS input, status, attempt, max_attempts, run_after, outstanding_step,
        checkpoints::text AS checkpoints, result::text AS result, verdict, error,
-       lease_owner, lease_token, lease_until, created_at, updated_at, completed_at
+       lease_owner, lease_token, lease_until, created_at, updated_at, completed_at,
+       priority, queue, fairness_key, dedup_key, deadline_at
   FROM workflow_run
  WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
    AND (%(workflow_name)s::text IS NULL OR workflow_name = %(workflow_name)s::text)
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+   AND (%(fairness_key)s::text IS NULL OR fairness_key = %(fairness_key)s::text)
  ORDER BY created_at DESC, job_id DESC
  LIMIT %(limit)s OFFSET %(offset)s
 
@@ -97,7 +141,8 @@ SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
 SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
        input::text AS input, status, attempt, max_attempts, run_after, outstanding_step,
        checkpoints::text AS checkpoints, result::text AS result, verdict, error,
-       lease_owner, lease_token, lease_until, created_at, updated_at, completed_at
+       lease_owner, lease_token, lease_until, created_at, updated_at, completed_at,
+       priority, queue, fairness_key, dedup_key, deadline_at
   FROM workflow_run
  WHERE job_id = %(job_id)s
    FOR UPDATE
@@ -111,7 +156,7 @@ SELECT pg_notify('protomolt_jobs', '')
 -- ---------------------------------------------------------------------------------------------
 
 -- name: job_claim
--- description: lease the oldest eligible QUEUED job in one statement (SKIP LOCKED), attempt + 1, a fresh lease_token.
+-- description: lease the first eligible QUEUED job of the served queues in one statement (SKIP LOCKED): strict priority, then fairness pass, then age; attempt + 1, a fresh lease_token.
 UPDATE workflow_run
    SET status = 'RUNNING',
        lease_owner = %(worker_id)s,
@@ -119,18 +164,86 @@ UPDATE workflow_run
        lease_until = now() + make_interval(secs => %(lease_s)s),
        attempt = attempt + 1,
        updated_at = now()
- WHERE job_id = (SELECT job_id
-                   FROM workflow_run
-                  WHERE status = 'QUEUED' AND run_after <= now()
-                  ORDER BY created_at, job_id
-                  FOR UPDATE SKIP LOCKED
+ WHERE job_id = (SELECT head.job_id
+                   FROM unnest(%(queues)s::text[]) AS served (queue)
+                  CROSS JOIN LATERAL (SELECT w.job_id, w.priority, w.fairness_pass,
+                                             w.created_at
+                                        FROM workflow_run AS w
+                                       WHERE w.status = 'QUEUED' AND w.queue = served.queue
+                                         AND w.run_after <= now()
+                                       ORDER BY w.priority, w.fairness_pass, w.created_at,
+                                                w.job_id
+                                         FOR UPDATE SKIP LOCKED
+                                       LIMIT 1) AS head
+                  ORDER BY head.priority, head.fairness_pass, head.created_at, head.job_id
                   LIMIT 1)
    AND status = 'QUEUED'
 RETURNING job_id, workflow_name, workflow_definition::text AS workflow_definition,
           input::text AS input, status, attempt, max_attempts, run_after, outstanding_step,
           checkpoints::text AS checkpoints, result::text AS result, verdict, error,
           lease_owner, lease_token, lease_until, created_at, updated_at, completed_at,
-          trace_context
+          priority, queue, fairness_key, dedup_key, deadline_at, trace_context
+
+-- name: job_claim_limited
+-- description: job_claim when some served queues have fleet-wide limits: a limited queue is tried only when workflow_queue_permit() (which locks its limits row, serialising its claimers) allows a start, and a start moves its rate limiter on, all in one statement.
+WITH head AS (
+    SELECT h.job_id, h.queue
+      FROM unnest(%(queues)s::text[]) AS served (queue)
+     CROSS JOIN LATERAL (SELECT w.job_id, w.queue, w.priority, w.fairness_pass, w.created_at
+                           FROM workflow_run AS w
+                          WHERE w.status = 'QUEUED' AND w.queue = served.queue
+                            AND w.run_after <= now()
+                            AND CASE WHEN served.queue = ANY (%(limited)s::text[])
+                                     THEN workflow_queue_permit(served.queue)
+                                     ELSE TRUE END
+                          ORDER BY w.priority, w.fairness_pass, w.created_at, w.job_id
+                            FOR UPDATE SKIP LOCKED
+                          LIMIT 1) AS h
+     ORDER BY h.priority, h.fairness_pass, h.created_at, h.job_id
+     LIMIT 1
+), claimed AS (
+    UPDATE workflow_run AS w
+       SET status = 'RUNNING',
+           lease_owner = %(worker_id)s,
+           lease_token = gen_random_uuid(),
+           lease_until = now() + make_interval(secs => %(lease_s)s),
+           attempt = w.attempt + 1,
+           updated_at = now()
+      FROM head
+     WHERE w.job_id = head.job_id
+       AND w.status = 'QUEUED'
+    RETURNING w.job_id, w.workflow_name, w.workflow_definition::text AS workflow_definition,
+              w.input::text AS input, w.status, w.attempt, w.max_attempts, w.run_after,
+              w.outstanding_step, w.checkpoints::text AS checkpoints, w.result::text AS result,
+              w.verdict, w.error, w.lease_owner, w.lease_token, w.lease_until, w.created_at,
+              w.updated_at, w.completed_at, w.priority, w.queue, w.fairness_key, w.dedup_key,
+              w.deadline_at
+), started AS (
+    UPDATE workflow_queue AS q
+       SET next_start_at = greatest(q.next_start_at, now())
+                           + make_interval(secs => 1.0 / q.max_starts_per_second)
+      FROM claimed
+     WHERE q.queue = claimed.queue
+       AND claimed.queue = ANY (%(limited)s::text[])
+       AND q.max_starts_per_second IS NOT NULL
+)
+SELECT * FROM claimed
+
+-- name: queue_limits_upsert
+-- description: record one queue's fleet-wide limits (a worker's configuration at start; NULL = unlimited); the rate limiter's state is kept.
+INSERT INTO workflow_queue AS q (queue, max_running, max_starts_per_second, updated_at)
+VALUES (%(queue)s, %(max_running)s, %(max_starts_per_second)s, now())
+ON CONFLICT (queue) DO UPDATE
+   SET max_running = excluded.max_running,
+       max_starts_per_second = excluded.max_starts_per_second,
+       updated_at = now()
+
+-- name: queue_limits_list
+-- description: every queue with a fleet-wide limit (the claimers of these go through workflow_queue_permit).
+SELECT queue, max_running, max_starts_per_second
+  FROM workflow_queue
+ WHERE max_running IS NOT NULL OR max_starts_per_second IS NOT NULL
+ ORDER BY queue
 
 -- name: job_heartbeat
 -- description: fenced (status, lease_owner, attempt, lease_token): extend lease_until to now() + lease_s.

@@ -54,6 +54,12 @@ _JSON_COLUMNS: tuple[tuple[str, tuple[type, ...]], ...] = (
 )
 
 
+#: Columns a row may lack (queries that do not select them): the record keeps the default.
+_OPTIONAL_COLUMNS = frozenset(
+    {"priority", "queue", "fairness_key", "dedup_key", "deadline_at", "trace_context"}
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Lease:
     """The fence of a claimed job: every write about it matches
@@ -108,6 +114,13 @@ class JobRecord:
     unreadable: str | None = None
     #: W3C traceparent stored at submit; only the claim reads it (None elsewhere).
     trace_context: str | None = None
+    #: Scheduling (migration 0003): 1 (highest) .. 5, the queue, the fairness key, the dedup
+    #: key (None when not given) and the run's deadline (None without ``budget.deadline``).
+    priority: int = 3
+    queue: str = "default"
+    fairness_key: str = "default"
+    dedup_key: str | None = None
+    deadline_at: datetime | None = None
 
     @property
     def lease(self) -> Lease:
@@ -132,11 +145,10 @@ class JobRecord:
         transaction has committed.
         """
         values = {
-            f.name: row[f.name]
+            f.name: row[f.name] if f.name not in _OPTIONAL_COLUMNS else row.get(f.name, f.default)
             for f in fields(cls)
-            if f.name not in ("unreadable", "trace_context")
+            if f.name != "unreadable"
         }
-        values["trace_context"] = row.get("trace_context")
         problems: list[str] = []
         for column, shapes in _JSON_COLUMNS:
             value, problem = _decode_json(values[column], shapes)
@@ -181,14 +193,28 @@ class NewJob:
     error: str | None = None
     #: W3C traceparent of the span that started the job's trace (None: tracing off).
     trace_context: str | None = None
+    #: 1 (highest) .. 5.
+    priority: int = 3
+    #: The resource class; workers serve a configured list of queues.
+    queue: str = "default"
+    #: The tenant or project that fair interleaving is across.
+    fairness_key: str = "default"
+    #: The key's weight (> 0): its jobs get ``weight`` times the share of a weight-1 key.
+    fairness_weight: float = 1.0
+    #: While a run with this key is not terminal, another insert answers that run.
+    dedup_key: str | None = None
+    #: ``budget.deadline`` in seconds (deadline_at = now() + this), or None.
+    deadline_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class InsertOutcome:
-    """What ``job_insert`` found: the stored row, and whether this call created it."""
+    """What ``job_insert`` found: the stored row, whether this call created it, and whether
+    the row is another job's live run holding the same ``dedup_key``."""
 
     job: JobRecord
     created: bool
+    deduplicated: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,7 +82,7 @@ import math
 import select
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
@@ -135,6 +135,12 @@ OUTBOX_CLAIM_S_DEFAULT = 30.0
 SWEEP_BATCH_DEFAULT = 500
 #: Most sweep transactions per ``job_sweep_expired`` call (bounds one call's run time).
 SWEEP_MAX_BATCHES_DEFAULT = 20
+#: The queues a worker serves unless configured.
+DEFAULT_QUEUES: tuple[str, ...] = ("default",)
+#: Valid priorities (1 highest).
+PRIORITIES = frozenset({1, 2, 3, 4, 5})
+#: Inserts tried when a dedup key's live holder ends between the conflict and the read.
+_DEDUP_TRIES = 5
 #: Pool: how long to wait for the first connection at open, and for a connection while every
 #: pooled one is busy with other calls (the database answers; it is only loaded), seconds.
 POOL_TIMEOUT_S = 10.0
@@ -370,6 +376,15 @@ class JobStore:
             raise ValueError("error: a job failed at birth must say why")
         _text("workflow_name", new.workflow_name)
         _positive_int("max_attempts", new.max_attempts)
+        if isinstance(new.priority, bool) or new.priority not in PRIORITIES:
+            raise ValueError(f"priority: must be an integer 1..5; got {new.priority!r}")
+        _text("queue", new.queue)
+        _text("fairness_key", new.fairness_key)
+        _positive_seconds("fairness_weight", new.fairness_weight)
+        if new.dedup_key is not None:
+            _text("dedup_key", new.dedup_key)
+        if new.deadline_s is not None:
+            _positive_seconds("deadline_s", new.deadline_s)
         error = scrub_text(new.error)
         params = {
             "job_id": job_id,
@@ -380,21 +395,46 @@ class JobStore:
             "max_attempts": new.max_attempts,
             "error": error,
             "trace_context": new.trace_context,
+            "priority": new.priority,
+            "queue": scrub_text(new.queue),
+            "fairness_key": scrub_text(new.fairness_key),
+            "stride": 1.0 / float(new.fairness_weight),
+            # A failed-at-birth row never holds its key (it is terminal already).
+            "dedup_key": scrub_text(new.dedup_key) if new.status == "QUEUED" else None,
+            "deadline_s": float(new.deadline_s) if new.deadline_s is not None else None,
         }
         existing: dict[str, Any] | None = None
+        deduplicated = False
         with self._connection() as conn, conn.transaction():
-            row = _one(conn, "job_insert", params)
-            if row is None:
+            # The dedup holder may end between our conflict and our read: then the key is free
+            # and the insert is tried again (a holder cannot end more than once per attempt).
+            for _ in range(_DEDUP_TRIES):
+                row = _one(conn, "job_insert", params)
+                if row is not None:
+                    break
                 existing = _one(conn, "job_get", {"job_id": job_id})
-                if existing is None:
-                    raise NotFound(f"workflow run not found: {job_id}")
-            elif new.status == "QUEUED":
+                if existing is not None:
+                    break
+                if params["dedup_key"] is not None:
+                    existing = _one(conn, "job_get_live_dedup", {"dedup_key": params["dedup_key"]})
+                    if existing is not None:
+                        deduplicated = True
+                        break
+                    continue
+                raise NotFound(f"workflow run not found: {job_id}")
+            else:
+                raise StoreError(
+                    f"dedup key {new.dedup_key!r} kept changing hands; insert not settled"
+                )
+            if row is not None and new.status == "QUEUED":
                 # The event and the wake-up in one statement (one round trip fewer).
                 self._outbox_txn(conn, row, EventType.TYPE_ACCEPTED, notify=True)
-            else:
+            elif row is not None:
                 self._outbox_txn(conn, row, EventType.TYPE_FAILED, error=error or "")
         if existing is not None:
-            return InsertOutcome(JobRecord.from_row(existing), created=False)
+            return InsertOutcome(
+                JobRecord.from_row(existing), created=False, deduplicated=deduplicated
+            )
         assert row is not None
         return InsertOutcome(JobRecord.from_row(row), created=True)
 
@@ -423,6 +463,9 @@ class JobStore:
         workflow_name: str | None = None,
         limit: int = LIST_LIMIT_DEFAULT,
         offset: int = 0,
+        *,
+        queue: str | None = None,
+        fairness_key: str | None = None,
     ) -> list[JobRecord]:
         """Jobs newest first (``created_at DESC, job_id DESC``), optionally filtered.
 
@@ -433,6 +476,8 @@ class JobStore:
 
         :param status: one of the six statuses, or None.
         :param workflow_name: exact name, or None.
+        :param queue: exact queue, or None.
+        :param fairness_key: exact fairness key, or None.
         :param limit: page size, >= 0.
         :param offset: rows to skip, >= 0.
         :raises ValueError: for an unknown status, or a negative limit or offset.
@@ -448,6 +493,8 @@ class JobStore:
         params = {
             "status": status,
             "workflow_name": workflow_name,
+            "queue": queue,
+            "fairness_key": fairness_key,
             "limit": effective,
             "offset": offset,
         }
@@ -473,13 +520,27 @@ class JobStore:
     # -- the claim and the fenced writes ----------------------------------------------------
 
     @_translated
-    def job_claim(self, worker_id: str, lease_s: float) -> JobRecord | None:
-        """Lease the oldest eligible QUEUED job.
+    def job_claim(
+        self,
+        worker_id: str,
+        lease_s: float,
+        *,
+        queues: Sequence[str] = DEFAULT_QUEUES,
+        limited: Collection[str] = (),
+    ) -> JobRecord | None:
+        """Lease the first eligible QUEUED job of the served queues.
 
-        SQL (one statement): ``UPDATE workflow_run SET status='RUNNING', lease_owner,
-        lease_token = gen_random_uuid(), lease_until = now() + lease_s, attempt = attempt + 1
-        WHERE job_id = (SELECT ... WHERE status='QUEUED' AND run_after <= now() ORDER BY
-        created_at, job_id FOR UPDATE SKIP LOCKED LIMIT 1) AND status='QUEUED' RETURNING ...``.
+        SQL (one statement): per served queue, the first QUEUED row with ``run_after <=
+        now()`` in ``(priority, fairness_pass, created_at, job_id)`` order (the claim index),
+        ``FOR UPDATE SKIP LOCKED``; of those heads the first in the same order; ``UPDATE ...
+        SET status='RUNNING', lease_owner, lease_token = gen_random_uuid(), lease_until =
+        now() + lease_s, attempt = attempt + 1 ... RETURNING``. When a served queue is in
+        ``limited`` (it has a fleet-wide ``max_running`` or ``max_starts_per_second``), its
+        head is looked for only when ``workflow_queue_permit(queue)`` allows a start (that
+        function locks the queue's limits row until this statement commits, so claimers of a
+        limited queue are serialised and the count of its RUNNING rows is exact), and a start
+        moves the queue's rate limiter on in the same statement. A limited queue that may not
+        start never blocks the other served queues. Unlimited queues take no lock.
         Concurrent claimers never get the same row. Transaction: one, committed before the
         row's JSON is decoded, so an undecodable row is still claimed (and handed back with
         ``unreadable`` set) rather than rolled back to block every later claim. No event (a
@@ -487,19 +548,69 @@ class JobStore:
 
         :param worker_id: stamped into ``lease_owner``; not blank.
         :param lease_s: lease length, seconds (> 0).
+        :param queues: the queues this worker serves (non-empty; default ``["default"]``).
+        :param limited: the served queues with fleet-wide limits (see
+            :meth:`queue_limits_sync`).
         :returns: the claimed row (RUNNING, attempt incremented, a fresh ``lease_token``;
             ``.lease`` is its fence), or None when nothing is eligible. When ``unreadable`` is
             set the caller must not run the job: it fails it under ``.lease``.
-        :raises ValueError: for a blank worker id or a non-positive lease.
+        :raises ValueError: for a blank worker id, a non-positive lease or no queues.
         :raises StoreError: on a database failure.
         """
         _text("worker_id", worker_id)
         _positive_seconds("lease_s", lease_s)
+        served = list(queues)
+        if not served:
+            raise ValueError("queues: a worker serves at least one queue")
+        limits = [q for q in served if q in limited]
+        params: dict[str, Any] = {
+            "worker_id": scrub_text(worker_id),
+            "lease_s": float(lease_s),
+            "queues": served,
+        }
+        query = "job_claim"
+        if limits:
+            query = "job_claim_limited"
+            params["limited"] = limits
         with self._connection() as conn:
-            row = _one(
-                conn, "job_claim", {"worker_id": scrub_text(worker_id), "lease_s": float(lease_s)}
-            )
+            row = _one(conn, query, params)
         return JobRecord.from_row(row) if row else None
+
+    @_translated
+    def queue_limits_sync(self, limits: Mapping[str, Mapping[str, Any]]) -> frozenset[str]:
+        """Record this node's fleet-wide queue limits and read back every limited queue.
+
+        SQL: one ``queue_limits_upsert`` per configured queue (``max_running``,
+        ``max_starts_per_second``; a missing key is NULL, unlimited), then
+        ``queue_limits_list``. Transaction: one. The limits live in the database, so every
+        worker enforces the same ones; the last node to start with a queue's limits sets them.
+
+        :param limits: queue -> ``{"max_running"?: int > 0, "max_starts_per_second"?: float > 0}``.
+        :returns: every queue that has a limit in the database (this node's and others').
+        :raises ValueError: for a malformed limit (the message names it).
+        :raises StoreError: on a database failure.
+        """
+        rows: list[dict[str, Any]] = []
+        for queue, limit in limits.items():
+            _text("queue", queue)
+            running = limit.get("max_running")
+            rate = limit.get("max_starts_per_second")
+            if running is not None:
+                _positive_int(f"queue_limits.{queue}.max_running", running)
+            if rate is not None:
+                _positive_seconds(f"queue_limits.{queue}.max_starts_per_second", rate)
+            rows.append(
+                {
+                    "queue": queue,
+                    "max_running": running,
+                    "max_starts_per_second": float(rate) if rate is not None else None,
+                }
+            )
+        with self._connection() as conn, conn.transaction():
+            for params in rows:
+                _execute(conn, "queue_limits_upsert", params)
+            listed = _rows(conn, "queue_limits_list", {})
+        return frozenset(r["queue"] for r in listed)
 
     @_translated
     def job_heartbeat(self, lease: Lease, lease_s: float) -> datetime:

@@ -85,6 +85,9 @@ class Worker:
         )
         self._loops: list[ClaimLoop] = []
         self._started = False
+        # Sorted: claimers of several limited queues lock their limits rows in one order.
+        self._queues: tuple[str, ...] = tuple(sorted(config.queues))
+        self._limited: frozenset[str] = frozenset()
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -104,6 +107,7 @@ class Worker:
             self._stopping = threading.Event()
             self._draining.clear()
             self.doorbell.reopen()
+            self._sync_queue_limits()
             self.heartbeat.start()
             self.listener.start()
             self._loops = [
@@ -223,8 +227,35 @@ class Worker:
 
     # -- internals -----------------------------------------------------------------------
 
+    def _sync_queue_limits(self) -> None:
+        """Write this node's queue limits to the database and learn every limited queue (a
+        queue another node limits is limited here too: the limits live in the database)."""
+        limits = self.config.queue_limits
+        sync = getattr(self._store, "queue_limits_sync", None)
+        if sync is None:
+            return
+        self._limited = frozenset(sync(limits))
+        if limits or self._limited:
+            log.info(
+                "queue limits in force",
+                extra={
+                    "action": "queue_limits",
+                    "worker_id": self.worker_id,
+                    "queues": list(self._queues),
+                    "limited": sorted(self._limited),
+                },
+            )
+
     def _claim(self) -> Any:
-        job = self._store.job_claim(self.worker_id, self.config.lease_seconds)
+        if self._queues == ("default",) and not self._limited:
+            job = self._store.job_claim(self.worker_id, self.config.lease_seconds)
+        else:
+            job = self._store.job_claim(
+                self.worker_id,
+                self.config.lease_seconds,
+                queues=self._queues,
+                limited=self._limited & set(self._queues),
+            )
         if job is not None:
             metrics.CLAIMS.inc()
         return job

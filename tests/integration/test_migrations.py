@@ -126,8 +126,13 @@ def test_reference_defaults_hold(fresh_dsn):
 def test_the_claim_sweep_and_outbox_indexes_exist(fresh_dsn):
     rows = q(fresh_dsn, "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname='public'")
     defs = dict(rows)
-    assert "WHERE (status = 'QUEUED'::text)" in defs["idx_workflow_run_claim"]
-    assert "(created_at, job_id)" in defs["idx_workflow_run_claim"]
+    # 0003 replaced 0001's (created_at, job_id) claim index with the scheduling order.
+    assert "idx_workflow_run_claim" not in defs
+    assert "WHERE (status = 'QUEUED'::text)" in defs["idx_workflow_run_claim_sched"]
+    assert (
+        "(queue, priority, fairness_pass, created_at, job_id)"
+        in defs["idx_workflow_run_claim_sched"]
+    )
     assert "WHERE (status = 'RUNNING'::text)" in defs["idx_workflow_run_sweep"]
     assert "(lease_until)" in defs["idx_workflow_run_sweep"]
     assert "WHERE (status = 'PENDING'::text)" in defs["idx_workflow_run_events_outbox_pending"]

@@ -138,7 +138,7 @@ def test_claim_and_sweep_plans_use_indexes_with_many_terminal_rows(store, fresh_
             rows = conn.execute("EXPLAIN " + QUERIES[name], params).fetchall()
             return "\n".join(r[0] for r in rows)
 
-        claim = plan("job_claim", {"worker_id": "w", "lease_s": 30.0})
+        claim = plan("job_claim", {"worker_id": "w", "lease_s": 30.0, "queues": ["default"]})
         sweep = plan("job_sweep_expired", {"limit": 500})
     for text in (claim, sweep):
         assert "Seq Scan on workflow_run" not in text, text
