@@ -33,6 +33,7 @@ __all__ = [
     "Budget",
     "FieldError",
     "Scheduling",
+    "check_step_costs",
     "parse_budget",
     "parse_duration_s",
     "parse_name",
@@ -245,3 +246,23 @@ def parse_budget(definition: Mapping[str, Any], *, pause_supported: bool) -> Bud
     if deadline_s is None and max_cost is None:
         raise FieldError("budget", "'budget' must set 'deadline' or 'maxCost' (or both)")
     return Budget(deadline_s=deadline_s, max_cost=max_cost, on_exceeded=on_exceeded)
+
+
+def check_step_costs(definition: Mapping[str, Any]) -> None:
+    """Every step's ``cost`` (when present) is a CEL expression that compiles.
+
+    :raises FieldError: naming ``steps[i].cost``.
+    """
+    from protomolt_jobs.workflow import celenv
+
+    for i, step in enumerate(definition.get("steps") or []):
+        if not isinstance(step, dict) or step.get("cost") is None:
+            continue
+        field = f"steps[{i}].cost"
+        cost = step["cost"]
+        if not isinstance(cost, str) or not cost.strip():
+            raise FieldError(field, f"'{field}' must be a CEL expression (a non-blank string)")
+        try:
+            celenv.program(cost)
+        except ValueError as exc:
+            raise FieldError(field, f"'{field}' does not compile: {exc}") from None

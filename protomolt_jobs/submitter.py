@@ -245,8 +245,9 @@ class Submitter:
         try:
             sched = scheduling.resolve(definition, submitted)
             budget = scheduling.parse_budget(definition, pause_supported="PAUSED" in JOB_STATUSES)
+            scheduling.check_step_costs(definition)
         except scheduling.FieldError as exc:
-            own = exc.field.startswith(("scheduling", "budget"))
+            own = exc.field.startswith(("scheduling", "budget", "steps["))
             return _refuse(
                 "invalid-definition" if own else "invalid-input", exc.message, field=exc.field
             )

@@ -408,6 +408,33 @@ UPDATE workflow_run AS w
    AND w.lease_until < now()
 RETURNING w.job_id, w.workflow_name, w.status, w.attempt, w.error, now() AS tx_now
 
+-- name: job_budget_expired
+-- description: a batch of live runs past their budget deadline (deadline_at, stamped at insert from budget.deadline) end FAILED with a reason naming the budget, lease and parked step cleared (a worker still holding one loses it at its next fenced write).
+UPDATE workflow_run AS w
+   SET status = 'FAILED',
+       error = 'BUDGET: budget.deadline '
+               || coalesce(w.workflow_definition -> 'budget' ->> 'deadline', '')
+               || ' exceeded: the run was due to end by ' || w.deadline_at::text
+               || ' (status ' || w.status
+               || coalesce(', parked on step ' || w.outstanding_step, '') || ')',
+       outstanding_step = NULL,
+       lease_owner = NULL,
+       lease_token = NULL,
+       lease_until = NULL,
+       completed_at = now(),
+       updated_at = now()
+ WHERE w.job_id = ANY (ARRAY(SELECT e.job_id
+                               FROM workflow_run AS e
+                              WHERE e.deadline_at IS NOT NULL AND e.deadline_at < now()
+                                AND e.status IN ('QUEUED', 'RUNNING', 'WAITING', 'PAUSED',
+                                                 'RECOVERY_REQUIRED')
+                              ORDER BY e.deadline_at
+                              LIMIT %(limit)s
+                              FOR UPDATE SKIP LOCKED))
+   AND w.deadline_at < now()
+   AND w.status IN ('QUEUED', 'RUNNING', 'WAITING', 'PAUSED', 'RECOVERY_REQUIRED')
+RETURNING w.job_id, w.workflow_name, w.status, w.attempt, w.error, now() AS tx_now
+
 -- name: job_complete_parked
 -- description: append the parked step's checkpoint and requeue (WAITING -> QUEUED, attempt reset to 0; the next claim's fresh lease_token keeps earlier leases dead).
 UPDATE workflow_run

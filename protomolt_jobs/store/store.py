@@ -857,6 +857,35 @@ class JobStore:
     # -- parked completions -----------------------------------------------------------------
 
     @_translated
+    def job_budget_sweep(self, limit: int = SWEEP_BATCH_DEFAULT) -> list[uuid.UUID]:
+        """End live runs whose whole-run deadline (``budget.deadline``) has passed.
+
+        SQL: ``job_budget_expired``: rows with ``deadline_at < now()`` (database time) in a
+        live status (QUEUED, RUNNING, WAITING, and PAUSED / RECOVERY_REQUIRED where they
+        exist), oldest deadline first, ``FOR UPDATE SKIP LOCKED``, up to ``limit``: FAILED with
+        ``error = "BUDGET: budget.deadline <duration> exceeded: ..."``, lease and parked step
+        cleared, ``completed_at = now()``; one FAILED outbox row each. A RUNNING row's worker
+        loses its lease (its next fenced write is LeaseLost and it abandons the run).
+        Transaction: one.
+
+        :returns: the ids of the runs ended.
+        :raises StoreError: on a database failure.
+        """
+        _positive_int("limit", limit)
+        with self._pool.connection() as conn, conn.transaction():
+            rows = _rows(conn, "job_budget_expired", {"limit": limit})
+            for row in rows:
+                self._outbox_txn(conn, row, EventType.TYPE_FAILED, error=row["error"] or "")
+        for row in rows:
+            log.warning(
+                "job %s FAILED: %s",
+                row["job_id"],
+                row["error"],
+                extra={"action": "budget_exceeded", "job_id": str(row["job_id"])},
+            )
+        return [row["job_id"] for row in rows]
+
+    @_translated
     def job_complete_parked(
         self, job_id: uuid.UUID | str, step: str, entry: dict[str, Any]
     ) -> ParkedCompletion:

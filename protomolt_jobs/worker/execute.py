@@ -55,6 +55,7 @@ import grpc
 
 from protomolt_jobs import crashpoints
 from protomolt_jobs.errors import LeaseLost, StoreError
+from protomolt_jobs.worker.budget import BudgetExceeded, CostMeter
 from protomolt_jobs.worker.heartbeat import Heartbeat, LeaseGuard
 from protomolt_jobs.worker.permits import PermitCancelled, TargetPermits
 
@@ -249,6 +250,13 @@ class SegmentExecutor:
             return self._settle_fail(guard, fail.step, fail.detail, ctx)
 
         final = _FinalCheckpoint(len(prior), workflow.checkpoints_to_complete)
+        meter = CostMeter.for_definition(job.workflow_definition)
+        if meter is not None and prior and len(prior) < workflow.checkpoints_to_complete:
+            try:
+                meter.replay(prior)
+                meter.check(str(prior[-1].get("name", "")))
+            except BudgetExceeded as exc:
+                return self._settle_fail(guard, exc.step, exc.detail, ctx)
         try:
             with self._permits.held(target, cancelled=lambda: guard.lost):
                 if guard.lost:
@@ -257,7 +265,7 @@ class SegmentExecutor:
                     workflow,
                     message,
                     prior,
-                    self._on_checkpoint(guard, ctx, final),
+                    self._on_checkpoint(guard, ctx, final, meter),
                     runtime=self._runtime,
                     # graph runs: each call holds a permit for its own target
                     call_permit=lambda t: self._permits.held(t, cancelled=lambda: guard.lost),
@@ -267,6 +275,12 @@ class SegmentExecutor:
         except WorkflowExecutionError as exc:
             if guard.lost:
                 return self._abandoned(guard, ctx, "checkpoint")
+            if isinstance(exc.__cause__, BudgetExceeded):
+                # The step's checkpoint is stored; the budget stops the run before the next.
+                over = exc.__cause__
+                return self._flush(job, guard, ctx, final) or self._settle_fail(
+                    guard, over.step, over.detail, ctx
+                )
             return self._flush(job, guard, ctx, final) or self._settle_failure(job, guard, exc, ctx)
         except StoreError as exc:
             # Only reachable if the engine let the checkpoint callback's error through
@@ -328,7 +342,11 @@ class SegmentExecutor:
         return self._settle_fail(guard, "", detail, ctx)
 
     def _on_checkpoint(
-        self, guard: LeaseGuard, ctx: dict[str, Any], final: _FinalCheckpoint
+        self,
+        guard: LeaseGuard,
+        ctx: dict[str, Any],
+        final: _FinalCheckpoint,
+        meter: CostMeter | None = None,
     ) -> Callable[[dict], None]:
         lock = threading.Lock()  # a graph run's entries are written one at a time, in order
 
@@ -348,6 +366,11 @@ class SegmentExecutor:
                     # other settlement): nothing after it can need it stored earlier.
                     return
                 self._checkpoint(guard, ctx, entry)
+                if meter is not None:
+                    # After the store: the step's response is kept even when the budget ends
+                    # the run here (budget.maxCost; see worker/budget.py).
+                    meter.add(entry)
+                    meter.check(str(entry.get("name", "")))
 
         return on_checkpoint
 

@@ -45,6 +45,11 @@ class Sweeper(PeriodicService):
         :raises StoreError: when the sweep fails.
         """
         result = self._store.job_sweep_expired()
+        budget_sweep = getattr(self._store, "job_budget_sweep", None)
+        if budget_sweep is not None:
+            # Runs past their whole-run deadline (budget.deadline) end FAILED; the store logs
+            # each one.
+            budget_sweep()
         if result.requeued:
             self.log.info(
                 "expired leases requeued",
