@@ -125,6 +125,7 @@ def insert_jobs(dsn: str, definition: dict, rows: list[dict]) -> None:
             "stride": 1.0,
             "dedup_key": None,
             "deadline_s": None,
+            "trace_context": None,
         }
         for r in rows
     ]

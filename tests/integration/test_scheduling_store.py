@@ -51,6 +51,7 @@ def bulk_insert(dsn: str, rows: list[dict]) -> list[uuid.UUID]:
                 "stride": 1.0 / r.get("weight", 1.0),
                 "dedup_key": None,
                 "deadline_s": None,
+                "trace_context": None,
             }
         )
     with psycopg.connect(dsn) as conn, conn.cursor() as cur:
