@@ -872,7 +872,7 @@ class JobStore:
         :raises StoreError: on a database failure.
         """
         _positive_int("limit", limit)
-        with self._pool.connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
             rows = _rows(conn, "job_budget_expired", {"limit": limit})
             for row in rows:
                 self._outbox_txn(conn, row, EventType.TYPE_FAILED, error=row["error"] or "")
