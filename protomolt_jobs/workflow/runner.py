@@ -76,6 +76,11 @@ def checkpoint_entry(
 ) -> dict[str, Any]:
     """The stored form of one checkpoint: ``{"name", "skipped", "response"?}`` (proto3 JSON).
 
+    The response prints fields at their default value too (``{"ids": [], "fail": false}``), as
+    upstream's transcoder does (``alwaysPrintFieldsWithNoPresence``): a checkpoint reads the
+    same in either implementation. Entries stored before this (defaults left out) parse to the
+    same message.
+
     :param pool: the workflow's type pool; ``Any`` fields are rendered with the types it
         holds (None: the default pool only).
     :raises TypeError: (or another ``Exception``) when the response cannot be rendered, e.g.
@@ -86,7 +91,9 @@ def checkpoint_entry(
     return {
         "name": step,
         "skipped": False,
-        "response": json_format.MessageToDict(response, descriptor_pool=pool),
+        "response": json_format.MessageToDict(
+            response, always_print_fields_with_no_presence=True, descriptor_pool=pool
+        ),
     }
 
 
