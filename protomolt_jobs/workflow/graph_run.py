@@ -68,7 +68,7 @@ from protomolt_jobs.workflow.types import (
     WorkflowExecutionError,
 )
 
-__all__ = ["RETRYABLE_CODES", "run_graph"]
+__all__ = ["RETRYABLE_CODES", "run_compensation", "run_graph"]
 
 log = logging.getLogger("protomolt_jobs.workflow")
 
@@ -374,6 +374,35 @@ def run_graph(
         if outcome is not None:
             return outcome
         return _settle(run)
+
+
+def run_compensation(
+    workflow: CompiledWorkflow,
+    input_msg: Message,
+    prior: list[Any],
+    on_checkpoint: Callable[[dict[str, Any]], None],
+    *,
+    runtime: Runtime,
+    call_permit: Callable[[str], Any] | None = None,
+) -> list[str]:
+    """Compensate a graph run that is being stopped for good (a cancel): replay ``prior``,
+    then run the compensation step of every succeeded step that declared ``compensate`` and
+    has not been compensated yet, in reverse completion order, each checkpointed through
+    ``on_checkpoint``. Nothing else runs.
+
+    :returns: the compensation steps that ran (succeeded, failed or gated off), in order.
+    :raises WorkflowExecutionError: a replay mismatch, a store failure in ``on_checkpoint``,
+        or a compensation failing in a way a retry could fix (then call again later: the
+        compensations already checkpointed are not repeated).
+    """
+    if not workflow.graph:
+        return []
+    with SegmentChannels(runtime) as channels:
+        run = _Run(workflow, input_msg, on_checkpoint, runtime, channels, call_permit)
+        run.replay(prior)
+        before = set(run.state.outcomes)
+        _compensate(run)
+        return [n for n in run.state.order if n not in before]
 
 
 def _schedule(run: _Run) -> Parked | None:

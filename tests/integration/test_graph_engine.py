@@ -367,3 +367,34 @@ def test_an_external_step_whose_gate_is_false_is_skipped_not_parked(services, ru
         parse_workflow(wf, runtime), {"text": "ask"}, [], lambda e: None, runtime=runtime
     )
     assert parked == Parked("approve")
+
+
+def test_run_compensation_undoes_succeeded_steps_once(services, runtime):
+    from protomolt_jobs.workflow.graph_run import run_compensation
+
+    t = services.target
+    wf = graph(
+        [
+            step("reserve", t, compensate="release"),
+            step("charge", t, after=["reserve"], compensate="refund"),
+            step("ship", t, after=["charge"], sleep_ms=50),
+            step("release", t, reads=["reserve"]),
+            step("refund", t, reads=["charge"]),
+        ]
+    )
+    compiled = parse_workflow(wf, runtime)
+    # a cancel arrived after reserve and charge were checkpointed
+    prior = [
+        {"name": "reserve", "skipped": False, "response": {"step": "reserve"}},
+        {"name": "charge", "skipped": False, "response": {"step": "charge"}},
+    ]
+    entries: list[dict] = []
+    ran = run_compensation(compiled, {"text": "x"}, prior, entries.append, runtime=runtime)
+    assert ran == ["refund", "release"]
+    assert [e["name"] for e in entries] == ["refund", "release"]
+    assert services.step_calls("ship") == 0
+    again = run_compensation(
+        compiled, {"text": "x"}, prior + entries, entries.append, runtime=runtime
+    )
+    assert again == []
+    assert services.step_calls("refund") == 1 and services.step_calls("release") == 1
