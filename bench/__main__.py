@@ -99,6 +99,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=lambda s: [x for x in s.split(",") if x],
         help="throughput: our workloads, comma-separated: noop,realistic",
     )
+    p.add_argument(
+        "--processes",
+        type=lambda s: [int(x) for x in s.split(",")],
+        help="throughput: our worker processes, comma-separated sweep, e.g. 1,2",
+    )
     p.add_argument("--relay-jobs", type=int, help="relay: jobs of 5 events the relay drains")
     p.add_argument("--relay-batch", type=int, help="relay: outbox rows per pass")
     p.add_argument("--scale-sizes", type=lambda s: [int(x) for x in s.split(",")])
@@ -124,6 +129,7 @@ def options(args: argparse.Namespace) -> Options:
         "relay_batch",
         "kafka",
         "workloads",
+        "processes",
         "scale_sizes",
         "memory_n",
     ):

@@ -75,6 +75,8 @@ class Options:
     #: throughput: our workloads, "noop" (three no-op calls) and/or "realistic" (gates,
     #: celRules, validation, ~1 KB messages). Peers run the no-op workload only.
     workloads: list[str] = field(default_factory=lambda: ["noop"])
+    #: throughput: our worker processes (1: the in-process worker only; N: plus N-1 more).
+    processes: list[int] = field(default_factory=lambda: [1])
     #: relay: jobs whose 5 events each the relay drains alone, and its batch size.
     relay_jobs: int = 1000
     relay_batch: int = 500
@@ -108,12 +110,16 @@ def ours_variants(opts: Options, bootstrap: str | None) -> list[tuple[str, str, 
     ``both`` runs the no-op workload both ways (the relay-off figure is the historical row)
     and the other workloads with the relay on only (the product as deployed)."""
     out = []
-    for workload in opts.workloads:
-        name = "ours" if workload == "noop" else f"ours-{workload}"
-        if opts.kafka in ("on", "both"):
-            out.append((f"{name}+relay", "ours", {"kafka": bootstrap, "workload": workload}))
-        if opts.kafka == "off" or (opts.kafka == "both" and workload == "noop"):
-            out.append((name, "ours", {"workload": workload}))
+    for procs in opts.processes:
+        for workload in opts.workloads:
+            name = "ours" if workload == "noop" else f"ours-{workload}"
+            if procs > 1:
+                name += f"-{procs}p"
+            extra = {"workload": workload, "processes": procs}
+            if opts.kafka in ("on", "both"):
+                out.append((f"{name}+relay", "ours", {"kafka": bootstrap, **extra}))
+            if opts.kafka == "off" or (opts.kafka == "both" and workload == "noop"):
+                out.append((name, "ours", extra))
     return out
 
 

@@ -218,6 +218,29 @@ def _settled_health(node: Any, stop: threading.Event, within_s: float = 5.0) -> 
     return body
 
 
+def _extra_worker_processes(config: Any, count: int) -> Any:
+    """``serve --processes N``: N-1 ``python -m protomolt_jobs.worker`` processes beside the
+    node's own worker, with the node's ``[jobs]`` keys (the broker lanes stay in the node;
+    the node's own sweeper sweeps for all of them).
+
+    :raises RuntimeError: a worker process did not start.
+    """
+    from protomolt_jobs.worker.processes import WorkerProcesses
+
+    jobs = config.jobs_config()
+    skip = {"dsn", "worker_id", "kafka_bootstrap", "request_topic"}
+    argv = ["--dsn", str(jobs.dsn), "--no-sweeper"]
+    for key, value in config.section("jobs").items():
+        if key in skip or isinstance(value, dict | list):
+            continue
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        argv += ["--set", f"{key}={text}"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROTOMOLT_JOBS_")}
+    group = WorkerProcesses(count, args=argv, worker_id=f"{jobs.worker_id}-w", env=env)
+    group.start()
+    return group
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from protomolt_jobs.config import ConfigError
     from protomolt_jobs.hooks.contract import ComposerError
@@ -244,15 +267,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
             embedded.stop()
         print(f"error: the node did not start: {exc}", file=sys.stderr)
         return EXIT_ACTION_ERROR
+    extra = None
     try:
         print(f"roles: {', '.join(node.roles)}; data dir: {config.data_dir}", flush=True)
         print(f"actions route: {surfaces.actions_url}", flush=True)
         print(f"grpc: {surfaces.grpc.target}", flush=True)
+        if getattr(args, "processes", 1) > 1 and "jobs" in node.roles:
+            extra = _extra_worker_processes(config, args.processes - 1)
+            print(
+                f"worker processes: {args.processes} (this node and pids "
+                f"{', '.join(map(str, extra.pids))})",
+                flush=True,
+            )
         print(f"health: {json.dumps(_settled_health(node, stop))}", flush=True)
         while not stop.wait(0.5):
             pass
         _say("stopping")
+    except RuntimeError as exc:
+        print(f"error: the worker processes did not start: {exc}", file=sys.stderr)
+        return EXIT_ACTION_ERROR
     finally:
+        if extra is not None:
+            extra.stop(timeout_s=60.0)
         surfaces.close()
     _say("stopped")
     return EXIT_OK
@@ -554,6 +590,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run a node (embedded PostgreSQL when no dsn is set)")
     serve.add_argument("--config", help="protomolt.toml ([node] and [jobs] tables)")
     serve.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    serve.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="worker processes for the jobs role: the node's own plus N-1 more (default 1)",
+    )
     serve.set_defaults(func=cmd_serve)
 
     verbs = sub.add_parser("verbs", help="list the verbs a running node serves")

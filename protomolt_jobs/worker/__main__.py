@@ -15,6 +15,11 @@ Crash tests (only): ``PROTOMOLT_JOBS_CRASH_AT`` arms a named crash point, see
 
 Once running it prints one line ``{"event": "ready", "worker_id": ..., "pid": ...}`` to
 stdout, so a parent process can wait for it.
+
+``--processes N`` (N > 1) makes this process a supervisor of N such worker processes
+(:mod:`protomolt_jobs.worker.processes`: each its own pool, listener and claim loops; the
+first one runs the sweeper); it prints ``{"event": "ready", "processes": N, "pids": [...],
+"pid": ...}`` once all of them are ready, and SIGTERM/SIGINT stops them all.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import signal
 import sys
 import threading
 from collections.abc import Mapping, Sequence
+
+import grpc
 
 from protomolt_jobs import crashpoints
 from protomolt_jobs.app import JobsApp, Lanes
@@ -70,12 +77,20 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="a [jobs] key")
     parser.add_argument("--no-sweeper", action="store_true", help="do not run the lease sweeper")
     parser.add_argument("--log-level", default=environ.get("PROTOMOLT_LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="run N worker processes under this one (each with its own pool and listener)",
+    )
     args = parser.parse_args(argv)
     try:
         config = JobsConfig.from_mapping(_settings(environ, args))
         if not config.dsn:
             raise ConfigError("jobs.dsn is required (--dsn or PROTOMOLT_JOBS_DSN)")
         crashpoints.arm_for_tests(environ)
+        if args.processes < 1:
+            raise ConfigError(f"--processes must be >= 1; got {args.processes}")
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -88,11 +103,16 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         )
     )
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    if args.processes > 1:
+        return _supervise(args, argv, environ)
 
+    channels = _Channels()
     try:
         app = JobsApp.open(
             config,
-            runtime=Runtime(structured_generator=config.structured_generator),
+            runtime=Runtime(
+                structured_generator=config.structured_generator, channel_factory=channels.channel
+            ),
             lanes=Lanes(sweeper=not args.no_sweeper, relay=False, request_consumer=False),
         )
     except StoreError as exc:
@@ -115,7 +135,100 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             pass
     finally:
         app.close()
+        channels.close()
     return 0
+
+
+class _Channels:
+    """One gRPC channel per ``(target, tls)`` for the process's life, as the node gives its
+    role (``host/channels.py``): without it each segment opens a channel and a handshake."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._channels: dict[tuple[str, bool], grpc.Channel] = {}
+
+    def channel(self, target: str, tls: bool) -> grpc.Channel:
+        with self._lock:
+            ch = self._channels.get((target, tls))
+            if ch is None:
+                ch = (
+                    grpc.secure_channel(target, grpc.ssl_channel_credentials())
+                    if tls
+                    else grpc.insecure_channel(target)
+                )
+                self._channels[(target, tls)] = ch
+            return ch
+
+    def close(self) -> None:
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for ch in channels:
+            ch.close()
+
+
+def _supervise(
+    args: argparse.Namespace, argv: Sequence[str] | None, environ: Mapping[str, str]
+) -> int:
+    """``--processes N``: N worker processes under this one until SIGTERM or SIGINT."""
+    from protomolt_jobs.worker.processes import WorkerProcesses
+
+    child_args = _without_processes(list(sys.argv[1:] if argv is None else argv))
+    worker_id = _settings(environ, args).get("worker_id") or None
+    # The children get the id with their index appended; drop the parent's own setting.
+    child_env = {k: v for k, v in environ.items() if k != f"{_ENV_PREFIX}WORKER_ID"}
+    child_args = _without_worker_id(child_args)
+    group = WorkerProcesses(args.processes, args=child_args, worker_id=worker_id, env=child_env)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        pids = group.start()
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        print(
+            json.dumps(
+                {"event": "ready", "processes": args.processes, "pids": pids, "pid": os.getpid()}
+            ),
+            flush=True,
+        )
+        while not stop.wait(0.5):
+            pass
+    finally:
+        group.stop(timeout_s=60.0)
+    return 0
+
+
+def _without_processes(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for item in argv:
+        if skip:
+            skip = False
+            continue
+        if item == "--processes":
+            skip = True
+            continue
+        if item.startswith("--processes="):
+            continue
+        out.append(item)
+    return out
+
+
+def _without_worker_id(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--set" and i + 1 < len(argv) and argv[i + 1].startswith("worker_id="):
+            i += 2
+            continue
+        if argv[i].startswith("--set=worker_id="):
+            i += 1
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
 
 
 if __name__ == "__main__":
