@@ -5,7 +5,7 @@
 (``bench/ours.py``) all call it, so a default changes in one place.
 
 Start order (:meth:`JobsApp.start`): migrate and open the store (in :meth:`JobsApp.open`),
-then the sweeper, the topics (when a broker is set), the relay, the request consumer, and
+then the sweeper, the pruner, the topics (when a broker is set), the relay, the request consumer, and
 the worker last, so nothing claims work before the duties that follow it run. Close order
 (:meth:`JobsApp.close`) is the exact reverse (the worker first, so nothing is claimed
 mid-shutdown; the relay last of the duties, so it drains what the others wrote), each
@@ -25,6 +25,7 @@ from typing import Any
 
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import StoreError
+from protomolt_jobs.pruner import Pruner
 from protomolt_jobs.relay import Relay
 from protomolt_jobs.request_consumer import RequestConsumer
 from protomolt_jobs.service import Startable
@@ -48,6 +49,7 @@ class Lanes:
     """Which duties a process runs besides the worker (the worker always runs).
 
     :ivar sweeper: the lease sweeper.
+    :ivar pruner: retention of PUBLISHED outbox rows and finished runs (``pruner.py``).
     :ivar relay: the outbox relay (only when ``kafka_bootstrap`` is set).
     :ivar request_consumer: the request-topic consumer (only when a broker is set).
     :ivar relay_producer_config: librdkafka overrides for the relay's producer.
@@ -55,6 +57,7 @@ class Lanes:
     """
 
     sweeper: bool = True
+    pruner: bool = True
     relay: bool = True
     request_consumer: bool = True
     relay_producer_config: dict[str, Any] | None = None
@@ -136,6 +139,7 @@ class JobsApp:
         self.probe = DatabaseProbe(store)
         self._kafka = bool(config.kafka_bootstrap)
         self.sweeper = Sweeper(store, config=config) if lanes.sweeper else None
+        self.pruner = Pruner(store, config=config) if lanes.pruner else None
         self.relay = (
             Relay(store, config=config, producer_config=lanes.relay_producer_config)
             if self._kafka and lanes.relay
@@ -154,7 +158,7 @@ class JobsApp:
         self.worker = Worker(store, runtime=runtime, config=config, dsn=config.dsn)
         self.services: list[Startable] = [
             s
-            for s in (self.sweeper, self.relay, self.request_consumer, self.worker)
+            for s in (self.sweeper, self.pruner, self.relay, self.request_consumer, self.worker)
             if s is not None
         ]
         self._lock = threading.Lock()

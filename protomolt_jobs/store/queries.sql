@@ -552,3 +552,47 @@ UNION ALL
 SELECT 'outbox' AS kind, 'PENDING' AS status, count(*) AS n
   FROM workflow_run_events_outbox
  WHERE status = 'PENDING'
+
+-- ---------------------------------------------------------------------------------------------
+-- retention (the pruner): small batches, one short transaction each, never a live row
+-- ---------------------------------------------------------------------------------------------
+
+-- name: outbox_prune_published
+-- description: delete up to %(limit)s PUBLISHED outbox rows published more than %(retention_s)s seconds ago (oldest first, SKIP LOCKED); never a PENDING or FAILED row.
+WITH doomed AS (
+    SELECT event_id
+      FROM workflow_run_events_outbox
+     WHERE status = 'PUBLISHED'
+       AND published_at < now() - make_interval(secs => %(retention_s)s)
+     ORDER BY created_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM workflow_run_events_outbox AS o
+ USING doomed AS d
+ WHERE o.event_id = d.event_id
+   AND o.status = 'PUBLISHED'
+
+-- name: job_prune_terminal
+-- description: delete up to %(limit)s terminal runs (COMPLETED, FAILED, DEAD) completed more than %(retention_s)s seconds ago (oldest first, SKIP LOCKED); never a QUEUED, RUNNING or WAITING run.
+WITH doomed AS (
+    SELECT job_id
+      FROM workflow_run
+     WHERE status IN ('COMPLETED', 'FAILED', 'DEAD')
+       AND completed_at < now() - make_interval(secs => %(retention_s)s)
+     ORDER BY completed_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM workflow_run AS r
+ USING doomed AS d
+ WHERE r.job_id = d.job_id
+   AND r.status IN ('COMPLETED', 'FAILED', 'DEAD')
+
+-- name: outbox_pending_count
+-- description: PENDING outbox rows, counted up to %(cap)s (index idx_workflow_run_events_outbox_pending); the pruner's backlog warning.
+SELECT count(*) AS n
+  FROM (SELECT 1
+          FROM workflow_run_events_outbox
+         WHERE status = 'PENDING'
+         LIMIT %(cap)s) AS pending

@@ -133,6 +133,8 @@ LIST_LIMIT_MAX = 500
 OUTBOX_CLAIM_S_DEFAULT = 30.0
 #: Expired leases handled per sweep transaction.
 SWEEP_BATCH_DEFAULT = 500
+#: Rows one pruning statement deletes (small: each batch is one short transaction).
+PRUNE_BATCH_DEFAULT = 500
 #: Most sweep transactions per ``job_sweep_expired`` call (bounds one call's run time).
 SWEEP_MAX_BATCHES_DEFAULT = 20
 #: The queues a worker serves unless configured.
@@ -1096,6 +1098,66 @@ class JobStore:
             row = _one(conn, "reject_insert", params)
         assert row is not None
         return int(row["id"])
+
+    # -- retention (the pruner) -------------------------------------------------------------
+
+    @_translated
+    def outbox_prune_published(self, retention_s: float, limit: int = PRUNE_BATCH_DEFAULT) -> int:
+        """Delete one batch of PUBLISHED outbox rows published more than ``retention_s``
+        seconds ago (database time), oldest first.
+
+        SQL: ``outbox_prune_published`` (a ``DELETE`` over a ``FOR UPDATE SKIP LOCKED`` batch;
+        its ``WHERE`` keeps to ``status = 'PUBLISHED'``: PENDING and FAILED rows are never
+        deleted). Transaction: one statement, autocommit, so locks last one short batch.
+
+        :param retention_s: age of ``published_at`` beyond which a row goes, seconds (> 0).
+        :param limit: most rows deleted (> 0).
+        :returns: rows deleted (a full batch means more may be waiting).
+        :raises ValueError: for a non-positive retention or limit.
+        :raises StoreError: on a database failure.
+        """
+        _positive_seconds("retention_s", retention_s)
+        _positive_int("limit", limit)
+        with self._connection() as conn:
+            cur = _execute(
+                conn, "outbox_prune_published", {"retention_s": retention_s, "limit": limit}
+            )
+            return cur.rowcount
+
+    @_translated
+    def job_prune_terminal(self, retention_s: float, limit: int = PRUNE_BATCH_DEFAULT) -> int:
+        """Delete one batch of terminal runs (COMPLETED, FAILED, DEAD) completed more than
+        ``retention_s`` seconds ago (database time), oldest first.
+
+        SQL: ``job_prune_terminal`` (a ``DELETE`` over a ``FOR UPDATE SKIP LOCKED`` batch,
+        index ``idx_workflow_run_terminal_completed``; its ``WHERE`` re-checks the terminal
+        status under the row lock, so a run requeued meanwhile is kept). The run's outbox rows
+        are left to :meth:`outbox_prune_published` (a PENDING one is never deleted).
+        Transaction: one statement, autocommit.
+
+        :param retention_s: age of ``completed_at`` beyond which a run goes, seconds (> 0).
+        :param limit: most runs deleted (> 0).
+        :returns: runs deleted.
+        :raises ValueError: for a non-positive retention or limit.
+        :raises StoreError: on a database failure.
+        """
+        _positive_seconds("retention_s", retention_s)
+        _positive_int("limit", limit)
+        with self._connection() as conn:
+            cur = _execute(conn, "job_prune_terminal", {"retention_s": retention_s, "limit": limit})
+            return cur.rowcount
+
+    @_translated
+    def outbox_pending_count(self, cap: int) -> int:
+        """PENDING outbox rows, counted up to ``cap`` (a bounded read however large the
+        backlog). SQL: ``outbox_pending_count``. Transaction: one read.
+
+        :raises StoreError: on a database failure.
+        """
+        _positive_int("cap", cap)
+        with self._connection() as conn:
+            row = _one(conn, "outbox_pending_count", {"cap": cap})
+        return int(row["n"]) if row else 0
 
     # -- shared pieces ----------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from protomolt_jobs.config import JobsConfig
+from protomolt_jobs.pruner import Pruner
 from protomolt_jobs.relay import Relay
 from protomolt_jobs.request_consumer import RequestConsumer
 from protomolt_jobs.service import ServiceState
@@ -26,6 +27,7 @@ from tests.support.worker_proc import jobs_config
 
 SERVICES = [
     "sweeper",
+    "pruner",
     "poller",
     "listener",
     "heartbeat",
@@ -59,6 +61,8 @@ def _factory(kind: str, store, dsn: str, request):
     config = jobs_config(dsn)
     if kind == "sweeper":
         return lambda: Sweeper(store, config=config)
+    if kind == "pruner":
+        return lambda: Pruner(store, config=config)
     if kind == "poller":
         return lambda: Poller(doorbell=Doorbell(2), interval_s=0.05, worker_id="w")
     if kind == "listener":
@@ -96,7 +100,9 @@ def test_start_stop_stress(kind, store, fresh_dsn, request):
     stress(_factory(kind, store, fresh_dsn, request))
 
 
-@pytest.mark.parametrize("kind", ["sweeper", "poller", "listener", "heartbeat", "claim_loop"])
+@pytest.mark.parametrize(
+    "kind", ["sweeper", "pruner", "poller", "listener", "heartbeat", "claim_loop"]
+)
 def test_a_loop_that_raises_is_restarted_with_backoff(kind, store, fresh_dsn, request, caplog):
     service = _factory(kind, store, fresh_dsn, request)()
     service.restart_first_s = 0.3

@@ -233,6 +233,7 @@ def jobs_config(dsn: str, **overrides: Any) -> Any:
         "backoff_base_seconds": 0.2,
         "max_attempts": 3,
         "sweep_interval_ms": 100,
+        "prune_interval_seconds": 0.1,
         "pool_max_size": 10,
         "shutdown_grace_seconds": 5.0,
     }

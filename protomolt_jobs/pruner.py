@@ -1,0 +1,153 @@
+"""Pruner: retention for the outbox and for finished runs.
+
+Two deletions, each in small batches (one short autocommit statement per batch, rows taken
+``FOR UPDATE SKIP LOCKED``, so no batch waits on a relay or a worker and none holds locks for
+long), oldest first, in database time:
+
+- PUBLISHED outbox rows published more than ``outbox_retention_seconds`` ago;
+- terminal runs (COMPLETED, FAILED, DEAD) completed more than ``run_retention_seconds`` ago.
+
+Never deleted, and the queries say so in their ``WHERE`` clauses: a PENDING or FAILED outbox
+row (an event not yet published, or the outbox's dead letter), and a QUEUED, RUNNING or WAITING
+run. A retention of 0 turns that deletion off. Several pruners (one per process) are safe:
+they skip each other's locked rows.
+
+Without a broker (``jobs.kafka_bootstrap`` unset) nothing publishes, so PENDING rows only
+grow; the pruner never deletes them, and warns once (action ``outbox_pending_without_broker``)
+when more than :data:`PENDING_WARN_ROWS` are waiting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from protomolt_jobs.config import JobsConfig
+from protomolt_jobs.errors import StoreError
+from protomolt_jobs.service import PeriodicService
+
+__all__ = ["PENDING_WARN_ROWS", "PruneResult", "Pruner"]
+
+#: PENDING outbox rows beyond which a node without a broker warns (once per process).
+PENDING_WARN_ROWS = 1000
+#: Rows per pruning statement.
+BATCH_ROWS = 500
+#: Most batches of each kind per pass (bounds one pass; the next pass continues).
+MAX_BATCHES = 20
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """What one pass deleted.
+
+    :ivar outbox_rows: PUBLISHED outbox rows deleted.
+    :ivar runs: terminal runs deleted.
+    """
+
+    outbox_rows: int = 0
+    runs: int = 0
+
+
+class Pruner(PeriodicService):
+    """The retention component (a :class:`~protomolt_jobs.service.PeriodicService`: one pass
+    per jittered ``prune_interval_seconds``, the first after one interval; a store failure is
+    a warning and the pass is retried after a backoff).
+
+    :param store: the job store (``outbox_prune_published``, ``job_prune_terminal``,
+        ``outbox_pending_count``).
+    :param config: ``JobsConfig`` (``outbox_retention_seconds``, ``run_retention_seconds``,
+        ``prune_interval_seconds``, ``kafka_bootstrap``, ``worker_id``; validated there).
+    :param batch_rows: rows per statement (> 0).
+    :param max_batches: most statements of each kind per pass (> 0).
+    """
+
+    name = "pruner"
+    transient = (StoreError,)
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        config: JobsConfig,
+        batch_rows: int = BATCH_ROWS,
+        max_batches: int = MAX_BATCHES,
+    ) -> None:
+        super().__init__(interval_s=config.prune_interval_seconds, worker_id=config.worker_id)
+        if batch_rows < 1 or max_batches < 1:
+            raise ValueError(
+                f"pruner: batch_rows and max_batches must be >= 1; got {batch_rows}, {max_batches}"
+            )
+        self._store = store
+        self.outbox_retention_s = config.outbox_retention_seconds
+        self.run_retention_s = config.run_retention_seconds
+        self.broker = bool(config.kafka_bootstrap)
+        self.batch_rows = batch_rows
+        self.max_batches = max_batches
+        self._warned_pending = False
+
+    def run_once(self) -> PruneResult:
+        """One pass: prune the outbox, then the runs, then check the PENDING backlog.
+
+        :returns: :class:`PruneResult`.
+        :raises StoreError: when a statement fails (batches already deleted stay deleted).
+        """
+        outbox_rows = runs = 0
+        if self.outbox_retention_s > 0:
+            outbox_rows = self._drain(self._store.outbox_prune_published, self.outbox_retention_s)
+        if self.run_retention_s > 0:
+            runs = self._drain(self._store.job_prune_terminal, self.run_retention_s)
+        if outbox_rows or runs:
+            self.log.info(
+                "pruned %d published outbox rows and %d finished runs",
+                outbox_rows,
+                runs,
+                extra={
+                    "action": "pruned",
+                    "worker_id": self.worker_id,
+                    "outbox_rows": outbox_rows,
+                    "runs": runs,
+                },
+            )
+        if not self.broker and not self._warned_pending:
+            pending = self._store.outbox_pending_count(PENDING_WARN_ROWS + 1)
+            if pending > PENDING_WARN_ROWS:
+                self._warned_pending = True
+                self.log.warning(
+                    "more than %d outbox rows are PENDING and no broker is configured "
+                    "(jobs.kafka_bootstrap): they are never published nor pruned; configure a "
+                    "broker, or delete them by hand (docs/operations.md, Retention)",
+                    PENDING_WARN_ROWS,
+                    extra={
+                        "action": "outbox_pending_without_broker",
+                        "worker_id": self.worker_id,
+                        "pending_at_least": pending,
+                    },
+                )
+        return PruneResult(outbox_rows=outbox_rows, runs=runs)
+
+    def _drain(self, prune: Any, retention_s: float) -> int:
+        deleted = 0
+        for _ in range(self.max_batches):
+            if self._stop.is_set():  # a stop mid-pass ends it between batches
+                break
+            n = prune(retention_s, self.batch_rows)
+            deleted += n
+            if n < self.batch_rows:
+                break
+        return deleted
+
+    def _wait_before_first_pass(self) -> bool:
+        return True
+
+    def _started_fields(self) -> dict[str, Any]:
+        return {
+            "interval_s": self.interval_s,
+            "outbox_retention_s": self.outbox_retention_s,
+            "run_retention_s": self.run_retention_s,
+        }
+
+    def _failed_pass(self, exc: BaseException) -> None:
+        self.log.warning(
+            "prune failed (next pass retries)",
+            extra={"action": "prune_failed", "worker_id": self.worker_id, "error": str(exc)},
+        )
