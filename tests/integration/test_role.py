@@ -192,6 +192,7 @@ def test_kafka_lanes_start_with_a_broker_and_stop_with_the_node(tmp_path, fresh_
         mount = node.mount("jobs")
         assert [name for name, _ in mount.components] == [
             "sweeper",
+            "pruner",
             "relay",
             "request_consumer",
             "worker",
