@@ -40,6 +40,7 @@ from protomolt_jobs.hooks.contract import (
     WorkflowRepository,
 )
 from protomolt_jobs.hooks.hookspecs import hookimpl
+from protomolt_jobs.job_inspector import JobInspector
 from protomolt_jobs.job_verbs import JobsBackend, jobs_actions
 from protomolt_jobs.workflow.types import Runtime
 from protomolt_jobs.workflow.workflow_verbs import CheckWorkflowAction, RunWorkflowAction
@@ -98,6 +99,8 @@ class JobsModule:
             metrics.StoreCollector,
             metrics.StoreCollector(_StoreView(mount), mount.components_running),
         )
+        # Read-only job views for an operator surface (the dashboard); changes go through verbs.
+        ctx.contributions.contribute(JobInspector, JobInspector(lambda: mount.store, runtime))
         return mount
 
 

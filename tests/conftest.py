@@ -80,3 +80,12 @@ def broker():
         yield b
     finally:
         b.stop()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the item (``item.rep_call``), so a fixture's teardown can
+    tell a failed test (the browser tests save a screenshot then)."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report

@@ -103,9 +103,11 @@ def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfa
     :returns: the running surfaces; :meth:`NodeSurfaces.close` stops everything.
     :raises Exception: whatever failed to start; what had started is closed first.
     """
+    from protomolt_jobs.host import dashboard
     from protomolt_jobs.host.grpc_service import ProtoMoltGrpcServer
     from protomolt_jobs.host.http_route import ActionsHttpServer, HttpRoute, readiness
     from protomolt_jobs.host.metrics_route import METRICS_PATH, metrics_route
+    from protomolt_jobs.job_inspector import JobInspector
     from protomolt_jobs.metrics import StoreCollector
 
     metrics_public = bool(getattr(config, "metrics_public", False))
@@ -122,8 +124,17 @@ def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfa
             port=config.http_port,
             api_token=config.api_token,
             routes=node.contributions.all(HttpRoute),
-            extra=[metrics_route(node.contributions.all(StoreCollector))],
-            public=lambda path: metrics_public and path == METRICS_PATH,
+            extra=[
+                metrics_route(node.contributions.all(StoreCollector)),
+                dashboard.dashboard_mount(
+                    node.catalog, node.contributions.first(JobInspector), config.api_token
+                ),
+            ],
+            public=lambda path: (
+                (metrics_public and path == METRICS_PATH) or dashboard.is_public(path)
+            ),
+            token_cookie=dashboard.TOKEN_COOKIE,
+            login_redirect=dashboard.login_redirect,
             health=readiness(node.health),
         ).start()
         grpc_server = ProtoMoltGrpcServer(

@@ -68,7 +68,7 @@ import anyio.to_thread
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from protomolt_jobs.errors import ActionError
@@ -519,11 +519,13 @@ class _TokenGuard:
         dispatcher: _Dispatcher,
         public: Callable[[str], bool] = lambda path: False,
         token_cookie: str | None = None,
+        login_redirect: Callable[[str], str | None] = lambda path: None,
     ) -> None:
         self.app = app
         self.dispatcher = dispatcher
         self.public = public
         self.token_cookie = token_cookie
+        self.login_redirect = login_redirect
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         path = scope.get("path", "")
@@ -537,6 +539,11 @@ class _TokenGuard:
                 if cookie:
                     headers["api_token"] = cookie
             if not self.dispatcher.token_ok(headers):
+                login = self.login_redirect(path) if scope["method"] in ("GET", "HEAD") else None
+                if login is not None:
+                    # A browser page: send it to the login form instead of a JSON 401.
+                    await RedirectResponse(login, status_code=303)(scope, receive, send)
+                    return
                 response = _send(_unauthenticated(), scope["method"], close=_has_body(headers))
                 await response(scope, receive, send)
                 return
@@ -558,6 +565,7 @@ def actions_app(
     handler_threads: int = HANDLER_THREADS,
     public: Callable[[str], bool] = lambda path: False,
     token_cookie: str | None = None,
+    login_redirect: Callable[[str], str | None] = lambda path: None,
 ) -> Starlette:
     """The node's HTTP surface as an ASGI app (mountable by another host).
 
@@ -574,6 +582,8 @@ def actions_app(
     :param public: ``public(path)`` True exempts that path from the token (``/metrics`` with
         ``metrics_public``, the dashboard's login form and assets).
     :param token_cookie: a cookie name also accepted as the token (the dashboard's login).
+    :param login_redirect: ``login_redirect(path)`` gives the URL a GET without the token is
+        redirected to (the dashboard's login form), or None for the JSON 401.
     :returns: the Starlette app; ``app.state.dispatcher`` holds the live settings.
     """
     dispatcher = _Dispatcher(
@@ -588,7 +598,13 @@ def actions_app(
     app = Starlette(
         routes=[*extra, Route("/{path:path}", dispatcher.endpoint, methods=_ALL_METHODS)],
     )
-    app.add_middleware(_TokenGuard, dispatcher=dispatcher, public=public, token_cookie=token_cookie)
+    app.add_middleware(
+        _TokenGuard,
+        dispatcher=dispatcher,
+        public=public,
+        token_cookie=token_cookie,
+        login_redirect=login_redirect,
+    )
     app.state.dispatcher = dispatcher
     return app
 
@@ -626,6 +642,7 @@ class ActionsHttpServer:
         handler_threads: int = HANDLER_THREADS,
         public: Callable[[str], bool] = lambda path: False,
         token_cookie: str | None = None,
+        login_redirect: Callable[[str], str | None] = lambda path: None,
     ) -> None:
         self.catalog = catalog
         self.host = host
@@ -641,6 +658,7 @@ class ActionsHttpServer:
             handler_threads=handler_threads,
             public=public,
             token_cookie=token_cookie,
+            login_redirect=login_redirect,
         )
         self._dispatcher: _Dispatcher = self.app.state.dispatcher
         self._server: uvicorn.Server | None = None

@@ -1,0 +1,432 @@
+"""The web dashboard at ``/ui``: server-rendered pages over the catalog verbs.
+
+Pages (Jinja2 templates in ``templates/``, one stylesheet and one small script in ``static/``;
+no build step, nothing fetched from a CDN):
+
+- ``/ui`` the jobs, newest first, with filters (status, workflow, created after) and paging;
+- ``/ui/inbox`` the WAITING jobs: work for people;
+- ``/ui/jobs/{id}`` one job: the row's fields, the steps as a timeline, checkpoints as JSON, the
+  events (outbox rows), the operator actions the catalog serves, and for a WAITING job a
+  complete-step form generated from the parked step's answer type;
+- ``/ui/login`` a token form when the node has an API token: the token is kept in an HttpOnly,
+  ``SameSite=Strict`` cookie the token guard accepts (so the cookie cannot ride a cross-site
+  form post).
+
+Every read and every change goes through the catalog verbs (``list-jobs``, ``get-job``,
+``complete-step``, and the operator verbs when mounted), so the dashboard validates exactly
+like the API: bad input shows the verb's ``invalid-input`` message on the page, never a 500.
+Only what no verb returns is read through the role's :class:`~protomolt_jobs.job_inspector.JobInspector`
+(the events, the step list, the answer type of a parked step).
+
+Live updates: pages poll themselves (``static/dashboard.js``) every few seconds and replace the
+``data-live`` region with the server's fresh rendering; forms are never replaced.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hmac
+import json
+import logging
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+import jinja2
+from google.protobuf import descriptor as _d
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from protomolt_jobs.errors import ActionError
+
+__all__ = ["PREFIX", "TOKEN_COOKIE", "dashboard_mount", "is_public", "login_redirect"]
+
+log = logging.getLogger("protomolt_jobs.dashboard")
+
+PREFIX = "/ui"
+#: The cookie holding the API token after a login.
+TOKEN_COOKIE = "protomolt_token"
+#: Jobs per page.
+PAGE_SIZE = 50
+#: Seconds between live refreshes of a page.
+REFRESH_S = 3
+STATUSES = ("QUEUED", "RUNNING", "WAITING", "COMPLETED", "FAILED", "DEAD")
+#: Operator verbs shown as buttons on a job page when the catalog serves them.
+OPERATOR_VERBS = ("cancel-job", "pause-job", "resume-job", "requeue-job")
+
+_HERE = Path(__file__).parent
+_env = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(str(_HERE / "templates")),
+    autoescape=jinja2.select_autoescape(["html"]),
+)
+_env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def is_public(path: str) -> bool:
+    """Dashboard paths served without the token: the login form and the static assets."""
+    return path == f"{PREFIX}/login" or path.startswith(f"{PREFIX}/static/")
+
+
+def login_redirect(path: str) -> str | None:
+    """Where a browser without the token is sent: the login form, for dashboard pages."""
+    return f"{PREFIX}/login" if path == PREFIX or path.startswith(f"{PREFIX}/") else None
+
+
+def _form_field(field: _d.FieldDescriptor) -> dict[str, Any]:
+    """How one field of the answer type is entered in the form."""
+    fd = _d.FieldDescriptor
+    kind = "json"
+    options: list[str] = []
+    if field.is_repeated:
+        kind = "json"
+    elif field.type == fd.TYPE_BOOL:
+        kind = "bool"
+    elif field.type == fd.TYPE_STRING:
+        kind = "text"
+    elif field.type in (fd.TYPE_DOUBLE, fd.TYPE_FLOAT):
+        kind = "number"
+    elif field.type in (
+        fd.TYPE_INT32,
+        fd.TYPE_INT64,
+        fd.TYPE_UINT32,
+        fd.TYPE_UINT64,
+        fd.TYPE_SINT32,
+        fd.TYPE_SINT64,
+        fd.TYPE_FIXED32,
+        fd.TYPE_FIXED64,
+        fd.TYPE_SFIXED32,
+        fd.TYPE_SFIXED64,
+    ):
+        kind = "integer"
+    elif field.type == fd.TYPE_ENUM:
+        kind = "enum"
+        options = [v.name for v in field.enum_type.values]
+    return {"name": field.json_name, "label": field.name, "kind": kind, "options": options}
+
+
+def _answer_from_form(fields: list[dict[str, Any]], form: dict[str, str]) -> dict[str, Any]:
+    """The ``response`` object for complete-step, from the submitted form.
+
+    Values that do not read as their field's kind are passed as the text typed, so the verb,
+    not the dashboard, refuses them (with its own ``invalid-input`` message).
+    """
+    answer: dict[str, Any] = {}
+    for field in fields:
+        name, kind = field["name"], field["kind"]
+        if kind == "bool":
+            answer[name] = form.get(name) == "on"
+            continue
+        raw = form.get(name, "")
+        if raw.strip() == "":
+            continue
+        if kind == "integer":
+            try:
+                answer[name] = int(raw.strip())
+            except ValueError:
+                answer[name] = raw
+        elif kind == "number":
+            try:
+                answer[name] = float(raw.strip())
+            except ValueError:
+                answer[name] = raw
+        elif kind == "json":
+            try:
+                answer[name] = json.loads(raw)
+            except ValueError:
+                answer[name] = raw
+        else:
+            answer[name] = raw
+    return answer
+
+
+class Dashboard:
+    """The dashboard's endpoints over a node's catalog and its jobs role's inspector.
+
+    :param catalog: the node catalog (``manifest()``, ``execute(name, input)``).
+    :param inspector: the jobs role's :class:`JobInspector`, or None (no events or forms).
+    :param api_token: the node's token (None: an open node, no login).
+    """
+
+    def __init__(self, catalog: Any, inspector: Any, api_token: str | None) -> None:
+        self.catalog = catalog
+        self.inspector = inspector
+        self.api_token = api_token
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    async def _verb(self, name: str, envelope: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """Run a verb off the event loop: ``(answer, "")`` or ``({}, "code: message")``."""
+        try:
+            answer = await anyio.to_thread.run_sync(self.catalog.execute, name, envelope)
+        except ActionError as exc:
+            return {}, f"{exc.code}: {exc.message}"
+        return answer, ""
+
+    async def _inspect(self, method: str, *args: Any) -> Any:
+        if self.inspector is None:
+            return None
+        try:
+            return await anyio.to_thread.run_sync(getattr(self.inspector, method), *args)
+        except Exception:  # the page still renders; the part is shown as unavailable
+            log.warning(
+                "dashboard: %s unavailable",
+                method,
+                exc_info=True,
+                extra={"action": "dashboard_inspect_failed"},
+            )
+            return None
+
+    def _render(self, request: Request, template: str, status: int = 200, **ctx: Any) -> Response:
+        live_only = request.headers.get("x-live") == "1"
+        name = template.replace(".html", "_live.html") if live_only else template
+        try:
+            page = _env.get_template(name)
+        except jinja2.TemplateNotFound:
+            page = _env.get_template(template)
+        verbs = {a.get("name") for a in self.catalog.manifest() if isinstance(a, dict)}
+        html = page.render(
+            prefix=PREFIX,
+            refresh_s=REFRESH_S,
+            login=bool(self.api_token),
+            verbs=verbs,
+            **ctx,
+        )
+        return HTMLResponse(html, status_code=status)
+
+    @staticmethod
+    async def _form(request: Request) -> dict[str, str]:
+        body = (await request.body()).decode("utf-8", errors="replace")
+        return {k: v[-1] for k, v in urllib.parse.parse_qs(body, keep_blank_values=True).items()}
+
+    # -- pages -----------------------------------------------------------------------------
+
+    async def jobs(self, request: Request) -> Response:
+        """``GET /ui``: the jobs list (filters: status, workflow, after; page)."""
+        q = request.query_params
+        status = q.get("status", "")
+        workflow = q.get("workflow", "").strip()
+        after = q.get("after", "").strip()
+        try:
+            page = max(int(q.get("page", "1")), 1)
+        except ValueError:
+            page = 1
+        envelope: dict[str, Any] = {"limit": PAGE_SIZE + 1, "offset": (page - 1) * PAGE_SIZE}
+        if status:
+            envelope["status"] = status
+        if workflow:
+            envelope["workflowName"] = workflow
+        answer, error = await self._verb("list-jobs", envelope)
+        jobs = list(answer.get("jobs", []))
+        more = len(jobs) > PAGE_SIZE
+        jobs = jobs[:PAGE_SIZE]
+        if after and not error:
+            try:
+                cut = datetime.datetime.fromisoformat(after)
+                if cut.tzinfo is None:
+                    cut = cut.replace(tzinfo=datetime.UTC)
+                jobs = [
+                    j
+                    for j in jobs
+                    if datetime.datetime.fromisoformat(j.get("createdAt", "")) >= cut
+                ]
+            except ValueError:
+                error = f"invalid-input: 'after' must be a date and time like 2026-01-31T12:00; got {after!r}"
+        counts = None
+        if page == 1 and not status and not workflow and not after:
+            counts = await self._counts()
+        filters = {"status": status, "workflow": workflow, "after": after}
+        base = {k: v for k, v in filters.items() if v}
+        return self._render(
+            request,
+            "jobs.html",
+            title="Jobs",
+            jobs=jobs,
+            error=error,
+            filters=filters,
+            statuses=STATUSES,
+            page=page,
+            prev_url=f"{PREFIX}/?{urllib.parse.urlencode({**base, 'page': page - 1})}"
+            if page > 1
+            else "",
+            next_url=f"{PREFIX}/?{urllib.parse.urlencode({**base, 'page': page + 1})}"
+            if more
+            else "",
+            counts=counts,
+        )
+
+    async def _counts(self) -> dict[str, int] | None:
+        store_view = getattr(self.inspector, "_open", None)
+        if store_view is None:
+            return None
+        try:
+            store = await anyio.to_thread.run_sync(store_view)
+            runs, _ = await anyio.to_thread.run_sync(store.metrics_counts)
+        except Exception:  # counts are a nicety; the list still renders
+            log.warning(
+                "dashboard: run counts unavailable",
+                exc_info=True,
+                extra={"action": "dashboard_counts_failed"},
+            )
+            return None
+        return {s: runs.get(s, 0) for s in STATUSES}
+
+    async def inbox(self, request: Request) -> Response:
+        """``GET /ui/inbox``: the WAITING jobs."""
+        answer, error = await self._verb("list-jobs", {"status": "WAITING", "limit": 500})
+        return self._render(
+            request, "inbox.html", title="Inbox", jobs=answer.get("jobs", []), error=error
+        )
+
+    async def job(
+        self,
+        request: Request,
+        *,
+        message: str = "",
+        error: str = "",
+        form: dict[str, str] | None = None,
+        status: int = 200,
+    ) -> Response:
+        """``GET /ui/jobs/{id}``: one job."""
+        job_id = request.path_params["job_id"]
+        answer, verb_error = await self._verb("get-job", {"jobId": job_id})
+        job = answer.get("job") if answer.get("ok") else None
+        if job is None:
+            return self._render(
+                request,
+                "job.html",
+                status=404,
+                title="Job",
+                job=None,
+                job_id=job_id,
+                error=verb_error or answer.get("error", "no such job"),
+                message="",
+                timeline=[],
+                events=[],
+                fields=[],
+                form={},
+                answer_type="",
+            )
+        names = await self._inspect("step_names", job_id) or []
+        done = {c.get("name"): c for c in job.get("checkpoints") or [] if isinstance(c, dict)}
+        timeline = []
+        for name in names or list(done):
+            entry = done.get(name)
+            if entry is not None:
+                state = "skipped" if entry.get("skipped") else "done"
+            elif job.get("outstandingStep") == name:
+                state = "waiting"
+            elif job["status"] == "RUNNING" and not any(t["state"] == "next" for t in timeline):
+                state = "next"
+            else:
+                state = "pending"
+            timeline.append({"name": name, "state": state})
+        events = await self._inspect("events", job_id) or []
+        fields: list[dict[str, Any]] = []
+        answer_type = ""
+        if job["status"] == "WAITING" and job.get("outstandingStep"):
+            desc = await self._inspect("answer_type", job_id, job["outstandingStep"])
+            if desc is not None:
+                answer_type = desc.full_name
+                fields = [_form_field(f) for f in desc.fields]
+        return self._render(
+            request,
+            "job.html",
+            status=status,
+            title=f"Job {job_id}",
+            job=job,
+            job_id=job_id,
+            error=error,
+            message=message,
+            timeline=timeline,
+            events=events,
+            fields=fields,
+            form=form or {},
+            answer_type=answer_type,
+            operator_verbs=OPERATOR_VERBS,
+        )
+
+    async def complete(self, request: Request) -> Response:
+        """``POST /ui/jobs/{id}/complete``: complete-step from the generated form."""
+        job_id = request.path_params["job_id"]
+        form = await self._form(request)
+        step = form.get("stepName", "")
+        desc = await self._inspect("answer_type", job_id, step)
+        fields = [_form_field(f) for f in desc.fields] if desc is not None else []
+        response = _answer_from_form(fields, form)
+        answer, error = await self._verb(
+            "complete-step", {"jobId": job_id, "stepName": step, "response": response}
+        )
+        if error or not answer.get("ok"):
+            return await self.job(
+                request, error=error or answer.get("error", "refused"), form=form, status=400
+            )
+        return RedirectResponse(
+            f"{PREFIX}/jobs/{urllib.parse.quote(job_id)}?done={urllib.parse.quote(step)}",
+            status_code=303,
+        )
+
+    async def action(self, request: Request) -> Response:
+        """``POST /ui/jobs/{id}/action/{verb}``: an operator verb (only those listed)."""
+        job_id = request.path_params["job_id"]
+        verb = request.path_params["verb"]
+        if verb not in OPERATOR_VERBS:
+            return await self.job(request, error=f"unknown-action: {verb}", status=404)
+        form = await self._form(request)
+        envelope: dict[str, Any] = {"jobId": job_id}
+        if form.get("reason", "").strip():
+            envelope["reason"] = form["reason"].strip()
+        answer, error = await self._verb(verb, envelope)
+        if error or not answer.get("ok"):
+            return await self.job(
+                request, error=error or answer.get("error", "refused"), status=400
+            )
+        return RedirectResponse(f"{PREFIX}/jobs/{urllib.parse.quote(job_id)}", status_code=303)
+
+    async def login_form(self, request: Request) -> Response:
+        """``GET /ui/login``."""
+        return self._render(request, "login.html", title="Sign in", error="")
+
+    async def login(self, request: Request) -> Response:
+        """``POST /ui/login``: check the token, keep it in a cookie."""
+        form = await self._form(request)
+        token = form.get("token", "").strip()
+        if self.api_token and not hmac.compare_digest(token.encode(), self.api_token.encode()):
+            return self._render(
+                request, "login.html", status=401, title="Sign in", error="Wrong token."
+            )
+        response = RedirectResponse(f"{PREFIX}/", status_code=303)
+        response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict", path="/")
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        """``POST /ui/logout``: forget the cookie."""
+        response = RedirectResponse(f"{PREFIX}/login", status_code=303)
+        response.delete_cookie(TOKEN_COOKIE, path="/")
+        return response
+
+
+def dashboard_mount(catalog: Any, inspector: Any, api_token: str | None) -> Mount:
+    """The ``/ui`` mount for the node's HTTP app.
+
+    :param catalog: the node catalog.
+    :param inspector: the jobs role's JobInspector (None: no events, steps or forms).
+    :param api_token: the node's API token (None: open, no login).
+    """
+    board = Dashboard(catalog, inspector, api_token)
+    return Mount(
+        PREFIX,
+        routes=[
+            Route("/", board.jobs, methods=["GET"]),
+            Route("/inbox", board.inbox, methods=["GET"]),
+            Route("/jobs/{job_id}", board.job, methods=["GET"]),
+            Route("/jobs/{job_id}/complete", board.complete, methods=["POST"]),
+            Route("/jobs/{job_id}/action/{verb}", board.action, methods=["POST"]),
+            Route("/login", board.login_form, methods=["GET"]),
+            Route("/login", board.login, methods=["POST"]),
+            Route("/logout", board.logout, methods=["POST"]),
+            Mount("/static", app=StaticFiles(directory=str(_HERE / "static")), name="static"),
+        ],
+    )

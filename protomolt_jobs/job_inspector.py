@@ -1,0 +1,115 @@
+"""Read-only views of one job for operator surfaces (the dashboard): its steps, its events, and
+the type a parked step's answer must have.
+
+The jobs role contributes one :class:`JobInspector` (contribution kind ``JobInspector``); every
+*change* still goes through the catalog verbs. Nothing here writes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf import descriptor as _d
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+
+from protomolt_jobs.errors import StoreError
+from protomolt_jobs.pb.ai.pipestream.proto.jobs.v1.jobs_pb2 import WorkflowRunEvent
+
+__all__ = ["JobEvent", "JobInspector"]
+
+log = logging.getLogger("protomolt_jobs.job_inspector")
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """One outbox row of a job, decoded for display.
+
+    :ivar seq: the outbox order.
+    :ivar event_type: ``ACCEPTED``, ``STEP_CHECKPOINT``, ``WAITING``, ``COMPLETED``, ...
+    :ivar status: the outbox row's status (``PENDING``, ``PUBLISHED``, ``FAILED``).
+    :ivar created_at: when the row was written (ISO-8601).
+    :ivar detail: the decoded event as proto3 JSON (empty when it cannot be decoded).
+    """
+
+    seq: int
+    event_type: str
+    status: str
+    created_at: str
+    detail: dict[str, Any]
+
+
+class JobInspector:
+    """Reads a job's definition and events through the role's store.
+
+    :param store: returns the open store, or None while the role is not started.
+    :param runtime: the engine's runtime (type pool) for parsing snapshotted definitions.
+    """
+
+    def __init__(self, store: Any, runtime: Any) -> None:
+        self._store = store
+        self._runtime = runtime
+
+    def _open(self) -> Any:
+        store = self._store()
+        if store is None:
+            raise StoreError("the jobs store is not open")
+        return store
+
+    def step_names(self, job_id: str) -> list[str]:
+        """The names of the steps of the job's snapshotted definition, in definition order
+        (empty when the job or its definition cannot be read).
+
+        :raises StoreError: the store is unavailable.
+        """
+        job = self._open().job_get(job_id)
+        definition = getattr(job, "workflow_definition", None) if job is not None else None
+        steps = definition.get("steps") if isinstance(definition, dict) else None
+        if not isinstance(steps, list):
+            return []
+        return [s["name"] for s in steps if isinstance(s, dict) and isinstance(s.get("name"), str)]
+
+    def answer_type(self, job_id: str, step_name: str) -> _d.Descriptor | None:
+        """The message type ``complete-step`` must send for ``step_name`` (the step method's
+        output type), or None when the job, its definition or the step cannot be resolved.
+
+        :raises StoreError: the store is unavailable.
+        """
+        from protomolt_jobs.workflow.envelope import parse_workflow
+        from protomolt_jobs.workflow.types import WorkflowParseError
+
+        job = self._open().job_get(job_id)
+        if job is None or not isinstance(job.workflow_definition, dict):
+            return None
+        try:
+            workflow = parse_workflow(job.workflow_definition, self._runtime)
+        except WorkflowParseError:
+            return None
+        for step in workflow.steps:
+            if step.name == step_name and step.method is not None:
+                return step.method.output_type
+        return None
+
+    def events(self, job_id: str) -> list[JobEvent]:
+        """The job's events (its outbox rows) in order, decoded.
+
+        :raises StoreError: the store is unavailable.
+        """
+        out = []
+        for row in self._open().outbox_for_job(job_id):
+            try:
+                detail = json_format.MessageToDict(WorkflowRunEvent.FromString(row.payload))
+            except (DecodeError, ValueError):
+                detail = {}
+            out.append(
+                JobEvent(
+                    seq=row.seq,
+                    event_type=row.event_type,
+                    status=row.status,
+                    created_at=row.created_at.isoformat(),
+                    detail=detail,
+                )
+            )
+        return out

@@ -1,0 +1,248 @@
+"""The dashboard at ``/ui`` in a real headless Chromium (Debian's ``chromium`` and
+``chromium-driver``, driven by selenium): sign in, list and filter 200 jobs, the WAITING inbox,
+open a job, a wrong answer in the complete-step form shows the verb's error, a right one moves
+the job to COMPLETED. A real node, real PostgreSQL, real gRPC step servers.
+
+On failure a screenshot and the page source go to ``$PROTOMOLT_TEST_ARTIFACTS`` (default
+``test-artifacts/``). Without a browser the test is skipped, unless ``PMJ_REQUIRE_BROWSER=1``
+(``.ci/run`` sets it, and installs the browser when missing).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select
+
+from tests.support.grpc_servers import TestServices, descriptor_set_b64, seed_workflow
+from tests.support.node import http, node_environ, start_node, wait_for
+
+TOKEN = "dashboard-secret"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+JOBS = 200
+ARTIFACTS = Path(os.environ.get("PROTOMOLT_TEST_ARTIFACTS", "test-artifacts"))
+
+if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+    if os.environ.get("PMJ_REQUIRE_BROWSER") == "1":
+        raise RuntimeError(f"no browser: {CHROMIUM} and {CHROMEDRIVER} are required")
+    pytest.skip("chromium and chromium-driver are not installed", allow_module_level=True)
+
+
+def tally_workflow(target: str) -> dict:
+    """One external step whose answer (jobs.test.Tokens) has an integer field to get wrong."""
+    return {
+        "name": "tally",
+        "schema": {"descriptorSetBase64": descriptor_set_b64()},
+        "inputType": "jobs.test.Text",
+        "steps": [
+            {
+                "name": "count",
+                "target": target,
+                "method": "jobs.test.Tokenizer/Tokenize",
+                "completion": "external",
+            }
+        ],
+    }
+
+
+@pytest.fixture
+def browser(request):
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    profile = tempfile.mkdtemp(prefix="pmj-chromium-")
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+        f"--user-data-dir={profile}",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.implicitly_wait(0)
+    try:
+        yield driver
+    finally:
+        report = getattr(request.node, "rep_call", None)
+        if report is not None and report.failed:
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            stem = ARTIFACTS / request.node.name
+            driver.get_screenshot_as_file(f"{stem}.png")
+            Path(f"{stem}.html").write_text(driver.page_source)
+            print(f"screenshot: {stem}.png")
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _find(driver, css: str, timeout_s: float = 20.0):
+    return wait_for(
+        lambda: (driver.find_elements(By.CSS_SELECTOR, css) or [None])[0], timeout_s=timeout_s
+    )
+
+
+def _text(driver, css: str) -> str:
+    """The text of the first element matching ``css`` ("" when none). The live refresh may
+    replace the element between finding and reading it: read again then."""
+    for _ in range(20):
+        try:
+            elements = driver.find_elements(By.CSS_SELECTOR, css)
+            return elements[0].text if elements else ""
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{css} kept going stale")
+
+
+def _click(driver, css: str, timeout_s: float = 20.0) -> None:
+    """Click the first element matching ``css``, again if the live refresh replaced it."""
+
+    def clicked():
+        try:
+            elements = driver.find_elements(By.CSS_SELECTOR, css)
+            if elements:
+                elements[0].click()
+                return True
+        except StaleElementReferenceException:
+            pass
+        return False
+
+    wait_for(clicked, timeout_s=timeout_s)
+
+
+def _text_becomes(driver, css: str, expected: str, timeout_s: float = 30.0) -> None:
+    wait_for(lambda: expected in _text(driver, css), timeout_s=timeout_s)
+
+
+def _submit(url: str, workflow: dict, text: str) -> str:
+    status, answer, _ = http(
+        "POST",
+        f"{url}/protomolt/actions/submit-workflow",
+        {"workflow": workflow, "input": {"text": text}},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
+    assert status == 200 and answer["ok"], answer
+    return answer["jobId"]
+
+
+def _waiting(url: str) -> int:
+    _, answer, _ = http(
+        "POST",
+        f"{url}/protomolt/actions/list-jobs",
+        {"status": "WAITING", "limit": 500},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
+    return len(answer["jobs"])
+
+
+def test_dashboard_in_a_real_browser(tmp_path, fresh_dsn, browser):
+    with TestServices(max_workers=16) as services:
+        env = node_environ(tmp_path, fresh_dsn, token=TOKEN, worker_count=4)
+        surfaces = start_node(env)
+        try:
+            url = surfaces.http.url
+            seed = seed_workflow(services.target)
+            for i in range(JOBS):
+                _submit(url, seed, f"document number {i} for review")
+            tally_id = _submit(url, tally_workflow(services.target), "count me")
+            wait_for(lambda: _waiting(url) == JOBS + 1, timeout_s=180)
+
+            # Without the token a page sends the browser to the login form.
+            browser.get(f"{url}/ui/")
+            _find(browser, "#login-form")
+            browser.find_element(By.ID, "token").send_keys("wrong")
+            browser.find_element(By.ID, "login-submit").click()
+            _text_becomes(browser, ".error", "Wrong token")
+            browser.find_element(By.ID, "token").send_keys(TOKEN)
+            browser.find_element(By.ID, "login-submit").click()
+
+            # The list: a page of 50, the counts, and paging.
+            _find(browser, "#jobs")
+            rows = browser.find_elements(By.CSS_SELECTOR, "#jobs tr.job-row")
+            assert len(rows) == 50
+            assert _text(browser, "#count-waiting") == str(JOBS + 1)
+            _click(browser, "#next-page")
+            _find(browser, "#prev-page")
+            assert len(browser.find_elements(By.CSS_SELECTOR, "#jobs tr.job-row")) == 50
+
+            # Filters: status and workflow.
+            browser.get(f"{url}/ui/")
+            Select(_find(browser, "#filter-status")).select_by_value("WAITING")
+            browser.find_element(By.ID, "filter-workflow").send_keys("tally")
+            browser.find_element(By.ID, "apply-filters").click()
+            _find(browser, f'tr[data-job-id="{tally_id}"]')
+            wait_for(lambda: _text(browser, "#jobs tbody").count("tally") == 1)
+            assert "seed-review" not in _text(browser, "#jobs tbody")
+            browser.get(f"{url}/ui/?status=COMPLETED")
+            _find(browser, "#jobs td.empty")
+
+            # The inbox holds every parked job.
+            browser.find_element(By.ID, "nav-inbox").click()
+            _text_becomes(browser, "#inbox-count", f"{JOBS + 1} waiting")
+
+            # Open the tally job: a wrong answer shows the verb's error, nothing changes.
+            _click(browser, f'tr[data-job-id="{tally_id}"] a.job-link')
+            _text_becomes(browser, "#job-status", "WAITING")
+            _find(browser, "#complete-form")
+            browser.find_element(By.ID, "field-count").send_keys("eleven")
+            browser.find_element(By.ID, "complete-submit").click()
+            _text_becomes(browser, "#form-error", "invalid-input")
+            assert "jobs.test.Tokens" in _text(browser, "#form-error")
+            assert _text(browser, "#job-status") == "WAITING"
+            # The right answer completes the step; the page updates itself to COMPLETED.
+            field = browser.find_element(By.ID, "field-count")
+            field.clear()
+            field.send_keys("2")
+            browser.find_element(By.ID, "complete-submit").click()
+            _text_becomes(browser, "#job-status", "COMPLETED", timeout_s=60)
+            _text_becomes(browser, "#checkpoints", '"count": 2')
+            events = _text(browser, "#events")
+            assert "ACCEPTED" in events and "WAITING" in events
+
+            # A seed job from the inbox: approve it in the form.
+            browser.get(f"{url}/ui/inbox")
+            _click(browser, "#inbox tr.job-row a.job-link")
+            _find(browser, "#complete-form")
+            timeline = _text(browser, "#timeline")
+            assert "tokenize" in timeline and "review" in timeline
+            browser.find_element(By.ID, "field-approved").click()
+            browser.find_element(By.ID, "field-note").send_keys("looks right")
+            browser.find_element(By.ID, "complete-submit").click()
+            _text_becomes(browser, "#job-status", "COMPLETED", timeout_s=60)
+            _text_becomes(browser, "#job-verdict", "3 steps")
+            wait_for(lambda: _waiting(url) == JOBS - 1, timeout_s=30)
+        finally:
+            surfaces.close()
+
+
+def test_dashboard_pages_answer_without_a_browser(tmp_path, fresh_dsn):
+    """The HTTP side: the login redirect, the cookie, and a 404 page for an unknown job."""
+    surfaces = start_node(node_environ(tmp_path, fresh_dsn, token=TOKEN))
+    try:
+        url = surfaces.http.url
+        status, _, headers = http("GET", f"{url}/ui/static/dashboard.css")
+        assert status == 200 and headers["Content-Type"].startswith("text/css")
+        status, body, _ = http(
+            "GET", f"{url}/ui/jobs/not-a-uuid", headers={"Cookie": f"protomolt_token={TOKEN}"}
+        )
+        assert status == 404 and b"invalid-input" in body
+        status, body, _ = http("GET", f"{url}/ui/", headers={"Cookie": "protomolt_token=nope"})
+        assert status in (200, 303) and (status == 303 or b"login-form" in body)
+        # The API stays JSON: a verb without the token is a 401 envelope, not a redirect.
+        status, body, _ = http("GET", f"{url}/protomolt/actions")
+        assert status == 401 and body["error"] == "unauthenticated"
+    finally:
+        surfaces.close()
