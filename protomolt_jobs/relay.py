@@ -218,6 +218,16 @@ class Relay(Service):
         with self._pass_lock:
             self._drop_producer()
 
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Stop the loop (see :class:`~protomolt_jobs.service.Service`), then close the
+        producer, also for a relay only driven by :meth:`run_once` (never started): its
+        librdkafka threads would otherwise keep reconnecting to the broker."""
+        stopped = super().stop(timeout_s)
+        if stopped:
+            with self._pass_lock:
+                self._drop_producer()
+        return stopped
+
     # -- one pass ----------------------------------------------------------------------------
 
     def run_once(self) -> int:
