@@ -46,6 +46,7 @@ SMOKE = {
     "scale_sizes": [1000],
     "scale_queued": 20,
     "scale_samples": 20,
+    "scale_sched_queued": 200,
     "memory_n": 8,
     "memory_slow_ms": 200,
     "ceiling_clients": [1],
@@ -107,6 +108,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--relay-jobs", type=int, help="relay: jobs of 5 events the relay drains")
     p.add_argument("--relay-batch", type=int, help="relay: outbox rows per pass")
     p.add_argument("--scale-sizes", type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument(
+        "--scale-sched-queued",
+        type=int,
+        help="scale: QUEUED rows over 10 queues x 1000 fairness keys per point (0: skip)",
+    )
     p.add_argument("--memory-n", type=int)
     p.add_argument("--json", help="also write the raw results to this file")
     return p.parse_args(argv)
@@ -131,6 +137,7 @@ def options(args: argparse.Namespace) -> Options:
         "workloads",
         "processes",
         "scale_sizes",
+        "scale_sched_queued",
         "memory_n",
     ):
         value = getattr(args, name)

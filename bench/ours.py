@@ -25,6 +25,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import grpc
 import psycopg
@@ -602,6 +603,45 @@ FROM generate_series(1, %(rows)s) AS g
 """
 
 
+_SCHED_QUEUED_ROWS = """
+INSERT INTO workflow_run (job_id, workflow_name, workflow_definition, input, status,
+    priority, queue, fairness_key, fairness_pass, created_at)
+SELECT gen_random_uuid(), 'bench-sched', %(definition)s::jsonb, '{"text": "t"}'::jsonb,
+    'QUEUED', 1 + (g %% 5), 'q' || (g %% 10), 'k' || (g %% 1000),
+    (g / 1000) + 1, now() - interval '1 hour' + g * interval '1 ms'
+FROM generate_series(1, %(rows)s) AS g
+"""
+
+
+def _scale_sched(dsn: str, store: Any, definition: dict, rows: int, samples: int) -> dict:
+    """The scheduled half of a scale point (see :func:`scale`)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM workflow_queue")
+        conn.execute(_SCHED_QUEUED_ROWS, {"definition": json.dumps(definition), "rows": rows})
+        conn.execute("VACUUM ANALYZE workflow_run")
+    every = [f"q{i}" for i in range(10)]
+    claims: list[float] = []
+    for _ in range(samples):
+        t = time.perf_counter()
+        job = store.job_claim("bench-scale", 60.0, queues=every)
+        claims.append(time.perf_counter() - t)
+        if job is None:
+            raise RuntimeError("scale: the scheduled claim found no QUEUED row")
+    limited = store.queue_limits_sync({"q1": {"max_running": 1_000_000}})
+    limited_claims: list[float] = []
+    for _ in range(samples):
+        t = time.perf_counter()
+        job = store.job_claim("bench-scale", 60.0, queues=["q0", "q1", "q2"], limited=limited)
+        limited_claims.append(time.perf_counter() - t)
+        if job is None:
+            raise RuntimeError("scale: the limited claim found no QUEUED row")
+    return {
+        "sched_queued": rows,
+        "claim_sched": summary_ms(claims),
+        "claim_limited": summary_ms(limited_claims),
+    }
+
+
 def scale(
     dsn: str,
     *,
@@ -609,6 +649,7 @@ def scale(
     queued: int = 1000,
     samples: int = 500,
     target: str = "127.0.0.1:1",
+    sched_queued: int = 0,
 ) -> list[dict]:
     """Claim and sweep latency (p50/p99) with ``sizes`` terminal rows plus ``queued`` QUEUED.
 
@@ -616,6 +657,13 @@ def scale(
     FAILED, three checkpoints each), ``queued`` QUEUED rows, VACUUM ANALYZE; then ``samples``
     ``job_claim`` calls and ``samples`` ``job_sweep_expired`` calls (nothing expired: the sweep's
     steady state), timed around the store call.
+
+    With ``sched_queued`` (issue #18), the point goes on: that many more QUEUED rows in one
+    INSERT, spread over 10 queues (``q0``..``q9``), 1,000 fairness keys and priorities 1-5
+    (passes as the insert would stamp them: the n-th run of a key gets pass n), VACUUM ANALYZE;
+    then ``samples`` claims serving all 10 queues (``claim_sched``) and ``samples`` claims
+    serving three queues of which one has a fleet-wide ``max_running`` (``claim_limited``: the
+    permit function, its row lock and the RUNNING count on the path).
     """
     from protomolt_jobs.store import JobStore, NewJob
     from protomolt_jobs.store.migrate import migrate
@@ -662,6 +710,9 @@ def scale(
                 t = time.perf_counter()
                 store.job_sweep_expired()
                 sweeps.append(time.perf_counter() - t)
+            sched: dict = {}
+            if sched_queued:
+                sched = _scale_sched(dsn, store, definition, sched_queued, samples)
             sizes_now = relation_sizes(dsn, ["workflow_run"])[0]
             out.append(
                 {
@@ -671,6 +722,7 @@ def scale(
                     "claim": summary_ms(claims),
                     "sweep": summary_ms(sweeps),
                     "table_mib": round(sizes_now["total_bytes"] / 2**20, 1),
+                    **sched,
                 }
             )
             log.info("scale point measured", extra={"action": "bench_scale_point", "rows": rows})

@@ -63,6 +63,8 @@ class Options:
     scale_sizes: list[int] = field(default_factory=lambda: [1_000, 100_000, 1_000_000])
     scale_queued: int = 1000
     scale_samples: int = 500
+    #: Issue #18: QUEUED rows over 10 queues and 1,000 fairness keys added to each scale point.
+    scale_sched_queued: int = 100_000
     memory_n: int = 256
     memory_slow_ms: int = 2000
     ceiling_clients: list[int] = field(default_factory=lambda: [1, 4, 8])
@@ -238,7 +240,11 @@ def scale(opts: Options) -> dict:
 
     with BenchDatabase("scale") as db:
         points = ours.scale(
-            db.dsn, sizes=opts.scale_sizes, queued=opts.scale_queued, samples=opts.scale_samples
+            db.dsn,
+            sizes=opts.scale_sizes,
+            queued=opts.scale_queued,
+            samples=opts.scale_samples,
+            sched_queued=opts.scale_sched_queued,
         )
     for p in points:
         print(
@@ -246,6 +252,13 @@ def scale(opts: Options) -> dict:
             f"sweep {p['sweep']}",
             flush=True,
         )
+        if "claim_sched" in p:
+            print(
+                f"  scale      {p['terminal_rows']:>9d} terminal + {p['sched_queued']} queued over "
+                f"10 queues x 1000 keys: claim {p['claim_sched']}  "
+                f"limited claim {p['claim_limited']}",
+                flush=True,
+            )
     return {"points": points}
 
 
