@@ -1,4 +1,5 @@
-"""``python -m bench <scenario>``: ceiling, throughput, latency, scale, memory, all, smoke.
+"""``python -m bench <scenario>``: ceiling, fairness, cap, throughput, latency, scale, memory, all,
+smoke.
 
 ``all`` runs every scenario with the sizes in :data:`ALL` (reduced from the issue's defaults so
 the whole run fits in about ten minutes on two cores) and prints one table. ``smoke`` is the
@@ -47,6 +48,9 @@ SMOKE = {
     "scale_queued": 20,
     "scale_samples": 20,
     "scale_sched_queued": 200,
+    "fair_a_jobs": 200,
+    "cap_gpu_jobs": 6,
+    "cap_cpu_jobs": 40,
     "memory_n": 8,
     "memory_slow_ms": 200,
     "ceiling_clients": [1],

@@ -149,6 +149,21 @@ def rows(results: dict) -> list[dict]:
                             "peers": {},
                         }
                     )
+            for what in ("claim_sched", "claim_limited"):
+                if what not in p:
+                    continue
+                for q in ("p50_ms", "p99_ms"):
+                    out.append(
+                        {
+                            "metric": f"scale {p['terminal_rows']:,} terminal + "
+                            f"{p['sched_queued']:,} queued (10 queues x 1,000 keys): "
+                            f"{'limited claim' if what == 'claim_limited' else 'claim'} "
+                            f"{q[:3]} (ms)",
+                            "better": "lower",
+                            "ours": p[what][q],
+                            "peers": {},
+                        }
+                    )
     if tp:
         w = max(r["workers"] for r in tp["runs"])
         for r in tp["runs"]:

@@ -65,6 +65,10 @@ class Options:
     scale_samples: int = 500
     #: Issue #18: QUEUED rows over 10 queues and 1,000 fairness keys added to each scale point.
     scale_sched_queued: int = 100_000
+    #: Issue #18 scenarios: tenant A's flood (fairness), gpu and default jobs (cap).
+    fair_a_jobs: int = 5000
+    cap_gpu_jobs: int = 40
+    cap_cpu_jobs: int = 400
     memory_n: int = 256
     memory_slow_ms: int = 2000
     ceiling_clients: list[int] = field(default_factory=lambda: [1, 4, 8])
@@ -301,8 +305,47 @@ def relay(opts: Options) -> dict:
     return r
 
 
+def fairness(opts: Options) -> dict:
+    """Issue #18: a tenant's flood against another tenant's few jobs (bench/sched.py)."""
+    from bench import sched
+
+    with BenchDatabase("fairness") as db:
+        r = sched.fairness(db.dsn, a_jobs=opts.fair_a_jobs)
+    print(
+        f"  fairness   A {r['a_jobs']} then B {r['b_jobs']}, {r['loops']} loops: "
+        f"{r['a_started_before_last_b']} of A's started before B's last (FIFO: {r['a_jobs']}); "
+        f"{r['claims_per_s']} claims/s",
+        flush=True,
+    )
+    return r
+
+
+def cap(opts: Options) -> dict:
+    """Issue #18: a fleet-wide cap on one queue beside an uncapped one (bench/sched.py)."""
+    from bench import sched
+
+    out = {}
+    for label, limit in (("capped", 2), ("uncapped", None)):
+        with BenchDatabase(f"cap-{label}") as db:
+            r = sched.cap(
+                db.dsn,
+                gpu_jobs=opts.cap_gpu_jobs,
+                cpu_jobs=opts.cap_cpu_jobs,
+                max_running=limit,
+            )
+        out[label] = r
+        print(
+            f"  cap        {label:<9} gpu peak RUNNING {r['gpu_peak_running']}  "
+            f"default jobs/s {r['cpu_jobs_per_s']}  total {r['total_s']} s",
+            flush=True,
+        )
+    return out
+
+
 SCENARIOS = {
     "ceiling": ceiling,
+    "fairness": fairness,
+    "cap": cap,
     "relay": relay,
     "throughput": throughput,
     "latency": latency,

@@ -193,9 +193,19 @@ WITH head AS (
                            FROM workflow_run AS w
                           WHERE w.status = 'QUEUED' AND w.queue = served.queue
                             AND w.run_after <= now()
-                            AND CASE WHEN served.queue = ANY (%(limited)s::text[])
-                                     THEN workflow_queue_permit(served.queue)
-                                     ELSE TRUE END
+                            AND CASE WHEN NOT served.queue = ANY (%(limited)s::text[])
+                                     THEN TRUE
+                                     -- Serving other queues too: a limited queue whose row
+                                     -- another claimer holds is passed over this time, so
+                                     -- its claimers never queue up behind one another while
+                                     -- other queues have work (the permit re-locks the row
+                                     -- we hold at once).
+                                     WHEN %(skip_busy)s
+                                          AND NOT EXISTS (SELECT 1 FROM workflow_queue AS l
+                                                           WHERE l.queue = served.queue
+                                                             FOR UPDATE SKIP LOCKED)
+                                     THEN FALSE
+                                     ELSE workflow_queue_permit(served.queue) END
                           ORDER BY w.priority, w.fairness_pass, w.created_at, w.job_id
                             FOR UPDATE SKIP LOCKED
                           LIMIT 1) AS h

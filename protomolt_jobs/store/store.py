@@ -542,7 +542,9 @@ class JobStore:
         function locks the queue's limits row until this statement commits, so claimers of a
         limited queue are serialised and the count of its RUNNING rows is exact), and a start
         moves the queue's rate limiter on in the same statement. A limited queue that may not
-        start never blocks the other served queues. Unlimited queues take no lock.
+        start never blocks the other served queues; when other queues are served too, a
+        limited queue whose row another claimer holds is passed over (``SKIP LOCKED``) rather
+        than waited for. Unlimited queues take no lock.
         Concurrent claimers never get the same row. Transaction: one, committed before the
         row's JSON is decoded, so an undecodable row is still claimed (and handed back with
         ``unreadable`` set) rather than rolled back to block every later claim. No event (a
@@ -574,6 +576,9 @@ class JobStore:
         if limits:
             query = "job_claim_limited"
             params["limited"] = limits
+            # With other queues to go on to, a limited queue busy with another claimer is
+            # passed over instead of waited for.
+            params["skip_busy"] = len(served) > len(limits)
         with self._connection() as conn:
             row = _one(conn, query, params)
         return JobRecord.from_row(row) if row else None

@@ -154,7 +154,13 @@ def test_claim_plan_is_index_backed_with_many_queues(store, fresh_dsn):
             " FROM generate_series(1, 20000) AS i"
         )
         conn.execute("ANALYZE workflow_run")
-        params = {"worker_id": "w", "lease_s": 30.0, "queues": ["q1", "q2"], "limited": ["q2"]}
+        params = {
+            "worker_id": "w",
+            "lease_s": 30.0,
+            "queues": ["q1", "q2"],
+            "limited": ["q2"],
+            "skip_busy": True,
+        }
         for name in ("job_claim", "job_claim_limited"):
             plan = "\n".join(
                 r[0] for r in conn.execute("EXPLAIN " + QUERIES[name], params).fetchall()
