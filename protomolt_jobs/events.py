@@ -97,7 +97,7 @@ def event_violations(msg: WorkflowRunEvent) -> list[EventViolation]:
         out.append(EventViolation("type", "required", _REQUIRED))
     elif kind not in _DEFINED_TYPES:
         out.append(
-            EventViolation("type", "enum.defined_only", "value must be a defined enum value")
+            EventViolation("type", "enum.defined_only", f"must be a defined enum value, got {kind}")
         )
     if len(msg.step) > MAX_NAME_CHARS:
         out.append(_too_long("step", MAX_NAME_CHARS))
@@ -129,7 +129,7 @@ def event_violations(msg: WorkflowRunEvent) -> list[EventViolation]:
 
 
 def _too_long(path: str, limit: int) -> EventViolation:
-    return EventViolation(path, "string.max_len", f"length must be at most {limit} characters")
+    return EventViolation(path, "string.max_len", f"length must be at most {limit}")
 
 
 #: The field a message-level rule is about, for build_event's refusal.

@@ -19,7 +19,12 @@ Semantics (docs/contract.md has the full table):
   ``map.keys``/``map.values`` apply to each element.
 - Set sub-messages are walked (except well-known ``google.protobuf`` types and fields marked
   ``inspect_only``). Paths: ``a.b``, ``a[2]``, ``a["k"]``, ``a["k"]#key``; ``""`` for message rules.
-- CEL rules bind ``this`` to the field value or to the message (a dict built with
+- Rule ids and messages are upstream's (docs/contract.md has the table): combined bounds are
+  one rule (``int32.gte_lte``), reversed bounds mean "outside" (``..._exclusive``), an
+  empty value breaks ``string.<format>_empty``, a CEL rule without an id is identified by
+  its expression.
+- CEL rules (with ``now`` and upstream's function library, :mod:`.validation_cel`) bind
+  ``this`` to the field value or to the message (a dict built with
   ``MessageToDict(preserving_proto_field_name, always_print_fields_with_no_presence,
   use_integers_for_enums)``, so enums are numbers and int64 values are strings). A bool result
   passes when true; a string result fails when non-empty and is the message; an evaluation
@@ -47,13 +52,14 @@ from functools import lru_cache
 from typing import Any
 
 import celpy
+import pycountry
 from celpy import celtypes
 from google.protobuf import descriptor_pb2, json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from protomolt_jobs.pb.ai.pipestream.proto.validate.v1 import validate_pb2
-from protomolt_jobs.workflow import celenv
+from protomolt_jobs.workflow import celenv, validation_cel
 
 log = logging.getLogger("protomolt_jobs.validation")
 
@@ -204,7 +210,9 @@ def _compile(descriptor: Descriptor) -> _MessagePlan:
         if opts.HasExtension(validate_pb2.message)
         else MessageRules()
     )
-    cel = tuple(_compile_cel(descriptor.full_name, r) for r in mrules.cel)
+    cel = tuple(
+        c for c in (_compile_cel(descriptor.full_name, r) for r in mrules.cel) if c is not None
+    )
     if mrules.skip_when:
         target = descriptor.fields_by_name.get(mrules.skip_when)
         if target is None or target.type != FieldDescriptor.TYPE_BOOL or target.is_repeated:
@@ -233,14 +241,17 @@ def _compile(descriptor: Descriptor) -> _MessagePlan:
     )
 
 
-def _compile_cel(where: str, rule: Any) -> _CelRule:
-    if not rule.id:
-        raise RuleError(where, f'a CEL rule has no id (expression "{rule.expression}")')
+def _compile_cel(where: str, rule: Any) -> _CelRule | None:
+    """Compile one CEL rule; None for a blank expression (upstream skips those). A rule
+    without an ``id`` is identified by its expression, as upstream does."""
+    if not rule.expression.strip():
+        return None
+    rule_id = rule.id or rule.expression
     try:
-        celenv.program(rule.expression)
+        validation_cel.program(rule.expression)
     except celenv.CelCompileError as exc:
-        raise RuleError(where, f"CEL rule {rule.id!r}: {exc}") from exc
-    return _CelRule(id=rule.id, message=rule.message, expression=rule.expression)
+        raise RuleError(where, f"CEL rule {rule_id!r}: {exc}") from exc
+    return _CelRule(id=rule_id, message=rule.message, expression=rule.expression)
 
 
 def _check_field_rules(where: str, rules: FieldRules) -> None:
@@ -323,12 +334,12 @@ def _check_repeated(fp: _FieldPlan, values: Any, path: str, out: list[Violation]
                     _v(path, "repeated.max_items", f"must have at most {rr.max_items} items")
                 )
             if rr.unique and not _all_unique(values):
-                out.append(_v(path, "repeated.unique", "items must be unique"))
+                out.append(_v(path, "repeated.unique", "repeated values must be unique"))
             if rr.HasField("items"):
                 for i, item in enumerate(values):
                     _check_value(fp.fd, rr.items, item, True, f"{path}[{i}]", out)
         if rules.cel:
-            this = celenv.to_cel([_plain(fp.fd, v) for v in values])
+            this = celtypes.ListType([_cel_value(fp.fd, v) for v in values])
             for r in rules.cel:
                 _run_cel(r, this, path, out)
     if fp.walk:
@@ -362,7 +373,9 @@ def _check_map(fp: _FieldPlan, mapping: Any, path: str, out: list[Violation]) ->
                 if mr.HasField("values"):
                     _check_value(value_fd, mr.values, mapping[k], True, at, out)
         if rules.cel:
-            this = celenv.to_cel({k: _plain(value_fd, mapping[k]) for k in keys})
+            this = celtypes.MapType(
+                {celenv.to_cel(k): _cel_value(value_fd, mapping[k]) for k in keys}
+            )
             for r in rules.cel:
                 _run_cel(r, this, path, out)
     if fp.walk:
@@ -415,7 +428,7 @@ def _check_value(
     if check is not None:
         check(fd, rules, value, path, out)
     if rules.cel:
-        this = celenv.to_cel(_plain(fd, value))
+        this = _cel_value(fd, value)
         for r in rules.cel:
             _run_cel(r, this, path, out)
     if rules.taxonomy:
@@ -431,57 +444,110 @@ def _v(path: str, rule_id: str, message: str) -> Violation:
 
 
 def _fmt(x: Any) -> str:
-    return repr(x) if isinstance(x, float) else str(x)
+    """A bound as upstream prints it: Java's ``Long.toString`` / ``Double.toString``."""
+    if isinstance(x, float):
+        if math.isnan(x):
+            return "NaN"
+        if math.isinf(x):
+            return "Infinity" if x > 0 else "-Infinity"
+        if 1e-3 <= abs(x) < 1e7 or x == 0:
+            return repr(x) if x != int(x) else f"{x:.1f}"
+        mantissa, _, exponent = repr(x).partition("e")
+        if not exponent:
+            digits = f"{x:e}"
+            mantissa, _, exponent = digits.partition("e")
+            mantissa = repr(float(mantissa))
+        elif "." not in mantissa:
+            mantissa += ".0"
+        return f"{mantissa}E{int(exponent)}"
+    return str(x)
+
+
+def _range(
+    prefix: str,
+    path: str,
+    value: Any,
+    r: Any,
+    fmt: Callable[[Any], str],
+    out: list,
+    *,
+    floating: bool = False,
+    key: Callable[[Any], Any] = lambda v: v,
+) -> None:
+    """Upstream's bounds. One bound fires its own rule (``int32.gte``, "must be >= 0"); a
+    lower and an upper bound collapse into one rule (``int32.gte_lte``, "must be gte 0 and lte
+    10"), and reversed bounds (upper below lower) mean *outside* the range
+    (``int32.gt_lt_exclusive``, "must be gt 10 or lt 0"). Floating bounds say
+    "must be within gt/lt range"; a NaN satisfies no bound."""
+    lower_name = "gt" if r.HasField("gt") else ("gte" if r.HasField("gte") else None)
+    upper_name = "lt" if r.HasField("lt") else ("lte" if r.HasField("lte") else None)
+    lower = getattr(r, lower_name) if lower_name else None
+    upper = getattr(r, upper_name) if upper_name else None
+    v = key(value)
+
+    def above(bound: Any) -> bool:
+        return v >= key(bound) if lower_name == "gte" else v > key(bound)
+
+    def below(bound: Any) -> bool:
+        return v <= key(bound) if upper_name == "lte" else v < key(bound)
+
+    if lower_name and upper_name:
+        exclusive = key(upper) < key(lower)
+        ok = (above(lower) or below(upper)) if exclusive else (above(lower) and below(upper))
+        if not ok:
+            rule_id = f"{prefix}.{lower_name}_{upper_name}" + ("_exclusive" if exclusive else "")
+            if floating:
+                message = f"must be within {lower_name}/{upper_name} range"
+            else:
+                joiner = "or" if exclusive else "and"
+                message = f"must be {lower_name} {fmt(lower)} {joiner} {upper_name} {fmt(upper)}"
+            out.append(_v(path, rule_id, message))
+    elif lower_name:
+        if not above(lower):
+            sym = ">=" if lower_name == "gte" else ">"
+            out.append(_v(path, f"{prefix}.{lower_name}", f"must be {sym} {fmt(lower)}"))
+    elif upper_name and not below(upper):
+        sym = "<=" if upper_name == "lte" else "<"
+        out.append(_v(path, f"{prefix}.{upper_name}", f"must be {sym} {fmt(upper)}"))
 
 
 def _numeric(set_name: str) -> Callable[..., None]:
+    floating = set_name in ("double", "float")
+
     def check(fd: FieldDescriptor, rules: FieldRules, value: Any, path: str, out: list) -> None:
         if not rules.HasField(set_name):
             return
         r = getattr(rules, set_name)
-        rid = f"{set_name}."
-        if "finite" in r.DESCRIPTOR.fields_by_name and r.finite and not math.isfinite(value):
-            out.append(_v(path, rid + "finite", "must be finite"))
-            return
         if r.HasField("const") and value != r.const:
-            out.append(_v(path, rid + "const", f"must equal {_fmt(r.const)}"))
-        if r.HasField("gt") and not value > r.gt:
-            out.append(_v(path, rid + "gt", f"must be > {_fmt(r.gt)}"))
-        if r.HasField("gte") and not value >= r.gte:
-            out.append(_v(path, rid + "gte", f"must be >= {_fmt(r.gte)}"))
-        if r.HasField("lt") and not value < r.lt:
-            out.append(_v(path, rid + "lt", f"must be < {_fmt(r.lt)}"))
-        if r.HasField("lte") and not value <= r.lte:
-            out.append(_v(path, rid + "lte", f"must be <= {_fmt(r.lte)}"))
+            out.append(_v(path, f"{set_name}.const", f"must equal {_fmt(r.const)}"))
+        _range(set_name, path, value, r, _fmt, out, floating=floating)
         if len(getattr(r, "in")) and value not in list(getattr(r, "in")):
-            allowed = ", ".join(_fmt(x) for x in getattr(r, "in"))
-            out.append(_v(path, rid + "in", f"must be one of [{allowed}]"))
+            out.append(_v(path, f"{set_name}.in", "must be one of the allowed values"))
         if len(r.not_in) and value in list(r.not_in):
-            banned = ", ".join(_fmt(x) for x in r.not_in)
-            out.append(_v(path, rid + "not_in", f"must not be one of [{banned}]"))
+            out.append(_v(path, f"{set_name}.not_in", "must not be one of the forbidden values"))
+        if floating and r.finite and not math.isfinite(value):
+            out.append(_v(path, f"{set_name}.finite", "must be finite"))
 
     return check
 
 
 def _check_bool(fd: FieldDescriptor, rules: FieldRules, value: Any, path: str, out: list) -> None:
     if rules.HasField("bool") and rules.bool.HasField("const") and value != rules.bool.const:
-        out.append(_v(path, "bool.const", f"must be {str(rules.bool.const).lower()}"))
+        out.append(_v(path, "bool.const", f"must equal {str(rules.bool.const).lower()}"))
 
 
 def _check_enum(fd: FieldDescriptor, rules: FieldRules, value: Any, path: str, out: list) -> None:
     if not rules.HasField("enum"):
         return
     r = rules.enum
-    if r.defined_only and value not in fd.enum_type.values_by_number:
-        out.append(_v(path, "enum.defined_only", "value must be a defined enum value"))
     if r.HasField("const") and value != r.const:
         out.append(_v(path, "enum.const", f"must equal {r.const}"))
+    if r.defined_only and value not in fd.enum_type.values_by_number:
+        out.append(_v(path, "enum.defined_only", f"must be a defined enum value, got {value}"))
     if len(getattr(r, "in")) and value not in list(getattr(r, "in")):
-        allowed = ", ".join(str(x) for x in getattr(r, "in"))
-        out.append(_v(path, "enum.in", f"must be one of [{allowed}]"))
+        out.append(_v(path, "enum.in", "must be one of the allowed values"))
     if len(r.not_in) and value in list(r.not_in):
-        banned = ", ".join(str(x) for x in r.not_in)
-        out.append(_v(path, "enum.not_in", f"must not be one of [{banned}]"))
+        out.append(_v(path, "enum.not_in", "must not be one of the forbidden values"))
 
 
 def _check_bytes(fd: FieldDescriptor, rules: FieldRules, value: Any, path: str, out: list) -> None:
@@ -496,14 +562,19 @@ def _check_bytes(fd: FieldDescriptor, rules: FieldRules, value: Any, path: str, 
     if r.HasField("max_len") and n > r.max_len:
         out.append(_v(path, "bytes.max_len", f"length must be at most {r.max_len} bytes"))
     if r.HasField("prefix") and not value.startswith(r.prefix):
-        out.append(_v(path, "bytes.prefix", "value does not have the required prefix"))
+        out.append(_v(path, "bytes.prefix", "must start with the required bytes"))
     if r.HasField("suffix") and not value.endswith(r.suffix):
-        out.append(_v(path, "bytes.suffix", "value does not have the required suffix"))
+        out.append(_v(path, "bytes.suffix", "must end with the required bytes"))
     if r.HasField("contains") and r.contains not in value:
-        out.append(_v(path, "bytes.contains", "value does not contain the required bytes"))
+        out.append(_v(path, "bytes.contains", "must contain the required bytes"))
 
 
 # --- strings
+
+#: ISO 4217 currency codes and ISO 3166-1 alpha-2 region codes (pycountry's ISO data), as
+#: upstream checks them: membership, not only the shape.
+_ISO_4217 = frozenset(c.alpha_3 for c in pycountry.currencies)
+_ISO_3166_ALPHA2 = frozenset(c.alpha_2 for c in pycountry.countries)
 
 
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
@@ -578,17 +649,6 @@ def _is_base64(s: str) -> bool:
     return True
 
 
-def _is_email(s: str) -> bool:
-    local, at, domain = s.rpartition("@")
-    return (
-        bool(at)
-        and bool(local)
-        and len(local) <= 64
-        and " " not in local
-        and (_is_hostname(domain) and "." in domain)
-    )
-
-
 def _is_gtin(s: str) -> bool:
     if not s.isascii() or not s.isdigit() or len(s) not in (8, 12, 13, 14):
         return False
@@ -613,20 +673,17 @@ def _is_endpoint(s: str) -> bool:
 #: format rule -> (predicate, what the value must be)
 _FORMATS: dict[str, tuple[Callable[[str], bool], str]] = {
     "uuid": (lambda s: bool(_UUID.match(s)), "a valid UUID"),
-    "email": (_is_email, "a valid email address"),
-    "hostname": (_is_hostname, "a valid hostname"),
-    "uri": (lambda s: bool(_URI.match(s)), "an absolute URI"),
+    "email": (validation_cel.email_ok, "a valid email address"),
+    "hostname": (validation_cel.hostname_ok, "a valid hostname"),
+    "uri": (lambda s: validation_cel.uri_ok(s, absolute=True), "an absolute URI"),
     "ip": (_is_ip, "a valid IP address"),
     "ipv4": (lambda s: _is_ip(s, 4), "a valid IPv4 address"),
     "ipv6": (lambda s: _is_ip(s, 6), "a valid IPv6 address"),
-    "date": (_is_date, "an ISO-8601 date (YYYY-MM-DD)"),
-    "date_time": (_is_date_time, "an RFC 3339 date-time with an offset"),
-    "mime_type": (lambda s: bool(_MIME.match(s)), "a media type (type/subtype)"),
+    "date": (_is_date, "an ISO-8601 calendar date"),
+    "date_time": (_is_date_time, "an RFC 3339 date-time"),
+    "mime_type": (lambda s: bool(_MIME.match(s)), "an IANA media type (type/subtype)"),
     "language_tag": (lambda s: bool(_LANGUAGE_TAG.match(s)), "a BCP 47 language tag"),
-    "currency_code": (
-        lambda s: len(s) == 3 and s.isascii() and s.isupper(),
-        "an ISO 4217 currency code",
-    ),
+    "currency_code": (lambda s: s in _ISO_4217, "an ISO 4217 currency code"),
     "phone_number": (lambda s: bool(_PHONE.match(_PHONE_STRIP.sub("", s))), "a telephone number"),
     "sha256_hex": (
         lambda s: bool(re.fullmatch(r"[0-9a-f]{64}", s)),
@@ -634,13 +691,10 @@ _FORMATS: dict[str, tuple[Callable[[str], bool], str]] = {
     ),
     "sha1_hex": (lambda s: bool(re.fullmatch(r"[0-9a-f]{40}", s)), "a lowercase hex SHA-1 digest"),
     "hex": (lambda s: bool(re.fullmatch(r"[0-9a-f]+", s)), "lowercase hexadecimal"),
-    "base64": (_is_base64, "valid base64"),
-    "slug": (lambda s: bool(_SLUG.match(s)), "a lowercase slug"),
-    "region_code": (
-        lambda s: len(s) == 2 and s.isascii() and s.isalpha() and s.isupper(),
-        "an ISO 3166-1 alpha-2 region code",
-    ),
-    "protobuf_fqn": (lambda s: bool(_FQN.match(s)), "a fully-qualified protobuf name"),
+    "base64": (_is_base64, "base64"),
+    "slug": (lambda s: bool(_SLUG.match(s)), "a lowercase slug (a-z0-9 with interior ., _ or -)"),
+    "region_code": (lambda s: s in _ISO_3166_ALPHA2, "an ISO 3166-1 alpha-2 region code"),
+    "protobuf_fqn": (lambda s: bool(_FQN.match(s)), "a valid protobuf fully-qualified name"),
     "path_safe_name": (lambda s: bool(_PATH_SAFE.match(s)), "a path-safe name"),
     "gtin": (_is_gtin, "a valid GTIN"),
     "decimal": (lambda s: bool(_DECIMAL.match(s)), "an unsigned decimal number"),
@@ -649,36 +703,46 @@ _FORMATS: dict[str, tuple[Callable[[str], bool], str]] = {
 }
 
 
+def _java_list(values: Iterable[str]) -> str:
+    """A list as Java's ``List.toString`` prints it: ``[a, b]``."""
+    return "[" + ", ".join(values) + "]"
+
+
 def _check_string(fd: FieldDescriptor, rules: FieldRules, value: Any, path: str, out: list) -> None:
     if not rules.HasField("string"):
         return
     r = rules.string
     n = len(value)  # Python str length counts code points, as the dialect does
     if r.HasField("const") and value != r.const:
-        out.append(_v(path, "string.const", f"must equal {r.const!r}"))
+        out.append(_v(path, "string.const", f'must equal "{r.const}"'))
     if r.HasField("len") and n != r.len:
-        out.append(_v(path, "string.len", f"length must be exactly {r.len} characters"))
+        out.append(_v(path, "string.len", f"length must be exactly {r.len}"))
     if r.HasField("min_len") and n < r.min_len:
-        out.append(_v(path, "string.min_len", f"length must be at least {r.min_len} characters"))
+        out.append(_v(path, "string.min_len", f"length must be at least {r.min_len}"))
     if r.HasField("max_len") and n > r.max_len:
-        out.append(_v(path, "string.max_len", f"length must be at most {r.max_len} characters"))
+        out.append(_v(path, "string.max_len", f"length must be at most {r.max_len}"))
     if r.HasField("pattern") and not _regex(r.pattern).search(value):
-        out.append(_v(path, "string.pattern", f"value does not match pattern {r.pattern!r}"))
+        out.append(_v(path, "string.pattern", "value does not match pattern"))
     if r.HasField("prefix") and not value.startswith(r.prefix):
-        out.append(_v(path, "string.prefix", f"value must start with {r.prefix!r}"))
+        out.append(_v(path, "string.prefix", f'must start with "{r.prefix}"'))
     if r.HasField("suffix") and not value.endswith(r.suffix):
-        out.append(_v(path, "string.suffix", f"value must end with {r.suffix!r}"))
+        out.append(_v(path, "string.suffix", f'must end with "{r.suffix}"'))
     if r.HasField("contains") and r.contains not in value:
-        out.append(_v(path, "string.contains", f"value must contain {r.contains!r}"))
+        out.append(_v(path, "string.contains", f'must contain "{r.contains}"'))
     if r.HasField("not_contains") and r.not_contains in value:
-        out.append(_v(path, "string.not_contains", f"value must not contain {r.not_contains!r}"))
+        out.append(_v(path, "string.not_contains", f'must not contain "{r.not_contains}"'))
     allowed = list(getattr(r, "in"))
     if allowed and value not in allowed:
-        out.append(_v(path, "string.in", f"must be one of {allowed}"))
+        out.append(_v(path, "string.in", f"must be one of {_java_list(allowed)}"))
     if len(r.not_in) and value in list(r.not_in):
-        out.append(_v(path, "string.not_in", f"must not be one of {list(r.not_in)}"))
+        out.append(_v(path, "string.not_in", f"must not be one of {_java_list(r.not_in)}"))
     for name, (ok, what) in _FORMATS.items():
-        if getattr(r, name) and not ok(value):
+        if not getattr(r, name):
+            continue
+        if not value:
+            # As upstream (and protovalidate): an empty value is a rule of its own.
+            out.append(_v(path, f"string.{name}_empty", "value is empty"))
+        elif not ok(value):
             out.append(_v(path, f"string.{name}", f"value must be {what}"))
 
 
@@ -689,34 +753,59 @@ def _ts_nanos(m: Any) -> int:
     return m.seconds * 1_000_000_000 + m.nanos
 
 
+def _java_instant(nanos: int) -> str:
+    """A timestamp as Java's ``Instant.toString`` prints it (fraction in groups of three)."""
+    seconds, frac = divmod(nanos, 1_000_000_000)
+    text = _dt.datetime.fromtimestamp(seconds, _dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    if frac:
+        digits = f"{frac:09d}"
+        if digits[3:] == "000000":
+            digits = digits[:3]
+        elif digits[6:] == "000":
+            digits = digits[:6]
+        text += "." + digits
+    return text + "Z"
+
+
+def _java_duration(nanos: int) -> str:
+    """A duration as Java's ``Duration.toString`` prints it: ``PT1H30M``, ``PT0.5S``."""
+    if nanos == 0:
+        return "PT0S"
+    sign = "-" if nanos < 0 else ""
+    hours, rem = divmod(abs(nanos), 3_600_000_000_000)
+    minutes, rem = divmod(rem, 60_000_000_000)
+    secs, frac = divmod(rem, 1_000_000_000)
+    out = "PT"
+    if hours:
+        out += f"{sign}{hours}H"
+    if minutes:
+        out += f"{sign}{minutes}M"
+    if secs or frac:
+        fraction = f".{frac:09d}".rstrip("0") if frac else ""
+        out += f"{sign}{secs}{fraction}S"
+    return out
+
+
 def _check_message_value(
     fd: FieldDescriptor, rules: FieldRules, value: Any, path: str, out: list
 ) -> None:
     name = fd.message_type.full_name
     if name == "google.protobuf.Timestamp" and rules.HasField("timestamp"):
-        r, set_name = rules.timestamp, "timestamp"
+        r, set_name, render = rules.timestamp, "timestamp", _java_instant
     elif name == "google.protobuf.Duration" and rules.HasField("duration"):
-        r, set_name = rules.duration, "duration"
+        r, set_name, render = rules.duration, "duration", _java_duration
     else:
         return
-    v = _ts_nanos(value)
-    for op, test, sym in (
-        ("gt", lambda a, b: a > b, ">"),
-        ("gte", lambda a, b: a >= b, ">="),
-        ("lt", lambda a, b: a < b, "<"),
-        ("lte", lambda a, b: a <= b, "<="),
-    ):
-        if r.HasField(op) and not test(v, _ts_nanos(getattr(r, op))):
-            bound = json_format.MessageToJson(getattr(r, op)).strip('"')
-            out.append(_v(path, f"{set_name}.{op}", f"must be {sym} {bound}"))
+    _range(set_name, path, value, r, lambda b: render(_ts_nanos(b)), out, key=_ts_nanos)
     if set_name == "timestamp":
+        v = _ts_nanos(value)
         now = time.time_ns()
         if r.HasField("lt_now") and r.lt_now and not v < now:
             out.append(_v(path, "timestamp.lt_now", "must be in the past"))
         if r.HasField("gt_now") and r.gt_now and not v > now:
             out.append(_v(path, "timestamp.gt_now", "must be in the future"))
         if r.HasField("within") and abs(v - now) > _ts_nanos(r.within):
-            within = json_format.MessageToJson(r.within).strip('"')
+            within = _java_duration(_ts_nanos(r.within))
             out.append(_v(path, "timestamp.within", f"must be within {within} of now"))
 
 
@@ -755,6 +844,21 @@ def _message_dict(msg: Message) -> celtypes.Value:
     )
 
 
+def _cel_value(fd: FieldDescriptor, value: Any) -> celtypes.Value:
+    """A field value as CEL sees it: a Timestamp or Duration as a CEL timestamp or duration
+    (so ``this < now`` compares times, as upstream binds them), anything else as its JSON."""
+    if isinstance(value, Message):
+        name = value.DESCRIPTOR.full_name
+        if name == "google.protobuf.Timestamp":
+            return celtypes.TimestampType(
+                _dt.datetime.fromtimestamp(value.seconds, _dt.UTC)
+                + _dt.timedelta(microseconds=value.nanos // 1000)
+            )
+        if name == "google.protobuf.Duration":
+            return celtypes.DurationType(value.seconds, value.nanos)
+    return celenv.to_cel(_plain(fd, value))
+
+
 def _plain(fd: FieldDescriptor, value: Any) -> Any:
     """A field value (or element) as a JSON-shaped Python value for CEL."""
     if isinstance(value, Message):
@@ -767,26 +871,64 @@ def _plain(fd: FieldDescriptor, value: Any) -> Any:
     return value
 
 
+#: cel-python appends the activation (every bound value) to some error texts: never shown.
+_ACTIVATION_DUMP = re.compile(r"\s*\(?\s*(?:in|with) (?:activation|container)\b.*$", re.DOTALL)
+
+
+_CEL_CLASS = re.compile(r"'?<class 'celpy\.celtypes\.(\w+?)Type'>'?")
+_CEL_VALUE = re.compile(r"\b[A-Z]\w*Type\(")
+
+
+def _without_values(text: str) -> str:
+    """cel-python's error text with every value it quotes (``StringType('...')``) replaced by
+    ``<value>``: a violation never repeats the data it was about, nor the environment."""
+    out = []
+    pos = 0
+    for m in _CEL_VALUE.finditer(text):
+        if m.start() < pos:
+            continue
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            i += 1
+        out.append(text[pos : m.start()] + "<value>")
+        pos = i
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _eval_detail(exc: BaseException) -> str:
+    detail = str(exc.args[0]) if exc.args else type(exc).__name__
+    detail = _ACTIVATION_DUMP.sub("", detail)
+    detail = _CEL_CLASS.sub(lambda m: m.group(1).lower(), detail)
+    return _without_values(detail)[:300]
+
+
 def _run_cel(rule: Any, this: celtypes.Value, path: str, out: list[Violation]) -> None:
     expression = rule.expression
+    if not expression.strip():
+        return
+    rule_id = rule.id or expression  # upstream: an id-less rule is identified by its text
+    activation = {
+        "this": this,
+        "now": celtypes.TimestampType(_dt.datetime.now(_dt.UTC)),
+    }
     try:
-        result = celenv.program(expression).evaluate({"this": this})
+        result = validation_cel.program(expression).evaluate(activation)
     except celenv.CelCompileError as exc:
-        raise RuleError(path or "<message>", f"CEL rule {rule.id!r}: {exc}") from exc
+        raise RuleError(path or "<message>", f"CEL rule {rule_id!r}: {exc}") from exc
     except celpy.CELEvalError as exc:
         result = exc
     except Exception as exc:  # noqa: BLE001 - cel-python raises plain errors for some faults; fail closed
         result = celpy.CELEvalError(f"{type(exc).__name__}: {exc}")
     if isinstance(result, celpy.CELEvalError):
-        detail = result.args[0] if result.args else type(result).__name__
-        out.append(_v(path, rule.id, f'"{expression}" could not be evaluated: {detail}'))
+        detail = _eval_detail(result)
+        out.append(_v(path, rule_id, f'"{expression}" could not be evaluated: {detail}'))
     elif isinstance(result, celtypes.BoolType | bool):
         if not result:
-            out.append(_v(path, rule.id, rule.message or f'"{expression}" returned false'))
+            out.append(_v(path, rule_id, rule.message or f'"{expression}" returned false'))
     elif isinstance(result, celtypes.StringType | str):
         if str(result):
-            out.append(_v(path, rule.id, str(result)))
+            out.append(_v(path, rule_id, str(result)))
     else:
-        out.append(
-            _v(path, rule.id, f'"{expression}" returned {type(result).__name__}, not a bool')
-        )
+        out.append(_v(path, rule_id, "CEL rule must return bool or string"))

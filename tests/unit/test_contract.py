@@ -145,7 +145,7 @@ def test_uppercase_uuid_is_accepted():
 def test_workflow_name_of_201_characters_is_rejected():
     violations = validate_event(make_event(workflow_name="w" * 201))
     assert violations == [
-        Violation("workflow_name", "string.max_len", "length must be at most 200 characters")
+        Violation("workflow_name", "string.max_len", "length must be at most 200")
     ]
     assert validate_event(make_event(workflow_name="w" * 200)) == []
 
