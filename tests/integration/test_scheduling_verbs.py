@@ -1,0 +1,139 @@
+"""The scheduling fields through the verbs (real PostgreSQL, the host catalog): submit's
+priority / queue / fairnessKey / dedupKey, their defaults from a stored workflow, get-job and
+list-jobs showing and filtering them, invalid-input naming the field, and the dedup answer."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+
+from protomolt_jobs.errors import InvalidInput
+from tests.integration.test_verbs import make_verbs
+
+
+@pytest.fixture(scope="module")
+def services():
+    from tests.support.grpc_servers import TestServices
+
+    svc = TestServices().start()
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture
+def verbs(fresh_dsn, services):
+    v = make_verbs(fresh_dsn, services.target)
+    try:
+        yield v
+    finally:
+        v.close()
+
+
+def submit(verbs, **fields):
+    return verbs(
+        "submit-workflow", {"workflowName": "seed-review", "input": {"text": "hi"}, **fields}
+    )
+
+
+def test_submit_stores_the_fields_and_get_and_list_show_them(verbs):
+    out = submit(verbs, priority=1, queue="gpu", fairnessKey="team-a", dedupKey="d1")
+    assert out["ok"] and "deduplicated" not in out
+    job = verbs("get-job", {"jobId": out["jobId"]})["job"]
+    assert (job["priority"], job["queue"], job["fairnessKey"], job["dedupKey"]) == (
+        1,
+        "gpu",
+        "team-a",
+        "d1",
+    )
+    plain = submit(verbs)
+    job = verbs("get-job", {"jobId": plain["jobId"]})["job"]
+    assert (job["priority"], job["queue"], job["fairnessKey"]) == (3, "default", "default")
+    assert "dedupKey" not in job and "deadlineAt" not in job
+    listed = verbs("list-jobs", {"queue": "gpu"})["jobs"]
+    assert [j["jobId"] for j in listed] == [out["jobId"]]
+    assert [j["jobId"] for j in verbs("list-jobs", {"fairnessKey": "default"})["jobs"]] == [
+        plain["jobId"]
+    ]
+
+
+def test_a_stored_workflows_defaults_apply_and_the_submit_wins(verbs):
+    verbs.repository.put(
+        "sched-defaults",
+        {
+            **verbs.workflow,
+            "scheduling": {"priority": 2, "queue": "gpu", "fairnessKey": "wf-team"},
+        },
+    )
+    by_default = verbs(
+        "submit-workflow", {"workflowName": "sched-defaults", "input": {"text": "x"}}
+    )
+    job = verbs("get-job", {"jobId": by_default["jobId"]})["job"]
+    assert (job["priority"], job["queue"], job["fairnessKey"]) == (2, "gpu", "wf-team")
+    overridden = verbs(
+        "submit-workflow",
+        {"workflowName": "sched-defaults", "input": {"text": "x"}, "priority": 5, "queue": "cpu"},
+    )
+    job = verbs("get-job", {"jobId": overridden["jobId"]})["job"]
+    assert (job["priority"], job["queue"], job["fairnessKey"]) == (5, "cpu", "wf-team")
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"priority": 0}, "priority"),
+        ({"priority": 6}, "priority"),
+        ({"priority": "1"}, "priority"),
+        ({"priority": 1.5}, "priority"),
+        ({"priority": True}, "priority"),
+        ({"queue": ""}, "queue"),
+        ({"queue": 7}, "queue"),
+        ({"queue": "x" * 201}, "queue"),
+        ({"fairnessKey": "a\nb"}, "fairnessKey"),
+        ({"dedupKey": "   "}, "dedupKey"),
+    ],
+)
+def test_bad_scheduling_fields_are_invalid_input_naming_the_field(verbs, fields, field):
+    before = verbs.counts()
+    with pytest.raises(InvalidInput) as err:
+        submit(verbs, **fields)
+    assert err.value.details == {"field": field}
+    assert field in str(err.value)
+    assert verbs.counts() == before
+
+
+def test_a_bad_workflow_default_is_an_answer_naming_it(verbs):
+    verbs.repository.put("bad-defaults", {**verbs.workflow, "scheduling": {"priority": 9}})
+    out = verbs("submit-workflow", {"workflowName": "bad-defaults", "input": {"text": "x"}})
+    assert out["ok"] is False and "scheduling.priority" in out["error"]
+
+
+def test_fifty_concurrent_submits_with_one_dedup_key_answer_one_run(verbs):
+    barrier = threading.Barrier(50)
+    answers: list[dict] = []
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            barrier.wait(timeout=30)
+            answers.append(submit(verbs, jobId=str(uuid.uuid4()), dedupKey="nightly"))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    assert len(answers) == 50 and all(a["ok"] for a in answers)
+    (run_id,) = {a["jobId"] for a in answers}
+    assert sum(1 for a in answers if a.get("deduplicated")) == 49
+    assert verbs.counts()[0] == 1
+    # The run ends: the key is free again.
+    job = verbs.store.job_claim("w", 60)
+    assert str(job.job_id) == run_id
+    verbs.store.job_complete(job.lease, {}, "done")
+    again = submit(verbs, dedupKey="nightly")
+    assert again["ok"] and again["jobId"] != run_id and "deduplicated" not in again
