@@ -204,3 +204,42 @@ def test_config_errors():
     rc.stop()
     with pytest.raises(ValueError, match="after_row_commit"):
         arm("elsewhere")
+
+
+def test_scheduling_headers_reach_the_submitter():
+    job = str(uuid.uuid4())
+    sub = FakeSubmitter(Outcome(ok=True, job_id=job, status="QUEUED", created=True))
+    headers = [
+        ("priority", b"1"),
+        ("queue", b"gpu"),
+        ("fairnessKey", b"team-a"),
+        ("dedupKey", b"nightly"),
+        ("other", b"ignored"),
+    ]
+    message = Message(topic="rq", partition=0, offset=3, value=_request(job), headers=headers)
+    rc, fake = _consumer(FakeStore(), sub, [message])
+    assert rc.run_once(0) == 1
+    (call,) = sub.calls
+    assert (call["priority"], call["queue"], call["fairness_key"], call["dedup_key"]) == (
+        1,
+        "gpu",
+        "team-a",
+        "nightly",
+    )
+    assert fake.commits == [(0, 3)]
+
+
+@pytest.mark.parametrize(
+    ("header", "value"), [("priority", b"9"), ("queue", b" "), ("dedupKey", b"\xff")]
+)
+def test_a_bad_scheduling_header_is_rejected_naming_it(header, value):
+    store, sub = FakeStore(), FakeSubmitter(Outcome(ok=True))
+    message = Message(
+        topic="rq", partition=0, offset=4, value=_request(), headers=[(header, value)]
+    )
+    rc, fake = _consumer(store, sub, [message])
+    assert rc.run_once(0) == 1
+    assert sub.calls == []
+    (reject,) = store.rejects
+    assert reject[4].startswith("invalid-input: header") and header in reject[4]
+    assert fake.commits == [(0, 4)]
