@@ -119,20 +119,20 @@ class JobsConfig:
                 raise ConfigError(
                     f"jobs.{key} must be a positive integer of at most {most}; got {_shown(value)}"
                 )
-        for key, (least, most) in _SECONDS_LIMITS.items():
+        for key, (least, seconds_most) in _SECONDS_LIMITS.items():
             value = getattr(self, key)
             # Compare before math.isfinite: it raises OverflowError on a huge int.
             if (
                 isinstance(value, bool)
                 or not isinstance(value, (int, float))
                 or not (value > 0 if least is None else value >= least)
-                or value > most
+                or value > seconds_most
                 or not math.isfinite(value)
             ):
                 lower = "above 0" if least is None else f"at least {least:g}"
                 raise ConfigError(
                     f"jobs.{key} must be a finite number of seconds, {lower} and at most "
-                    f"{most:g}; got {_shown(value)}"
+                    f"{seconds_most:g}; got {_shown(value)}"
                 )
         if self.events_wire not in ("confluent", "raw"):
             raise ConfigError(

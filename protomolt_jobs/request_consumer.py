@@ -54,6 +54,7 @@ from protomolt_jobs.errors import InvalidInput, StoreError
 from protomolt_jobs.framing import REQUEST_INDEX_PATH, unframe
 from protomolt_jobs.input_rules import check_json, check_text
 from protomolt_jobs.service import Service
+from protomolt_jobs.wire import WorkflowRunRequest, validate_request
 
 __all__ = [
     "FAIL_AT_BIRTH_REASONS",
@@ -100,15 +101,13 @@ def _unframe(raw: bytes) -> bytes:
     return body
 
 
-def decode_request(raw: bytes | None) -> tuple[Any | None, str | None]:
+def decode_request(raw: bytes | None) -> tuple[WorkflowRunRequest | None, str | None]:
     """Decode a request record's value.
 
     :param raw: the record value (raw protobuf, or Confluent-framed protobuf), or None.
     :returns: ``(WorkflowRunRequest, None)``, or ``(None, reason)`` where reason starts with
         ``undecodable:``. Never raises.
     """
-    from protomolt_jobs.wire import WorkflowRunRequest
-
     if raw is None:
         return None, "undecodable: the record has no value (a tombstone)"
     body = bytes(raw)
@@ -415,11 +414,9 @@ class RequestConsumer(Service):
 
     def _handle(self, message: Message) -> str:
         """Write the record's one outcome; returns its name. Raises only StoreError."""
-        from protomolt_jobs.wire import validate_request
-
         request, problem = decode_request(message.value())
-        if problem is not None:
-            return self._reject(message, problem)
+        if request is None:
+            return self._reject(message, problem or "undecodable")
         violations = validate_request(request)
         if violations:
             return self._reject(message, f"invalid-request: {_summarize(violations)}")

@@ -260,10 +260,9 @@ class Submitter:
                 return _refuse("invalid-job-id", f"'jobId' must be a uuid; got '{job_id}'")
             key = parsed
         # 8. Insert (idempotent on job_id; a live dedup key answers its run).
-        stored_name = name or (
-            definition.get("name")
-            if isinstance(definition.get("name"), str) and definition.get("name").strip()
-            else "inline"
+        declared = definition.get("name")
+        stored_name: str = name or (
+            declared if isinstance(declared, str) and declared.strip() else "inline"
         )
         outcome = self.store.job_insert(
             NewJob(

@@ -7,6 +7,8 @@ upstream field numbers, types and enum values, so the bytes interchange with the
 
 from __future__ import annotations
 
+from typing import Any
+
 from google.protobuf import descriptor_pb2
 from google.protobuf.descriptor import FileDescriptor
 
@@ -80,7 +82,7 @@ def validate_request(msg: WorkflowRunRequest) -> list[Violation]:
     return validate_message(msg)
 
 
-def _expect(msg: object, cls: type) -> None:
+def _expect(msg: object, cls: Any) -> None:
     # Compare full names, not classes: a message parsed through another pool is still valid.
     name = getattr(getattr(msg, "DESCRIPTOR", None), "full_name", None)
     if name != cls.DESCRIPTOR.full_name:

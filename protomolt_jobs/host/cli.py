@@ -557,10 +557,10 @@ def cmd_workflow(args: argparse.Namespace) -> int:
     if status == 200:
         print(f"stored workflow '{args.name}'")
         return EXIT_OK
-    failed = ActionFailed(status, body)
-    print(str(failed), file=sys.stderr)
-    _print_findings(failed.envelope.get("findings") or [])
-    return EXIT_USAGE if failed.code == "invalid-input" else EXIT_ACTION_ERROR
+    refused = ActionFailed(status, body)
+    print(str(refused), file=sys.stderr)
+    _print_findings(refused.envelope.get("findings") or [])
+    return EXIT_USAGE if refused.code == "invalid-input" else EXIT_ACTION_ERROR
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -134,7 +134,7 @@ def discover(
     # Call each implementation on its own (keyword-free hook) so a duplicate role names both
     # plugins; pm.hook.protomolt_role_module() would return an anonymous list.
     for impl in pm.hook.protomolt_role_module.get_hookimpls():
-        module = impl.function()
+        module: RoleModule | None = impl.function()  # type: ignore[assignment]  # pluggy: untyped
         if module is None:
             continue
         owner = f"{impl.plugin_name} ({type(module).__module__}.{type(module).__qualname__})"

@@ -92,7 +92,7 @@ def _message_class(descriptor: Any) -> type:
 
 
 #: ``{rpc name: (verb, request class, response class)}`` for every RPC of the service.
-RPCS: dict[str, tuple[str, type, type]] = {
+RPCS: dict[str, tuple[str, Any, Any]] = {
     m.name: (verb_of(m.name), _message_class(m.input_type), _message_class(m.output_type))
     for m in _SERVICE_DESCRIPTOR.methods
 }
@@ -369,7 +369,7 @@ class ProtoMoltGrpcServer:
         )
 
     def _transcoder(
-        self, rpc_name: str, verb: str, request_cls: type, response_cls: type
+        self, rpc_name: str, verb: str, request_cls: Any, response_cls: Any
     ) -> Callable[[bytes, grpc.ServicerContext], Any]:
         catalog = self.catalog
         type_name = request_cls.DESCRIPTOR.full_name

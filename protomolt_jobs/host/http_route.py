@@ -346,6 +346,8 @@ class _Dispatcher:
                 method,
                 close=True,
             )
+        route: HttpRoute | None
+        params: dict[str, str]
         if path == _HEALTH:
             route, params = self.health_route, {}
             if method not in route.methods:

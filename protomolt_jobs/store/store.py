@@ -633,7 +633,8 @@ class JobStore:
         _positive_seconds("lease_s", lease_s)
         with self._connection() as conn:
             row = _fenced(conn, "job_heartbeat", lease, {"lease_s": float(lease_s)})
-        return row["lease_until"]
+        lease_until: datetime = row["lease_until"]
+        return lease_until
 
     @_translated
     def job_checkpoint(self, lease: Lease, entry: dict[str, Any]) -> None:
@@ -760,7 +761,8 @@ class JobStore:
                 {"backoff_s": float(backoff_s), "error": scrub_text(error)},
             )
             _execute(conn, "job_notify", {})
-        return row["run_after"]
+        run_after: datetime = row["run_after"]
+        return run_after
 
     @_translated
     def job_dead(self, lease: Lease, error: str) -> None:

@@ -246,7 +246,7 @@ def backlogged(job: Any) -> bool:
     """
     try:
         waited = job.updated_at - max(job.created_at, job.run_after)
-        return waited.total_seconds() >= BACKLOG_S
+        return bool(waited.total_seconds() >= BACKLOG_S)
     except (AttributeError, TypeError):
         return True
 

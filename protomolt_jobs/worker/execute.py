@@ -97,7 +97,7 @@ def backoff_s(base_s: float, attempt: int) -> float:
     :param attempt: the 1-based attempt that just failed.
     """
     exponent = min(max(attempt - 1, 0), _MAX_BACKOFF_EXPONENT)
-    return float(base_s) * (2**exponent)
+    return float(base_s) * float(2**exponent)
 
 
 class _Abandon(Exception):
@@ -125,9 +125,9 @@ class _FinalCheckpoint:
     def __init__(self, n_done: int, n_steps: int) -> None:
         self._next = n_done
         self._last = n_steps - 1
-        self.entry: dict | None = None
+        self.entry: dict[str, Any] | None = None
 
-    def holds(self, entry: dict) -> bool:
+    def holds(self, entry: dict[str, Any]) -> bool:
         """Count one new checkpoint; keep it (True) when it is the workflow's last step's."""
         index = self._next
         self._next += 1
@@ -136,7 +136,7 @@ class _FinalCheckpoint:
             return True
         return False
 
-    def take(self) -> dict | None:
+    def take(self) -> dict[str, Any] | None:
         """The held entry (once), or None."""
         entry, self.entry = self.entry, None
         return entry
@@ -347,10 +347,10 @@ class SegmentExecutor:
         ctx: dict[str, Any],
         final: _FinalCheckpoint,
         meter: CostMeter | None = None,
-    ) -> Callable[[dict], None]:
+    ) -> Callable[[dict[str, Any]], None]:
         lock = threading.Lock()  # a graph run's entries are written one at a time, in order
 
-        def on_checkpoint(entry: dict) -> None:
+        def on_checkpoint(entry: dict[str, Any]) -> None:
             with lock:
                 if guard.lost:
                     raise LeaseLost(
@@ -374,7 +374,7 @@ class SegmentExecutor:
 
         return on_checkpoint
 
-    def _checkpoint(self, guard: LeaseGuard, ctx: dict[str, Any], entry: dict) -> None:
+    def _checkpoint(self, guard: LeaseGuard, ctx: dict[str, Any], entry: dict[str, Any]) -> None:
         try:
             self._store.job_checkpoint(guard.lease, entry)
         except LeaseLost:
@@ -413,7 +413,7 @@ class SegmentExecutor:
 
     # -- snapshot and input --------------------------------------------------------------
 
-    def _read_row(self, job: Any, next_target: Callable[[Any, int], str | None]) -> tuple:
+    def _read_row(self, job: Any, next_target: Callable[[Any, int], str | None]) -> tuple[Any, ...]:
         """Everything the segment needs from the claimed row: ``(workflow, input message,
         prior checkpoints, target of the next step or None)``.
 
@@ -499,7 +499,7 @@ class SegmentExecutor:
                 "", f"MAPPING: stored input is not valid proto3 JSON for {type_name}: {reason}"
             ) from exc
 
-    def _prior(self, job: Any) -> list[dict]:
+    def _prior(self, job: Any) -> list[dict[str, Any]]:
         prior = job.checkpoints
         if prior is None:
             return []

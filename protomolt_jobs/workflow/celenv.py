@@ -171,6 +171,7 @@ class Program:
         names = tuple(activation)
         expr = self._fast.get(names, _NO_ANSWER)
         if expr is _NO_ANSWER:
+            assert self.text is not None  # only called when there is a text (see evaluate)
             expr = _cx_compile(self.text, names, strings=self._functions is not None)
             self._fast[names] = expr
         if expr is None:

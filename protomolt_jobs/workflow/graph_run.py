@@ -534,8 +534,8 @@ def _settle(run: _Run) -> Completed:
         )
     _compensate(run)
     if state.unhandled is not None:
-        exc = run.errors[state.unhandled]
-        error = WorkflowExecutionError(exc.kind, exc.step, exc.message, code=exc.code)
+        first = run.errors[state.unhandled]
+        error = WorkflowExecutionError(first.kind, first.step, first.message, code=first.code)
     else:
         req = next(
             (n for n in g.required(run.workflow) if state.outcomes.get(n) != g.SUCCEEDED), ""

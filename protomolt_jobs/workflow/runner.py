@@ -158,7 +158,7 @@ def _build(
     type_desc: Any,
     rules: Any,
     cel_rules: Any,
-    scope: _Scope,
+    scope: _Scope | Any,  # runner's _Scope or a graph run's read-only _Values (same shape)
     step_name: str,
 ) -> Message:
     msg = message_class(type_desc)()

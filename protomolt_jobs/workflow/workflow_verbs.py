@@ -111,9 +111,9 @@ class RunWorkflowAction:
         input = _require_object(input)
         if "input" not in input or not isinstance(input.get("input"), dict):
             raise InvalidInput("'input' must be a JSON object", {"field": "input"})
-        definition, answer = _resolve(input, self.repository)
-        if answer is not None:
-            return answer
+        definition, refusal = _resolve(input, self.repository)
+        if refusal is not None:
+            return refusal
         if not isinstance(definition, dict):
             raise InvalidInput("'workflow' must be a JSON object", {"field": "workflow"})
         try:
@@ -202,11 +202,11 @@ class CheckWorkflowAction:
         if not isinstance(simulate, bool):
             raise InvalidInput("'simulate' must be a boolean", {"field": "simulate"})
         if "workflow" not in input and "workflowName" in input:
-            definition, answer = _resolve(input, self.repository)
-            if answer is not None:
+            definition, refusal = _resolve(input, self.repository)
+            if refusal is not None:
                 return {
                     "ok": False,
-                    "findings": [{"step": "", "kind": "workflow", "error": answer["error"]}],
+                    "findings": [{"step": "", "kind": "workflow", "error": refusal["error"]}],
                 }
         else:
             definition = input.get("workflow")
