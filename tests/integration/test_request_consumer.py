@@ -15,6 +15,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from google.protobuf import struct_pb2
 
+from protomolt_jobs import request_consumer
 from protomolt_jobs import wire as contract
 from protomolt_jobs.config import CONSUMER_GROUP, JobsConfig
 from protomolt_jobs.crashpoints import CRASH_EXIT_CODE
@@ -241,13 +242,16 @@ def test_broker_outage_makes_the_loop_wait_not_die(fresh_dsn, store, broker, top
     wait_for(lambda: store.job_get(first) is not None, timeout_s=60)
     broker.pause()
     try:
-        # the broker is frozen for a while (the scenario, not a wait for state)
-        time.sleep(6)
+        # frozen until the consumer notices: its session times out and it loses the partition
+        wait_for(lambda: not consumer._assigned, timeout_s=60)
     finally:
         broker.resume()
+    assert consumer.health().state.value == "RUNNING"  # waiting, not dead
     second = str(uuid.uuid4())
     produce(broker.bootstrap, topic, request(second), key=second)
-    wait_for(lambda: store.job_get(second) is not None, timeout_s=60)
+    # handled is appended after the offset commit: wait for that, not for the row
+    wait_for(lambda: len(consumer.handled) == 2, timeout_s=60)
+    assert store.job_get(second) is not None
     assert [h[0] for h in consumer.handled] == ["submitted", "submitted"]
 
 
@@ -288,7 +292,7 @@ def test_an_unexpected_failure_is_stored_as_a_reject_not_lost(
             raise RuntimeError("a defect in the request rules")
         return real(req)
 
-    monkeypatch.setattr(contract, "validate_request", flaky)
+    monkeypatch.setattr(request_consumer, "validate_request", flaky)
     first, second = str(uuid.uuid4()), str(uuid.uuid4())
     produce(broker.bootstrap, topic, request(first), key="k")
     produce(broker.bootstrap, topic, request(second), key="k")
