@@ -61,7 +61,7 @@ class WorkerProcesses:
         self._args = list(args)
         self._worker_id = worker_id
         self._env = dict(os.environ if env is None else env)
-        self._procs: list[subprocess.Popen | None] = [None] * count
+        self._procs: list[subprocess.Popen[str] | None] = [None] * count
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
@@ -142,7 +142,7 @@ class WorkerProcesses:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _spawn(self, i: int) -> subprocess.Popen:
+    def _spawn(self, i: int) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
             self.argv(i), stdout=subprocess.PIPE, text=True, env=self._env, start_new_session=False
         )

@@ -311,7 +311,7 @@ class Dashboard:
             )
         names = await self._inspect("step_names", job_id) or []
         done = {c.get("name"): c for c in job.get("checkpoints") or [] if isinstance(c, dict)}
-        timeline = []
+        timeline: list[dict[str, Any]] = []
         for name in names or list(done):
             entry = done.get(name)
             if entry is not None:
