@@ -264,7 +264,13 @@ def test_a_structured_step_asks_the_configured_generator(generator):
     runtime = Runtime(structured_generator=generator.target)
     result, entries = _run(graph([_structured()]), {"text": "x"}, runtime)
     assert result.output_json == {"step": "gen:m1", "seen": [], "index": 0}
-    assert entries == [{"name": "gen", "skipped": False, "response": {"step": "gen:m1"}}]
+    assert entries == [
+        {
+            "name": "gen",
+            "skipped": False,
+            "response": {"step": "gen:m1", "seen": [], "index": 0},
+        }
+    ]
     (request,) = generator.requests
     assert (request.target_type, request.model, request.max_attempts) == (
         "jobs.test.StepReply",

@@ -90,7 +90,12 @@ def test_the_diamond_runs_b_and_c_at_once(store, fresh_dsn, services):
     names = [cp["name"] for cp in row.checkpoints]
     assert len(names) == 4 and names[0] == "a" and names[-1] == "d"
     assert sorted(names[1:3]) == ["b", "c"]
-    assert row.checkpoints[-1]["response"] == {"step": "d", "seen": ["a", "b", "a", "c", "d"]}
+    # responses are stored with default-valued fields printed (index 0), as upstream does
+    assert row.checkpoints[-1]["response"] == {
+        "step": "d",
+        "seen": ["a", "b", "a", "c", "d"],
+        "index": 0,
+    }
     # claim, three checkpoints, and the completion carrying d's checkpoint
     assert calls == [
         "job_claim",
