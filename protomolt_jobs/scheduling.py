@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_QUEUE",
     "MAX_NAME_CHARS",
     "ON_EXCEEDED",
+    "PAUSE_SUPPORTED",
     "Budget",
     "FieldError",
     "Scheduling",
@@ -51,6 +52,11 @@ DEFAULT_FAIRNESS_KEY = "default"
 MAX_NAME_CHARS = 200
 #: What ``budget.onExceeded`` may say.
 ON_EXCEEDED = ("fail", "pause")
+#: Whether ``onExceeded: "pause"`` is accepted. False until operator control's PAUSED status
+#: (migration 0002, issue #15) has landed *and* both budget paths pause with it (the store's
+#: ``job_budget_sweep`` and the worker's cost check); until then ``pause`` is refused at submit
+#: rather than silently failing runs.
+PAUSE_SUPPORTED = False
 
 # ISO-8601 durations without years or months (their length varies): PnW, PnDTnHnMnS.
 _DURATION = re.compile(

@@ -234,7 +234,6 @@ class Submitter:
             return _refuse("invalid-input", message)
         # 6. Scheduling and budget.
         from protomolt_jobs import scheduling
-        from protomolt_jobs.store.records import JOB_STATUSES
 
         submitted = {
             "priority": priority,
@@ -244,7 +243,7 @@ class Submitter:
         }
         try:
             sched = scheduling.resolve(definition, submitted)
-            budget = scheduling.parse_budget(definition, pause_supported="PAUSED" in JOB_STATUSES)
+            budget = scheduling.parse_budget(definition, pause_supported=scheduling.PAUSE_SUPPORTED)
             scheduling.check_step_costs(definition)
         except scheduling.FieldError as exc:
             own = exc.field.startswith(("scheduling", "budget", "steps["))

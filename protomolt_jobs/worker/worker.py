@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from protomolt_jobs import metrics, tracing
+from protomolt_jobs.errors import StoreError
 from protomolt_jobs.service import ServiceHealth, ServiceState
 from protomolt_jobs.worker.claim import ClaimLoop, Doorbell, Listener, Poller
 from protomolt_jobs.worker.execute import SegmentExecutor
@@ -37,6 +38,9 @@ from protomolt_jobs.worker.permits import TargetPermits
 __all__ = ["Worker"]
 
 log = logging.getLogger("protomolt_jobs.worker")
+
+#: How often a worker re-reads which queues have fleet-wide limits, seconds.
+LIMITS_REFRESH_S = 30.0
 
 # After the release pass, how long to wait for loop threads that are still in a call.
 _JOIN_AFTER_RELEASE_S = 2.0
@@ -88,6 +92,7 @@ class Worker:
         # Sorted: claimers of several limited queues lock their limits rows in one order.
         self._queues: tuple[str, ...] = tuple(sorted(config.queues))
         self._limited: frozenset[str] = frozenset()
+        self._limits_read_at = 0.0
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -235,6 +240,7 @@ class Worker:
         if sync is None:
             return
         self._limited = frozenset(sync(limits))
+        self._limits_read_at = time.monotonic()
         if limits or self._limited:
             log.info(
                 "queue limits in force",
@@ -246,7 +252,23 @@ class Worker:
                 },
             )
 
+    def _refresh_queue_limits(self) -> None:
+        """Re-read the limited queues every :data:`LIMITS_REFRESH_S` (another node may have
+        limited a queue this one serves since it started); one statement per interval per
+        process, never per job. A failed read keeps the last set."""
+        if time.monotonic() - self._limits_read_at < LIMITS_REFRESH_S:
+            return
+        self._limits_read_at = time.monotonic()
+        sync = getattr(self._store, "queue_limits_sync", None)
+        if sync is None:
+            return
+        try:
+            self._limited = frozenset(sync({}))
+        except StoreError:
+            pass
+
     def _claim(self) -> Any:
+        self._refresh_queue_limits()
         if self._queues == ("default",) and not self._limited:
             job = self._store.job_claim(self.worker_id, self.config.lease_seconds)
         else:
