@@ -639,7 +639,32 @@ def _scale_sched(dsn: str, store: Any, definition: dict, rows: int, samples: int
         "sched_queued": rows,
         "claim_sched": summary_ms(claims),
         "claim_limited": summary_ms(limited_claims),
+        # What one claim reads, counted by the database (load does not change it).
+        "claim_sched_buffers": _claim_buffers(dsn, "job_claim", {"queues": every}),
+        "claim_limited_buffers": _claim_buffers(
+            dsn,
+            "job_claim_limited",
+            {"queues": ["q0", "q1", "q2"], "limited": sorted(limited), "skip_busy": True},
+        ),
     }
+
+
+def _claim_buffers(dsn: str, query: str, params: dict) -> int:
+    """Shared buffers (hit + read) of one claim under EXPLAIN (ANALYZE, BUFFERS), rolled back."""
+    import re
+
+    from protomolt_jobs.store.queries import QUERIES
+
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS) " + QUERIES[query],
+            {"worker_id": "bench-scale", "lease_s": 60.0, **params},
+        ).fetchall()
+        conn.rollback()
+    for (line,) in rows:
+        if "Buffers:" in line:
+            return sum(int(n) for n in re.findall(r"(?:hit|read)=(\d+)", line))
+    return 0
 
 
 def scale(

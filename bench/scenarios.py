@@ -260,7 +260,8 @@ def scale(opts: Options) -> dict:
             print(
                 f"  scale      {p['terminal_rows']:>9d} terminal + {p['sched_queued']} queued over "
                 f"10 queues x 1000 keys: claim {p['claim_sched']}  "
-                f"limited claim {p['claim_limited']}",
+                f"limited claim {p['claim_limited']}  buffers per claim "
+                f"{p['claim_sched_buffers']} / limited {p['claim_limited_buffers']}",
                 flush=True,
             )
     return {"points": points}
