@@ -126,7 +126,8 @@ def services():
 
 @pytest.fixture
 def node(tmp_path, fresh_dsn):
-    surfaces = start_node(node_environ(tmp_path / "data", fresh_dsn, connect_timeout_seconds="1"))
+    # The default bound (jobs.connect_timeout_seconds = 2): answers must come within 3 s.
+    surfaces = start_node(node_environ(tmp_path / "data", fresh_dsn))
     yield surfaces
     surfaces.close()
 
