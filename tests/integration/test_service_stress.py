@@ -28,6 +28,7 @@ from tests.support.worker_proc import jobs_config
 SERVICES = [
     "sweeper",
     "pruner",
+    "pruner",
     "poller",
     "listener",
     "heartbeat",
@@ -61,6 +62,8 @@ def _factory(kind: str, store, dsn: str, request):
     config = jobs_config(dsn)
     if kind == "sweeper":
         return lambda: Sweeper(store, config=config)
+    if kind == "pruner":
+        return lambda: Pruner(store, config=config)
     if kind == "pruner":
         return lambda: Pruner(store, config=config)
     if kind == "poller":
