@@ -43,6 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from protomolt_jobs.logs import FORMATS
+from protomolt_jobs.logs import configure as configure_logging
+
 __all__ = ["NodeSurfaces", "main", "start_surfaces"]
 
 log = logging.getLogger("protomolt_jobs.cli")
@@ -601,6 +604,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run a node (embedded PostgreSQL when no dsn is set)")
     serve.add_argument("--config", help="protomolt.toml ([node] and [jobs] tables)")
     serve.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    _log_format_option(serve)
     serve.add_argument(
         "--processes",
         type=int,
@@ -669,8 +673,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--http-port", type=int, default=0, help="actions route port (default: a free port)"
     )
+    _log_format_option(demo)
     demo.set_defaults(func=cmd_demo)
     return parser
+
+
+def _log_format_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="text",
+        help="text (default: job fields after the message) or json (one object per line)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -682,12 +696,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
-    logging.basicConfig(
-        level=getattr(logging, str(getattr(args, "log_level", "WARNING")).upper(), logging.INFO)
+    configure_logging(
+        getattr(logging, str(getattr(args, "log_level", "WARNING")).upper(), logging.INFO)
         if args.command == "serve"
         else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        getattr(args, "log_format", "text"),
     )
     func: Callable[[argparse.Namespace], int] = args.func
     try:

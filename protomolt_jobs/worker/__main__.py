@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import signal
 import sys
@@ -39,6 +38,8 @@ from protomolt_jobs import crashpoints
 from protomolt_jobs.app import JobsApp, Lanes
 from protomolt_jobs.config import ConfigError, JobsConfig
 from protomolt_jobs.errors import StoreError
+from protomolt_jobs.logs import FORMATS
+from protomolt_jobs.logs import configure as configure_logging
 from protomolt_jobs.workflow import Runtime
 
 _ENV_PREFIX = "PROTOMOLT_JOBS_"
@@ -78,6 +79,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     parser.add_argument("--no-sweeper", action="store_true", help="do not run the lease sweeper")
     parser.add_argument("--log-level", default=environ.get("PROTOMOLT_LOG_LEVEL", "INFO"))
     parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default=environ.get("PROTOMOLT_LOG_FORMAT", "text"),
+        help="text (job fields after the message) or json (one object per line)",
+    )
+    parser.add_argument(
         "--processes",
         type=int,
         default=1,
@@ -95,14 +102,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        logging.Formatter(
-            "%(asctime)s %(levelname)s %(name)s %(action)s %(message)s",
-            defaults={"action": "-"},
-        )
-    )
-    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    configure_logging(args.log_level, args.log_format)
     if args.processes > 1:
         return _supervise(args, argv, environ)
 

@@ -33,6 +33,7 @@ class WorkerProcess:
     :param worker_id: ``jobs.worker_id`` (distinct per process).
     :param crash_at: ``PROTOMOLT_JOBS_CRASH_AT`` (``"after_claim"``, ``"after_checkpoint:embed"``).
     :param sweeper: run the lease sweeper in the process.
+    :param log_format: ``--log-format`` (``text`` or ``json``).
     :param jobs_keys: further ``[jobs]`` keys (``lease_seconds=2``, ``worker_count=2`` ...).
     """
 
@@ -43,9 +44,11 @@ class WorkerProcess:
         worker_id: str,
         crash_at: str | None = None,
         sweeper: bool = True,
+        log_format: str = "text",
         **jobs_keys: Any,
     ) -> None:
         self.dsn = dsn
+        self.log_format = log_format
         self.worker_id = worker_id
         self.crash_at = crash_at
         self.sweeper = sweeper
@@ -73,6 +76,8 @@ class WorkerProcess:
             self.dsn,
             "--log-level",
             "INFO",
+            "--log-format",
+            self.log_format,
         ]
         for key, value in self.jobs_keys.items():
             argv += ["--set", f"{key}={value}"]
