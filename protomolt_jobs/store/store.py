@@ -47,6 +47,8 @@ Failures
   an idle timeout) is noticed before it is used, without a round trip (its socket has the
   server's goodbye to read), closed, and the call goes on with a fresh connection
   (:meth:`JobStore._connection`).
+- A read whose connection breaks under it (the server killed it after that look) runs once
+  more on a fresh connection (``_read_retried_once``).
 - The database connection drops mid-write: the transaction rolls back; the store raises
   :class:`~protomolt_jobs.errors.StoreUnavailable` (driver error as ``__cause__``) and does not
   retry, because it cannot know whether the server committed; the write may be retried by the
@@ -189,6 +191,28 @@ def session_options(dsn: str) -> str:
     except psycopg.ProgrammingError:
         existing = ""  # a malformed DSN fails at connect, with libpq's own message
     return f"{existing} -c {SESSION_SETTING}=store".strip()
+
+
+def _read_retried_once(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Reads only: when the connection breaks under the read (its server was killed after
+    :func:`_server_gone` looked), run it once more on a fresh connection. A read changes
+    nothing, so running it twice is safe; writes are never retried here (one whose
+    connection died may have committed)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return fn(*args, **kwargs)
+        except psycopg.OperationalError as exc:
+            log.info(
+                "%s: the connection broke (%s); reading once more on a fresh one",
+                fn.__name__,
+                type(exc).__name__,
+                extra={"action": "store_read_retried", "operation": fn.__name__},
+            )
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 class JobStore:
@@ -441,6 +465,7 @@ class JobStore:
         return InsertOutcome(JobRecord.from_row(row), created=True)
 
     @_translated
+    @_read_retried_once
     def job_get(self, job_id: uuid.UUID | str) -> JobRecord | None:
         """One job's full row.
 
@@ -459,6 +484,7 @@ class JobStore:
         return JobRecord.from_row(row) if row else None
 
     @_translated
+    @_read_retried_once
     def job_list(
         self,
         status: str | None = None,
@@ -505,6 +531,7 @@ class JobStore:
         return [JobRecord.from_row(r) for r in rows]
 
     @_translated
+    @_read_retried_once
     def metrics_counts(self) -> tuple[dict[str, int], int]:
         """Runs per status and the number of PENDING outbox rows (for ``/metrics``).
 
@@ -1063,6 +1090,7 @@ class JobStore:
         return OutboxRow.from_row(row) if row else None
 
     @_translated
+    @_read_retried_once
     def outbox_for_job(self, job_id: uuid.UUID | str) -> list[OutboxRow]:
         """Every outbox row of one job, in ``seq`` order (whatever their status).
 
@@ -1155,6 +1183,7 @@ class JobStore:
             return cur.rowcount
 
     @_translated
+    @_read_retried_once
     def outbox_pending_count(self, cap: int) -> int:
         """PENDING outbox rows, counted up to ``cap`` (a bounded read however large the
         backlog). SQL: ``outbox_pending_count``. Transaction: one read.

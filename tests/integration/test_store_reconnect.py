@@ -13,6 +13,7 @@ import threading
 import psycopg
 import pytest
 
+from protomolt_jobs.errors import StoreUnavailable
 from protomolt_jobs.store import JobStore
 from tests.support.factories import claimed_job, queued_job
 from tests.support.node import wait_for
@@ -97,3 +98,41 @@ def test_every_killed_connection_of_a_larger_pool_fails_at_most_once(fresh_dsn):
             assert store.job_get(job.job_id).status == "QUEUED"
     finally:
         store.close()
+
+
+class TestTheRaceAfterTheLook:
+    """The server kills a connection after the store looked at it (here: the look is made
+    blind, so every killed connection reaches a statement)."""
+
+    @pytest.fixture(autouse=True)
+    def blind(self, monkeypatch):
+        import protomolt_jobs.store.store as store_module
+
+        monkeypatch.setattr(store_module, "_server_gone", lambda conn: False)
+
+    def test_a_read_runs_once_more_on_a_fresh_connection(self, one_conn_store, fresh_dsn):
+        job = queued_job(one_conn_store)
+        _kill_pool_connections(fresh_dsn)
+        again = one_conn_store.job_get(job.job_id)
+        assert again is not None and again.status == "QUEUED"
+
+    def test_a_write_is_not_retried_and_is_unavailable(self, one_conn_store, fresh_dsn):
+        job = claimed_job(one_conn_store)
+        _kill_pool_connections(fresh_dsn)
+        with pytest.raises(StoreUnavailable) as caught:
+            one_conn_store.job_checkpoint(job.lease, {"name": "first", "skipped": True})
+        assert isinstance(caught.value.__cause__, psycopg.OperationalError)
+        # The failed call wrote nothing and the store did not quietly run it again.
+        assert (
+            _count(
+                fresh_dsn,
+                "SELECT jsonb_array_length(checkpoints) FROM workflow_run WHERE job_id=%(id)s",
+                {"id": job.job_id},
+            )
+            == 0
+        )
+        # The caller's own retry, under the same live lease, lands exactly once.
+        one_conn_store.job_checkpoint(job.lease, {"name": "first", "skipped": True})
+        assert one_conn_store.job_get(job.job_id).checkpoints == [
+            {"name": "first", "skipped": True}
+        ]
