@@ -22,8 +22,8 @@ from celpy import celtypes
 from google.protobuf import descriptor as _d
 
 from protomolt_jobs.workflow import cel as _cel
+from protomolt_jobs.workflow import cel_check, mapping
 from protomolt_jobs.workflow import graph as _graph
-from protomolt_jobs.workflow import mapping
 from protomolt_jobs.workflow.envelope import message_class, parse_workflow
 from protomolt_jobs.workflow.types import (
     EXTERNAL,
@@ -106,11 +106,15 @@ def _check_mapping(
     for crule in cel_rules:
         label = crule.target
         if crule.filter.strip():
-            error = _check_cel(crule.filter, activation, boolean=True)
+            error = cel_check.type_error(crule.filter, scope, target, boolean=True) or _check_cel(
+                crule.filter, activation, boolean=True
+            )
             if error:
                 out.append(Finding(step, cel_kind, f"filter: {error} ({label})"))
         if crule.selector.strip():
-            error = _check_cel(crule.selector, activation, boolean=False)
+            error = cel_check.type_error(
+                crule.selector, scope, target, boolean=False
+            ) or _check_cel(crule.selector, activation, boolean=False)
             if error:
                 out.append(Finding(step, cel_kind, f"selector: {error} ({label})"))
         try:
@@ -197,9 +201,16 @@ def _verify(workflow: CompiledWorkflow) -> list[Finding]:
             _check_mapping(name, None, step.rules, step.cel_rules, scope, step.input_type)
         )
         if step.when.strip():
-            error = _check_cel(step.when, _trial_scope(scope, step.input_type), boolean=True)
+            error = cel_check.type_error(
+                step.when, scope, step.input_type, boolean=True
+            ) or _check_cel(step.when, _trial_scope(scope, step.input_type), boolean=True)
             if error:
                 findings.append(Finding(name, "when", f"{error} ({step.when})"))
+        if step.validate and step.output_type is not None:
+            findings.extend(
+                Finding(name, "validate", text)
+                for text in cel_check.declared_rule_findings(step.output_type)
+            )
         scope[name] = step.output_type
     if workflow.output is not None:
         out = workflow.output
@@ -292,7 +303,9 @@ def _check_graph_step(
         out.extend(_check_edge(workflow, step, scope, ancestors))
     if step.when.strip() and step.structured is None:
         target = step.input_type
-        error = _check_cel(step.when, _trial_scope(scope, target), boolean=True)
+        error = cel_check.type_error(step.when, scope, target, boolean=True) or _check_cel(
+            step.when, _trial_scope(scope, target), boolean=True
+        )
         if error:
             out.append(Finding(name, "when", f"{error} ({step.when})"))
     return out
