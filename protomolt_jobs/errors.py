@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 __all__ = [
     "ERROR_CLASSES",
     "ActionError",
+    "ControlApplied",
     "InternalError",
     "InvalidInput",
     "JobCorrupt",
@@ -181,3 +182,15 @@ class LeaseLost(StoreError):
         self.owner = owner
         self.attempt = attempt
         self.operation = operation
+
+
+class ControlApplied(LeaseLost):
+    """A fenced checkpoint (or stop) write committed and, in the same statement, honoured an
+    operator's pending request: the job is now ``status`` (CANCELLED or PAUSED) and no longer
+    leased. The worker stops like on a lost lease (nothing more to write), but its last write
+    did commit."""
+
+    def __init__(self, job_id: object, owner: str, attempt: int, operation: str, status: str):
+        super().__init__(job_id, owner, attempt, operation)
+        self.args = (f"job {job_id} is {status} by operator request (applied at {operation})",)
+        self.status = status

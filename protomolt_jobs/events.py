@@ -14,7 +14,12 @@ STEP_CHECKPOINT         step    ""        ""
 WAITING                 step    ""        ""
 COMPLETED               ""      verdict   ""
 FAILED                  step?   ""        error
-DEAD                    ""      ""        error
+DEAD                    step?   ""        error
+CANCELLED               step?   ""        "CANCELLED by <actor>[: <reason>]"
+PAUSED                  step?   ""        reason?
+RESUMED                 ""      ""        reason?
+REQUEUED                step?   ""        reason?
+CONTROL_REQUESTED       ""      kind      reason?
 ======================= ======= ========= =========
 """
 

@@ -85,12 +85,14 @@ WITH base AS (
 )
 INSERT INTO workflow_run (job_id, workflow_name, workflow_definition, input, status,
                           max_attempts, error, completed_at, priority, queue, fairness_key,
-                          fairness_pass, dedup_key, deadline_at, trace_context)
+                          fairness_pass, dedup_key, deadline_at, trace_context, change_actor,
+                          change_reason)
 SELECT %(job_id)s, %(workflow_name)s, %(workflow_definition)s, %(input)s, %(status)s,
        %(max_attempts)s, %(error)s,
        CASE WHEN %(status)s::text IN ('COMPLETED', 'FAILED', 'DEAD') THEN now() END,
        %(priority)s, %(queue)s, %(fairness_key)s, stamp.last_pass, %(dedup_key)s,
-       now() + make_interval(secs => %(deadline_s)s), %(trace_context)s
+       now() + make_interval(secs => %(deadline_s)s), %(trace_context)s,
+       %(actor)s, %(error)s
   FROM stamp
 ON CONFLICT DO NOTHING
 RETURNING job_id, workflow_name, workflow_definition::text AS workflow_definition,
@@ -117,7 +119,8 @@ SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
        input::text AS input, status, attempt, max_attempts, run_after, outstanding_step,
        checkpoints::text AS checkpoints, result::text AS result, verdict, error,
        lease_owner, lease_token, lease_until, created_at, updated_at, completed_at,
-       priority, queue, fairness_key, dedup_key, deadline_at
+       priority, queue, fairness_key, dedup_key, deadline_at,
+       control::text AS control, paused_from, history_seq
   FROM workflow_run
  WHERE job_id = %(job_id)s
 
@@ -142,7 +145,8 @@ SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
        input::text AS input, status, attempt, max_attempts, run_after, outstanding_step,
        checkpoints::text AS checkpoints, result::text AS result, verdict, error,
        lease_owner, lease_token, lease_until, created_at, updated_at, completed_at,
-       priority, queue, fairness_key, dedup_key, deadline_at
+       priority, queue, fairness_key, dedup_key, deadline_at,
+       control::text AS control, paused_from, history_seq
   FROM workflow_run
  WHERE job_id = %(job_id)s
    FOR UPDATE
@@ -163,7 +167,9 @@ UPDATE workflow_run
        lease_token = gen_random_uuid(),
        lease_until = now() + make_interval(secs => %(lease_s)s),
        attempt = attempt + 1,
-       updated_at = now()
+       updated_at = now(),
+       change_kind = 'claim',
+       change_actor = 'worker:' || %(worker_id)s
  WHERE job_id = (SELECT head.job_id
                    FROM unnest(%(queues)s::text[]) AS served (queue)
                   CROSS JOIN LATERAL (SELECT w.job_id, w.priority, w.fairness_pass,
@@ -218,7 +224,9 @@ WITH head AS (
            lease_token = gen_random_uuid(),
            lease_until = now() + make_interval(secs => %(lease_s)s),
            attempt = w.attempt + 1,
-           updated_at = now()
+           updated_at = now(),
+           change_kind = 'claim',
+           change_actor = 'worker:' || %(worker_id)s
       FROM head
      WHERE w.job_id = head.job_id
        AND w.status = 'QUEUED'
@@ -263,17 +271,20 @@ UPDATE workflow_run
  WHERE job_id = %(job_id)s AND status = 'RUNNING'
    AND lease_owner = %(owner)s AND attempt = %(attempt)s
    AND lease_token = %(token)s
-RETURNING lease_until
+RETURNING lease_until, control::text AS control
 
 -- name: job_checkpoint
 -- description: fenced (status, lease_owner, attempt, lease_token): append one entry to checkpoints.
 UPDATE workflow_run
    SET checkpoints = checkpoints || jsonb_build_array(%(entry)s::jsonb),
-       updated_at = now()
+       updated_at = now(),
+       change_kind = 'checkpoint',
+       change_actor = 'worker:' || %(owner)s,
+       change_step = %(step)s
  WHERE job_id = %(job_id)s AND status = 'RUNNING'
    AND lease_owner = %(owner)s AND attempt = %(attempt)s
    AND lease_token = %(token)s
-RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
 -- name: job_park
 -- description: fenced (status, lease_owner, attempt, lease_token): WAITING on outstanding_step, lease cleared.
@@ -283,11 +294,14 @@ UPDATE workflow_run
        lease_owner = NULL,
        lease_token = NULL,
        lease_until = NULL,
-       updated_at = now()
+       updated_at = now(),
+       change_kind = 'park',
+       change_actor = 'worker:' || %(owner)s,
+       change_step = %(step)s
  WHERE job_id = %(job_id)s AND status = 'RUNNING'
    AND lease_owner = %(owner)s AND attempt = %(attempt)s
    AND lease_token = %(token)s
-RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
 -- name: job_complete
 -- description: fenced (status, lease_owner, attempt, lease_token): COMPLETED with result, verdict and completed_at.
@@ -300,11 +314,13 @@ UPDATE workflow_run
        lease_token = NULL,
        lease_until = NULL,
        completed_at = now(),
-       updated_at = now()
+       updated_at = now(),
+       change_kind = 'complete',
+       change_actor = 'worker:' || %(owner)s
  WHERE job_id = %(job_id)s AND status = 'RUNNING'
    AND lease_owner = %(owner)s AND attempt = %(attempt)s
    AND lease_token = %(token)s
-RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
 -- name: job_complete_with_checkpoint
 -- description: fenced (status, lease_owner, attempt, lease_token): append the final step's checkpoint entry and COMPLETED, in one statement.
@@ -318,11 +334,14 @@ UPDATE workflow_run
        lease_token = NULL,
        lease_until = NULL,
        completed_at = now(),
-       updated_at = now()
+       updated_at = now(),
+       change_kind = 'complete',
+       change_actor = 'worker:' || %(owner)s,
+       change_step = %(step)s
  WHERE job_id = %(job_id)s AND status = 'RUNNING'
    AND lease_owner = %(owner)s AND attempt = %(attempt)s
    AND lease_token = %(token)s
-RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
 -- name: job_fail
 -- description: fenced (status, lease_owner, attempt, lease_token): FAILED with the verbatim error and completed_at.
@@ -334,11 +353,15 @@ UPDATE workflow_run
        lease_token = NULL,
        lease_until = NULL,
        completed_at = now(),
-       updated_at = now()
+       updated_at = now(),
+       change_kind = 'fail',
+       change_actor = 'worker:' || %(owner)s,
+       change_reason = %(error)s,
+       change_step = nullif(%(step)s, '')
  WHERE job_id = %(job_id)s AND status = 'RUNNING'
    AND lease_owner = %(owner)s AND attempt = %(attempt)s
    AND lease_token = %(token)s
-RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
 -- name: job_retry
 -- description: fenced (status, lease_owner, attempt, lease_token): back to QUEUED at now() + backoff_s, error kept.
@@ -349,11 +372,14 @@ UPDATE workflow_run
        lease_owner = NULL,
        lease_token = NULL,
        lease_until = NULL,
-       updated_at = now()
+       updated_at = now(),
+       change_kind = 'retry',
+       change_actor = 'worker:' || %(owner)s,
+       change_reason = 'backoff ' || %(backoff_s)s || ' s: ' || %(error)s
  WHERE job_id = %(job_id)s AND status = 'RUNNING'
    AND lease_owner = %(owner)s AND attempt = %(attempt)s
    AND lease_token = %(token)s
-RETURNING job_id, run_after
+RETURNING job_id, workflow_name, status, attempt, error, run_after, now() AS tx_now
 
 -- name: job_dead
 -- description: fenced (status, lease_owner, attempt, lease_token): DEAD (attempts exhausted) with the error.
@@ -365,11 +391,15 @@ UPDATE workflow_run
        lease_token = NULL,
        lease_until = NULL,
        completed_at = now(),
-       updated_at = now()
+       updated_at = now(),
+       change_kind = 'dead',
+       change_actor = 'worker:' || %(owner)s,
+       change_reason = %(error)s,
+       change_step = nullif(%(step)s, '')
  WHERE job_id = %(job_id)s AND status = 'RUNNING'
    AND lease_owner = %(owner)s AND attempt = %(attempt)s
    AND lease_token = %(token)s
-RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
 -- name: job_release
 -- description: fenced (status, lease_owner, attempt, lease_token): graceful stop, QUEUED now, the attempt given back (attempt - 1; the token, not the attempt, keeps the old lease dead).
@@ -380,11 +410,13 @@ UPDATE workflow_run
        lease_owner = NULL,
        lease_token = NULL,
        lease_until = NULL,
-       updated_at = now()
+       updated_at = now(),
+       change_kind = 'release',
+       change_actor = 'worker:' || %(owner)s
  WHERE job_id = %(job_id)s AND status = 'RUNNING'
    AND lease_owner = %(owner)s AND attempt = %(attempt)s
    AND lease_token = %(token)s
-RETURNING job_id
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
 -- ---------------------------------------------------------------------------------------------
 -- jobs: the sweeper and parked completions
@@ -407,7 +439,18 @@ UPDATE workflow_run AS w
        lease_owner = NULL,
        lease_token = NULL,
        lease_until = NULL,
-       updated_at = now()
+       updated_at = now(),
+       change_kind = 'sweep',
+       change_actor = 'sweeper',
+       change_reason = CASE
+                         WHEN w.attempt >= w.max_attempts THEN
+                           'lease expired after attempt ' || w.attempt || ' of ' || w.max_attempts
+                           || ' (worker ' || coalesce(w.lease_owner, '(unknown)')
+                           || ' stopped heartbeating); no attempts left, the job is dead'
+                           || coalesce('; previous error: ' || w.error, '')
+                         ELSE 'lease of worker ' || coalesce(w.lease_owner, '(unknown)')
+                              || ' expired'
+                       END
  WHERE w.job_id = ANY (ARRAY(SELECT e.job_id
                                FROM workflow_run AS e
                               WHERE e.status = 'RUNNING' AND e.lease_until < now()
@@ -432,7 +475,11 @@ UPDATE workflow_run AS w
        lease_token = NULL,
        lease_until = NULL,
        completed_at = now(),
-       updated_at = now()
+       updated_at = now(),
+       paused_from = NULL,
+       change_kind = 'budget',
+       change_actor = 'sweeper',
+       change_reason = 'budget.deadline exceeded (due by ' || w.deadline_at::text || ')'
  WHERE w.job_id = ANY (ARRAY(SELECT e.job_id
                                FROM workflow_run AS e
                               WHERE e.deadline_at IS NOT NULL AND e.deadline_at < now()
@@ -453,9 +500,12 @@ UPDATE workflow_run
        outstanding_step = NULL,
        attempt = 0,
        run_after = now(),
-       updated_at = now()
+       updated_at = now(),
+       change_kind = 'complete-step',
+       change_actor = %(actor)s,
+       change_step = %(step)s
  WHERE job_id = %(job_id)s AND status = 'WAITING' AND outstanding_step = %(step)s
-RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
 -- name: job_fail_parked
 -- description: fail a parked job as a verdict (WAITING -> FAILED) with the error and completed_at.
@@ -464,9 +514,156 @@ UPDATE workflow_run
        error = %(error)s,
        outstanding_step = NULL,
        completed_at = now(),
-       updated_at = now()
+       updated_at = now(),
+       change_kind = 'fail-step',
+       change_actor = %(actor)s,
+       change_reason = %(error)s,
+       change_step = %(step)s
  WHERE job_id = %(job_id)s AND status = 'WAITING' AND outstanding_step = %(step)s
-RETURNING job_id, workflow_name, status, attempt, now() AS tx_now
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+
+-- ---------------------------------------------------------------------------------------------
+-- jobs: operator control (the verbs); the trigger of migration 0002 records each change
+-- ---------------------------------------------------------------------------------------------
+
+-- name: job_control_cancel
+-- description: cancel: QUEUED, WAITING, PAUSED -> CANCELLED now; RUNNING -> a cancel request in control (binding: the worker's next boundary write settles CANCELLED).
+UPDATE workflow_run
+   SET status = CASE WHEN status = 'RUNNING' THEN status ELSE 'CANCELLED' END,
+       control = CASE WHEN status = 'RUNNING' THEN
+                   jsonb_build_object('kind', 'cancel', 'actor', %(actor)s::text,
+                                      'reason', %(reason)s::text, 'requestedAt', now())
+                 END,
+       error = CASE WHEN status = 'RUNNING' THEN error
+                    ELSE 'CANCELLED by ' || %(actor)s::text || coalesce(': ' || %(reason)s::text, '')
+               END,
+       completed_at = CASE WHEN status = 'RUNNING' THEN completed_at ELSE now() END,
+       outstanding_step = CASE WHEN status = 'RUNNING' THEN outstanding_step END,
+       paused_from = NULL,
+       updated_at = now(),
+       change_kind = CASE WHEN status = 'RUNNING' THEN 'cancel-request' ELSE 'cancel' END,
+       change_actor = %(actor)s,
+       change_reason = %(reason)s
+ WHERE job_id = %(job_id)s
+   AND (status IN ('QUEUED', 'WAITING', 'PAUSED')
+        OR (status = 'RUNNING' AND (control IS NULL OR control->>'kind' <> 'cancel')))
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+
+-- name: job_control_pause
+-- description: pause: QUEUED, WAITING -> PAUSED now (paused_from remembers which); RUNNING without a pending request -> a pause request in control.
+UPDATE workflow_run
+   SET status = CASE WHEN status = 'RUNNING' THEN status ELSE 'PAUSED' END,
+       paused_from = CASE WHEN status = 'RUNNING' THEN NULL ELSE status END,
+       control = CASE WHEN status = 'RUNNING' THEN
+                   jsonb_build_object('kind', 'pause', 'actor', %(actor)s::text,
+                                      'reason', %(reason)s::text, 'requestedAt', now())
+                 END,
+       updated_at = now(),
+       change_kind = CASE WHEN status = 'RUNNING' THEN 'pause-request' ELSE 'pause' END,
+       change_actor = %(actor)s,
+       change_reason = %(reason)s
+ WHERE job_id = %(job_id)s
+   AND (status IN ('QUEUED', 'WAITING') OR (status = 'RUNNING' AND control IS NULL))
+RETURNING job_id, workflow_name, status, attempt, error, outstanding_step, now() AS tx_now
+
+-- name: job_control_resume
+-- description: resume: PAUSED -> WAITING (parked: same outstanding_step) or QUEUED with run_after = greatest(now(), at) and attempt 0.
+UPDATE workflow_run
+   SET status = coalesce(paused_from, 'QUEUED'),
+       run_after = CASE WHEN coalesce(paused_from, 'QUEUED') = 'QUEUED'
+                        THEN greatest(now(), coalesce(%(at)s::timestamptz, now()))
+                        ELSE run_after END,
+       attempt = CASE WHEN coalesce(paused_from, 'QUEUED') = 'QUEUED' THEN 0 ELSE attempt END,
+       paused_from = NULL,
+       updated_at = now(),
+       change_kind = 'resume',
+       change_actor = %(actor)s,
+       change_reason = %(reason)s
+ WHERE job_id = %(job_id)s AND status = 'PAUSED'
+RETURNING job_id, workflow_name, status, attempt, error, outstanding_step, run_after,
+          run_after <= now() AS due, now() AS tx_now
+
+-- name: job_control_withdraw_pause
+-- description: resume of a RUNNING job with a pending pause request: the request is withdrawn (control cleared).
+UPDATE workflow_run
+   SET control = NULL,
+       updated_at = now(),
+       change_kind = 'pause-withdrawn',
+       change_actor = %(actor)s,
+       change_reason = %(reason)s
+ WHERE job_id = %(job_id)s AND status = 'RUNNING' AND control->>'kind' = 'pause'
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+
+-- name: job_control_requeue
+-- description: requeue: DEAD or FAILED -> QUEUED now, attempt 0, checkpoints kept, error cleared (the history keeps it).
+UPDATE workflow_run
+   SET status = 'QUEUED',
+       attempt = 0,
+       run_after = now(),
+       error = NULL,
+       completed_at = NULL,
+       outstanding_step = NULL,
+       control = NULL,
+       paused_from = NULL,
+       updated_at = now(),
+       change_kind = 'requeue',
+       change_actor = %(actor)s,
+       change_reason = %(reason)s
+ WHERE job_id = %(job_id)s AND status IN ('DEAD', 'FAILED')
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+
+-- name: job_control_retry_step
+-- description: retry-step: store the kept checkpoints (the caller drops the step's and its dependants'), QUEUED now with attempt 0, result/verdict/error cleared; only if the row is still as read (status and history_seq).
+UPDATE workflow_run
+   SET status = 'QUEUED',
+       checkpoints = %(checkpoints)s,
+       attempt = 0,
+       run_after = now(),
+       result = NULL,
+       verdict = NULL,
+       error = NULL,
+       completed_at = NULL,
+       outstanding_step = NULL,
+       control = NULL,
+       paused_from = NULL,
+       updated_at = now(),
+       change_kind = 'retry-step',
+       change_actor = %(actor)s,
+       change_reason = %(reason)s,
+       change_step = %(step)s
+ WHERE job_id = %(job_id)s AND status = %(status)s AND history_seq = %(history_seq)s
+   AND status IN ('FAILED', 'DEAD', 'CANCELLED', 'PAUSED', 'COMPLETED')
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+
+-- name: job_stop
+-- description: fenced (status, lease_owner, attempt, lease_token): a boundary write with no change of its own, so the trigger applies the pending control request (a job stopped before its step started).
+UPDATE workflow_run
+   SET updated_at = now(),
+       change_kind = 'stop',
+       change_actor = 'worker:' || %(owner)s
+ WHERE job_id = %(job_id)s AND status = 'RUNNING'
+   AND lease_owner = %(owner)s AND attempt = %(attempt)s
+   AND lease_token = %(token)s
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+
+-- name: job_history
+-- description: the row's head (history_seq, history_head) and its transition log oldest first, in one snapshot; each row's hash checked against the previous stored row (hash_ok) and its place in the sequence (seq_ok). No row: unknown job; one row with seq NULL: no transitions.
+WITH head AS (
+    SELECT history_seq, history_head FROM workflow_run WHERE job_id = %(job_id)s
+), log AS (
+    SELECT t.seq, t.prev_status, t.new_status, t.kind, t.actor, t.reason, t.attempt, t.step,
+           t.at, t.hash,
+           t.hash = workflow_run_transition_hash(lag(t.hash) OVER w, t.job_id, t.seq,
+                                                 t.prev_status, t.new_status, t.kind, t.actor,
+                                                 t.reason, t.attempt, t.step, t.at) AS hash_ok,
+           t.seq = row_number() OVER w AS seq_ok
+      FROM workflow_run_transition AS t
+     WHERE t.job_id = %(job_id)s
+    WINDOW w AS (ORDER BY t.seq)
+)
+SELECT head.history_seq, head.history_head, log.*
+  FROM head LEFT JOIN log ON true
+ ORDER BY log.seq
 
 -- ---------------------------------------------------------------------------------------------
 -- outbox

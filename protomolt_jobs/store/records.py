@@ -7,6 +7,12 @@ Statuses of a job (the ``chk_workflow_run_status`` constraint)::
                   +----------+  (retry with backoff, graceful release, lease swept)
     (insert) -> FAILED            (the request topic's "fail at birth")
 
+Operator control (migration 0002, docs/verbs.md): QUEUED | WAITING | PAUSED -> CANCELLED
+(terminal) and QUEUED | WAITING -> PAUSED at once; a RUNNING job gets a request in ``control``
+that its worker's next boundary write honours (-> CANCELLED or PAUSED); PAUSED -> QUEUED or
+WAITING (resume); DEAD | FAILED -> QUEUED (requeue); FAILED | DEAD | CANCELLED | PAUSED |
+COMPLETED -> QUEUED with fewer checkpoints (retry-step).
+
 Outbox rows go PENDING -> PUBLISHED, or PENDING -> FAILED after 10 failed publishes (the DLQ).
 """
 
@@ -24,6 +30,8 @@ __all__ = [
     "OUTBOX_STATUSES",
     "TERMINAL_STATUSES",
     "AlreadyDone",
+    "ControlOutcome",
+    "History",
     "InsertOutcome",
     "JobRecord",
     "Lease",
@@ -32,13 +40,16 @@ __all__ = [
     "ParkedCompletion",
     "ParkedStepCompleted",
     "SweepResult",
+    "Transition",
     "WrongState",
 ]
 
 #: Every job status, as the CHECK constraint spells them.
-JOB_STATUSES = frozenset({"QUEUED", "RUNNING", "WAITING", "COMPLETED", "FAILED", "DEAD"})
-#: Statuses nothing moves a job out of.
-TERMINAL_STATUSES = frozenset({"COMPLETED", "FAILED", "DEAD"})
+JOB_STATUSES = frozenset(
+    {"QUEUED", "RUNNING", "WAITING", "COMPLETED", "FAILED", "DEAD", "PAUSED", "CANCELLED"}
+)
+#: Statuses no worker moves a job out of (an operator may: requeue-job, retry-step).
+TERMINAL_STATUSES = frozenset({"COMPLETED", "FAILED", "DEAD", "CANCELLED"})
 #: Every outbox row status.
 OUTBOX_STATUSES = frozenset({"PENDING", "PUBLISHED", "FAILED"})
 #: Failed publishes after which an outbox row is FAILED (the dead letter of the relay).
@@ -51,12 +62,23 @@ _JSON_COLUMNS: tuple[tuple[str, tuple[type, ...]], ...] = (
     ("input", (dict,)),
     ("checkpoints", (list,)),
     ("result", (dict,)),
+    ("control", (dict,)),
 )
 
 
 #: Columns a row may lack (queries that do not select them): the record keeps the default.
 _OPTIONAL_COLUMNS = frozenset(
-    {"priority", "queue", "fairness_key", "dedup_key", "deadline_at", "trace_context"}
+    {
+        "priority",
+        "queue",
+        "fairness_key",
+        "dedup_key",
+        "deadline_at",
+        "trace_context",
+        "control",
+        "paused_from",
+        "history_seq",
+    }
 )
 
 
@@ -121,6 +143,13 @@ class JobRecord:
     fairness_key: str = "default"
     dedup_key: str | None = None
     deadline_at: datetime | None = None
+    #: A pending operator request on a RUNNING row: ``{kind: "cancel"|"pause", actor,
+    #: reason, requestedAt}``, or None (read by ``job_get`` only; None elsewhere).
+    control: dict[str, Any] | None = None
+    #: The status a PAUSED job returns to on resume (QUEUED or WAITING).
+    paused_from: str | None = None
+    #: Transitions recorded so far (the last one's sequence number); 0 where not read.
+    history_seq: int = 0
 
     @property
     def lease(self) -> Lease:
@@ -205,6 +234,8 @@ class NewJob:
     dedup_key: str | None = None
     #: ``budget.deadline`` in seconds (deadline_at = now() + this), or None.
     deadline_s: float | None = None
+    #: Who submitted it (the transition log's actor): an API principal, ``kafka:<topic>``.
+    actor: str = "api"
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,3 +303,43 @@ class SweepResult:
     requeued: int = 0
     dead: int = 0
     dead_job_ids: tuple[uuid.UUID, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class ControlOutcome:
+    """What a control write found. ``changed`` is True when this call changed the row; then
+    ``status`` is the status after it (CANCELLED/PAUSED/QUEUED/WAITING, or RUNNING when a
+    request was recorded for the worker). When ``changed`` is False the row was left alone and
+    ``status`` is its current status (None for an unknown job), ``control`` its pending request.
+    """
+
+    changed: bool
+    status: str | None
+    control: dict[str, Any] | None = None
+    outstanding_step: str | None = None
+    run_after: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One row of the transition log (``workflow_run_transition``)."""
+
+    seq: int
+    prev_status: str | None
+    new_status: str
+    kind: str
+    actor: str
+    reason: str | None
+    attempt: int
+    step: str | None
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """A job's transitions, oldest first, and the result of checking their hash chain:
+    ``first_bad_seq`` is None when every hash matches, the sequence is unbroken and the last
+    hash is the row's head; else the first sequence number that does not hold."""
+
+    transitions: tuple[Transition, ...]
+    first_bad_seq: int | None

@@ -94,13 +94,21 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from protomolt_jobs.errors import LeaseLost, NotFound, StoreError, StoreUnavailable
+from protomolt_jobs.errors import (
+    ControlApplied,
+    LeaseLost,
+    NotFound,
+    StoreError,
+    StoreUnavailable,
+)
 from protomolt_jobs.events import MAX_ERROR_CHARS, EventType, build_event
 from protomolt_jobs.store.queries import QUERIES
 from protomolt_jobs.store.records import (
     JOB_STATUSES,
     OUTBOX_MAX_ATTEMPTS,
     AlreadyDone,
+    ControlOutcome,
+    History,
     InsertOutcome,
     JobRecord,
     Lease,
@@ -109,6 +117,7 @@ from protomolt_jobs.store.records import (
     ParkedCompletion,
     ParkedStepCompleted,
     SweepResult,
+    Transition,
     WrongState,
 )
 from protomolt_jobs.store.scrub import needs_scrub, scrub_json, scrub_text
@@ -428,6 +437,7 @@ class JobStore:
             # A failed-at-birth row never holds its key (it is terminal already).
             "dedup_key": scrub_text(new.dedup_key) if new.status == "QUEUED" else None,
             "deadline_s": float(new.deadline_s) if new.deadline_s is not None else None,
+            "actor": scrub_text(new.actor or "api"),
         }
         existing: dict[str, Any] | None = None
         deduplicated = False
@@ -657,11 +667,27 @@ class JobStore:
         :raises ValueError: for a non-positive ``lease_s``.
         :raises StoreError: on a database failure.
         """
+        return self.job_heartbeat_control(lease, lease_s)[0]
+
+    @_translated
+    def job_heartbeat_control(
+        self, lease: Lease, lease_s: float
+    ) -> tuple[datetime, dict[str, Any] | None]:
+        """:meth:`job_heartbeat` that also hands back the row's pending operator request
+        (``control``: ``{kind, actor, reason, requestedAt}`` or None), read by the same
+        statement: control reaches the worker with no statement of its own.
+
+        :returns: ``(lease_until, control)``.
+        :raises LeaseLost: when the fence matches no row (nothing changed).
+        :raises ValueError: for a non-positive ``lease_s``.
+        :raises StoreError: on a database failure.
+        """
         _positive_seconds("lease_s", lease_s)
         with self._connection() as conn:
             row = _fenced(conn, "job_heartbeat", lease, {"lease_s": float(lease_s)})
+        control = json.loads(row["control"]) if row["control"] else None
         lease_until: datetime = row["lease_until"]
-        return lease_until
+        return lease_until, control
 
     @_translated
     def job_checkpoint(self, lease: Lease, entry: dict[str, Any]) -> None:
@@ -679,11 +705,18 @@ class JobStore:
         step = scrub_text(_entry_name(entry))
         entry_json = _jsonb("entry", entry, dict)
         with self._connection() as conn, conn.transaction():
-            row = _fenced(conn, "job_checkpoint", lease, {"entry": entry_json})
-            self._outbox_txn(conn, row, EventType.TYPE_STEP_CHECKPOINT, step=step)
+            row = _fenced(conn, "job_checkpoint", lease, {"entry": entry_json, "step": step})
+            self._outbox_txn(
+                conn, {**row, "status": "RUNNING"}, EventType.TYPE_STEP_CHECKPOINT, step=step
+            )
+            self._control_event_txn(conn, row, step)
+        if row["status"] != "RUNNING":
+            raise ControlApplied(
+                lease.job_id, lease.owner, lease.attempt, "job_checkpoint", row["status"]
+            )
 
     @_translated
-    def job_park(self, lease: Lease, step: str) -> None:
+    def job_park(self, lease: Lease, step: str) -> str:
         """Park the job on an external step, with its WAITING event.
 
         SQL: fenced ``UPDATE ... SET status='WAITING', outstanding_step=step``, lease cleared;
@@ -697,7 +730,9 @@ class JobStore:
         step = scrub_text(step)
         with self._connection() as conn, conn.transaction():
             row = _fenced(conn, "job_park", lease, {"step": step})
-            self._outbox_txn(conn, row, EventType.TYPE_WAITING, step=step)
+            if not self._control_event_txn(conn, row, step):
+                self._outbox_txn(conn, row, EventType.TYPE_WAITING, step=step)
+        return row["status"]
 
     @_translated
     def job_complete(
@@ -707,8 +742,12 @@ class JobStore:
         verdict: str,
         *,
         final_entry: dict[str, Any] | None = None,
-    ) -> None:
+    ) -> str:
         """Complete the job, with its COMPLETED event; optionally append the last checkpoint.
+
+        A cancel pending on the row wins (CANCELLED, the final checkpoint kept, no result; a
+        CANCELLED event instead of COMPLETED), and so does a pending pause (PAUSED with every
+        checkpoint; a resume completes it without calling any step). Returns the status.
 
         SQL: fenced ``UPDATE ... SET status='COMPLETED', result, verdict, completed_at=now()``,
         lease cleared; then one outbox row (COMPLETED, verdict). With ``final_entry`` the same
@@ -735,16 +774,19 @@ class JobStore:
         if final_entry is not None:
             step = scrub_text(_entry_name(final_entry))
             params["entry"] = _jsonb("final_entry", final_entry, dict)
+            params["step"] = step
         query = "job_complete" if final_entry is None else "job_complete_with_checkpoint"
         with self._connection() as conn, conn.transaction():
             row = _fenced(conn, query, lease, params)
             if final_entry is not None:
                 checkpointed = {**row, "status": "RUNNING"}
                 self._outbox_txn(conn, checkpointed, EventType.TYPE_STEP_CHECKPOINT, step=step)
-            self._outbox_txn(conn, row, EventType.TYPE_COMPLETED, verdict=verdict)
+            if not self._control_event_txn(conn, row, step):
+                self._outbox_txn(conn, row, EventType.TYPE_COMPLETED, verdict=verdict)
+        return row["status"]
 
     @_translated
-    def job_fail(self, lease: Lease, error: str, step: str = "") -> None:
+    def job_fail(self, lease: Lease, error: str, step: str = "") -> str:
         """Fail the job (a verdict or a non-retryable error), with its FAILED event.
 
         SQL: fenced ``UPDATE ... SET status='FAILED', error, completed_at=now()``, lease
@@ -761,8 +803,10 @@ class JobStore:
         error = scrub_text(error)
         step = scrub_text(step or "")
         with self._connection() as conn, conn.transaction():
-            row = _fenced(conn, "job_fail", lease, {"error": error})
-            self._outbox_txn(conn, row, EventType.TYPE_FAILED, step=step or "", error=error)
+            row = _fenced(conn, "job_fail", lease, {"error": error, "step": step})
+            if not self._control_event_txn(conn, row, step):
+                self._outbox_txn(conn, row, EventType.TYPE_FAILED, step=step or "", error=error)
+        return row["status"]
 
     @_translated
     def job_retry(self, lease: Lease, backoff_s: float, error: str) -> datetime:
@@ -787,12 +831,13 @@ class JobStore:
                 lease,
                 {"backoff_s": float(backoff_s), "error": scrub_text(error)},
             )
-            _execute(conn, "job_notify", {})
+            if not self._control_event_txn(conn, row, ""):
+                _execute(conn, "job_notify", {})
         run_after: datetime = row["run_after"]
         return run_after
 
     @_translated
-    def job_dead(self, lease: Lease, error: str) -> None:
+    def job_dead(self, lease: Lease, error: str, step: str = "") -> str:
         """Dead-letter the job (retryable failure, attempts exhausted), with its DEAD event.
 
         SQL: fenced ``UPDATE ... SET status='DEAD', error, completed_at=now()``, lease cleared;
@@ -804,9 +849,12 @@ class JobStore:
         """
         _text("error", error)
         error = scrub_text(error)
+        step = scrub_text(step or "")
         with self._connection() as conn, conn.transaction():
-            row = _fenced(conn, "job_dead", lease, {"error": error})
-            self._outbox_txn(conn, row, EventType.TYPE_DEAD, error=error)
+            row = _fenced(conn, "job_dead", lease, {"error": error, "step": step})
+            if not self._control_event_txn(conn, row, step):
+                self._outbox_txn(conn, row, EventType.TYPE_DEAD, step=step, error=error)
+        return row["status"]
 
     @_translated
     def job_release(self, lease: Lease) -> None:
@@ -820,8 +868,9 @@ class JobStore:
         :raises StoreError: on a database failure.
         """
         with self._connection() as conn, conn.transaction():
-            _fenced(conn, "job_release", lease, {})
-            _execute(conn, "job_notify", {})
+            row = _fenced(conn, "job_release", lease, {})
+            if not self._control_event_txn(conn, row, ""):
+                _execute(conn, "job_notify", {})
 
     # -- the sweeper ------------------------------------------------------------------------
 
@@ -874,7 +923,8 @@ class JobStore:
             dead = [r for r in rows if r["status"] == "DEAD"]
             for row in dead:
                 self._outbox_txn(conn, row, EventType.TYPE_DEAD, error=row["error"] or "")
-            requeued = len(rows) - len(dead)
+            controlled = [r for r in rows if self._control_event_txn(conn, r, "")]
+            requeued = len(rows) - len(dead) - len(controlled)
             if requeued:
                 _execute(conn, "job_notify", {})
         for row in dead:
@@ -911,7 +961,10 @@ class JobStore:
         with self._connection() as conn, conn.transaction():
             rows = _rows(conn, "job_budget_expired", {"limit": limit})
             for row in rows:
-                self._outbox_txn(conn, row, EventType.TYPE_FAILED, error=row["error"] or "")
+                # A cancel pending on a RUNNING row is binding: the trigger settles it
+                # CANCELLED (migration 0002), and its event says so.
+                if not self._control_event_txn(conn, row, ""):
+                    self._outbox_txn(conn, row, EventType.TYPE_FAILED, error=row["error"] or "")
         for row in rows:
             log.warning(
                 "job %s FAILED: %s",
@@ -923,7 +976,7 @@ class JobStore:
 
     @_translated
     def job_complete_parked(
-        self, job_id: uuid.UUID | str, step: str, entry: dict[str, Any]
+        self, job_id: uuid.UUID | str, step: str, entry: dict[str, Any], *, actor: str = "api"
     ) -> ParkedCompletion:
         """Complete a parked step: the human-in-the-loop gate.
 
@@ -955,7 +1008,9 @@ class JobStore:
             if refusal is not None:
                 return refusal
             row = _one(
-                conn, "job_complete_parked", {"job_id": key, "step": step, "entry": entry_json}
+                conn,
+                "job_complete_parked",
+                {"job_id": key, "step": step, "entry": entry_json, "actor": scrub_text(actor)},
             )
             if row is None:  # pragma: no cover - the row lock makes the gate authoritative
                 raise StoreError(f"job {key} changed under its row lock")
@@ -964,7 +1019,9 @@ class JobStore:
         return ParkedStepCompleted()
 
     @_translated
-    def job_fail_parked(self, job_id: uuid.UUID | str, step: str, error: str) -> ParkedCompletion:
+    def job_fail_parked(
+        self, job_id: uuid.UUID | str, step: str, error: str, *, actor: str = "api"
+    ) -> ParkedCompletion:
         """Fail a parked job as a verdict (its completion was rejected, e.g. by validation).
 
         SQL: the same gate as :meth:`job_complete_parked` under ``FOR UPDATE``; then ``UPDATE
@@ -985,7 +1042,11 @@ class JobStore:
             refusal = self._parked_gate_txn(conn, key, step)
             if refusal is not None:
                 return refusal
-            row = _one(conn, "job_fail_parked", {"job_id": key, "step": step, "error": error})
+            row = _one(
+                conn,
+                "job_fail_parked",
+                {"job_id": key, "step": step, "error": error, "actor": scrub_text(actor)},
+            )
             if row is None:  # pragma: no cover - the row lock makes the gate authoritative
                 raise StoreError(f"job {key} changed under its row lock")
             self._outbox_txn(conn, row, EventType.TYPE_FAILED, step=step, error=error)
@@ -1009,6 +1070,277 @@ class JobStore:
         if row["status"] != "WAITING" or row["outstanding_step"] != step:
             return WrongState(row["status"], row["outstanding_step"])
         return None
+
+    # -- operator control (the verbs) -------------------------------------------------------
+
+    @_translated
+    def job_cancel(
+        self, job_id: uuid.UUID | str, *, actor: str, reason: str | None = None
+    ) -> ControlOutcome:
+        """Cancel a job: QUEUED, WAITING or PAUSED -> CANCELLED now (one CANCELLED event, error
+        ``"CANCELLED by <actor>[: <reason>]"``, checkpoints kept); RUNNING -> a cancel request
+        recorded in ``control`` (a CONTROL_REQUESTED event), binding: the worker's next boundary
+        write settles the job CANCELLED (migration 0002's trigger), whatever it was writing.
+
+        SQL: one conditional ``UPDATE`` (``job_control_cancel``) and its event; the row lock
+        orders it against the worker's writes, so a cancel racing a completion has exactly
+        one outcome. Transaction: one.
+
+        :returns: ``changed`` with the status after (CANCELLED, or RUNNING = requested), or
+            not ``changed`` with the current status (terminal, or RUNNING with a cancel
+            already pending; None for an unknown job).
+        :raises ValueError: malformed id or blank actor.
+        :raises StoreError: on a database failure.
+        """
+        return self._control(job_id, "job_control_cancel", actor, reason)
+
+    @_translated
+    def job_pause(
+        self, job_id: uuid.UUID | str, *, actor: str, reason: str | None = None
+    ) -> ControlOutcome:
+        """Pause a job: QUEUED or WAITING -> PAUSED now (``paused_from`` remembers which; a
+        parked step stays ``outstanding_step``; a PAUSED event); RUNNING without a pending
+        request -> a pause request (CONTROL_REQUESTED), applied by the worker's next boundary
+        write (PAUSED after the step in flight is checkpointed; lease and permit released).
+
+        :returns: as :meth:`job_cancel` (PAUSED, or RUNNING = requested).
+        :raises ValueError: malformed id or blank actor.
+        :raises StoreError: on a database failure.
+        """
+        return self._control(job_id, "job_control_pause", actor, reason)
+
+    @_translated
+    def job_resume(
+        self,
+        job_id: uuid.UUID | str,
+        *,
+        actor: str,
+        reason: str | None = None,
+        at: datetime | None = None,
+    ) -> ControlOutcome:
+        """Resume a PAUSED job: back to WAITING on the same step when it was parked, else
+        QUEUED with ``run_after = greatest(now(), at)`` (database clock) and attempt 0; a
+        RESUMED event; NOTIFY when due now. A RUNNING job with a pending pause request has the
+        request withdrawn instead (status stays RUNNING).
+
+        :param at: earliest start (timezone-aware), or None for now.
+        :returns: ``changed`` with the status after and ``run_after``, or not ``changed`` with
+            the current status (None for an unknown job).
+        :raises ValueError: malformed id, blank actor, naive ``at``.
+        :raises StoreError: on a database failure.
+        """
+        if at is not None and (at.tzinfo is None or at.utcoffset() is None):
+            raise ValueError("at: must be timezone-aware")
+        key = _uuid("job_id", job_id)
+        _text("actor", actor)
+        params = {
+            "job_id": key,
+            "actor": scrub_text(actor),
+            "reason": scrub_text(reason) if reason else None,
+            "at": at,
+        }
+        with self._connection() as conn, conn.transaction():
+            row = _one(conn, "job_control_resume", params)
+            if row is not None:
+                self._outbox_txn(conn, row, EventType.TYPE_RESUMED, error=params["reason"] or "")
+                if row["due"]:
+                    _execute(conn, "job_notify", {})
+                return ControlOutcome(
+                    True, row["status"], None, row["outstanding_step"], row["run_after"]
+                )
+            row = _one(conn, "job_control_withdraw_pause", params)
+            if row is not None:
+                return ControlOutcome(True, "RUNNING")
+        return self._control_refusal(key)
+
+    @_translated
+    def job_requeue(
+        self, job_id: uuid.UUID | str, *, actor: str, reason: str | None = None
+    ) -> ControlOutcome:
+        """Requeue a DEAD or FAILED job: QUEUED now, attempt 0, checkpoints kept, ``error``
+        cleared from the row (the history keeps it); a REQUEUED event and NOTIFY.
+
+        :returns: ``changed`` (QUEUED), or not ``changed`` with the current status.
+        :raises ValueError: malformed id or blank actor.
+        :raises StoreError: on a database failure.
+        """
+        return self._control(job_id, "job_control_requeue", actor, reason)
+
+    @_translated
+    def job_retry_step(
+        self,
+        job_id: uuid.UUID | str,
+        *,
+        step: str,
+        checkpoints: list[dict[str, Any]],
+        expected_status: str,
+        expected_history_seq: int,
+        actor: str,
+        reason: str | None = None,
+    ) -> ControlOutcome:
+        """Queue a FAILED, DEAD, CANCELLED, PAUSED or COMPLETED job again with only
+        ``checkpoints`` kept (the caller dropped ``step``'s and its dependants'): attempt 0,
+        result, verdict and error cleared; a REQUEUED event naming ``step``, NOTIFY.
+
+        Optimistic: applies only while the row is still ``expected_status`` at
+        ``expected_history_seq`` (nothing changed since the caller read it).
+
+        :returns: ``changed`` (QUEUED), or not ``changed`` with the current status.
+        :raises ValueError: malformed id, blank step or actor.
+        :raises TypeError: when ``checkpoints`` is not a list.
+        :raises StoreError: on a database failure.
+        """
+        key = _uuid("job_id", job_id)
+        _text("step", step)
+        _text("actor", actor)
+        params = {
+            "job_id": key,
+            "step": scrub_text(step),
+            "checkpoints": _jsonb("checkpoints", checkpoints, list),
+            "status": expected_status,
+            "history_seq": int(expected_history_seq),
+            "actor": scrub_text(actor),
+            "reason": scrub_text(reason) if reason else None,
+        }
+        with self._connection() as conn, conn.transaction():
+            row = _one(conn, "job_control_retry_step", params)
+            if row is not None:
+                self._outbox_txn(
+                    conn,
+                    row,
+                    EventType.TYPE_REQUEUED,
+                    step=params["step"],
+                    error=params["reason"] or "",
+                )
+                _execute(conn, "job_notify", {})
+                return ControlOutcome(True, row["status"])
+        return self._control_refusal(key)
+
+    @_translated
+    def job_stop(self, lease: Lease) -> str:
+        """Apply a pending operator request to a job whose step has not started (the worker
+        learnt of it from a heartbeat while it waited for a permit): a fenced boundary write
+        with no change of its own, which the trigger turns into CANCELLED or PAUSED (with its
+        event). Transaction: one.
+
+        :returns: the status after (RUNNING when no request was pending).
+        :raises LeaseLost: when the fence matches no row.
+        :raises StoreError: on a database failure.
+        """
+        with self._connection() as conn, conn.transaction():
+            row = _fenced(conn, "job_stop", lease, {})
+            self._control_event_txn(conn, row, "")
+        return row["status"]
+
+    @_translated
+    def job_history(self, job_id: uuid.UUID | str) -> History | None:
+        """A job's transition log, oldest first, with its hash chain checked.
+
+        SQL: ``job_history`` (one statement, so one snapshot) reads the row's head and the log,
+        recomputing each row's hash from the previous *stored* hash and its own fields
+        (``workflow_run_transition_hash``) and checking the sequence has no gap; the last
+        hash must be the row's ``history_head`` and the count its ``history_seq`` (a deleted
+        tail is caught). Transaction: one, read only.
+
+        :returns: the history (``first_bad_seq`` None when intact), or None for an unknown job.
+        :raises ValueError: when ``job_id`` is not a UUID.
+        :raises StoreError: on a database failure.
+        """
+        key = _uuid("job_id", job_id)
+        with self._connection() as conn:
+            found = _rows(conn, "job_history", {"job_id": key})
+        if not found:
+            return None
+        head = found[0]
+        rows = [r for r in found if r["seq"] is not None]
+        first_bad: int | None = None
+        for row in rows:
+            if not (row["hash_ok"] and row["seq_ok"]):
+                first_bad = int(row["seq"])
+                break
+        if first_bad is None:
+            count = len(rows)
+            if count < head["history_seq"]:
+                first_bad = count + 1
+            elif rows and bytes(rows[-1]["hash"]) != bytes(head["history_head"] or b""):
+                first_bad = int(rows[-1]["seq"])
+        transitions = tuple(
+            Transition(
+                seq=int(r["seq"]),
+                prev_status=r["prev_status"],
+                new_status=r["new_status"],
+                kind=r["kind"],
+                actor=r["actor"],
+                reason=r["reason"],
+                attempt=int(r["attempt"]),
+                step=r["step"],
+                at=r["at"],
+            )
+            for r in rows
+        )
+        return History(transitions, first_bad)
+
+    def _control(
+        self, job_id: uuid.UUID | str, query: str, actor: str, reason: str | None
+    ) -> ControlOutcome:
+        key = _uuid("job_id", job_id)
+        _text("actor", actor)
+        reason = scrub_text(reason) if reason else None
+        params = {"job_id": key, "actor": scrub_text(actor), "reason": reason}
+        with self._connection() as conn, conn.transaction():
+            row = _one(conn, query, params)
+            if row is not None:
+                self._control_changed_txn(conn, query, row, reason)
+                return ControlOutcome(True, row["status"], None, row.get("outstanding_step"))
+        return self._control_refusal(key)
+
+    def _control_changed_txn(
+        self, conn: psycopg.Connection[Any], query: str, row: dict[str, Any], reason: str | None
+    ) -> None:
+        status = row["status"]
+        if status == "RUNNING":
+            kind = "cancel" if query == "job_control_cancel" else "pause"
+            self._outbox_txn(
+                conn, row, EventType.TYPE_CONTROL_REQUESTED, verdict=kind, error=reason or ""
+            )
+        elif status == "CANCELLED":
+            self._outbox_txn(conn, row, EventType.TYPE_CANCELLED, error=row["error"] or "")
+        elif status == "PAUSED":
+            self._outbox_txn(
+                conn,
+                row,
+                EventType.TYPE_PAUSED,
+                step=row.get("outstanding_step") or "",
+                error=reason or "",
+            )
+        elif status == "QUEUED":
+            self._outbox_txn(conn, row, EventType.TYPE_REQUEUED, error=reason or "", notify=True)
+
+    def _control_refusal(self, key: uuid.UUID) -> ControlOutcome:
+        """The row as it is, for a control write that changed nothing."""
+        with self._connection() as conn:
+            row = _one(conn, "job_get", {"job_id": key})
+        if row is None:
+            return ControlOutcome(False, None)
+        control = json.loads(row["control"]) if row["control"] else None
+        return ControlOutcome(False, row["status"], control, row["outstanding_step"])
+
+    def _control_event_txn(
+        self, conn: psycopg.Connection[Any], row: dict[str, Any], step: str
+    ) -> bool:
+        """After a worker's or the sweeper's write: when the trigger honoured a pending
+        request (the row came back CANCELLED or PAUSED), write that event instead of the
+        write's own. :returns: True when it did."""
+        status = row["status"]
+        if status == "CANCELLED":
+            self._outbox_txn(
+                conn, row, EventType.TYPE_CANCELLED, step=step, error=row["error"] or ""
+            )
+            return True
+        if status == "PAUSED":
+            self._outbox_txn(conn, row, EventType.TYPE_PAUSED, step=step)
+            return True
+        return False
 
     # -- outbox -----------------------------------------------------------------------------
 

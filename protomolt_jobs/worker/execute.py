@@ -38,6 +38,14 @@ For a claimed row the executor:
 
 Lease lost (a fenced write or the heartbeat matched no row, or a graceful stop released
 the job): the run is abandoned, nothing more is written, ``action="lease_lost"`` is logged.
+
+Operator control (docs/verbs.md): a cancel or pause recorded on the row is honoured by the
+database inside the worker's own next fenced write (migration 0002's trigger), so the worker
+learns it from what that write returns: a checkpoint that comes back CANCELLED or PAUSED raises
+``ControlApplied`` (the checkpoint is stored; the run stops like on a lost lease, writing
+nothing more); a settling write that comes back CANCELLED or PAUSED is the settlement. A job
+still waiting for its permit learns of a request from the heartbeat and stops with
+``job_stop``. Either way the settlement is ``CONTROLLED``.
 A ``StoreError`` while settling is logged and the job is left to the sweeper (its lease
 expires; the next claim resumes from the checkpoints).
 """
@@ -54,7 +62,7 @@ from typing import Any
 import grpc
 
 from protomolt_jobs import crashpoints
-from protomolt_jobs.errors import LeaseLost, StoreError
+from protomolt_jobs.errors import ControlApplied, LeaseLost, StoreError
 from protomolt_jobs.worker.budget import BudgetExceeded, CostMeter
 from protomolt_jobs.worker.heartbeat import Heartbeat, LeaseGuard
 from protomolt_jobs.worker.permits import PermitCancelled, TargetPermits
@@ -88,6 +96,8 @@ class Settlement(str, enum.Enum):
     ABANDONED = "abandoned"
     #: The settling write failed with a StoreError; the sweeper will take the job.
     UNSETTLED = "unsettled"
+    #: An operator's cancel or pause stopped the job (CANCELLED or PAUSED).
+    CONTROLLED = "controlled"
 
 
 def backoff_s(base_s: float, attempt: int) -> float:
@@ -258,9 +268,13 @@ class SegmentExecutor:
             except BudgetExceeded as exc:
                 return self._settle_fail(guard, exc.step, exc.detail, ctx)
         try:
-            with self._permits.held(target, cancelled=lambda: guard.lost):
+            with self._permits.held(
+                target, cancelled=lambda: guard.lost or guard.control is not None
+            ):
                 if guard.lost:
                     raise _Abandon()
+                if guard.control is not None:
+                    raise PermitCancelled()
                 outcome = run_segment(
                     workflow,
                     message,
@@ -271,6 +285,8 @@ class SegmentExecutor:
                     call_permit=lambda t: self._permits.held(t, cancelled=lambda: guard.lost),
                 )
         except (PermitCancelled, _Abandon, LeaseLost):
+            if not guard.lost and guard.control is not None:
+                return self._stop(guard, ctx)
             return self._abandoned(guard, ctx, "segment")
         except WorkflowExecutionError as exc:
             if guard.lost:
@@ -377,6 +393,10 @@ class SegmentExecutor:
     def _checkpoint(self, guard: LeaseGuard, ctx: dict[str, Any], entry: dict[str, Any]) -> None:
         try:
             self._store.job_checkpoint(guard.lease, entry)
+        except ControlApplied as applied:
+            guard.status = applied.status
+            guard.mark_lost("controlled")
+            raise
         except LeaseLost:
             guard.mark_lost("lease_lost")
             raise
@@ -520,11 +540,11 @@ class SegmentExecutor:
             or bool(getattr(exc, "store_failure", False))
         )
         if retryable:
-            return self._settle_retryable(job, guard, detail, ctx)
+            return self._settle_retryable(job, guard, detail, ctx, exc.step or "")
         return self._settle_fail(guard, exc.step or "", detail, ctx)
 
     def _settle_retryable(
-        self, job: Any, guard: LeaseGuard, detail: str, ctx: dict[str, Any]
+        self, job: Any, guard: LeaseGuard, detail: str, ctx: dict[str, Any], step: str = ""
     ) -> Settlement:
         if job.attempt >= job.max_attempts:
             return self._write(
@@ -533,7 +553,7 @@ class SegmentExecutor:
                 Settlement.DEAD,
                 "job_dead",
                 "job is DEAD: retries exhausted",
-                lambda: self._store.job_dead(guard.lease, detail),
+                lambda: self._store.job_dead(guard.lease, detail, step),
                 error=detail,
                 max_attempts=job.max_attempts,
                 level=logging.WARNING,
@@ -581,7 +601,7 @@ class SegmentExecutor:
             return self._abandoned(guard, ctx, "settle")
         guard.settling = True
         try:
-            write()
+            status = write()
         except LeaseLost:
             guard.mark_lost("lease_lost")
             return self._abandoned(guard, ctx, "settle")
@@ -598,10 +618,46 @@ class SegmentExecutor:
                 },
             )
             return Settlement.UNSETTLED
+        if status in ("CANCELLED", "PAUSED"):
+            guard.status = status
+            return self._controlled(ctx, status, settlement.value)
         log.log(level, message, extra={"action": action, **fields, **ctx})
         return settlement
 
+    def _stop(self, guard: LeaseGuard, ctx: dict[str, Any]) -> Settlement:
+        """A request reached the job before its step started: apply it (``job_stop``)."""
+        guard.settling = True
+        try:
+            status = self._store.job_stop(guard.lease)
+        except LeaseLost:
+            return self._abandoned(guard, ctx, "stop")
+        except StoreError as exc:
+            log.error(
+                "applying an operator request failed; the sweeper will apply it",
+                extra={"action": "control_stop_failed", "error": str(exc), **ctx},
+            )
+            return Settlement.UNSETTLED
+        if status in ("CANCELLED", "PAUSED"):
+            guard.status = status
+            guard.mark_lost("controlled")
+            return self._controlled(ctx, status, "stop")
+        # The request was withdrawn meanwhile (resume of a pending pause): give the job back.
+        guard.control = None
+        self.release(guard)
+        return Settlement.ABANDONED
+
+    def _controlled(self, ctx: dict[str, Any], status: str, at: str) -> Settlement:
+        action = "job_cancelled" if status == "CANCELLED" else "job_paused"
+        log.info(
+            "job %s by operator request",
+            status,
+            extra={"action": action, "applied_at": at, **ctx},
+        )
+        return Settlement.CONTROLLED
+
     def _abandoned(self, guard: LeaseGuard, ctx: dict[str, Any], operation: str) -> Settlement:
+        if guard.controlled:
+            return self._controlled(ctx, guard.status, operation)
         if guard.released:
             log.info(
                 "run stopped after its job was released", extra={"action": "run_released", **ctx}

@@ -9,6 +9,9 @@ Lease model (DESIGN 5, STYLE 3):
   heartbeat extends ``lease_until = now() + lease_s`` about every third of the lease, under
   the same fence. A segment longer than the lease therefore keeps its claim, and the
   sweeper never re-queues it.
+- The heartbeat's statement also returns the row's pending operator request (``control``),
+  kept on the guard: a job still waiting for its permit stops at once (``job_stop``); a job
+  in a step is stopped by its next fenced write, which honours the request itself.
 - A heartbeat that matches no row raises ``LeaseLost``: the sweeper re-queued the job (the
   process stalled past its lease) or a graceful stop released it. The :class:`LeaseGuard`
   is marked lost and the segment writes nothing more. A heartbeat that fails for another
@@ -49,7 +52,16 @@ class LeaseGuard:
     After that the segment writes nothing.
     """
 
-    __slots__ = ("_lost", "failures", "lease", "next_due", "reason", "settling")
+    __slots__ = (
+        "_lost",
+        "control",
+        "failures",
+        "lease",
+        "next_due",
+        "reason",
+        "settling",
+        "status",
+    )
 
     def __init__(self, lease: Any, next_due: float) -> None:
         #: The fence: ``Lease(job_id, owner, attempt)``.
@@ -64,11 +76,22 @@ class LeaseGuard:
         #: Set just before the settling write: from then on a heartbeat that finds no row
         #: is the settlement winning the race, not a lost lease.
         self.settling = False
+        #: The operator request the last heartbeat found on the row (``{kind, actor, ...}``),
+        #: or None. The fenced writes honour it themselves; this only lets a job that has
+        #: not started its step (waiting for a permit) stop without waiting.
+        self.control: dict | None = None
+        #: The status an operator request gave the job (CANCELLED, PAUSED) once applied.
+        self.status = ""
 
     @property
     def lost(self) -> bool:
         """True once the lease is no longer ours (lost or released)."""
         return self._lost.is_set()
+
+    @property
+    def controlled(self) -> bool:
+        """True when an operator request stopped the job (``reason == "controlled"``)."""
+        return self._lost.is_set() and self.reason == "controlled"
 
     @property
     def released(self) -> bool:
@@ -171,7 +194,7 @@ class Heartbeat(Service):
     def _beat(self, guard: LeaseGuard) -> bool:
         lease = guard.lease
         try:
-            self._store.job_heartbeat(lease, self.lease_s)
+            _, guard.control = self._store.job_heartbeat_control(lease, self.lease_s)
         except LeaseLost:
             if guard.settling or not self._is_tracked(guard):
                 # The job settled while this beat was in flight: the fenced write cleared the

@@ -92,7 +92,7 @@ def test_check_constraints_refuse_unknown_statuses(fresh_dsn):
         q(
             fresh_dsn,
             "INSERT INTO workflow_run (job_id, workflow_name, workflow_definition, input, status) "
-            "VALUES (%(id)s, 'w', '{}', '{}', 'PAUSED')",
+            "VALUES (%(id)s, 'w', '{}', '{}', 'SLEEPING')",
             {"id": uuid.uuid4()},
         )
     with pytest.raises(

@@ -112,7 +112,7 @@ def test_list_is_newest_first_filtered_and_clamped(store, fresh_dsn):
     with pytest.raises(ValueError, match="limit"):
         store.job_list(limit=-5)
     with pytest.raises(ValueError, match="status"):
-        store.job_list(status="PAUSED")
+        store.job_list(status="SLEEPING")
 
 
 def test_insert_retry_release_and_requeue_notify_listeners(store, fresh_dsn):

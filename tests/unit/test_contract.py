@@ -61,6 +61,11 @@ VALID_EVENTS = {
     },
     "FAILED": {"type": EventType.TYPE_FAILED, "error": "boom", "step": "fetch", "attempt": 2},
     "DEAD": {"type": EventType.TYPE_DEAD, "error": "gRPC UNAVAILABLE from x", "attempt": 3},
+    "CANCELLED": {"type": EventType.TYPE_CANCELLED, "error": "CANCELLED by alice: stop"},
+    "PAUSED": {"type": EventType.TYPE_PAUSED, "step": "fetch", "attempt": 1},
+    "RESUMED": {"type": EventType.TYPE_RESUMED},
+    "REQUEUED": {"type": EventType.TYPE_REQUEUED, "step": "fetch"},
+    "CONTROL_REQUESTED": {"type": EventType.TYPE_CONTROL_REQUESTED, "verdict": "cancel"},
 }
 
 
@@ -83,6 +88,12 @@ def test_event_type_numbers_are_the_upstream_ones():
         ("TYPE_COMPLETED", 4),
         ("TYPE_FAILED", 5),
         ("TYPE_DEAD", 6),
+        # protomolt-jobs additions (issue 15), appended after the upstream six
+        ("TYPE_CANCELLED", 7),
+        ("TYPE_PAUSED", 8),
+        ("TYPE_RESUMED", 9),
+        ("TYPE_REQUEUED", 10),
+        ("TYPE_CONTROL_REQUESTED", 11),
     ]
     assert EventType.TYPE_DEAD == 6 and EventType.Name(4) == "TYPE_COMPLETED"
 
@@ -102,6 +113,17 @@ def test_failed_or_dead_without_error_is_rejected_by_its_rule(kind):
     assert violations == [
         Violation(
             "", "terminal-carries-error", "a FAILED or DEAD event must carry the verbatim error"
+        )
+    ]
+
+
+def test_cancelled_without_its_reason_is_rejected_by_its_rule():
+    violations = validate_event(make_event(type=EventType.TYPE_CANCELLED))
+    assert violations == [
+        Violation(
+            "",
+            "cancelled-carries-reason",
+            "a CANCELLED event must carry who cancelled and why in error",
         )
     ]
 

@@ -83,7 +83,7 @@ class _Store:
     def job_retry(self, lease, backoff_s, error):
         self._do("retry", lease, backoff_s, error)
 
-    def job_dead(self, lease, error):
+    def job_dead(self, lease, error, step=""):
         self._do("dead", lease, error)
 
     def job_release(self, lease):
@@ -91,6 +91,9 @@ class _Store:
 
     def job_heartbeat(self, lease, lease_s):
         pass
+
+    def job_heartbeat_control(self, lease, lease_s):
+        return None, None
 
 
 class _Input:

@@ -23,6 +23,11 @@ class WorkflowRunEvent(_message.Message):
         TYPE_COMPLETED: _ClassVar[WorkflowRunEvent.Type]
         TYPE_FAILED: _ClassVar[WorkflowRunEvent.Type]
         TYPE_DEAD: _ClassVar[WorkflowRunEvent.Type]
+        TYPE_CANCELLED: _ClassVar[WorkflowRunEvent.Type]
+        TYPE_PAUSED: _ClassVar[WorkflowRunEvent.Type]
+        TYPE_RESUMED: _ClassVar[WorkflowRunEvent.Type]
+        TYPE_REQUEUED: _ClassVar[WorkflowRunEvent.Type]
+        TYPE_CONTROL_REQUESTED: _ClassVar[WorkflowRunEvent.Type]
     TYPE_UNSPECIFIED: WorkflowRunEvent.Type
     TYPE_ACCEPTED: WorkflowRunEvent.Type
     TYPE_STEP_CHECKPOINT: WorkflowRunEvent.Type
@@ -30,6 +35,11 @@ class WorkflowRunEvent(_message.Message):
     TYPE_COMPLETED: WorkflowRunEvent.Type
     TYPE_FAILED: WorkflowRunEvent.Type
     TYPE_DEAD: WorkflowRunEvent.Type
+    TYPE_CANCELLED: WorkflowRunEvent.Type
+    TYPE_PAUSED: WorkflowRunEvent.Type
+    TYPE_RESUMED: WorkflowRunEvent.Type
+    TYPE_REQUEUED: WorkflowRunEvent.Type
+    TYPE_CONTROL_REQUESTED: WorkflowRunEvent.Type
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_NAME_FIELD_NUMBER: _ClassVar[int]

@@ -1,0 +1,174 @@
+"""The transition log (issue 15): written by migration 0002's trigger in the statement that
+changes the row, hash-chained per job, with actors from the store's queries, ``sql:<role>``
+for hand-written SQL, and pending control requests honoured at the worker's boundary writes.
+Real PostgreSQL."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from protomolt_jobs.errors import ControlApplied
+from protomolt_jobs.store import JobStore
+from tests.support.factories import claimed_job, queued_job
+from tests.support.worker_proc import event_types
+
+
+@pytest.fixture
+def store(fresh_dsn):
+    s = JobStore.open(fresh_dsn, max_size=4)
+    yield s
+    s.close()
+
+
+def _sql(dsn, query, *params):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(query, params).rowcount
+
+
+def _kinds(history):
+    return [(t.kind, t.actor, t.prev_status, t.new_status) for t in history.transitions]
+
+
+def test_claim_retry_sweep_claim_are_recorded_with_their_actors(store, fresh_dsn):
+    job = queued_job(store)
+    first = store.job_claim("w1", 60)
+    store.job_retry(first.lease, 0, "GRPC: gRPC UNAVAILABLE from x: down")
+    second = store.job_claim("w2", 60)
+    _sql(fresh_dsn, "UPDATE workflow_run SET lease_until = now() - interval '1 s'")
+    assert store.job_sweep_expired().requeued == 1
+    store.job_claim("w3", 60)
+    history = store.job_history(job.job_id)
+    assert history.first_bad_seq is None
+    assert _kinds(history) == [
+        ("submit", "api", None, "QUEUED"),
+        ("claim", "worker:w1", "QUEUED", "RUNNING"),
+        ("retry", "worker:w1", "RUNNING", "QUEUED"),
+        ("claim", "worker:w2", "QUEUED", "RUNNING"),
+        ("sweep", "sweeper", "RUNNING", "QUEUED"),
+        ("claim", "worker:w3", "QUEUED", "RUNNING"),
+    ]
+    assert [t.seq for t in history.transitions] == [1, 2, 3, 4, 5, 6]
+    assert history.transitions[2].reason.startswith("backoff 0")
+    assert "GRPC: gRPC UNAVAILABLE" in history.transitions[2].reason
+    assert history.transitions[4].reason == "lease of worker w2 expired"
+    assert second.attempt == 2
+
+
+def test_checkpoints_are_recorded_and_heartbeats_are_not(store):
+    job = claimed_job(store)
+    store.job_heartbeat(job.lease, 60)
+    store.job_checkpoint(job.lease, {"name": "first", "skipped": False, "response": {}})
+    store.job_heartbeat(job.lease, 60)
+    store.job_complete(
+        job.lease, {"ok": True}, "2 steps", final_entry={"name": "second", "skipped": False}
+    )
+    history = store.job_history(job.job_id)
+    assert [(t.kind, t.step, t.new_status) for t in history.transitions] == [
+        ("submit", None, "QUEUED"),
+        ("claim", None, "RUNNING"),
+        ("checkpoint", "first", "RUNNING"),
+        ("complete", "second", "COMPLETED"),
+    ]
+    assert history.first_bad_seq is None
+
+
+def test_a_hand_written_status_change_is_recorded_as_sql(store, fresh_dsn):
+    job = queued_job(store)
+    claimed = store.job_claim("w1", 60)
+    store.job_dead(claimed.lease, "GRPC: gave up", "embed")
+    _sql(fresh_dsn, "UPDATE workflow_run SET status = 'QUEUED' WHERE job_id = %s", job.job_id)
+    last = store.job_history(job.job_id).transitions[-1]
+    assert (last.kind, last.actor, last.prev_status, last.new_status) == (
+        "sql",
+        "sql:postgres",
+        "DEAD",
+        "QUEUED",
+    )
+    dead = store.job_history(job.job_id).transitions[-2]
+    assert (dead.kind, dead.step, dead.reason) == ("dead", "embed", "GRPC: gave up")
+    # and the DEAD event names its step
+    dead_events = [e for e in event_types(store, job.job_id) if e[0] == "DEAD"]
+    assert dead_events == [("DEAD", "embed")]
+
+
+def test_editing_a_history_row_makes_integrity_name_it(store, fresh_dsn):
+    job = claimed_job(store)
+    store.job_checkpoint(job.lease, {"name": "first", "skipped": False})
+    store.job_fail(job.lease, "VALIDATION: bad", "second")
+    assert store.job_history(job.job_id).first_bad_seq is None
+    _sql(
+        fresh_dsn,
+        "UPDATE workflow_run_transition SET actor = 'someone-else' WHERE job_id = %s AND seq = 3",
+        job.job_id,
+    )
+    assert store.job_history(job.job_id).first_bad_seq == 3
+
+
+def test_deleting_history_rows_is_detected(store, fresh_dsn):
+    job = claimed_job(store)
+    store.job_checkpoint(job.lease, {"name": "first", "skipped": False})
+    store.job_fail(job.lease, "VALIDATION: bad", "second")
+    _sql(fresh_dsn, "DELETE FROM workflow_run_transition WHERE job_id = %s AND seq = 2", job.job_id)
+    assert store.job_history(job.job_id).first_bad_seq == 3
+    other = claimed_job(store)
+    store.job_checkpoint(other.lease, {"name": "first", "skipped": False})
+    _sql(
+        fresh_dsn, "DELETE FROM workflow_run_transition WHERE job_id = %s AND seq = 3", other.job_id
+    )
+    assert store.job_history(other.job_id).first_bad_seq == 3
+
+
+def test_a_resubmission_writes_no_transition(store):
+    from tests.support.factories import new_job
+
+    new = new_job()
+    assert store.job_insert(new).created
+    assert not store.job_insert(new).created
+    history = store.job_history(new.job_id)
+    assert [t.kind for t in history.transitions] == ["submit"]
+    assert history.first_bad_seq is None
+
+
+def test_unknown_job_has_no_history(store):
+    import uuid
+
+    assert store.job_history(uuid.uuid4()) is None
+
+
+def test_a_cancel_request_is_applied_by_the_next_checkpoint(store):
+    job = claimed_job(store)
+    outcome = store.job_cancel(job.job_id, actor="alice", reason="not needed")
+    assert (outcome.changed, outcome.status) == (True, "RUNNING")
+    store.job_heartbeat(job.lease, 60)  # a heartbeat is no boundary
+    assert store.job_get(job.job_id).status == "RUNNING"
+    with pytest.raises(ControlApplied) as raised:
+        store.job_checkpoint(job.lease, {"name": "first", "skipped": False, "response": {}})
+    assert raised.value.status == "CANCELLED"
+    row = store.job_get(job.job_id)
+    assert row.status == "CANCELLED" and row.lease_owner is None and row.control is None
+    assert [c["name"] for c in row.checkpoints] == ["first"]
+    assert row.error == "CANCELLED by alice: not needed"
+    assert event_types(store, job.job_id)[-3:] == [
+        ("CONTROL_REQUESTED", ""),
+        ("STEP_CHECKPOINT", "first"),
+        ("CANCELLED", "first"),
+    ]
+    last = store.job_history(job.job_id).transitions[-1]
+    assert (last.kind, last.actor, last.reason, last.step) == (
+        "cancel",
+        "alice",
+        "not needed",
+        "first",
+    )
+
+
+def test_a_pause_request_turns_a_retry_into_paused(store):
+    job = claimed_job(store)
+    store.job_pause(job.job_id, actor="bob")
+    store.job_retry(job.lease, 5, "GRPC: transient")
+    row = store.job_get(job.job_id)
+    assert (row.status, row.paused_from, row.lease_owner) == ("PAUSED", "QUEUED", None)
+    resumed = store.job_resume(job.job_id, actor="bob")
+    assert (resumed.changed, resumed.status) == (True, "QUEUED")
+    assert store.job_get(job.job_id).attempt == 0
