@@ -70,6 +70,7 @@ _REQUIRED = "field is required"
 _TYPE_COMPLETED = EventType.Value("TYPE_COMPLETED")
 _TYPE_FAILED = EventType.Value("TYPE_FAILED")
 _TYPE_DEAD = EventType.Value("TYPE_DEAD")
+_TYPE_CANCELLED = EventType.Value("TYPE_CANCELLED")
 _DEFINED_TYPES = frozenset(EventType.values())
 
 
@@ -77,8 +78,8 @@ def event_violations(msg: WorkflowRunEvent) -> list[EventViolation]:
     """The rules ``jobs.proto`` declares on ``WorkflowRunEvent``, checked in plain Python.
 
     The same verdicts, paths, rule ids and messages as ``wire.validate_event`` (the declared
-    field rules and the two CEL rules ``completed-carries-verdict`` and
-    ``terminal-carries-error``), in the same order, at a few microseconds instead of the
+    field rules and the three CEL rules ``completed-carries-verdict``,
+    ``terminal-carries-error`` and ``cancelled-carries-reason``), in the same order, at a few microseconds instead of the
     CEL interpreter's milliseconds: :func:`build_event` runs it on every event it makes, and
     the relay on every payload it publishes. ``tests/unit/test_events_property.py`` proves
     the two checks agree on arbitrary messages, so a rule added to the proto without its twin
@@ -130,6 +131,14 @@ def event_violations(msg: WorkflowRunEvent) -> list[EventViolation]:
                 "a FAILED or DEAD event must carry the verbatim error",
             )
         )
+    if kind == _TYPE_CANCELLED and not msg.error:
+        out.append(
+            EventViolation(
+                "",
+                "cancelled-carries-reason",
+                "a CANCELLED event must carry who cancelled and why in error",
+            )
+        )
     return out
 
 
@@ -138,7 +147,11 @@ def _too_long(path: str, limit: int) -> EventViolation:
 
 
 #: The field a message-level rule is about, for build_event's refusal.
-_RULE_FIELD = {"completed-carries-verdict": "verdict", "terminal-carries-error": "error"}
+_RULE_FIELD = {
+    "completed-carries-verdict": "verdict",
+    "terminal-carries-error": "error",
+    "cancelled-carries-reason": "error",
+}
 
 
 @dataclass(frozen=True, slots=True)

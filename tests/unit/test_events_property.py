@@ -82,6 +82,7 @@ def test_build_event_never_makes_an_event_that_breaks_the_contract(
         not workflow_name
         or (type_ == EventType.TYPE_COMPLETED and not verdict)
         or (type_ in (EventType.TYPE_FAILED, EventType.TYPE_DEAD) and not error)
+        or (type_ == EventType.TYPE_CANCELLED and not error)
     )
     try:
         ev = build_event(
