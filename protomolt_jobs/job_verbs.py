@@ -32,7 +32,13 @@ from protomolt_jobs.errors import InvalidInput, JobCorrupt, NotFound, Unavailabl
 from protomolt_jobs.input_rules import MAX_JSON_DEPTH, MAX_JSON_INT
 from protomolt_jobs.input_rules import check_json as _check_json
 from protomolt_jobs.input_rules import check_text as _check_text
-from protomolt_jobs.store.records import JOB_STATUSES, AlreadyDone, ParkedStepCompleted, WrongState
+from protomolt_jobs.store.records import (
+    JOB_STATUSES,
+    TERMINAL_STATUSES,
+    AlreadyDone,
+    ParkedStepCompleted,
+    WrongState,
+)
 from protomolt_jobs.submitter import Submitter, parse_job_id
 
 __all__ = [
@@ -207,9 +213,9 @@ def job_json(job: Any, *, full: bool) -> dict[str, Any]:
     """A job row as the verbs show it (camelCase, nulls omitted).
 
     Keys in order: ``jobId, workflowName, status, attempt, outstandingStep?, priority,
-    queue, fairnessKey, dedupKey?, deadlineAt?``, then when ``full`` ``input, checkpoints,
-    result?``, then ``verdict?, error?, createdAt?, updatedAt?, completedAt?``. Never shown:
-    max attempts, run_after, the lease, the fairness pass, the definition.
+    queue, fairnessKey, dedupKey?, deadlineAt?``, then when ``full`` ``maxAttempts, runAfter,
+    control?, input, checkpoints, result?``, then ``verdict?, error?, createdAt?, updatedAt?,
+    completedAt?``. Never shown: the lease, the fairness pass, the definition.
     """
     body: dict[str, Any] = {
         "jobId": str(job.job_id),
@@ -227,6 +233,11 @@ def job_json(job: Any, *, full: bool) -> dict[str, Any]:
     if getattr(job, "deadline_at", None) is not None:
         body["deadlineAt"] = iso_instant(job.deadline_at)
     if full:
+        body["maxAttempts"] = job.max_attempts
+        body["runAfter"] = iso_instant(job.run_after)
+        control = getattr(job, "control", None)
+        if control:
+            body["control"] = control
         body["input"] = job.input
         body["checkpoints"] = job.checkpoints if job.checkpoints is not None else []
         if job.result is not None:
@@ -241,6 +252,19 @@ def job_json(job: Any, *, full: bool) -> dict[str, Any]:
         if value is not None:
             body[key] = value
     return body
+
+
+def _report(store: Any, job: Any, runtime: Any) -> dict[str, Any]:
+    """The final report of a terminal job (:mod:`protomolt_jobs.job_report`)."""
+    from protomolt_jobs.job_report import report_json
+
+    history = store.job_history(job.job_id)
+    transitions = history.transitions if history is not None else ()
+    try:
+        order, _ = _step_graph(job, runtime)
+    except JobCorrupt:  # a snapshot that does not parse: report what was checkpointed
+        order = [str(c.get("name")) for c in job.checkpoints or [] if isinstance(c, dict)]
+    return report_json(job, order, transitions, graph=_graph_report(job, runtime))
 
 
 def _wrong_state(job_id: uuid.UUID, status: str, outstanding: str | None, step: str) -> dict:
@@ -351,7 +375,12 @@ class SubmitWorkflowAction:
         if raw_job_id is not None and raw_job_id.strip():
             job_id = str(_job_id(raw_job_id))
         outcome = submitter.submit(
-            workflow=workflow, workflow_name=workflow_name, input=payload, job_id=job_id, **sched
+            workflow=workflow,
+            workflow_name=workflow_name,
+            input=payload,
+            job_id=job_id,
+            actor=_actor(),
+            **sched,
         )
         return outcome.to_json()
 
@@ -410,8 +439,9 @@ class GetJobAction:
     )
     fields = ("jobId",)
 
-    def __init__(self, backend: JobsBackend) -> None:
+    def __init__(self, backend: JobsBackend, runtime: Any = None) -> None:
         self.backend = backend
+        self.runtime = runtime
         self.input_schema: dict[str, Any] = {
             "type": "object",
             "properties": {"jobId": {"type": "string", "format": "uuid"}},
@@ -421,8 +451,10 @@ class GetJobAction:
 
     def execute(self, input: dict[str, Any]) -> dict[str, Any]:
         """:returns: ``{ok: true, job}`` or ``{ok: false, error: "no workflow run <id>"}``; a
-            finished graph run's ``job`` carries ``report``: ``{"status", "steps": [{"name",
-            "status", "reason"?}], "completionOrder", "criterion"}``.
+            finished run's ``job`` carries ``report`` (:mod:`protomolt_jobs.job_report`):
+            ``{"status", "steps": [{"name", "status", "reason"?}], "claims", "attempts",
+            "durationsMs", "operatorActions"}``, plus ``"completionOrder", "criterion"`` for a
+            graph run (whose steps are the graph's own account).
 
         :raises Unavailable: no database configured.
         :raises InvalidInput: missing, mistyped or non-uuid ``jobId``; unknown fields.
@@ -440,9 +472,9 @@ class GetJobAction:
                 {"jobId": str(job_id), "status": job.status},
             )
         body = job_json(job, full=True)
-        report = _graph_report(job, submitter)
-        if report is not None:
-            body["report"] = report
+        if job.status in TERMINAL_STATUSES:
+            runtime = self.runtime or getattr(submitter, "runtime", None)
+            body["report"] = _report(store, job, runtime)
         return {"ok": True, "job": body}
 
 
@@ -450,13 +482,12 @@ class GetJobAction:
 _REPORTED = frozenset({"COMPLETED", "FAILED", "DEAD", "CANCELLED"})
 
 
-def _graph_report(job: Any, submitter: Any) -> dict[str, Any] | None:
+def _graph_report(job: Any, runtime: Any) -> dict[str, Any] | None:
     """A finished graph run's final report (``graph.report_from_checkpoints``), else None.
 
     Sequential workflows have none here; a definition that no longer parses has none either
     (the read never fails because of it).
     """
-    runtime = getattr(submitter, "runtime", None)
     if (
         job.status not in _REPORTED
         or not isinstance(job.workflow_definition, dict)
@@ -626,7 +657,7 @@ class CompleteStepAction:
                 summary = summarize(violations)
                 error = f"VALIDATION: complete-step response failed validation: {summary}"
                 try:
-                    outcome = store.job_fail_parked(job_id, step_name, error)
+                    outcome = store.job_fail_parked(job_id, step_name, error, actor=_actor())
                 except NotFound:
                     return _not_found(job_id)
                 if isinstance(outcome, ParkedStepCompleted):
@@ -658,7 +689,7 @@ class CompleteStepAction:
                 f"{step.output_type.full_name}: {exc}",
             ) from exc
         try:
-            outcome = store.job_complete_parked(job_id, step_name, entry)
+            outcome = store.job_complete_parked(job_id, step_name, entry, actor=_actor())
         except NotFound:
             return _not_found(job_id)
         if isinstance(outcome, ParkedStepCompleted):
@@ -741,13 +772,408 @@ def step_kind(step: Any) -> str:
     return f'completion: "{completion}"'
 
 
-def jobs_actions(
-    backend: JobsBackend, runtime: Any
-) -> list[SubmitWorkflowAction | GetJobAction | ListJobsAction | CompleteStepAction]:
-    """The four verbs over one backend, in manifest order."""
+def jobs_actions(backend: JobsBackend, runtime: Any) -> list[Any]:
+    """The job verbs over one backend, in manifest order: the four of the reference, then
+    the operator verbs (:func:`control_actions`)."""
     return [
         SubmitWorkflowAction(backend),
-        GetJobAction(backend),
+        GetJobAction(backend, runtime),
         ListJobsAction(backend),
         CompleteStepAction(backend, runtime),
+        *control_actions(backend, runtime),
+    ]
+
+
+# --------------------------------------------------------------------------------------
+# Operator control (issue 15; docs/verbs.md "Operator control")
+# --------------------------------------------------------------------------------------
+
+#: Longest operator reason kept (code points); longer is invalid-input.
+MAX_REASON_CHARS = 2000
+#: Statuses retry-step accepts.
+RETRY_STEP_STATUSES = ("FAILED", "DEAD", "CANCELLED", "PAUSED", "COMPLETED")
+
+
+def _reason(input: dict[str, Any]) -> str | None:
+    reason = _optional_string(input, "reason")
+    if reason is not None and len(reason) > MAX_REASON_CHARS:
+        raise _invalid("reason", f"Field 'reason' must be at most {MAX_REASON_CHARS} characters")
+    return reason if reason and reason.strip() else None
+
+
+def _actor() -> str:
+    from protomolt_jobs.hooks.contract import current_principal
+
+    return current_principal()
+
+
+def _control_schema(extra: dict[str, Any] | None = None, required: tuple = ()) -> dict[str, Any]:
+    properties: dict[str, Any] = {
+        "jobId": {"type": "string", "format": "uuid"},
+        **(extra or {}),
+        "reason": {
+            "type": "string",
+            "maxLength": MAX_REASON_CHARS,
+            "description": "Why (kept in the job's history with the caller's principal).",
+        },
+    }
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": ["jobId", *required],
+        "additionalProperties": False,
+    }
+
+
+def _refused(job_id: uuid.UUID, status: str | None, message: str, **extra: Any) -> dict:
+    if status is None:
+        return _not_found(job_id)
+    return {"ok": False, "status": status, **extra, "error": f"job {job_id} is {status}; {message}"}
+
+
+class _ControlVerb:
+    scope = "job-control"
+    fields: tuple[str, ...] = ("jobId", "reason")
+
+    def __init__(self, backend: JobsBackend) -> None:
+        self.backend = backend
+        self.input_schema = _control_schema()
+
+    def _begin(self, input: dict[str, Any]) -> tuple[Any, uuid.UUID, str | None]:
+        store, _ = self.backend.require()
+        _only_known(self.name, input, self.fields)  # type: ignore[attr-defined]
+        job_id = _job_id(_require_string(input, "jobId"))
+        return store, job_id, _reason(input)
+
+    def _log(self, job_id: uuid.UUID, status: str | None, reason: str | None) -> None:
+        log.info(
+            "%s on job %s: %s",
+            self.name,  # type: ignore[attr-defined]
+            job_id,
+            status,
+            extra={
+                "action": self.name.replace("-", "_"),  # type: ignore[attr-defined]
+                "job_id": str(job_id),
+                "actor": _actor(),
+                "status": status,
+                "reason": reason,
+            },
+        )
+
+
+class CancelJobAction(_ControlVerb):
+    """``cancel-job`` (scope ``job-control``): stop a job for good, keeping its checkpoints."""
+
+    name = "cancel-job"
+    description = (
+        "Cancel a job ('jobId', optional 'reason'): QUEUED, WAITING or PAUSED jobs are "
+        "CANCELLED at once; a RUNNING job is CANCELLED at its next checkpoint boundary (the "
+        "step in flight finishes and is checkpointed); a finished job answers ok: false."
+    )
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """:returns: ``{ok: true, status: "CANCELLED"}``; ``{ok: true, status: "RUNNING",
+            requested: "cancel", message}`` (binding: it ends CANCELLED); ``{ok: false,
+            status, error}`` for a finished job; ``{ok: false, error}`` for an unknown one.
+
+        :raises Unavailable: no database configured.
+        :raises InvalidInput: a malformed field.
+        """
+        store, job_id, reason = self._begin(input)
+        outcome = store.job_cancel(job_id, actor=_actor(), reason=reason)
+        self._log(job_id, outcome.status, reason)
+        if outcome.changed and outcome.status == "CANCELLED":
+            return {"ok": True, "status": "CANCELLED"}
+        if outcome.status == "RUNNING" and (
+            outcome.changed or (outcome.control or {}).get("kind") == "cancel"
+        ):
+            return {
+                "ok": True,
+                "status": "RUNNING",
+                "requested": "cancel",
+                "message": "cancel requested: the step in flight finishes and is checkpointed, "
+                "then the job is CANCELLED (binding: it can no longer complete)",
+            }
+        return _refused(job_id, outcome.status, "only a job that has not finished can be cancelled")
+
+
+class PauseJobAction(_ControlVerb):
+    """``pause-job`` (scope ``job-control``): stop a job at a checkpoint boundary until resumed."""
+
+    name = "pause-job"
+    description = (
+        "Pause a job ('jobId', optional 'reason'): QUEUED and WAITING jobs are PAUSED at once "
+        "(a parked step is remembered); a RUNNING job is PAUSED after its step in flight is "
+        "checkpointed, releasing its lease; resume-job sends it back."
+    )
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """:returns: ``{ok: true, status: "PAUSED", outstandingStep?}``; ``{ok: true, status:
+            "RUNNING", requested: "pause", message}``; ``{ok: false, status, error}``.
+
+        :raises Unavailable: no database configured.
+        :raises InvalidInput: a malformed field.
+        """
+        store, job_id, reason = self._begin(input)
+        outcome = store.job_pause(job_id, actor=_actor(), reason=reason)
+        self._log(job_id, outcome.status, reason)
+        if outcome.status == "PAUSED":
+            body: dict[str, Any] = {"ok": True, "status": "PAUSED"}
+            if outcome.outstanding_step:
+                body["outstandingStep"] = outcome.outstanding_step
+            return body
+        if outcome.status == "RUNNING":
+            pending = (outcome.control or {}).get("kind")
+            if outcome.changed or pending == "pause":
+                return {
+                    "ok": True,
+                    "status": "RUNNING",
+                    "requested": "pause",
+                    "message": "pause requested: the job is PAUSED once its step in flight is "
+                    "checkpointed",
+                }
+            return _refused(
+                job_id, "RUNNING", f"a {pending} is already requested", requested=pending
+            )
+        return _refused(job_id, outcome.status, "only a QUEUED, WAITING or RUNNING job can pause")
+
+
+class ResumeJobAction(_ControlVerb):
+    """``resume-job`` (scope ``job-control``): send a PAUSED job back, now or at a time."""
+
+    name = "resume-job"
+    description = (
+        "Resume a PAUSED job ('jobId', optional 'at' RFC 3339 time and 'reason'): it is QUEUED "
+        "to start no earlier than 'at' (database clock; past or absent means now), or WAITING "
+        "again on its parked step. On a RUNNING job it withdraws a pending pause."
+    )
+    fields = ("jobId", "at", "reason")
+
+    def __init__(self, backend: JobsBackend) -> None:
+        super().__init__(backend)
+        self.input_schema = _control_schema(
+            {
+                "at": {
+                    "type": "string",
+                    "format": "date-time",
+                    "description": "RFC 3339 time with an offset; compared with the "
+                    "database clock.",
+                }
+            }
+        )
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """:returns: ``{ok: true, status: "QUEUED", runAfter}``, ``{ok: true, status:
+            "WAITING", outstandingStep}``, ``{ok: true, status: "RUNNING", withdrawn:
+            "pause"}`` or ``{ok: false, status, error}``.
+
+        :raises Unavailable: no database configured.
+        :raises InvalidInput: a malformed field; ``at`` not an RFC 3339 time with an offset.
+        """
+        store, job_id, reason = self._begin(input)
+        at = _rfc3339(input, "at")
+        outcome = store.job_resume(job_id, actor=_actor(), reason=reason, at=at)
+        self._log(job_id, outcome.status, reason)
+        if outcome.changed and outcome.status == "RUNNING":
+            return {"ok": True, "status": "RUNNING", "withdrawn": "pause"}
+        if outcome.changed:
+            body: dict[str, Any] = {"ok": True, "status": outcome.status}
+            if outcome.status == "WAITING":
+                body["outstandingStep"] = outcome.outstanding_step
+            else:
+                body["runAfter"] = iso_instant(outcome.run_after)
+            return body
+        return _refused(job_id, outcome.status, "only a PAUSED job can be resumed")
+
+
+def _rfc3339(input: dict[str, Any], field: str) -> datetime | None:
+    raw = _optional_string(input, field)
+    if raw is None or not raw.strip():
+        return None
+    text = raw.strip()
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        moment = None
+    # RFC 3339 needs the date, the time and an offset ("Z" or "+hh:mm").
+    if moment is None or "T" not in text.upper() or moment.tzinfo is None:
+        raise _invalid(
+            field,
+            f"Field '{field}' must be an RFC 3339 time with an offset "
+            f"(like 2026-01-01T22:00:00Z); got '{raw}'",
+        )
+    return moment
+
+
+class RequeueJobAction(_ControlVerb):
+    """``requeue-job`` (scope ``job-control``): run a DEAD or FAILED job again."""
+
+    name = "requeue-job"
+    description = (
+        "Requeue a DEAD or FAILED job ('jobId', optional 'reason'): QUEUED now with fresh "
+        "attempts, its checkpoints kept (it resumes at the first missing step); the old error "
+        "stays in its history."
+    )
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """:returns: ``{ok: true, status: "QUEUED"}`` or ``{ok: false, status, error}``.
+
+        :raises Unavailable: no database configured.
+        :raises InvalidInput: a malformed field.
+        """
+        store, job_id, reason = self._begin(input)
+        outcome = store.job_requeue(job_id, actor=_actor(), reason=reason)
+        self._log(job_id, outcome.status, reason)
+        if outcome.changed:
+            return {"ok": True, "status": "QUEUED"}
+        return _refused(job_id, outcome.status, "only a DEAD or FAILED job can be requeued")
+
+
+class RetryStepAction(_ControlVerb):
+    """``retry-step`` (scope ``job-control``): run one step and its dependants again."""
+
+    name = "retry-step"
+    description = (
+        "Retry one step ('jobId', 'stepName', optional 'reason') of a FAILED, DEAD, CANCELLED, "
+        "PAUSED or COMPLETED job: its checkpoint and those of the steps that depend on it are "
+        "dropped, every other checkpoint is kept (those steps are not called again), and the "
+        "job is QUEUED with fresh attempts."
+    )
+    fields = ("jobId", "stepName", "reason")
+
+    def __init__(self, backend: JobsBackend, runtime: Any) -> None:
+        super().__init__(backend)
+        self.runtime = runtime
+        self.input_schema = _control_schema({"stepName": {"type": "string"}}, ("stepName",))
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """:returns: ``{ok: true, status: "QUEUED", dropped: [step...]}`` or ``{ok: false,
+            status, error}``.
+
+        :raises Unavailable: no database configured.
+        :raises InvalidInput: a malformed field; a step the workflow does not have.
+        :raises JobCorrupt: the job's stored definition or checkpoints cannot be read.
+        """
+        store, job_id, reason = self._begin(input)
+        step_name = _require_string(input, "stepName")
+        job = store.job_get(job_id)
+        if job is None:
+            return _not_found(job_id)
+        if job.status not in RETRY_STEP_STATUSES:
+            return _refused(
+                job_id,
+                job.status,
+                f"retry-step needs one of {', '.join(RETRY_STEP_STATUSES)}",
+            )
+        if getattr(job, "unreadable", None):
+            raise JobCorrupt(
+                f"job {job_id} has stored JSON that cannot be read: {job.unreadable}",
+                {"jobId": str(job_id), "status": job.status},
+            )
+        order, dependants = _step_graph(job, self.runtime)
+        if step_name not in order:
+            raise _invalid("stepName", f"the workflow has no step named '{step_name}'")
+        dropped = {step_name, *dependants.get(step_name, ())}
+        kept = [
+            c
+            for c in job.checkpoints or []
+            if not (isinstance(c, dict) and c.get("name") in dropped)
+        ]
+        outcome = store.job_retry_step(
+            job_id,
+            step=step_name,
+            checkpoints=kept,
+            expected_status=job.status,
+            expected_history_seq=job.history_seq,
+            actor=_actor(),
+            reason=reason,
+        )
+        self._log(job_id, outcome.status, reason)
+        if outcome.changed:
+            return {
+                "ok": True,
+                "status": "QUEUED",
+                "dropped": [n for n in order if n in dropped],
+            }
+        return _refused(
+            job_id, outcome.status, "it changed while the retry was prepared; read it and retry"
+        )
+
+
+def _step_graph(job: Any, runtime: Any) -> tuple[list[str], dict[str, set[str]]]:
+    """The workflow's step names in order, and for each step the steps that depend on it
+    (transitively; in a sequential workflow: every later step)."""
+    from protomolt_jobs.workflow.envelope import parse_workflow
+    from protomolt_jobs.workflow.types import WorkflowParseError
+
+    definition = job.workflow_definition
+    if not isinstance(definition, dict):
+        raise JobCorrupt("the job's stored workflow definition is not a JSON object")
+    try:
+        compiled = parse_workflow(definition, runtime)
+    except WorkflowParseError as exc:
+        raise JobCorrupt(f"the job's stored workflow definition does not parse: {exc}") from exc
+    order = [s.name for s in compiled.steps]
+    dependants: dict[str, set[str]] = {name: set() for name in order}
+    if not getattr(compiled, "graph", False):
+        # A sequential workflow: each step reads what the earlier ones produced.
+        for i, name in enumerate(order):
+            dependants[name] = set(order[i + 1 :])
+        return order, dependants
+    from protomolt_jobs.workflow.graph import ancestors
+
+    for name, before in ancestors(compiled).items():
+        for upstream in before:
+            dependants.setdefault(upstream, set()).add(name)
+    return order, dependants
+
+
+class JobHistoryAction:
+    """``job-history`` (scope ``service-invoke``): every transition of a job, oldest first."""
+
+    name = "job-history"
+    scope = "service-invoke"
+    description = (
+        "Read the transition log of a job ('jobId'): every change (submit, claim, checkpoint, "
+        "retry, sweep, operator actions, settle) with previous and new status, actor, reason, "
+        "attempt, step and time, and 'integrity' ('ok' or the first row whose hash fails)."
+    )
+    fields = ("jobId",)
+
+    def __init__(self, backend: JobsBackend) -> None:
+        self.backend = backend
+        self.input_schema: dict[str, Any] = {
+            "type": "object",
+            "properties": {"jobId": {"type": "string", "format": "uuid"}},
+            "required": ["jobId"],
+            "additionalProperties": False,
+        }
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """:returns: ``{ok: true, jobId, transitions: [...], integrity, firstBadSeq?}`` or
+            ``{ok: false, error}``.
+
+        :raises Unavailable: no database configured.
+        :raises InvalidInput: a malformed ``jobId``.
+        """
+        from protomolt_jobs.job_report import history_json
+
+        store, _ = self.backend.require()
+        _only_known(self.name, input, self.fields)
+        job_id = _job_id(_require_string(input, "jobId"))
+        history = store.job_history(job_id)
+        if history is None:
+            return _not_found(job_id)
+        return {"ok": True, "jobId": str(job_id), **history_json(history)}
+
+
+def control_actions(backend: JobsBackend, runtime: Any) -> list[Any]:
+    """The operator verbs over one backend, in manifest order."""
+    return [
+        CancelJobAction(backend),
+        PauseJobAction(backend),
+        ResumeJobAction(backend),
+        RetryStepAction(backend, runtime),
+        RequeueJobAction(backend),
+        JobHistoryAction(backend),
     ]

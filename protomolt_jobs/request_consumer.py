@@ -448,6 +448,7 @@ class RequestConsumer(Service):
                 input=input_json,
                 job_id=request.job_id,
                 **sched,
+                actor=f"kafka:{self.topic}",
             )
         except StoreError:
             raise
@@ -495,6 +496,7 @@ class RequestConsumer(Service):
                 max_attempts=self._config.max_attempts,
                 status="FAILED",
                 error=error,
+                actor=f"kafka:{self.topic}",
             )
         )
         log.warning(

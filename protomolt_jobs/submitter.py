@@ -154,6 +154,7 @@ class Submitter:
         queue: Any = None,
         fairness_key: Any = None,
         dedup_key: Any = None,
+        actor: str = "api",
     ) -> SubmitOutcome:
         """Validate a submission and insert its row.
 
@@ -167,6 +168,8 @@ class Submitter:
             ``default``.
         :param dedup_key: while a run with this key is not terminal, answer it instead of
             inserting; None takes the workflow's default, else no key.
+        :param actor: who submits (the transition log's actor): an API principal, or
+            ``kafka:<topic>`` for the request topic.
         :returns: the outcome; never raises for bad input.
         :raises StoreError: the database failed.
         """
@@ -277,6 +280,7 @@ class Submitter:
                 fairness_weight=self.fairness_weights.get(sched.fairness_key, 1.0),
                 dedup_key=sched.dedup_key,
                 deadline_s=budget.deadline_s if budget is not None else None,
+                actor=actor,
             )
         )
         job = outcome.job

@@ -33,9 +33,11 @@ contract can mount the role.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -53,6 +55,8 @@ __all__ = [
     "TypePool",
     "WireContext",
     "WorkflowRepository",
+    "current_principal",
+    "principal_scope",
 ]
 
 T = TypeVar("T")
@@ -400,3 +404,28 @@ class InertMount:
     def health(self) -> ComponentHealth:
         """Nothing runs in the background: always ``{}``."""
         return {}
+
+
+# -- the principal of a verb call -------------------------------------------------------------
+
+#: Who runs the verb in this context (the transition log's actor of an operator action).
+_PRINCIPAL: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "protomolt_principal", default="operator"
+)
+
+
+def current_principal() -> str:
+    """The principal of the verb call running in this context: the name of the API token the
+    caller presented (``[node.tokens]``), ``api`` for the node's single ``api_token``,
+    ``anonymous`` on a node without tokens, ``operator`` outside any surface (in-process)."""
+    return _PRINCIPAL.get()
+
+
+@contextlib.contextmanager
+def principal_scope(name: str) -> Iterator[None]:
+    """Run the body as ``name`` (the host's catalog wraps each verb call in it)."""
+    token = _PRINCIPAL.set(name)
+    try:
+        yield
+    finally:
+        _PRINCIPAL.reset(token)

@@ -22,7 +22,7 @@ from protomolt_jobs.errors import (
     PermissionDenied,
     UnknownAction,
 )
-from protomolt_jobs.hooks.contract import Action
+from protomolt_jobs.hooks.contract import Action, principal_scope
 
 __all__ = ["Caller", "Catalog"]
 
@@ -148,7 +148,8 @@ class Catalog:
         if not isinstance(input, dict):
             raise InvalidInput("Input must be a JSON object (at '')")
         try:
-            result = action.execute(input)
+            with principal_scope(caller.name):
+                result = action.execute(input)
         except ActionError:
             raise
         except Exception as exc:

@@ -1,0 +1,198 @@
+"""The final report of a finished job (``get-job`` of a terminal job) and the history document
+(``job-history``), built from the row's checkpoints and its transition log.
+
+Report shape (docs/verbs.md)::
+
+    {"status": "COMPLETED" | "FAILED" | "DEAD" | "CANCELLED",
+     "steps": [{"name", "status": "succeeded" | "skipped" | "failed" | "not run",
+                "reason"?: str}],              # skipped: gate false / upstream ...; cancelled
+     "claims": <int>,                          # segments started (claim transitions)
+     "attempts": {step: <int>},                # segments that started on that step
+     "durationsMs": {step: <int>},             # its segment start (or park) to its checkpoint
+     "operatorActions": [{"kind", "actor", "reason"?, "at"}],
+     "completionOrder"?, "criterion"?}         # graph runs: the graph's own account
+
+For a graph run ``steps``, ``completionOrder`` and ``criterion`` are the graph's report
+(``workflow.graph.report_from_checkpoints``); the log adds the rest. Attempts and durations
+come from the log: a step is attempted once per segment that reaches it (a claim, or the
+checkpoint of the step before it while the segment runs on), and a
+step's duration runs from the last claim or checkpoint before its own checkpoint (for a parked
+step, from the park to ``complete-step``). For steps that run in parallel these are
+per-segment approximations; the checkpoints stay exact.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+__all__ = ["OPERATOR_KINDS", "history_json", "report_json", "transition_json"]
+
+#: Transition kinds that record an operator's action (not a worker's or the sweeper's).
+OPERATOR_KINDS = frozenset(
+    {
+        "cancel",
+        "cancel-request",
+        "pause",
+        "pause-request",
+        "pause-withdrawn",
+        "resume",
+        "requeue",
+        "retry-step",
+        "complete-step",
+        "fail-step",
+        "sql",
+    }
+)
+#: Kinds whose ``step`` is a step that has just been checkpointed.
+_CHECKPOINT_KINDS = frozenset({"checkpoint", "complete", "complete-step", "cancel", "pause"})
+
+
+def _iso(moment: datetime) -> str:
+    from protomolt_jobs.job_verbs import iso_instant
+
+    return iso_instant(moment) or ""
+
+
+def transition_json(t: Any) -> dict[str, Any]:
+    """One transition as the verbs show it (camelCase, nulls omitted)."""
+    body: dict[str, Any] = {
+        "seq": t.seq,
+        "kind": t.kind,
+        "actor": t.actor,
+    }
+    if t.prev_status is not None:
+        body["prevStatus"] = t.prev_status
+    body["newStatus"] = t.new_status
+    body["attempt"] = t.attempt
+    if t.step is not None:
+        body["step"] = t.step
+    if t.reason is not None:
+        body["reason"] = t.reason
+    body["at"] = _iso(t.at)
+    return body
+
+
+def history_json(history: Any) -> dict[str, Any]:
+    """``{transitions: [...], integrity: "ok" | "broken at seq N", firstBadSeq?}``."""
+    body: dict[str, Any] = {"transitions": [transition_json(t) for t in history.transitions]}
+    if history.first_bad_seq is None:
+        body["integrity"] = "ok"
+    else:
+        body["integrity"] = f"broken at seq {history.first_bad_seq}"
+        body["firstBadSeq"] = history.first_bad_seq
+    return body
+
+
+def report_json(
+    job: Any,
+    step_names: list[str],
+    transitions: tuple[Any, ...],
+    *,
+    graph: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The final report of a terminal job.
+
+    :param job: the ``JobRecord`` (status terminal).
+    :param step_names: the workflow's steps in declaration order (from the snapshot), or the
+        checkpointed names when the snapshot cannot be read.
+    :param transitions: the job's transitions, oldest first.
+    :param graph: a graph run's own report (steps, completion order, criterion), or None.
+    :returns: the report (shape in the module docstring).
+    """
+    checkpoints = [c for c in job.checkpoints or [] if isinstance(c, dict)]
+    by_name = {str(c.get("name")): c for c in checkpoints}
+    attempts: dict[str, int] = {}
+    durations: dict[str, int] = {}
+    done: list[str] = [str(c.get("name")) for c in checkpoints]
+    order = list(step_names) or done
+    progress: list[str] = []  # checkpointed names as the log replays them
+    last_boundary: datetime | None = None
+    failed_step: str | None = None
+    failed_reason: str | None = None
+    claims = 0
+    actions: list[dict[str, Any]] = []
+
+    def attempt_next() -> None:
+        pending = [n for n in order if n not in progress]
+        if pending:
+            attempts[pending[0]] = attempts.get(pending[0], 0) + 1
+
+    for t in transitions:
+        if t.kind == "claim":
+            claims += 1
+            attempt_next()
+            last_boundary = t.at
+        elif t.kind in _CHECKPOINT_KINDS and t.step:
+            if last_boundary is not None:
+                durations[t.step] = int((t.at - last_boundary).total_seconds() * 1000)
+            if t.step not in progress:
+                progress.append(t.step)
+            if t.new_status == "RUNNING":
+                attempt_next()  # the segment goes on with the next step
+            last_boundary = t.at
+        elif t.kind == "park":
+            last_boundary = t.at
+        elif t.kind == "retry-step" and t.step:
+            keep = order.index(t.step) if t.step in order else len(progress)
+            progress = [n for n in progress if n in order[:keep]]
+        elif t.kind in ("requeue", "sql"):
+            progress = [n for n in progress if n in done]
+        if t.kind in ("fail", "dead", "fail-step") and t.step:
+            failed_step, failed_reason = t.step, t.reason
+        if t.kind in OPERATOR_KINDS:
+            action: dict[str, Any] = {"kind": t.kind, "actor": t.actor, "at": _iso(t.at)}
+            if t.reason:
+                action["reason"] = t.reason
+            actions.append(action)
+    if graph is not None:
+        steps = list(graph.get("steps", []))
+    else:
+        steps = _sequential_steps(job, order, by_name, failed_step, failed_reason)
+    report: dict[str, Any] = {"status": job.status, "steps": steps}
+    if graph is not None:
+        for key, value in graph.items():
+            if key not in ("status", "steps"):
+                report[key] = value
+    report["claims"] = claims
+    report["attempts"] = {n: attempts[n] for n in order if n in attempts}
+    report["durationsMs"] = {n: durations[n] for n in order if n in durations and n in by_name}
+    report["operatorActions"] = actions
+    return report
+
+
+def _sequential_steps(
+    job: Any,
+    order: list[str],
+    by_name: dict[str, dict[str, Any]],
+    failed_step: str | None,
+    failed_reason: str | None,
+) -> list[dict[str, Any]]:
+    steps: list[dict[str, Any]] = []
+    stopped = False
+    for name in order:
+        entry = by_name.get(name)
+        item: dict[str, Any] = {"name": name}
+        if entry is not None and entry.get("failed"):
+            failed = entry["failed"]
+            item["status"] = "failed"
+            if isinstance(failed, dict) and failed.get("message"):
+                item["reason"] = str(failed["message"])
+        elif entry is not None and entry.get("skipped"):
+            item["status"] = "skipped"
+            item["reason"] = str(entry.get("reason") or "its condition was false")
+        elif entry is not None:
+            item["status"] = "succeeded"
+        elif name == failed_step and job.status in ("FAILED", "DEAD"):
+            item["status"] = "failed"
+            if failed_reason:
+                item["reason"] = failed_reason
+            stopped = True
+        else:
+            item["status"] = "not run"
+            if job.status == "CANCELLED":
+                item["reason"] = "cancelled"
+            elif job.status in ("FAILED", "DEAD") and (stopped or failed_step is None):
+                item["reason"] = "upstream failure"
+        steps.append(item)
+    return steps
