@@ -126,6 +126,7 @@ def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfa
             host=config.http_host,
             port=config.http_port,
             api_token=config.api_token,
+            tokens=config.tokens,
             routes=node.contributions.all(HttpRoute),
             extra=[
                 metrics_route(node.contributions.all(StoreCollector)),
@@ -146,6 +147,7 @@ def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfa
             port=config.grpc_port,
             api_token=config.api_token,
             ready=lambda: node.health()["status"] == "UP",
+            tokens=config.tokens,
         ).start()
     except BaseException:
         for closer in (grpc_server, http):
@@ -156,7 +158,7 @@ def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfa
             embedded.stop()
         raise
     for host in {config.http_host, config.grpc_host} - _LOOPBACK:
-        if not config.api_token:
+        if not config.api_token and not config.tokens:
             log.warning(
                 "surfaces bind %s without an api_token: anyone who reaches it can run every verb",
                 host,
@@ -467,6 +469,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             answer = call_verb(args.url, "get-job", {"jobId": args.job_id}, _token(args))
             print(json.dumps(answer, indent=2, ensure_ascii=False))
             return EXIT_OK
+        if args.jobs_command in CONTROL_COMMANDS:
+            return _control(args, console)
         if args.jobs_command == "list":
             answer = _list_jobs(args)
             if args.json:
@@ -478,6 +482,53 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     except ActionFailed as failed:
         print(str(failed), file=sys.stderr)
         return EXIT_USAGE if failed.code == "invalid-input" else EXIT_ACTION_ERROR
+
+
+#: ``jobs <command> ID``: the operator verb each runs.
+CONTROL_COMMANDS = {
+    "cancel": "cancel-job",
+    "pause": "pause-job",
+    "resume": "resume-job",
+    "retry": "retry-step",
+    "requeue": "requeue-job",
+    "history": "job-history",
+}
+
+
+def _control(args: argparse.Namespace, console: Any) -> int:
+    """One operator verb; prints its answer as JSON (``history``: a table unless ``--json``).
+    Exit 0 for an answer (``ok: false`` included), as ``call`` does."""
+    verb = CONTROL_COMMANDS[args.jobs_command]
+    envelope: dict[str, Any] = {"jobId": args.job_id}
+    if getattr(args, "reason", None):
+        envelope["reason"] = args.reason
+    if getattr(args, "at", None):
+        envelope["at"] = args.at
+    if getattr(args, "step", None):
+        envelope["stepName"] = args.step
+    answer = call_verb(args.url, verb, envelope, _token(args))
+    if verb != "job-history" or args.json or not answer.get("ok"):
+        print(json.dumps(answer, indent=2, ensure_ascii=False))
+        return EXIT_OK
+    from rich.table import Table
+
+    table = Table(title=f"job {args.job_id}: integrity {answer.get('integrity')}")
+    for column in ("seq", "at", "kind", "actor", "status", "attempt", "step", "reason"):
+        table.add_column(column, overflow="fold")
+    for t in answer.get("transitions", []):
+        status = f"{t.get('prevStatus', '-')} -> {t.get('newStatus', '')}"
+        table.add_row(
+            str(t.get("seq")),
+            t.get("at", ""),
+            t.get("kind", ""),
+            t.get("actor", ""),
+            status,
+            str(t.get("attempt", "")),
+            t.get("step", ""),
+            (t.get("reason") or "")[:120],
+        )
+    console.print(table)
+    return EXIT_OK
 
 
 def _watch(args: argparse.Namespace, console: Any) -> int:
@@ -623,8 +674,12 @@ def build_parser() -> argparse.ArgumentParser:
     _client_options(call)
     call.set_defaults(func=cmd_call)
 
-    jobs = sub.add_parser("jobs", help="list, show or watch jobs on a running node")
-    jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="list|get|watch")
+    jobs = sub.add_parser("jobs", help="list, show, watch and control jobs on a running node")
+    jobs_sub = jobs.add_subparsers(
+        dest="jobs_command",
+        required=True,
+        metavar="list|get|watch|cancel|pause|resume|retry|requeue|history",
+    )
     for name, text in (("list", "a table of jobs, newest first"), ("watch", "a live table")):
         p = jobs_sub.add_parser(name, help=text)
         p.add_argument("--status", help="QUEUED, RUNNING, WAITING, COMPLETED, FAILED or DEAD")
@@ -641,6 +696,25 @@ def build_parser() -> argparse.ArgumentParser:
     get = jobs_sub.add_parser("get", help="one job in full (get-job)")
     get.add_argument("job_id")
     _client_options(get)
+    for name, text in (
+        ("cancel", "cancel a job (cancel-job); a RUNNING job stops at its next checkpoint"),
+        ("pause", "pause a job at a checkpoint boundary (pause-job)"),
+        ("resume", "resume a PAUSED job, now or --at a time (resume-job)"),
+        ("retry", "run --step and the steps after it again (retry-step)"),
+        ("requeue", "queue a DEAD or FAILED job again (requeue-job)"),
+        ("history", "the job's transition log and its integrity (job-history)"),
+    ):
+        p = jobs_sub.add_parser(name, help=text)
+        p.add_argument("job_id")
+        if name != "history":
+            p.add_argument("--reason", help="why (kept in the job's history)")
+        if name == "resume":
+            p.add_argument("--at", help="RFC 3339 time (database clock), e.g. 2026-01-02T22:00:00Z")
+        if name == "retry":
+            p.add_argument("--step", required=True, help="the step to run again")
+        if name == "history":
+            p.add_argument("--json", action="store_true", help="print the answer as JSON")
+        _client_options(p)
     jobs.set_defaults(func=cmd_jobs)
 
     workflow = sub.add_parser("workflow", help="check or store a workflow file on a running node")

@@ -35,7 +35,7 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -46,7 +46,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from protomolt_jobs.errors import ActionError
-from protomolt_jobs.host.http_route import _token_ok
+from protomolt_jobs.host.catalog import Caller
+from protomolt_jobs.host.http_route import principal_of
 from protomolt_jobs.pb.ai.pipestream.proto.service.v1 import protomolt_service_pb2 as pb
 
 __all__ = [
@@ -177,22 +178,29 @@ def _ensure_alias_descriptor(pool: descriptor_pool.DescriptorPool) -> None:
 class _TokenInterceptor(grpc.ServerInterceptor):
     """Refuses every call but health without the node's API token."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str | None, tokens: Mapping[str, str]) -> None:
         self._token = token
+        self._tokens = tokens
 
     def intercept_service(self, continuation, handler_call_details):
         if handler_call_details.method.startswith(f"/{HEALTH_SERVICE}/"):
             return continuation(handler_call_details)
-        metadata = {k.lower(): v for k, v in (handler_call_details.invocation_metadata or ())}
-        presented = metadata.get("api_token")
-        if not presented:
-            scheme, _, value = str(metadata.get("authorization", "")).partition(" ")
-            presented = value.strip() if scheme.lower() == "bearer" and value.strip() else None
-        if _token_ok(self._token, presented):
+        presented = _presented(handler_call_details.invocation_metadata)
+        if principal_of(presented, self._token, self._tokens) is not None:
             return continuation(handler_call_details)
         message = "Missing API token 'api_token'" if presented is None else "Invalid API token"
         handler = continuation(handler_call_details)
         return _refusing(handler, message)
+
+
+def _presented(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
+    """The token a call presents: metadata ``api_token``, else ``authorization: Bearer``."""
+    values = {k.lower(): v for k, v in (metadata or ())}
+    presented = values.get("api_token")
+    if presented:
+        return str(presented).strip()
+    scheme, _, value = str(values.get("authorization", "")).partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
 
 def _refusing(handler: grpc.RpcMethodHandler | None, message: str) -> grpc.RpcMethodHandler:
@@ -241,7 +249,9 @@ class ProtoMoltGrpcServer:
     :param catalog: the node catalog (``execute(name, input) -> dict``, raising ActionError).
     :param host: bind address; 127.0.0.1 by default.
     :param port: TCP port; 0 picks a free one (read :attr:`port` after :meth:`start`).
-    :param api_token: when set, calls need it (health excepted).
+    :param api_token: when set, calls need it (health excepted); its principal is ``api``.
+    :param tokens: named tokens (``[node.tokens]``); each is accepted and its name is the
+        verb's principal (the history's actor). No token at all: principal ``anonymous``.
     :param max_workers: handler threads, the number of calls served at once.
     :param extra_handlers: more generic handlers to serve on the same port.
     :param ready: readiness of the node (``Node.health()["status"] == "UP"``); health
@@ -255,6 +265,7 @@ class ProtoMoltGrpcServer:
         host: str = "127.0.0.1",
         port: int = 9090,
         api_token: str | None = None,
+        tokens: Mapping[str, str] | None = None,
         max_workers: int = 64,
         extra_handlers: Iterable[grpc.GenericRpcHandler] = (),
         ready: Callable[[], bool] | None = None,
@@ -263,6 +274,7 @@ class ProtoMoltGrpcServer:
         self.host = host
         self._requested_port = port
         self.api_token = api_token or None
+        self.tokens = dict(tokens or {})
         self.max_workers = max_workers
         self._extra = tuple(extra_handlers)
         self._ready = ready
@@ -290,7 +302,11 @@ class ProtoMoltGrpcServer:
         with self._lock:
             if self._server is not None:
                 return self
-            interceptors = [_TokenInterceptor(self.api_token)] if self.api_token else []
+            interceptors = (
+                [_TokenInterceptor(self.api_token, self.tokens)]
+                if self.api_token or self.tokens
+                else []
+            )
             server = grpc.server(
                 ThreadPoolExecutor(
                     max_workers=self.max_workers, thread_name_prefix="protomolt-grpc"
@@ -373,6 +389,7 @@ class ProtoMoltGrpcServer:
     ) -> Callable[[bytes, grpc.ServicerContext], Any]:
         catalog = self.catalog
         type_name = request_cls.DESCRIPTOR.full_name
+        server = self
 
         def answer(raw: bytes, context: grpc.ServicerContext) -> Any:
             """The response message, or ``(status, description)`` to abort with."""
@@ -393,8 +410,16 @@ class ProtoMoltGrpcServer:
                     f"{where} cannot be read as JSON (numbers must be finite): {exc}",
                     field,
                 )
+            principal = (
+                principal_of(
+                    _presented(context.invocation_metadata()), server.api_token, server.tokens
+                )
+                or "anonymous"
+            )
             try:
-                result = catalog.execute(verb, envelope)
+                result = catalog.execute(
+                    verb, envelope, caller=Caller(principal, unrestricted=True)
+                )
             except ActionError as err:
                 trailers: list[tuple[str, Any]] = [("protomolt-error", err.code)]
                 if err.details:

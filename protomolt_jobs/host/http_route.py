@@ -243,6 +243,30 @@ def token_from_headers(headers: Mapping[str, str]) -> str | None:
     return None
 
 
+def principal_of(
+    presented: str | None, api_token: str | None, tokens: Mapping[str, str] | None = None
+) -> str | None:
+    """Who presents ``presented``: the name of a matching ``[node.tokens]`` entry, ``api``
+    for the node's single ``api_token``, ``anonymous`` on a node with no token at all.
+
+    :returns: the principal, or None when the node has tokens and none matches (refuse).
+    """
+    tokens = tokens or {}
+    if not api_token and not tokens:
+        return "anonymous"
+    if presented is None:
+        return None
+    candidate = presented.encode()
+    found: str | None = None
+    # Compare against every token (constant work whichever matches).
+    if api_token and hmac.compare_digest(api_token.encode(), candidate):
+        found = "api"
+    for name, secret in tokens.items():
+        if hmac.compare_digest(secret.encode(), candidate) and found is None:
+            found = name
+    return found
+
+
 def _token_ok(expected: str | None, presented: str | None) -> bool:
     if not expected:
         return True
@@ -283,6 +307,7 @@ class _Dispatcher:
         catalog: Any,
         *,
         api_token: str | None,
+        tokens: Mapping[str, str] | None = None,
         routes: Iterable[HttpRoute],
         max_body_bytes: int,
         request_timeout_s: float,
@@ -291,6 +316,7 @@ class _Dispatcher:
     ) -> None:
         self.catalog = catalog
         self.api_token = api_token or None
+        self.tokens = dict(tokens or {})
         self.max_body_bytes = max_body_bytes
         self.request_timeout_s = request_timeout_s
         self.handler_threads = handler_threads
@@ -318,14 +344,23 @@ class _Dispatcher:
             return error_response(
                 400, "invalid-input", f"Action input must be a JSON object: {exc}"
             )
-        result = self.catalog.execute(request.params["verb"], envelope)
+        from protomolt_jobs.host.catalog import Caller
+
+        principal = self.principal(request.headers) or "anonymous"
+        result = self.catalog.execute(
+            request.params["verb"], envelope, caller=Caller(principal, unrestricted=True)
+        )
         return HttpResponse(200, result)
 
     # -- the ASGI side ---------------------------------------------------------------------
 
     def token_ok(self, headers: Mapping[str, str]) -> bool:
-        """Whether the request presents the configured token (always, when none is set)."""
-        return _token_ok(self.api_token, token_from_headers(headers))
+        """Whether the request presents a configured token (always, when none is set)."""
+        return self.principal(headers) is not None
+
+    def principal(self, headers: Mapping[str, str]) -> str | None:
+        """The request's principal (:func:`principal_of`); None when refused."""
+        return principal_of(token_from_headers(headers), self.api_token, self.tokens)
 
     async def endpoint(self, request: Request) -> Response:
         """Answer one request (a Starlette endpoint)."""
@@ -559,6 +594,7 @@ def actions_app(
     catalog: Any,
     *,
     api_token: str | None = None,
+    tokens: Mapping[str, str] | None = None,
     routes: Iterable[HttpRoute] = (),
     extra: Sequence[BaseRoute] = (),
     max_body_bytes: int = MAX_BODY_BYTES,
@@ -572,7 +608,9 @@ def actions_app(
     """The node's HTTP surface as an ASGI app (mountable by another host).
 
     :param catalog: the node catalog (``manifest()``, ``execute(name, input)``).
-    :param api_token: when set, every route but ``/health`` demands it.
+    :param api_token: when set, every route but ``/health`` demands it (principal ``api``).
+    :param tokens: named tokens (``[node.tokens]``: principal -> token); any of them is
+        accepted too, and its name is the verb's principal (the history's actor).
     :param routes: :class:`HttpRoute` values contributed by roles (synchronous handlers).
     :param extra: Starlette routes or mounts a host adds (``Route("/metrics", ...)``,
         ``Mount("/ui", ...)``); they are matched before the catalog routes and sit behind the
@@ -591,6 +629,7 @@ def actions_app(
     dispatcher = _Dispatcher(
         catalog,
         api_token=api_token,
+        tokens=tokens,
         routes=routes,
         max_body_bytes=max_body_bytes,
         request_timeout_s=request_timeout_s,
@@ -636,6 +675,7 @@ class ActionsHttpServer:
         host: str = "127.0.0.1",
         port: int = 8081,
         api_token: str | None = None,
+        tokens: Mapping[str, str] | None = None,
         routes: Iterable[HttpRoute] = (),
         extra: Sequence[BaseRoute] = (),
         max_body_bytes: int = MAX_BODY_BYTES,
@@ -652,6 +692,7 @@ class ActionsHttpServer:
         self.app = actions_app(
             catalog,
             api_token=api_token,
+            tokens=tokens,
             routes=routes,
             extra=extra,
             max_body_bytes=max_body_bytes,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,6 +44,7 @@ _NODE_DEFAULTS: dict[str, Any] = {
     "api_token": None,
     "metrics_public": False,
     "otlp_endpoint": None,
+    "tokens": None,
 }
 
 #: Environment aliases: variable -> (section, key). The canonical variable wins.
@@ -71,6 +73,8 @@ class NodeConfig:
     :ivar metrics_public: serve ``/metrics`` without the token (default False).
     :ivar otlp_endpoint: OTLP/gRPC collector (``http://host:4317``) traces are exported to, or
         None: tracing off.
+    :ivar tokens: named tokens (``[node.tokens] alice = "..."``): each is accepted by the
+        surfaces and its name is the principal of the verbs it calls (the history's actor).
     :ivar source: the file the configuration was read from, or None.
     """
 
@@ -83,6 +87,8 @@ class NodeConfig:
     api_token: str | None = None
     metrics_public: bool = False
     otlp_endpoint: str | None = None
+    #: Named API tokens (``[node.tokens]``): principal name -> token.
+    tokens: Mapping[str, str] = dataclasses.field(default_factory=dict)
     source: Path | None = None
     #: role sections with overrides applied: section -> key -> (value, origin).
     _sections: Mapping[str, Mapping[str, tuple[Any, str]]] = dataclasses.field(
@@ -156,6 +162,7 @@ class NodeConfig:
             api_token=_parse_token(node.get("api_token")),
             metrics_public=_parse_bool("metrics_public", node.get("metrics_public")),
             otlp_endpoint=_parse_endpoint("otlp_endpoint", node.get("otlp_endpoint")),
+            tokens=_parse_tokens(node.get("tokens")),
             source=source,
             _sections={k: v for k, v in sections.items() if k != "node"},
         )
@@ -349,3 +356,39 @@ def _parse_endpoint(key: str, entry: tuple[Any, str] | None) -> str | None:
             f"collector, like http://127.0.0.1:4317; got {_shown(raw)}"
         )
     return text
+
+
+#: Principal names a named token may carry (never one of the built-in actors).
+_PRINCIPAL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+_RESERVED_PRINCIPALS = frozenset({"api", "anonymous", "operator", "sweeper"})
+
+
+def _parse_tokens(entry: tuple[Any, str] | None) -> dict[str, str]:
+    if entry is None:
+        return {}
+    raw, origin = entry
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f'node.tokens ({origin}) must be a table like [node.tokens] alice = "..."; '
+            f"got {type(raw).__name__}"
+        )
+    tokens: dict[str, str] = {}
+    seen: dict[str, str] = {}
+    for name, value in raw.items():
+        if not _PRINCIPAL_NAME.match(str(name)) or name in _RESERVED_PRINCIPALS:
+            raise ConfigError(
+                f"node.tokens.{name} ({origin}): a principal name is lower-case letters, digits, "
+                "'.', '_' or '-' (at most 64), and not api, anonymous, operator or sweeper"
+            )
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"node.tokens.{name} ({origin}) must be a non-empty string")
+        if value.strip() in seen:
+            raise ConfigError(
+                f"node.tokens.{name} ({origin}) is the same token as node.tokens."
+                f"{seen[value.strip()]}: each principal needs its own"
+            )
+        seen[value.strip()] = name
+        tokens[name] = value.strip()
+    return tokens

@@ -54,6 +54,12 @@ def test_verb_names():
         "complete-step",
         "run-workflow",
         "check-workflow",
+        "cancel-job",
+        "pause-job",
+        "resume-job",
+        "retry-step",
+        "requeue-job",
+        "job-history",
     }
 
 

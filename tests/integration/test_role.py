@@ -21,7 +21,18 @@ from tests.support import pg
 from tests.support.grpc_servers import TestServices, seed_workflow
 from tests.support.roles import MemoryRepository, fresh_plugin_manager, registry_plugin
 
-VERBS = ["submit-workflow", "get-job", "list-jobs", "complete-step"]
+VERBS = [
+    "submit-workflow",
+    "get-job",
+    "list-jobs",
+    "complete-step",
+    "cancel-job",
+    "pause-job",
+    "resume-job",
+    "retry-step",
+    "requeue-job",
+    "job-history",
+]
 
 
 def wait_for(condition: Callable[[], Any], timeout_s: float = 30.0, what: str = "") -> Any:

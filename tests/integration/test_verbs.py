@@ -137,7 +137,8 @@ def test_submit_inline_then_get(verbs):
     assert job["checkpoints"] == []
     assert "result" not in job and "verdict" not in job and "completedAt" not in job
     assert ISO_Z.match(job["createdAt"]) and ISO_Z.match(job["updatedAt"])
-    for hidden in ("maxAttempts", "runAfter", "leaseOwner", "leaseUntil", "workflowDefinition"):
+    assert job["maxAttempts"] == 3 and ISO_Z.match(job["runAfter"])
+    for hidden in ("leaseOwner", "leaseUntil", "workflowDefinition", "control", "report"):
         assert hidden not in job
 
 
@@ -483,7 +484,7 @@ MALFORMED = [
         "list-jobs",
         {"status": "DONE"},
         "status",
-        "'status' must be one of COMPLETED, DEAD, FAILED, QUEUED, RUNNING, WAITING; got 'DONE'",
+        "'status' must be one of CANCELLED, COMPLETED, DEAD, FAILED, PAUSED, QUEUED, RUNNING, WAITING; got 'DONE'",
     ),
     ("list-jobs", {"status": "queued"}, "status", "must be one of"),
     ("list-jobs", {"status": 1}, "status", "Field 'status' must be a string"),

@@ -116,7 +116,14 @@ def test_ok_submits_with_the_records_job_id_and_input_then_commits():
     sub = FakeSubmitter(Outcome(ok=True, job_id=job, status="QUEUED", created=True))
     rc, fake = _consumer(FakeStore(), sub, [_msg(_request(job), 7)])
     assert rc.run_once(0) == 1
-    assert sub.calls == [{"workflow_name": "wf", "input": {"text": "hi", "n": 1.0}, "job_id": job}]
+    assert sub.calls == [
+        {
+            "workflow_name": "wf",
+            "input": {"text": "hi", "n": 1.0},
+            "job_id": job,
+            "actor": "kafka:rq",
+        }
+    ]
     assert fake.commits == [(0, 7)]
 
 

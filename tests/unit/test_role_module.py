@@ -14,7 +14,18 @@ from protomolt_jobs.host.nodeconfig import NodeConfig
 from protomolt_jobs.job_verbs import NOT_CONFIGURED
 from tests.support.roles import MemoryRepository, fresh_plugin_manager, registry_plugin
 
-VERBS = ["submit-workflow", "get-job", "list-jobs", "complete-step"]
+VERBS = [
+    "submit-workflow",
+    "get-job",
+    "list-jobs",
+    "complete-step",
+    "cancel-job",
+    "pause-job",
+    "resume-job",
+    "retry-step",
+    "requeue-job",
+    "job-history",
+]
 
 
 def node_for(tmp_path, roles, environ=None):

@@ -44,7 +44,7 @@ class WorkflowRunCheckpoint(_message.Message):
     def __init__(self, name: _Optional[str] = ..., skipped: _Optional[bool] = ..., response: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class WorkflowRun(_message.Message):
-    __slots__ = ("job_id", "workflow_name", "status", "attempt", "outstanding_step", "input", "checkpoints", "result", "error", "created_at", "updated_at", "completed_at", "verdict")
+    __slots__ = ("job_id", "workflow_name", "status", "attempt", "outstanding_step", "input", "checkpoints", "result", "error", "created_at", "updated_at", "completed_at", "verdict", "max_attempts", "run_after", "control", "report")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_NAME_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +58,10 @@ class WorkflowRun(_message.Message):
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_AT_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    RUN_AFTER_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     workflow_name: str
     status: str
@@ -71,7 +75,11 @@ class WorkflowRun(_message.Message):
     updated_at: str
     completed_at: str
     verdict: str
-    def __init__(self, job_id: _Optional[str] = ..., workflow_name: _Optional[str] = ..., status: _Optional[str] = ..., attempt: _Optional[int] = ..., outstanding_step: _Optional[str] = ..., input: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., checkpoints: _Optional[_Iterable[_Union[WorkflowRunCheckpoint, _Mapping]]] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[str] = ..., created_at: _Optional[str] = ..., updated_at: _Optional[str] = ..., completed_at: _Optional[str] = ..., verdict: _Optional[str] = ...) -> None: ...
+    max_attempts: int
+    run_after: str
+    control: _struct_pb2.Struct
+    report: _struct_pb2.Struct
+    def __init__(self, job_id: _Optional[str] = ..., workflow_name: _Optional[str] = ..., status: _Optional[str] = ..., attempt: _Optional[int] = ..., outstanding_step: _Optional[str] = ..., input: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., checkpoints: _Optional[_Iterable[_Union[WorkflowRunCheckpoint, _Mapping]]] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[str] = ..., created_at: _Optional[str] = ..., updated_at: _Optional[str] = ..., completed_at: _Optional[str] = ..., verdict: _Optional[str] = ..., max_attempts: _Optional[int] = ..., run_after: _Optional[str] = ..., control: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., report: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)
@@ -190,3 +198,113 @@ class CheckWorkflowResponse(_message.Message):
     ok: bool
     findings: _containers.RepeatedCompositeFieldContainer[WorkflowFinding]
     def __init__(self, ok: _Optional[bool] = ..., findings: _Optional[_Iterable[_Union[WorkflowFinding, _Mapping]]] = ...) -> None: ...
+
+class CancelJobRequest(_message.Message):
+    __slots__ = ("job_id", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class PauseJobRequest(_message.Message):
+    __slots__ = ("job_id", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ResumeJobRequest(_message.Message):
+    __slots__ = ("job_id", "at", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    at: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., at: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RetryStepRequest(_message.Message):
+    __slots__ = ("job_id", "step_name", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_NAME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    step_name: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., step_name: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RequeueJobRequest(_message.Message):
+    __slots__ = ("job_id", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class JobControlResponse(_message.Message):
+    __slots__ = ("ok", "status", "error", "requested", "message", "outstanding_step", "run_after", "withdrawn", "dropped")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    OUTSTANDING_STEP_FIELD_NUMBER: _ClassVar[int]
+    RUN_AFTER_FIELD_NUMBER: _ClassVar[int]
+    WITHDRAWN_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    status: str
+    error: str
+    requested: str
+    message: str
+    outstanding_step: str
+    run_after: str
+    withdrawn: str
+    dropped: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ok: _Optional[bool] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., requested: _Optional[str] = ..., message: _Optional[str] = ..., outstanding_step: _Optional[str] = ..., run_after: _Optional[str] = ..., withdrawn: _Optional[str] = ..., dropped: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class JobHistoryRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class WorkflowRunTransition(_message.Message):
+    __slots__ = ("seq", "kind", "actor", "prev_status", "new_status", "attempt", "step", "reason", "at")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    PREV_STATUS_FIELD_NUMBER: _ClassVar[int]
+    NEW_STATUS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    kind: str
+    actor: str
+    prev_status: str
+    new_status: str
+    attempt: int
+    step: str
+    reason: str
+    at: str
+    def __init__(self, seq: _Optional[int] = ..., kind: _Optional[str] = ..., actor: _Optional[str] = ..., prev_status: _Optional[str] = ..., new_status: _Optional[str] = ..., attempt: _Optional[int] = ..., step: _Optional[str] = ..., reason: _Optional[str] = ..., at: _Optional[str] = ...) -> None: ...
+
+class JobHistoryResponse(_message.Message):
+    __slots__ = ("ok", "job_id", "transitions", "integrity", "first_bad_seq", "error")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSITIONS_FIELD_NUMBER: _ClassVar[int]
+    INTEGRITY_FIELD_NUMBER: _ClassVar[int]
+    FIRST_BAD_SEQ_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    job_id: str
+    transitions: _containers.RepeatedCompositeFieldContainer[WorkflowRunTransition]
+    integrity: str
+    first_bad_seq: int
+    error: str
+    def __init__(self, ok: _Optional[bool] = ..., job_id: _Optional[str] = ..., transitions: _Optional[_Iterable[_Union[WorkflowRunTransition, _Mapping]]] = ..., integrity: _Optional[str] = ..., first_bad_seq: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
