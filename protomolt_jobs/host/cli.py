@@ -431,6 +431,8 @@ def _jobs_table(jobs: list[dict[str, Any]], title: str | None = None) -> Any:
         "DEAD": "bold red",
         "WAITING": "yellow",
         "RUNNING": "cyan",
+        "PAUSED": "magenta",
+        "CANCELLED": "bright_black",
     }
     for job in jobs:
         status = job.get("status", "")
@@ -682,7 +684,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for name, text in (("list", "a table of jobs, newest first"), ("watch", "a live table")):
         p = jobs_sub.add_parser(name, help=text)
-        p.add_argument("--status", help="QUEUED, RUNNING, WAITING, COMPLETED, FAILED or DEAD")
+        p.add_argument(
+            "--status",
+            help="QUEUED, RUNNING, WAITING, PAUSED, COMPLETED, FAILED, DEAD or CANCELLED",
+        )
         p.add_argument("--workflow", help="only jobs of this workflow name")
         p.add_argument("--queue", help="only jobs of this queue")
         p.add_argument("--fairness-key", help="only jobs of this fairness key")

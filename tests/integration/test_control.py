@@ -228,7 +228,7 @@ def test_requeue_a_dead_job_resumes_at_its_first_missing_checkpoint(verbs, servi
         ("embed", "failed"),
         ("review", "not run"),
     ]
-    assert job["report"]["attempts"] == {"tokenize": 1, "embed": 2}
+    assert job["report"]["attempts"] == {"tokenize": 1, "embed": 3}  # max_attempts 3
     assert job["report"]["steps"][1]["reason"].startswith("GRPC: ")
     services.reset()
     assert verbs("requeue-job", {"jobId": job_id, "reason": "model is back"}) == {
@@ -367,3 +367,43 @@ def test_bad_input_is_invalid_input_naming_the_field(verbs, services):
             "error": f"no workflow run {unknown}",
         }
     assert verbs("resume-job", {"jobId": job_id})["ok"] is False  # QUEUED is not PAUSED
+
+
+def test_an_uncontrolled_three_step_job_runs_no_more_statements(services, store, fresh_dsn):
+    """The budget rule: the history rows ride inside the statements the worker already runs.
+    A never-controlled three-step job costs the claim, two checkpoints, the completion (with
+    the last checkpoint) and their four events: 8 statements, as before issue 15."""
+    import collections
+
+    from protomolt_jobs.store import store as store_module
+    from tests.support.worker_proc import enqueue
+
+    job = enqueue(store, seed_workflow(services.target, review="invoke"), INPUT)
+    counts: collections.Counter[str] = collections.Counter()
+    originals = {name: getattr(store_module, name) for name in ("_execute", "_one", "_rows")}
+
+    def counting(original):
+        def run(conn, name, params):
+            counts[name] += 1
+            return original(conn, name, params)
+
+        return run
+
+    config = jobs_config(fresh_dsn, lease_seconds=300.0)  # no heartbeat falls due
+    worker = Worker(store, runtime=Runtime(), config=config, dsn=fresh_dsn)
+    try:
+        for name, original in originals.items():
+            setattr(store_module, name, counting(original))
+        assert worker.run_once() is True
+    finally:
+        for name, original in originals.items():
+            setattr(store_module, name, original)
+    assert store.job_get(job.job_id).status == "COMPLETED"
+    assert dict(counts) == {
+        "job_claim": 1,
+        "job_checkpoint": 2,
+        "job_complete_with_checkpoint": 1,
+        "outbox_insert": 4,
+    }
+    kinds = [t.kind for t in store.job_history(job.job_id).transitions]
+    assert kinds == ["submit", "claim", "checkpoint", "checkpoint", "complete"]
