@@ -126,6 +126,7 @@ def insert_jobs(dsn: str, definition: dict, rows: list[dict]) -> None:
             "dedup_key": None,
             "deadline_s": None,
             "trace_context": None,
+            "actor": "api",
         }
         for r in rows
     ]

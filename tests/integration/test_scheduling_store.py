@@ -52,6 +52,7 @@ def bulk_insert(dsn: str, rows: list[dict]) -> list[uuid.UUID]:
                 "dedup_key": None,
                 "deadline_s": None,
                 "trace_context": None,
+                "actor": "api",
             }
         )
     with psycopg.connect(dsn) as conn, conn.cursor() as cur:
