@@ -42,6 +42,7 @@ def _queue(dsn: str, rows: list[dict[str, Any]]) -> None:
             "max_attempts": 3,
             "error": None,
             "trace_context": None,
+            "actor": "bench",
             "priority": 3,
             "queue": r.get("queue", "default"),
             "fairness_key": r.get("fairness_key", "default"),

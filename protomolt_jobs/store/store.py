@@ -732,7 +732,7 @@ class JobStore:
             row = _fenced(conn, "job_park", lease, {"step": step})
             if not self._control_event_txn(conn, row, step):
                 self._outbox_txn(conn, row, EventType.TYPE_WAITING, step=step)
-        return row["status"]
+        return str(row["status"])
 
     @_translated
     def job_complete(
@@ -783,7 +783,7 @@ class JobStore:
                 self._outbox_txn(conn, checkpointed, EventType.TYPE_STEP_CHECKPOINT, step=step)
             if not self._control_event_txn(conn, row, step):
                 self._outbox_txn(conn, row, EventType.TYPE_COMPLETED, verdict=verdict)
-        return row["status"]
+        return str(row["status"])
 
     @_translated
     def job_fail(self, lease: Lease, error: str, step: str = "") -> str:
@@ -806,7 +806,7 @@ class JobStore:
             row = _fenced(conn, "job_fail", lease, {"error": error, "step": step})
             if not self._control_event_txn(conn, row, step):
                 self._outbox_txn(conn, row, EventType.TYPE_FAILED, step=step or "", error=error)
-        return row["status"]
+        return str(row["status"])
 
     @_translated
     def job_retry(self, lease: Lease, backoff_s: float, error: str) -> datetime:
@@ -854,7 +854,7 @@ class JobStore:
             row = _fenced(conn, "job_dead", lease, {"error": error, "step": step})
             if not self._control_event_txn(conn, row, step):
                 self._outbox_txn(conn, row, EventType.TYPE_DEAD, step=step, error=error)
-        return row["status"]
+        return str(row["status"])
 
     @_translated
     def job_release(self, lease: Lease) -> None:
@@ -1139,10 +1139,11 @@ class JobStore:
             "reason": scrub_text(reason) if reason else None,
             "at": at,
         }
+        reason_text = scrub_text(reason) if reason else ""
         with self._connection() as conn, conn.transaction():
             row = _one(conn, "job_control_resume", params)
             if row is not None:
-                self._outbox_txn(conn, row, EventType.TYPE_RESUMED, error=params["reason"] or "")
+                self._outbox_txn(conn, row, EventType.TYPE_RESUMED, error=reason_text)
                 if row["due"]:
                     _execute(conn, "job_notify", {})
                 return ControlOutcome(
@@ -1209,8 +1210,8 @@ class JobStore:
                     conn,
                     row,
                     EventType.TYPE_REQUEUED,
-                    step=params["step"],
-                    error=params["reason"] or "",
+                    step=scrub_text(step),
+                    error=scrub_text(reason) if reason else "",
                 )
                 _execute(conn, "job_notify", {})
                 return ControlOutcome(True, row["status"])
@@ -1230,7 +1231,7 @@ class JobStore:
         with self._connection() as conn, conn.transaction():
             row = _fenced(conn, "job_stop", lease, {})
             self._control_event_txn(conn, row, "")
-        return row["status"]
+        return str(row["status"])
 
     @_translated
     def job_history(self, job_id: uuid.UUID | str) -> History | None:

@@ -274,7 +274,7 @@ class SegmentExecutor:
                 if guard.lost:
                     raise _Abandon()
                 if guard.control is not None:
-                    raise PermitCancelled()
+                    raise PermitCancelled(str(target))
                 outcome = run_segment(
                     workflow,
                     message,

@@ -79,7 +79,7 @@ class LeaseGuard:
         #: The operator request the last heartbeat found on the row (``{kind, actor, ...}``),
         #: or None. The fenced writes honour it themselves; this only lets a job that has
         #: not started its step (waiting for a permit) stop without waiting.
-        self.control: dict | None = None
+        self.control: dict[str, Any] | None = None
         #: The status an operator request gave the job (CANCELLED, PAUSED) once applied.
         self.status = ""
 

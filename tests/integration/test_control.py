@@ -407,3 +407,24 @@ def test_an_uncontrolled_three_step_job_runs_no_more_statements(services, store,
     }
     kinds = [t.kind for t in store.job_history(job.job_id).transitions]
     assert kinds == ["submit", "claim", "checkpoint", "checkpoint", "complete"]
+
+
+def test_a_job_waiting_for_its_permit_stops_within_a_heartbeat(verbs, services, worker, store):
+    """A cancel reaches a job that has not started its step (waiting for a per-target permit)
+    through the heartbeat's answer; it stops at once (job_stop), calling nothing."""
+    services.set_delay("Tokenize", 4.0)
+    first = _submit(verbs, services)
+    worker(worker_count=2, max_concurrent_per_target=1)
+    wait_for(lambda: services.calls("Tokenize") == 1 or None, timeout_s=10)
+    second = _submit(verbs, services)
+    wait_for(lambda: store.job_get(second).status == "RUNNING" or None, timeout_s=10)
+    answer = verbs("cancel-job", {"jobId": second, "reason": "not needed"})
+    assert answer["requested"] == "cancel"
+    # lease 3 s: a heartbeat each second; the first job's step still holds the permit.
+    wait_for(lambda: store.job_get(second).status == "CANCELLED" or None, timeout_s=3)
+    assert services.calls("Tokenize") == 1
+    job = store.job_get(second)
+    assert job.checkpoints == [] and job.lease_owner is None
+    last = store.job_history(second).transitions[-1]
+    assert (last.kind, last.actor, last.prev_status) == ("cancel", "alice", "RUNNING")
+    wait_for(lambda: _status(verbs, first) == "COMPLETED" or None, timeout_s=20)
