@@ -378,7 +378,12 @@ def test_an_uncontrolled_three_step_job_runs_no_more_statements(services, store,
     from protomolt_jobs.store import store as store_module
     from tests.support.worker_proc import enqueue
 
-    job = enqueue(store, seed_workflow(services.target, review="invoke"), INPUT)
+    workflow = seed_workflow(services.target, review="invoke")
+    config = jobs_config(fresh_dsn, lease_seconds=300.0)  # no heartbeat falls due
+    worker = Worker(store, runtime=Runtime(), config=config, dsn=fresh_dsn)
+    enqueue(store, workflow, INPUT)
+    assert worker.run_once() is True  # warm-up: the worker's own first-call reads
+    job = enqueue(store, workflow, INPUT)
     counts: collections.Counter[str] = collections.Counter()
     originals = {name: getattr(store_module, name) for name in ("_execute", "_one", "_rows")}
 
@@ -389,8 +394,6 @@ def test_an_uncontrolled_three_step_job_runs_no_more_statements(services, store,
 
         return run
 
-    config = jobs_config(fresh_dsn, lease_seconds=300.0)  # no heartbeat falls due
-    worker = Worker(store, runtime=Runtime(), config=config, dsn=fresh_dsn)
     try:
         for name, original in originals.items():
             setattr(store_module, name, counting(original))
