@@ -336,3 +336,33 @@ def test_sighup_stops_serve_cleanly_and_its_embedded_postgresql(open_data_dir):
     assert code == 0, node.stderr
     assert node.lines[-2:] == ["stopping", "stopped"]
     wait_for(lambda: _postgres_processes_of(data / "pg") == [], timeout_s=30)
+
+
+def test_sighup_stops_the_demo_cleanly_and_its_embedded_postgresql(open_data_dir):
+    from protomolt_jobs.host.demo import samples_dir
+
+    data = open_data_dir / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROTOMOLT_")}
+    proc = subprocess.Popen(
+        [*CLI, "demo", str(samples_dir() / "leases.md"), "--data-dir", str(data)],
+        env=env,
+        cwd=open_data_dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    try:
+        # The one job parks on the external review: the demo then serves until stopped.
+        wait_for(lambda: any("parked on the external" in line for line in lines), timeout_s=120)
+        assert _postgres_processes_of(data / "pg")
+        proc.send_signal(signal.SIGHUP)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # Not killed by the signal: it stopped, said so, and answered "not every job completed".
+    assert code == 1, proc.stderr.read()
+    assert any(line.strip() == "interrupted" for line in lines)
+    wait_for(lambda: _postgres_processes_of(data / "pg") == [], timeout_s=30)
