@@ -48,6 +48,13 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from protomolt_jobs.errors import ActionError
 from protomolt_jobs.host.catalog import Caller
 from protomolt_jobs.host.http_route import principal_of
+from protomolt_jobs.host.upstream_service import (
+    ALIAS_FILE_NAME,
+    UPSTREAM_PACKAGE,
+    UPSTREAM_SERVICE_NAME,
+    alias_classes,
+    alias_file,
+)
 from protomolt_jobs.pb.ai.pipestream.proto.service.v1 import protomolt_service_pb2 as pb
 
 __all__ = [
@@ -74,13 +81,9 @@ HEALTH_SERVICE = "grpc.health.v1.Health"
 
 _SERVICE_DESCRIPTOR = pb.DESCRIPTOR.services_by_name["ProtoMoltService"]
 
-#: Upstream's package for ProtoMoltService (the Java ProtoMolt's ``protomolt_service.proto``).
-UPSTREAM_PACKAGE = "ai.pipestream.proto.grpc.service.v1"
-UPSTREAM_SERVICE_NAME = f"{UPSTREAM_PACKAGE}.ProtoMoltService"
-#: Every name the service answers under: ours first, then upstream's.
+#: Every name the service answers under: ours first, then upstream's (same handlers; requests
+#: under upstream's name parse with the alias's classes, :mod:`.upstream_service`).
 SERVICE_NAMES: tuple[str, ...] = (SERVICE_NAME, UPSTREAM_SERVICE_NAME)
-#: The file that describes the alias in the descriptor pool (upstream's file path).
-ALIAS_FILE_NAME = "ai/pipestream/proto/grpc/service/v1/protomolt_service.proto"
 
 
 def verb_of(rpc_name: str) -> str:
@@ -126,37 +129,6 @@ def _ensure_reflection_v1_descriptor(pool: descriptor_pool.DescriptorPool) -> No
         pool.AddSerializedFile(text)
     except (TypeError, ValueError):  # a conflicting definition: reflection still works
         log.debug("reflection v1 descriptor not added", extra={"action": "reflection_v1_skipped"})
-
-
-def alias_file() -> descriptor_pb2.FileDescriptorProto:
-    """Our service file re-packaged under upstream's package (file :data:`ALIAS_FILE_NAME`).
-
-    Every message and the service keep their names, fields and numbers; only the package and
-    the references to it change, so the alias describes exactly what the handlers accept.
-    """
-    fdp = descriptor_pb2.FileDescriptorProto()
-    pb.DESCRIPTOR.CopyToProto(fdp)
-    ours = f".{fdp.package}."
-    fdp.name = ALIAS_FILE_NAME
-    fdp.package = UPSTREAM_PACKAGE
-
-    def retarget(name: str) -> str:
-        return f".{UPSTREAM_PACKAGE}.{name[len(ours) :]}" if name.startswith(ours) else name
-
-    def visit(message: descriptor_pb2.DescriptorProto) -> None:
-        for f in message.field:
-            if f.type_name:
-                f.type_name = retarget(f.type_name)
-        for nested in message.nested_type:
-            visit(nested)
-
-    for message in fdp.message_type:
-        visit(message)
-    for service in fdp.service:
-        for method in service.method:
-            method.input_type = retarget(method.input_type)
-            method.output_type = retarget(method.output_type)
-    return fdp
 
 
 def _ensure_alias_descriptor(pool: descriptor_pool.DescriptorPool) -> None:
@@ -315,9 +287,11 @@ class ProtoMoltGrpcServer:
                 maximum_concurrent_rpcs=None,
             )
             handlers = {name: self._rpc_handler(name) for name in RPCS}
+            upstream = {name: self._rpc_handler(name, upstream=True) for name in RPCS}
             server.add_generic_rpc_handlers(
                 (
-                    *(grpc.method_handlers_generic_handler(n, handlers) for n in SERVICE_NAMES),
+                    grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),
+                    grpc.method_handlers_generic_handler(UPSTREAM_SERVICE_NAME, upstream),
                     *self._extra,
                 )
             )
@@ -374,8 +348,13 @@ class ProtoMoltGrpcServer:
         server.stop(grace_s).wait(grace_s + 5)
         log.info("grpc stopped", extra={"action": "grpc_stopped"})
 
-    def _rpc_handler(self, rpc_name: str) -> grpc.RpcMethodHandler:
+    def _rpc_handler(self, rpc_name: str, *, upstream: bool = False) -> grpc.RpcMethodHandler:
         verb, request_cls, response_cls = RPCS[rpc_name]
+        if upstream:
+            # The same verb; the bytes are upstream's messages (a typed CompiledWorkflow).
+            classes = alias_classes()
+            request_cls = classes[request_cls.DESCRIPTOR.name]
+            response_cls = classes[response_cls.DESCRIPTOR.name]
         call = self._transcoder(rpc_name, verb, request_cls, response_cls)
         # No request_deserializer: the handler parses the bytes itself, so a malformed request
         # is INVALID_ARGUMENT naming the problem instead of grpc's INTERNAL

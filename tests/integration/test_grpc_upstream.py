@@ -118,6 +118,68 @@ def test_alias_file_mirrors_every_rpc_and_message():
     assert [m.name for m in alias.service[0].method] == [
         m.name for m in pb.DESCRIPTOR.services_by_name["ProtoMoltService"].methods
     ]
-    assert [m.name for m in alias.message_type] == list(pb.DESCRIPTOR.message_types_by_name)
+    ours = list(pb.DESCRIPTOR.message_types_by_name)
+    names = [m.name for m in alias.message_type]
+    assert names[: len(ours)] == ours
+    assert {"CompiledWorkflow", "WorkflowStep", "SchemaSource", "CelRule"} <= set(names)
     refs = [f.type_name for m in alias.message_type for f in m.field if f.type_name]
     assert refs and not any(".ai.pipestream.proto.service.v1." in r for r in refs)
+    # Upstream's typed inline workflow on the requests that carry one.
+    by_name = {m.name: m for m in alias.message_type}
+    for request in ("SubmitWorkflowRequest", "RunWorkflowRequest", "CheckWorkflowRequest"):
+        (workflow,) = [f for f in by_name[request].field if f.name == "workflow"]
+        assert workflow.type_name == f".{UPSTREAM_SERVICE_PACKAGE}.CompiledWorkflow"
+
+
+def _typed(up, wf: dict):
+    """The seed workflow as upstream's typed CompiledWorkflow (the fields it uses)."""
+    compiled = up["CompiledWorkflow"](name=wf["name"], input_type=wf["inputType"])
+    compiled.schema.descriptor_set_base64 = wf["schema"]["descriptorSetBase64"]
+    for step in wf["steps"]:
+        s = compiled.steps.add(name=step["name"], target=step["target"], method=step["method"])
+        s.rules.extend(step.get("rules", []))
+        if step.get("completion"):
+            s.completion = step["completion"]
+    compiled.output.type = wf["output"]["type"]
+    compiled.output.rules.extend(wf["output"].get("rules", []))
+    return compiled
+
+
+def test_an_upstream_client_submits_an_inline_typed_workflow(node, services):
+    up = upstream_service_classes()
+    wf = seed_workflow(services.target, review="invoke")
+    with grpc.insecure_channel(node.grpc.target) as channel:
+        checked = _upstream_call(
+            channel,
+            "CheckWorkflow",
+            up["CheckWorkflowRequest"](workflow=_typed(up, wf)),
+            "CheckWorkflowResponse",
+        )
+        assert checked.ok and list(checked.findings) == []
+        broken = _typed(up, wf)
+        broken.steps[1].rules.append("nosuch = input.text")
+        found = _upstream_call(
+            channel,
+            "CheckWorkflow",
+            up["CheckWorkflowRequest"](workflow=broken),
+            "CheckWorkflowResponse",
+        )
+        assert not found.ok and found.findings[0].step == broken.steps[1].name
+
+        job_id = str(uuid.uuid4())
+        request = up["SubmitWorkflowRequest"](workflow=_typed(up, wf), job_id=job_id)
+        request.input.update({"text": "inline from java"})
+        submitted = _upstream_call(channel, "SubmitWorkflow", request, "SubmitWorkflowResponse")
+        assert (submitted.ok, submitted.job_id) == (True, job_id)
+        got = wait_for(
+            lambda: (
+                (
+                    g := _upstream_call(
+                        channel, "GetJob", up["GetJobRequest"](job_id=job_id), "GetJobResponse"
+                    )
+                ).job.status
+                == "COMPLETED"
+                and g
+            )
+        )
+        assert got.job.workflow_name == wf["name"]

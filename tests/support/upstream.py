@@ -143,9 +143,35 @@ UPSTREAM_SERVICE_PACKAGE = "ai.pipestream.proto.grpc.service.v1"
 _S = ".google.protobuf.Struct"
 _P = f".{UPSTREAM_SERVICE_PACKAGE}"
 UPSTREAM_SERVICE_MESSAGES = {
-    # The inline 'workflow' (field 1, a CompiledWorkflow message upstream) is left out:
-    # this client submits by name.
+    # The typed inline workflow, as much of it as the tests send.
+    "SchemaSource": [("descriptor_set_base64", 4, F.TYPE_STRING, None)],
+    "WorkflowStep": [
+        ("name", 1, F.TYPE_STRING, None),
+        ("target", 2, F.TYPE_STRING, None),
+        ("method", 4, F.TYPE_STRING, None),
+        ("rules", 6, F.TYPE_STRING, None),
+        ("completion", 10, F.TYPE_STRING, None),
+    ],
+    "WorkflowOutput": [("type", 1, F.TYPE_STRING, None), ("rules", 2, F.TYPE_STRING, None)],
+    "CompiledWorkflow": [
+        ("name", 1, F.TYPE_STRING, None),
+        ("schema", 2, F.TYPE_MESSAGE, f"{_P}.SchemaSource"),
+        ("input_type", 3, F.TYPE_STRING, None),
+        ("steps", 5, F.TYPE_MESSAGE, f"{_P}.WorkflowStep"),
+        ("output", 6, F.TYPE_MESSAGE, f"{_P}.WorkflowOutput"),
+    ],
+    "CheckWorkflowRequest": [("workflow", 1, F.TYPE_MESSAGE, f"{_P}.CompiledWorkflow")],
+    "WorkflowFinding": [
+        ("step", 1, F.TYPE_STRING, None),
+        ("kind", 2, F.TYPE_STRING, None),
+        ("error", 3, F.TYPE_STRING, None),
+    ],
+    "CheckWorkflowResponse": [
+        ("ok", 1, F.TYPE_BOOL, None),
+        ("findings", 2, F.TYPE_MESSAGE, f"{_P}.WorkflowFinding"),
+    ],
     "SubmitWorkflowRequest": [
+        ("workflow", 1, F.TYPE_MESSAGE, f"{_P}.CompiledWorkflow"),
         ("workflow_name", 2, F.TYPE_STRING, None),
         ("input", 3, F.TYPE_MESSAGE, _S),
         ("job_id", 4, F.TYPE_STRING, None),
@@ -184,6 +210,15 @@ UPSTREAM_SERVICE_MESSAGES = {
 }
 
 
+_REPEATED = {
+    ("WorkflowRun", "checkpoints"),
+    ("CompiledWorkflow", "steps"),
+    ("WorkflowStep", "rules"),
+    ("WorkflowOutput", "rules"),
+    ("CheckWorkflowResponse", "findings"),
+}
+
+
 @functools.cache
 def upstream_service_classes() -> dict[str, type]:
     """Message classes of upstream's service package (see :data:`UPSTREAM_SERVICE_MESSAGES`),
@@ -197,7 +232,7 @@ def upstream_service_classes() -> dict[str, type]:
     for name, fields in UPSTREAM_SERVICE_MESSAGES.items():
         m = message_proto(name, fields)
         for f in m.field:
-            if f.name == "checkpoints":
+            if (name, f.name) in _REPEATED:
                 f.label = F.LABEL_REPEATED
         file.message_type.append(m)
     pool = descriptor_pool.DescriptorPool()
