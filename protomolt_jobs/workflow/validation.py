@@ -695,11 +695,20 @@ _FORMATS: dict[str, tuple[Callable[[str], bool], str]] = {
     "slug": (lambda s: bool(_SLUG.match(s)), "a lowercase slug (a-z0-9 with interior ., _ or -)"),
     "region_code": (lambda s: s in _ISO_3166_ALPHA2, "an ISO 3166-1 alpha-2 region code"),
     "protobuf_fqn": (lambda s: bool(_FQN.match(s)), "a valid protobuf fully-qualified name"),
-    "path_safe_name": (lambda s: bool(_PATH_SAFE.match(s)), "a path-safe name"),
-    "gtin": (_is_gtin, "a valid GTIN"),
-    "decimal": (lambda s: bool(_DECIMAL.match(s)), "an unsigned decimal number"),
-    "endpoint_address": (_is_endpoint, "a host:port address or an absolute URI"),
-    "identifier": (lambda s: bool(_IDENT.match(s)), "a bare identifier"),
+    "path_safe_name": (
+        lambda s: bool(_PATH_SAFE.match(s)),
+        "a path-safe name (a letter or digit, then letters, digits, ., _ or -)",
+    ),
+    "gtin": (_is_gtin, "a GTIN (8, 12, 13, or 14 digits with a valid check digit)"),
+    "decimal": (lambda s: bool(_DECIMAL.match(s)), "an unsigned decimal string"),
+    "endpoint_address": (
+        _is_endpoint,
+        "a host:port pair with a valid port or an absolute URI",
+    ),
+    "identifier": (
+        lambda s: bool(_IDENT.match(s)),
+        "a bare identifier (a letter or underscore, then letters, digits, or underscores)",
+    ),
 }
 
 
