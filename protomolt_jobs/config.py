@@ -16,13 +16,15 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
+from protomolt_jobs.errors import ProtomoltJobsError
+
 __all__ = ["CONSUMER_GROUP", "ConfigError", "JobsConfig", "default_worker_id"]
 
 #: Consumer group of the request-topic consumer (a constant, as upstream).
 CONSUMER_GROUP = "protomolt-jobs-worker"
 
 
-class ConfigError(ValueError):
+class ConfigError(ProtomoltJobsError, ValueError):
     """A configuration value is missing or malformed; the message names the key and the
     expected form."""
 

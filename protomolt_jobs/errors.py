@@ -1,4 +1,40 @@
-"""The one errors module: action errors with stable codes, and the internal store signals.
+"""The one errors module: the package's exception root, action errors with stable codes, and
+the internal store signals.
+
+The tree (every exception class of the package; engine errors keep ``ValueError`` as a second
+base where callers catch that)::
+
+    ProtomoltJobsError
+    +-- ActionError                      a verb cannot answer (code table below)
+    |   +-- InvalidInput, UnknownAction, PermissionDenied, ResourceExhausted,
+    |   |   JobCorrupt, InternalError
+    |   +-- Unavailable
+    |       +-- StoreUnavailable         (also a StoreError)
+    +-- StoreError                       store/: a database operation failed (internal)
+    |   +-- StoreUnavailable
+    |   +-- NotFound
+    |   +-- LeaseLost                    a fenced write matched no row
+    |   +-- MigrationError               store/migrate.py
+    +-- ConfigError (ValueError)         config.py: a [jobs] key is malformed
+    +-- FieldError (ValueError)          scheduling.py: a scheduling/budget field is malformed
+    +-- RegistryError (RuntimeError)     framing.py: the Schema Registry refused or failed
+    +-- PermitCancelled                  worker/permits.py: a permit wait ended by a stop
+    +-- BudgetExceeded                   worker/budget.py: a run spent its budget
+    +-- _Abandon, _Fail                  worker/execute.py: the executor's internal signals
+    +-- WorkflowParseError (ValueError)  workflow/types.py: the envelope does not parse
+    +-- WorkflowExecutionError           workflow/types.py: a step failed (kind, step, code)
+    +-- MappingError (ValueError)        workflow/mapping.py
+    +-- CelCompileError (ValueError)     workflow/celenv.py
+    +-- CelError (ValueError)            workflow/cel.py
+    +-- _Unrepresentable                 workflow/celenv.py: the fast CEL path cannot answer
+    +-- RuleError (ValueError)           workflow/validation.py
+    +-- host/: UsageError, ActionFailed, NodeUnreachable (cli.py), DocumentRefused (parse.py),
+        BodyFieldError (http_route.py), CorruptWorkflow (registry.py),
+        EmbeddedPostgresError (embedded_pg.py)
+
+Outside the root on purpose: ``hooks.ComposerError`` (the host contract imports nothing of
+ours, so any host can implement it) and ``service.InjectedFailure`` (a test hook that must look
+like any defect).
 
 Action errors are what a verb raises when it cannot answer. Each class carries one ``code``
 from the table in DESIGN.md section 4; every surface maps the code the same way:
@@ -36,6 +72,7 @@ __all__ = [
     "LeaseLost",
     "NotFound",
     "PermissionDenied",
+    "ProtomoltJobsError",
     "ResourceExhausted",
     "StoreError",
     "StoreUnavailable",
@@ -45,7 +82,13 @@ __all__ = [
 ]
 
 
-class ActionError(Exception):
+class ProtomoltJobsError(Exception):
+    """Root of every exception this package defines (see the tree in the module docstring).
+
+    ``except ProtomoltJobsError`` catches our errors and nothing of the libraries'."""
+
+
+class ActionError(ProtomoltJobsError):
     """Base of every error a verb may raise: a stable kebab-case ``code``, a message, details.
 
     The JSON form every surface emits is ``{"error": code, "message": message, "details"?: {...}}``.
@@ -149,7 +192,7 @@ def error_for_code(code: str, message: str, details: dict[str, Any] | None = Non
     return ERROR_CLASSES.get(code, InternalError)(message, details)
 
 
-class StoreError(Exception):
+class StoreError(ProtomoltJobsError):
     """A store operation failed (connection lost, statement error). The driver's exception is
     the ``__cause__``. Raised by ``protomolt_jobs.store``; nothing above ``store/`` imports
     psycopg's error classes."""

@@ -26,6 +26,8 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 
+from protomolt_jobs.errors import ProtomoltJobsError
+
 __all__ = [
     "EVENTS_WIRES",
     "EVENT_INDEX_PATH",
@@ -50,7 +52,7 @@ EVENTS_WIRES = ("confluent", "raw")
 _MAX_PATH = 16
 
 
-class RegistryError(RuntimeError):
+class RegistryError(ProtomoltJobsError, RuntimeError):
     """The Schema Registry could not say the subject's schema id (unreachable, no such
     subject, an answer without an ``id``). The message names the URL and subject."""
 

@@ -24,6 +24,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from protomolt_jobs.errors import ProtomoltJobsError
+
 __all__ = [
     "DEFAULT_FAIRNESS_KEY",
     "DEFAULT_PRIORITY",
@@ -65,7 +67,7 @@ _DURATION = re.compile(
 )
 
 
-class FieldError(ValueError):
+class FieldError(ProtomoltJobsError, ValueError):
     """A scheduling value is malformed; ``field`` names it (``priority``, ``budget.deadline``)."""
 
     def __init__(self, field: str, message: str) -> None:

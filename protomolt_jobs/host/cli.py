@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from protomolt_jobs.errors import ProtomoltJobsError
 from protomolt_jobs.logs import FORMATS
 from protomolt_jobs.logs import configure as configure_logging
 
@@ -55,11 +56,11 @@ EXIT_OK, EXIT_ACTION_ERROR, EXIT_USAGE = 0, 1, 2
 _LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
 
-class UsageError(Exception):
+class UsageError(ProtomoltJobsError):
     """Bad command-line usage (exit 2)."""
 
 
-class NodeUnreachable(Exception):
+class NodeUnreachable(ProtomoltJobsError):
     """The node at ``--url`` did not answer (exit 1)."""
 
 
@@ -357,7 +358,7 @@ def request_json(
         raise NodeUnreachable(f"{url} answered {status} with a body that is not JSON") from None
 
 
-class ActionFailed(Exception):
+class ActionFailed(ProtomoltJobsError):
     """A verb answered with an action error envelope."""
 
     def __init__(self, status: int, envelope: Any) -> None:

@@ -95,7 +95,7 @@ def _load_entry_points(pm: pluggy.PluginManager, mounted: Sequence[str]) -> None
         seen.add((ep.name, ep.value))
         try:
             plugin = ep.load()
-        except Exception as exc:
+        except Exception as exc:  # any import failure of a third-party plugin: judged below
             if ep.name in mounted:
                 raise ComposerError(
                     f"role plugin {ep.name} ({ep.value}) failed to load: "
@@ -289,7 +289,7 @@ class Node:
         for role, mount in reversed(self._mounts):
             try:
                 mount.close()
-            except Exception:
+            except Exception:  # one role's failing close must not keep the others open
                 log.exception(
                     "role %s failed to close",
                     role,
@@ -297,7 +297,7 @@ class Node:
                 )
         try:
             self.channels.close()
-        except Exception:
+        except Exception:  # the last close step: log it, the node is closed either way
             log.exception(
                 "in-process endpoint failed to close", extra={"action": "channels_close_failed"}
             )
@@ -387,7 +387,7 @@ def compose(
         for role, mount in reversed(mounts):
             try:
                 mount.close()
-            except Exception:
+            except Exception:  # one role's failing close must not keep the others open
                 log.exception(
                     "role %s failed to close",
                     role,

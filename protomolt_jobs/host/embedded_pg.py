@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from protomolt_jobs.errors import ProtomoltJobsError
+
 __all__ = ["DATABASE", "EmbeddedPostgres", "EmbeddedPostgresError", "drop_stale_holders", "start"]
 
 log = logging.getLogger("protomolt_jobs.embedded_pg")
@@ -35,7 +37,7 @@ log = logging.getLogger("protomolt_jobs.embedded_pg")
 DATABASE = "protomolt_jobs"
 
 
-class EmbeddedPostgresError(RuntimeError):
+class EmbeddedPostgresError(ProtomoltJobsError, RuntimeError):
     """The embedded PostgreSQL could not be started; the message says where and why."""
 
 

@@ -71,7 +71,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from protomolt_jobs.errors import ActionError
+from protomolt_jobs.errors import ActionError, ProtomoltJobsError
 from protomolt_jobs.input_rules import has_lone_surrogate
 
 __all__ = [
@@ -153,7 +153,7 @@ class HttpRequest:
         return value
 
 
-class BodyFieldError(ValueError):
+class BodyFieldError(ProtomoltJobsError, ValueError):
     """A JSON body that parses but holds a value no field may hold; :attr:`field` is the
     top-level key it sits under."""
 

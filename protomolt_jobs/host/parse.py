@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 from google.protobuf import descriptor_pb2
 
+from protomolt_jobs.errors import ProtomoltJobsError
 from protomolt_jobs.hooks.contract import (
     ComposerError,
     FileDescriptorContribution,
@@ -78,7 +79,7 @@ _MIME_ALIASES = {
 _MARKDOWN_SUFFIXES = (".md", ".markdown", ".mdown", ".mkd")
 
 
-class DocumentRefused(ValueError):
+class DocumentRefused(ProtomoltJobsError, ValueError):
     """The parser will not parse this document; ``code`` is the gRPC status to answer with."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:

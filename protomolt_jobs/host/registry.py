@@ -34,7 +34,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from protomolt_jobs.errors import UnknownAction
+from protomolt_jobs.errors import ProtomoltJobsError, UnknownAction
 from protomolt_jobs.hooks.contract import InertMount, Mount, WireContext, WorkflowRepository
 from protomolt_jobs.hooks.hookspecs import hookimpl
 from protomolt_jobs.host.http_route import (
@@ -65,7 +65,7 @@ def _is_name(name: Any) -> bool:
     return isinstance(name, str) and NAME_PATTERN.fullmatch(name) is not None
 
 
-class CorruptWorkflow(RuntimeError):
+class CorruptWorkflow(ProtomoltJobsError, RuntimeError):
     """A stored workflow file exists but does not read as a JSON object. Raised by
     :meth:`WorkflowStore.workflow`; the message names the workflow and the file."""
 

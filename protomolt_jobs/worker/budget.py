@@ -20,10 +20,12 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from protomolt_jobs.errors import ProtomoltJobsError
+
 __all__ = ["BudgetExceeded", "CostMeter"]
 
 
-class BudgetExceeded(Exception):
+class BudgetExceeded(ProtomoltJobsError):
     """The run may not start another step; ``detail`` names the budget."""
 
     def __init__(self, step: str, detail: str) -> None:

@@ -62,7 +62,7 @@ from typing import Any
 import grpc
 
 from protomolt_jobs import crashpoints
-from protomolt_jobs.errors import ControlApplied, LeaseLost, StoreError
+from protomolt_jobs.errors import ControlApplied, LeaseLost, ProtomoltJobsError, StoreError
 from protomolt_jobs.worker.budget import BudgetExceeded, CostMeter
 from protomolt_jobs.worker.heartbeat import Heartbeat, LeaseGuard
 from protomolt_jobs.worker.permits import PermitCancelled, TargetPermits
@@ -110,11 +110,11 @@ def backoff_s(base_s: float, attempt: int) -> float:
     return float(base_s) * float(2**exponent)
 
 
-class _Abandon(Exception):
+class _Abandon(ProtomoltJobsError):
     """Internal: the lease is gone; unwind without writing."""
 
 
-class _Fail(Exception):
+class _Fail(ProtomoltJobsError):
     """Internal: settle the job FAILED with ``detail`` on ``step``."""
 
     def __init__(self, step: str, detail: str) -> None:

@@ -16,6 +16,8 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from protomolt_jobs.errors import ProtomoltJobsError
+
 __all__ = ["PermitCancelled", "TargetPermits"]
 
 # A waiter re-checks its cancel condition at least this often (seconds), so a cancel that
@@ -23,7 +25,7 @@ __all__ = ["PermitCancelled", "TargetPermits"]
 _RECHECK_S = 0.25
 
 
-class PermitCancelled(Exception):
+class PermitCancelled(ProtomoltJobsError):
     """The wait for a permit was given up because ``cancelled()`` became true."""
 
     def __init__(self, target: str) -> None:

@@ -29,6 +29,7 @@ from celpy.evaluation import CELEvalError
 from google.protobuf import descriptor as _d
 from google.protobuf.message import Message
 
+from protomolt_jobs.errors import ProtomoltJobsError
 from protomolt_jobs.workflow import celenv
 
 __all__ = [
@@ -42,7 +43,7 @@ __all__ = [
 _FD = _d.FieldDescriptor
 
 
-class CelError(ValueError):
+class CelError(ProtomoltJobsError, ValueError):
     """A CEL expression failed to compile or evaluate; ``str()`` is the reference's text."""
 
 

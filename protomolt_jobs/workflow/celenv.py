@@ -48,6 +48,7 @@ from celpy import celtypes
 from celpy.evaluation import CELEvalError
 
 import protomolt_jobs
+from protomolt_jobs.errors import ProtomoltJobsError
 
 try:  # Google's cel-cpp (cel-expr-python): the fast path; without it, cel-python's own code
     from cel_expr_python import cel as _cx
@@ -65,7 +66,7 @@ _env: celpy.Environment | None = None
 PROGRAM_CACHE_SIZE = 4096
 
 
-class CelCompileError(ValueError):
+class CelCompileError(ProtomoltJobsError, ValueError):
     """A CEL expression does not parse or compile.
 
     :ivar expression: the expression text.
@@ -219,7 +220,7 @@ _NO_ANSWER = object()
 _cx_envs: dict[tuple[tuple[str, ...], bool], Any] = {}
 
 
-class _Unrepresentable(Exception):
+class _Unrepresentable(ProtomoltJobsError):
     """An activation value cel-cpp would read differently from cel-python (uint, time)."""
 
 

@@ -37,6 +37,7 @@ from google.protobuf import descriptor as _d
 from google.protobuf import json_format, struct_pb2
 from google.protobuf.message import Message
 
+from protomolt_jobs.errors import ProtomoltJobsError
 from protomolt_jobs.workflow import cel as _cel
 
 __all__ = [
@@ -78,7 +79,7 @@ _UNSCOPED_APPEND = re.compile(r"^\s*([^+\s]+)\s*\+=\s*(.+?)\s*$", re.DOTALL)
 _UNSCOPED_CLEAR = re.compile(r"^\s*-\s*(\S+)\s*$")
 
 
-class MappingError(ValueError):
+class MappingError(ProtomoltJobsError, ValueError):
     """A rule could not be applied; ``str()`` is the reference's message (without the
     ``mapping failed:`` prefix the runner adds)."""
 

@@ -20,6 +20,8 @@ import grpc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import descriptor_pool
 
+from protomolt_jobs.errors import ProtomoltJobsError
+
 if TYPE_CHECKING:
     from google.protobuf.message import Message
 
@@ -74,7 +76,7 @@ class FailureKind(str, enum.Enum):
         return self.value
 
 
-class WorkflowParseError(ValueError):
+class WorkflowParseError(ProtomoltJobsError, ValueError):
     """The envelope does not parse or resolve.
 
     :ivar step: the step the problem belongs to, ``""`` for the workflow itself, ``"output"``
@@ -88,7 +90,7 @@ class WorkflowParseError(ValueError):
         self.message = message
 
 
-class WorkflowExecutionError(Exception):
+class WorkflowExecutionError(ProtomoltJobsError):
     """A run failed at a step.
 
     :ivar kind: the :class:`FailureKind`.

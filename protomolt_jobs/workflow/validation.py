@@ -58,6 +58,7 @@ from google.protobuf import descriptor_pb2, json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
+from protomolt_jobs.errors import ProtomoltJobsError
 from protomolt_jobs.pb.ai.pipestream.proto.validate.v1 import validate_pb2
 from protomolt_jobs.workflow import celenv, validation_cel
 
@@ -89,7 +90,7 @@ class Violation:
     message: str
 
 
-class RuleError(ValueError):
+class RuleError(ProtomoltJobsError, ValueError):
     """A message type declares rules that cannot be compiled.
 
     :ivar where: ``full.Message.field`` (or the message name) carrying the rule.
