@@ -630,6 +630,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         workers=args.workers,
         timeout_s=args.timeout,
         http_port=args.http_port,
+        progress_interval_s=args.progress_interval,
     )
 
 
@@ -740,8 +741,13 @@ def build_parser() -> argparse.ArgumentParser:
     _client_options(put)
     workflow.set_defaults(func=cmd_workflow)
 
-    demo = sub.add_parser("demo", help="run the demo: one job per .txt/.md file")
-    demo.add_argument("path", nargs="?", help="a file or directory (default: the shipped samples)")
+    demo = sub.add_parser("demo", help="run the demo: one job per text file")
+    demo.add_argument(
+        "path",
+        nargs="?",
+        help="a text file or a directory of them: plain, Markdown, HTML or gzip'ed text, by "
+        "content (default: the shipped samples)",
+    )
     demo.add_argument("--approve-all", action="store_true", help="complete every parked review")
     demo.add_argument(
         "--data-dir", help="data directory (default $PROTOMOLT_NODE_DATA_DIR or ./.protomolt-data)"
@@ -751,7 +757,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=600.0, help="give up after this many seconds"
     )
     demo.add_argument(
-        "--http-port", type=int, default=0, help="actions route port (default: a free port)"
+        "--http-port",
+        type=int,
+        default=None,
+        help="HTTP port (default 8081, or the next free one; 0: any free port)",
+    )
+    demo.add_argument(
+        "--progress-interval",
+        type=float,
+        default=2.0,
+        help="seconds between progress lines when the output is not a terminal (default 2)",
     )
     _log_format_option(demo)
     demo.set_defaults(func=cmd_demo)

@@ -9,15 +9,19 @@ What it does:
 2. Starts the demo's tokenize/embed/review gRPC services on a loopback port and stores the
    ``demo-document`` workflow: parse (in-process) -> tokenize -> embed -> review, the review
    being an external step the job parks on.
-3. Submits one job per ``.txt``/``.md`` file under PATH (default: the shipped samples). Files
-   with NUL bytes are skipped (binary); text over 1 MiB is cut to its first MiB (the parser's
-   limit); text that is not UTF-8 is decoded with replacement characters.
-4. Shows a live progress bar of QUEUED / RUNNING / WAITING / COMPLETED, and completes parked
-   reviews itself with ``--approve-all``; otherwise it prints the exact ``complete-step``
-   command and keeps serving until every job is finished (Ctrl-C stops it; parked jobs stay
-   WAITING in the database).
+3. Scans PATH (default: the shipped samples) and submits one job per text file, judged by
+   content, not by name: plain text, Markdown, HTML (reduced to its text) and gzip-compressed
+   text (decompressed). Binary files are skipped; text over 1 MiB is cut to its first MiB
+   (the parser's limit); a file that is not UTF-8 is read as Latin-1, with a warning.
+4. Shows progress while it scans, submits and runs: a live bar on a terminal, one plain line
+   every few seconds otherwise (a pipe, a log file, CI). It completes parked reviews itself
+   with ``--approve-all``; otherwise it prints the exact ``complete-step`` command (and the
+   dashboard's inbox) and keeps serving until every job is finished (Ctrl-C stops it; parked
+   jobs stay WAITING in the database). The node listens on port 8081, or the next free port,
+   and says which.
 5. Ends with a summary: completed, failed, dead, still waiting, jobs per second, and the p50 /
-   p95 time from submit to completion.
+   p95 time from submit to completion, split into queue wait (submit to the first step's
+   checkpoint) and run time (from there to completion).
 
 Exit code: 0 when every job completed; 1 when any failed or went dead, the run timed out or
 was interrupted with jobs unfinished; 2 for a PATH with no documents.
@@ -25,27 +29,48 @@ was interrupted with jobs unfinished; 2 for a PATH with no documents.
 
 from __future__ import annotations
 
+import gzip
+import html.parser
 import json
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
+import zlib
 from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-__all__ = ["DOCUMENT_SUFFIXES", "WORKFLOW_NAME", "collect_documents", "run_demo", "summarize"]
+__all__ = [
+    "WORKFLOW_NAME",
+    "collect_documents",
+    "html_to_text",
+    "read_document",
+    "run_demo",
+    "summarize",
+]
 
 log = logging.getLogger("protomolt_jobs.demo")
 
 WORKFLOW_NAME = "demo-document"
-DOCUMENT_SUFFIXES = (".txt", ".md", ".markdown")
 _TERMINAL = ("COMPLETED", "FAILED", "DEAD")
 _MAX_BYTES = 1024 * 1024
+#: Bytes read from a file (more than the parser takes, so cutting is noticed).
+_MAX_READ_BYTES = 4 * _MAX_BYTES
+#: Bytes a gzip file may decompress to (a bomb stops here).
+_MAX_GZIP_BYTES = 4 * _MAX_BYTES
+PLAIN, MARKDOWN = "text/plain", "text/markdown"
+#: The demo's HTTP port when it is free (else the next free one): the CLI's default --url.
+DEFAULT_PORT = 8081
+#: complete-step calls between two progress updates while approving.
+_APPROVE_BATCH = 25
+#: Threads submitting documents.
+_SUBMITTERS = 8
 
 
 @dataclass
@@ -59,11 +84,20 @@ class Document:
 
 @dataclass
 class Collected:
-    """What :func:`collect_documents` found."""
+    """What :func:`collect_documents` found.
+
+    :ivar documents: the documents to submit, sorted by path.
+    :ivar skipped: ``(name, reason)`` of each file that is not text.
+    :ivar truncated: names of documents cut to their first MiB.
+    :ivar latin1: names of files that were not UTF-8 and were read as Latin-1.
+    :ivar scanned: files looked at.
+    """
 
     documents: list[Document] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     truncated: list[str] = field(default_factory=list)
+    latin1: list[str] = field(default_factory=list)
+    scanned: int = 0
 
 
 def samples_dir() -> Path:
@@ -71,35 +105,158 @@ def samples_dir() -> Path:
     return Path(str(resources.files("protomolt_jobs.host") / "samples"))
 
 
-def collect_documents(path: Path) -> Collected:
-    """Every ``.txt``/``.md`` file at or under ``path``, sorted by path.
+class _HtmlText(html.parser.HTMLParser):
+    """The readable text of an HTML page: no tags, scripts or styles; blocks on new lines."""
+
+    _SKIP = frozenset({"script", "style", "head", "noscript", "template"})
+    _BLOCK = frozenset(
+        {
+            "p",
+            "div",
+            "br",
+            "li",
+            "tr",
+            "h1",
+            "h2",
+            "h3",
+            "h4",
+            "h5",
+            "h6",
+            "pre",
+            "section",
+            "article",
+            "table",
+            "ul",
+            "ol",
+            "dd",
+            "dt",
+            "blockquote",
+            "title",
+            "header",
+            "footer",
+        }
+    )
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self._skipping = 0
+
+    def handle_starttag(self, tag: str, attrs: Any) -> None:
+        if tag in self._SKIP:
+            self._skipping += 1
+        elif tag in self._BLOCK:
+            self.parts.append("\n")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in self._SKIP and self._skipping:
+            self._skipping -= 1
+        elif tag in self._BLOCK:
+            self.parts.append("\n")
+
+    def handle_data(self, data: str) -> None:
+        if not self._skipping:
+            self.parts.append(data)
+
+    def text(self) -> str:
+        lines = (" ".join(line.split()) for line in "".join(self.parts).splitlines())
+        return "\n".join(line for line in lines if line).strip()
+
+
+def html_to_text(markup: str) -> str:
+    """The readable text of an HTML document (tags, scripts and styles removed)."""
+    parser = _HtmlText()
+    parser.feed(markup)
+    parser.close()
+    return parser.text()
+
+
+def _looks_like_html(text: str) -> bool:
+    head = text[:2048].lstrip().lower()
+    return head.startswith(("<!doctype html", "<html")) or (
+        "<html" in head and "<body" in text[:65536].lower()
+    )
+
+
+def _is_binary(raw: bytes) -> bool:
+    """NUL bytes, or many control characters in the first 8 KiB (not text in any encoding)."""
+    sample = raw[:8192]
+    if b"\x00" in sample:
+        return True
+    if not sample:
+        return False
+    controls = sum(1 for b in sample if b < 32 and b not in (9, 10, 12, 13, 27))
+    return controls / len(sample) > 0.10
+
+
+def read_document(file: Path) -> tuple[str | None, str, bool]:
+    """Read one file as text, by its content (the name does not matter).
+
+    gzip-compressed files are decompressed (at most :data:`_MAX_GZIP_BYTES`); HTML is reduced
+    to its text; UTF-8 is tried first, anything else is read as Latin-1.
+
+    :returns: ``(text, mime_type, read_as_latin1)``; ``text`` is None for a file that is not
+        text, and ``mime_type`` is then the reason.
+    :raises OSError: the file cannot be read.
+    """
+    with file.open("rb") as fh:
+        raw = fh.read(_MAX_READ_BYTES)
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            with gzip.open(file, "rb") as fh:
+                raw = fh.read(_MAX_GZIP_BYTES)
+        except (OSError, EOFError, zlib.error) as exc:
+            return None, f"a damaged gzip file: {exc}", False
+    if _is_binary(raw):
+        return None, "binary (not text)", False
+    latin1 = False
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text, latin1 = raw.decode("latin-1"), True
+    if _looks_like_html(text):
+        return html_to_text(text), PLAIN, latin1
+    name = file.name.lower().removesuffix(".gz")
+    mime = MARKDOWN if name.endswith((".md", ".markdown")) else PLAIN
+    return text, mime, latin1
+
+
+def collect_documents(path: Path, on_file: Any = None) -> Collected:
+    """Every text file at or under ``path`` (by content: plain text, Markdown, HTML, gzip'ed
+    text), sorted by path.
 
     :param path: a file or a directory (searched recursively).
+    :param on_file: called as ``on_file(collected)`` after each file (progress).
     :returns: documents to submit (text over 1 MiB cut to its first MiB, listed in
-        ``truncated``) and ``(name, reason)`` for each skipped (binary) file.
+        ``truncated``; non-UTF-8 files read as Latin-1, listed in ``latin1``) and
+        ``(name, reason)`` for each skipped file.
     """
     path = Path(path)
     candidates = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     found = Collected()
     for file in candidates:
-        if file.suffix.lower() not in DOCUMENT_SUFFIXES:
-            continue
+        found.scanned += 1
         name = file.name if file == path else file.relative_to(path).as_posix()
         try:
-            raw = file.read_bytes()
+            text, mime, latin1 = read_document(file)
         except OSError as exc:
             found.skipped.append((name, f"unreadable: {exc}"))
-            continue
-        if b"\x00" in raw:
-            found.skipped.append((name, "binary (NUL bytes)"))
-            continue
-        text = raw.decode("utf-8", errors="replace")
-        if len(text.encode("utf-8")) > _MAX_BYTES:
-            # The parser refuses more than 1 MiB: submit the first MiB rather than nothing.
-            text = text.encode("utf-8")[:_MAX_BYTES].decode("utf-8", errors="ignore")
-            found.truncated.append(name)
-        mime = "text/markdown" if file.suffix.lower() in (".md", ".markdown") else "text/plain"
-        found.documents.append(Document(name, text, mime))
+            text = None
+        if text is None:
+            if not found.skipped or found.skipped[-1][0] != name:
+                found.skipped.append((name, mime))
+        elif not text.strip():
+            found.skipped.append((name, "empty"))
+        else:
+            if latin1:
+                found.latin1.append(name)
+            if len(text.encode("utf-8")) > _MAX_BYTES:
+                # The parser refuses more than 1 MiB: submit the first MiB rather than nothing.
+                text = text.encode("utf-8")[:_MAX_BYTES].decode("utf-8", errors="ignore")
+                found.truncated.append(name)
+            found.documents.append(Document(name, text, mime))
+        if on_file is not None:
+            on_file(found)
     return found
 
 
@@ -121,16 +278,26 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-def summarize(jobs: dict[str, dict[str, Any]], elapsed_s: float) -> dict[str, Any]:
+def summarize(
+    jobs: dict[str, dict[str, Any]],
+    elapsed_s: float,
+    started_at: dict[str, datetime] | None = None,
+) -> dict[str, Any]:
     """Counts and timings of a demo run.
 
     :param jobs: job id -> the latest job document (list-jobs summary shape).
     :param elapsed_s: seconds from the first submit to the end of the run.
-    :returns: ``{total, completed, failed, dead, waiting, unfinished, jobs_per_s, p50_s, p95_s}``.
+    :param started_at: job id -> when its first step finished (its first event after
+        ACCEPTED, database time): splits the time to complete into queue wait (submit to
+        first step) and run time (first step to completion, the review's wait included).
+    :returns: ``{total, completed, failed, dead, waiting, unfinished, jobs_per_s, p50_s, p95_s,
+        queue_p50_s, queue_p95_s, run_p50_s, run_p95_s, elapsed_s}``.
     """
     counts = {s: 0 for s in ("COMPLETED", "FAILED", "DEAD", "WAITING")}
     durations: list[float] = []
-    for job in jobs.values():
+    queued: list[float] = []
+    running: list[float] = []
+    for job_id, job in jobs.items():
         status = job.get("status", "")
         if status in counts:
             counts[status] += 1
@@ -138,6 +305,10 @@ def summarize(jobs: dict[str, dict[str, Any]], elapsed_s: float) -> dict[str, An
             start, end = _instant(job.get("createdAt")), _instant(job.get("completedAt"))
             if start and end:
                 durations.append(max(0.0, (end - start).total_seconds()))
+                first = (started_at or {}).get(job_id)
+                if first is not None:
+                    queued.append(max(0.0, (first - start).total_seconds()))
+                    running.append(max(0.0, (end - first).total_seconds()))
     finished = counts["COMPLETED"] + counts["FAILED"] + counts["DEAD"]
     return {
         "total": len(jobs),
@@ -149,8 +320,121 @@ def summarize(jobs: dict[str, dict[str, Any]], elapsed_s: float) -> dict[str, An
         "jobs_per_s": counts["COMPLETED"] / elapsed_s if elapsed_s > 0 else 0.0,
         "p50_s": _percentile(durations, 0.50),
         "p95_s": _percentile(durations, 0.95),
+        "queue_p50_s": _percentile(queued, 0.50),
+        "queue_p95_s": _percentile(queued, 0.95),
+        "run_p50_s": _percentile(running, 0.50),
+        "run_p95_s": _percentile(running, 0.95),
         "elapsed_s": elapsed_s,
     }
+
+
+def first_step_times(inspector: Any, job_ids: list[str]) -> dict[str, datetime]:
+    """When each job's first step finished: its first event after ACCEPTED (database time)."""
+    out: dict[str, datetime] = {}
+    if inspector is None:
+        return out
+    for job_id in job_ids:
+        try:
+            events = inspector.events(job_id)
+        except Exception:  # the split is a nicety; the summary still prints
+            log.debug("events of %s unavailable", job_id, exc_info=True)
+            continue
+        for event in events:
+            if event.event_type != "ACCEPTED":
+                at = _instant(event.detail.get("occurredAt")) or _instant(event.created_at)
+                if at is not None:
+                    out[job_id] = at
+                break
+    return out
+
+
+class Reporter:
+    """Progress of the demo's phases: a live bar on a terminal; without one (a pipe, a log
+    file, CI) one plain line at the start, then every :attr:`interval_s` seconds, then at the
+    end, so a reader of the log sees it move.
+
+    :param console: a ``rich.console.Console``.
+    :param interval_s: seconds between plain lines without a terminal.
+    """
+
+    def __init__(self, console: Any, interval_s: float = 2.0) -> None:
+        self.console = console
+        self.interval_s = interval_s
+        self.terminal = bool(console.is_terminal)
+        self._progress: Any = None
+        self._task: Any = None
+        self._label = ""
+        self._total = 0
+        self._last = 0.0
+
+    def __enter__(self) -> Self:
+        if self.terminal:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}[/]"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[note]}"),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=False,
+                refresh_per_second=8,
+            )
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def print(self, *args: Any, **kw: Any) -> None:
+        """Print above the bar (or as a plain line)."""
+        target = self._progress.console if self._progress is not None else self.console
+        target.print(*args, **kw)
+
+    def phase(self, label: str, total: int | None) -> None:
+        """Start a phase: ``label`` with ``total`` steps (None: unknown, e.g. while scanning)."""
+        self._label, self._total, self._last = label, total or 0, time.monotonic()
+        if self._progress is not None:
+            self._task = self._progress.add_task(label, total=total, note="")
+        else:
+            self.console.print(f"{label}: started", highlight=False)
+
+    def update(self, completed: int, note: str = "", *, final: bool = False) -> None:
+        """Move the current phase to ``completed``; ``final`` closes it."""
+        if self._progress is not None:
+            if final and not self._total:
+                self._progress.update(self._task, total=completed)
+            self._progress.update(self._task, completed=completed, note=note)
+            return
+        now = time.monotonic()
+        if final or now - self._last >= self.interval_s:
+            self._last = now
+            of = f"/{self._total}" if self._total else ""
+            tail = f" ({note})" if note else ""
+            done = " done" if final else ""
+            self.console.print(
+                f"{self._label}: {completed}{of}{done}{tail}", highlight=False, soft_wrap=True
+            )
+
+
+def pick_port(host: str = "127.0.0.1", first: int = DEFAULT_PORT, tries: int = 100) -> int:
+    """``first``, or the next port after it that is free on ``host`` (0 when none is)."""
+    for port in range(first, first + tries):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    return 0
 
 
 class _Tracker:
@@ -200,8 +484,9 @@ def run_demo(
     data_dir: Path | None = None,
     workers: int = 4,
     timeout_s: float = 600.0,
-    http_port: int = 0,
+    http_port: int | None = None,
     console: Any = None,
+    progress_interval_s: float = 2.0,
 ) -> int:
     """Run the demo (see the module docstring); returns the exit code.
 
@@ -211,11 +496,13 @@ def run_demo(
         ``./.protomolt-data``.
     :param workers: worker claim loops (``jobs.worker_count``) unless the environment sets it.
     :param timeout_s: give up waiting after this many seconds.
-    :param http_port: actions route port (0: a free port).
+    :param http_port: actions route port; None: 8081, or the next free port (0: any free port).
     :param console: a ``rich.console.Console`` (tests pass a recording one).
+    :param progress_interval_s: seconds between progress lines when not on a terminal.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from protomolt_jobs.config import ConfigError
@@ -224,26 +511,42 @@ def run_demo(
     from protomolt_jobs.host.composer import compose
     from protomolt_jobs.host.demo_services import DemoServices, demo_workflow
     from protomolt_jobs.host.embedded_pg import EmbeddedPostgresError
+    from protomolt_jobs.job_inspector import JobInspector
 
     console = console or Console()
     source = Path(path) if path is not None else samples_dir()
     if not source.exists():
         console.print(f"[red]no such file or directory: {source}[/]")
         return 2
-    collected = collect_documents(source)
+    reporter = Reporter(console, progress_interval_s)
+    with reporter:
+        reporter.phase("scanning", None)
+        collected = collect_documents(
+            source,
+            on_file=lambda found: reporter.update(
+                found.scanned, f"{len(found.documents)} text files"
+            ),
+        )
+        reporter.update(collected.scanned, f"{len(collected.documents)} text files", final=True)
     for name, reason in collected.skipped:
         console.print(f"[yellow]skipped[/] {name}: {reason}", soft_wrap=True)
     for name in collected.truncated:
         console.print(f"[yellow]truncated[/] {name} to its first MiB (the parser's limit)")
+    for name in collected.latin1:
+        console.print(
+            f"[yellow]warning[/] {name} is not UTF-8: read as Latin-1 (check its characters)",
+            soft_wrap=True,
+        )
     if not collected.documents:
-        console.print(f"[red]no .txt or .md documents under {source}[/]")
+        console.print(f"[red]no text files under {source}[/]")
         return 2
 
+    port = pick_port() if http_port is None else http_port
     environ = dict(os.environ)
     environ["PROTOMOLT_ROLES"] = "registry,parse,jobs"
     if data_dir is not None:
         environ["PROTOMOLT_NODE_DATA_DIR"] = str(Path(data_dir).expanduser().resolve())
-    environ["PROTOMOLT_NODE_HTTP_PORT"] = str(http_port)
+    environ["PROTOMOLT_NODE_HTTP_PORT"] = str(port)
     environ["PROTOMOLT_NODE_GRPC_PORT"] = "0"
     environ.setdefault("PROTOMOLT_JOBS_WORKER_COUNT", str(workers))
     try:
@@ -278,13 +581,21 @@ def run_demo(
         node = surfaces.node
         repository = node.contributions.first(WorkflowRepository)
         repository.put(WORKFLOW_NAME, demo_workflow(services.target))
+        url = surfaces.http.url
         console.print(f"data dir: {config.data_dir}")
         console.print(f"actions route: {surfaces.actions_url}")
+        console.print(f"dashboard: {url}/ui/   metrics: {url}/metrics")
+        if surfaces.http.port != DEFAULT_PORT:
+            console.print(
+                f"port {DEFAULT_PORT} is busy: use --url {url} with the protomolt-jobs commands"
+            )
         console.print(f"demo services (tokenize, embed, review): {services.target}")
 
         started = time.monotonic()
         job_ids: list[str] = []
-        for doc in collected.documents:
+        refused: list[tuple[str, str]] = []
+
+        def submit(doc: Document) -> tuple[Document, str, dict[str, Any]]:
             job_id = str(uuid.uuid4())
             answer = node.catalog.execute(
                 "submit-workflow",
@@ -294,44 +605,55 @@ def run_demo(
                     "input": {"text": doc.text, "name": doc.name, "mimeType": doc.mime_type},
                 },
             )
-            if not answer.get("ok"):
-                console.print(f"[red]submit refused[/] {doc.name}: {answer.get('error')}")
-                continue
-            job_ids.append(job_id)
-        console.print(f"submitted {len(job_ids)} jobs ({WORKFLOW_NAME})")
-        tracker = _Tracker(node.catalog, set(job_ids))
+            return doc, job_id, answer
+
+        tracker = _Tracker(node.catalog, set())
         approved: set[str] = set()
         told = False
         interrupted = timed_out = False
-        columns = (
-            TextColumn("[bold]jobs[/]"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[counts]}"),
-            TimeElapsedColumn(),
-        )
-        with Progress(*columns, console=console, transient=False) as progress:
-            task = progress.add_task("jobs", total=len(job_ids), counts="")
-            while True:
-                counts = tracker.refresh()
+        with reporter:
+            reporter.phase("submitting", len(collected.documents))
+            with ThreadPoolExecutor(max_workers=_SUBMITTERS) as pool:
+                for n, (doc, job_id, answer) in enumerate(
+                    pool.map(submit, collected.documents), start=1
+                ):
+                    if answer.get("ok"):
+                        job_ids.append(job_id)
+                    else:
+                        refused.append((doc.name, str(answer.get("error"))))
+                    reporter.update(n, f"{len(job_ids)} accepted")
+                    if stop.is_set():
+                        break
+            reporter.update(len(job_ids) + len(refused), f"{len(job_ids)} accepted", final=True)
+            for name, error in refused:
+                reporter.print(f"[red]submit refused[/] {name}: {error}", soft_wrap=True)
+            tracker.job_ids = set(job_ids)
+            reporter.phase("jobs", len(job_ids))
+
+            def show(counts: dict[str, int]) -> int:
                 text = "  ".join(
                     f"{s} {counts[s]}"
                     for s in ("QUEUED", "RUNNING", "WAITING", "COMPLETED", "FAILED", "DEAD")
                     if counts[s] or s in ("QUEUED", "RUNNING", "WAITING", "COMPLETED")
                 )
                 done = counts["COMPLETED"] + counts["FAILED"] + counts["DEAD"]
-                progress.update(task, completed=done, counts=text)
+                reporter.update(done, text)
+                return done
+
+            while not stop.is_set():
+                counts = tracker.refresh()
+                done = show(counts)
                 if done >= len(job_ids):
                     break
                 waiting = [
                     j
                     for j, job in tracker.jobs.items()
-                    if job.get("status") == "WAITING" and job.get("outstandingStep") == "review"
+                    if job.get("status") == "WAITING"
+                    and job.get("outstandingStep") == "review"
+                    and j not in approved
                 ]
                 if approve_all:
-                    for job_id in waiting:
-                        if job_id in approved:
-                            continue
+                    for n, job_id in enumerate(waiting, start=1):
                         node.catalog.execute(
                             "complete-step",
                             {
@@ -344,13 +666,18 @@ def run_demo(
                             },
                         )
                         approved.add(job_id)
+                        if n % _APPROVE_BATCH == 0:
+                            # Keep the bar moving while a long inbox is approved.
+                            show(tracker.refresh())
+                        if stop.is_set():
+                            break
                 elif waiting and not told and counts["QUEUED"] + counts["RUNNING"] == 0:
                     told = True
                     # soft_wrap: the command must stay one line to be copied and pasted.
-                    progress.console.print(
+                    reporter.print(
                         f"\n{len(waiting)} jobs are parked on the external 'review' step. "
-                        "Complete one with:\n\n  "
-                        + _complete_command(surfaces.http.url, waiting[0])
+                        f"Complete them in the dashboard ({url}/ui/inbox) or with:\n\n  "
+                        + _complete_command(url, waiting[0])
                         + "\n\nor rerun with --approve-all. This demo keeps serving until every "
                         "job finishes; Ctrl-C stops it (parked jobs stay WAITING).\n",
                         soft_wrap=True,
@@ -358,13 +685,20 @@ def run_demo(
                         markup=False,
                     )
                 if stop.wait(0.25):
-                    interrupted = True
                     break
                 if time.monotonic() - started > timeout_s:
                     timed_out = True
                     break
-        tracker.refresh()
-        result = summarize(tracker.jobs, time.monotonic() - started)
+            interrupted = stop.is_set()
+            counts = tracker.refresh()
+            reporter.update(
+                counts["COMPLETED"] + counts["FAILED"] + counts["DEAD"],
+                "  ".join(f"{k} {v}" for k, v in counts.items() if v),
+                final=True,
+            )
+        elapsed = time.monotonic() - started
+        first = first_step_times(node.contributions.first(JobInspector), job_ids)
+        result = summarize(tracker.jobs, elapsed, first)
         table = Table(title="demo summary", show_header=False)
         table.add_column("what")
         table.add_column("value", justify="right")
@@ -379,8 +713,17 @@ def run_demo(
         table.add_row("jobs per second", f"{result['jobs_per_s']:.2f}")
         table.add_row("p50 time to complete", f"{result['p50_s']:.2f} s")
         table.add_row("p95 time to complete", f"{result['p95_s']:.2f} s")
+        table.add_row("p50 queue wait", f"{result['queue_p50_s']:.2f} s")
+        table.add_row("p95 queue wait", f"{result['queue_p95_s']:.2f} s")
+        table.add_row("p50 run time", f"{result['run_p50_s']:.2f} s")
+        table.add_row("p95 run time", f"{result['run_p95_s']:.2f} s")
         table.add_row("wall time", f"{result['elapsed_s']:.2f} s")
         console.print(table)
+        console.print(
+            "queue wait: submit to the first step's checkpoint; run time: from there to "
+            "completion (the review's wait included)",
+            highlight=False,
+        )
         for job in tracker.jobs.values():
             if job.get("status") in ("FAILED", "DEAD"):
                 console.print(

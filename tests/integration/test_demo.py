@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
+import os
 import re
 import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from protomolt_jobs.host.demo import (
+    DEFAULT_PORT,
     collect_documents,
+    pick_port,
     run_demo,
     samples_dir,
     summarize,
@@ -102,7 +109,7 @@ def test_demo_without_approve_all_parks_and_prints_the_complete_step_command(tmp
     assert _summary(text)["still waiting"] == "1"
 
 
-def test_collect_documents_skips_what_the_parser_refuses(tmp_path):
+def test_collect_documents_reads_text_by_content(tmp_path):
     (tmp_path / "a.txt").write_text("hello")
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "b.md").write_text("# B")
@@ -110,22 +117,45 @@ def test_collect_documents_skips_what_the_parser_refuses(tmp_path):
     (tmp_path / "d.txt").write_bytes(b"bin\x00ary")
     (tmp_path / "e.md").write_bytes(b"x" * (1024 * 1024 + 1))
     (tmp_path / "f.txt").write_bytes("caf\u00e9".encode("latin-1"))
+    (tmp_path / "README").write_text("no extension, plain text")
+    (tmp_path / "changelog.gz").write_bytes(gzip.compress(b"version 1.0: first release"))
+    (tmp_path / "page.html").write_text(
+        "<!DOCTYPE html><html><head><title>T</title><style>p{}</style></head>"
+        "<body><h1>Heading</h1><p>Some <b>bold</b> text.</p><script>x()</script></body></html>"
+    )
     found = collect_documents(tmp_path)
-    assert [d.name for d in found.documents] == ["a.txt", "e.md", "f.txt", "sub/b.md"]
-    assert [d.mime_type for d in found.documents] == [
-        "text/plain",
-        "text/markdown",
-        "text/plain",
-        "text/markdown",
-    ]
-    assert [name for name, _ in found.skipped] == ["d.txt"]
+    names = [d.name for d in found.documents]
+    assert names == ["README", "a.txt", "changelog.gz", "e.md", "f.txt", "page.html", "sub/b.md"]
+    by_name = {d.name: d for d in found.documents}
+    assert by_name["sub/b.md"].mime_type == "text/markdown"
+    assert by_name["README"].mime_type == "text/plain"
+    assert by_name["changelog.gz"].text == "version 1.0: first release"
+    assert by_name["page.html"].text == "Heading\nSome bold text."
+    assert [name for name, _ in found.skipped] == ["c.bin", "d.txt"]
     assert found.truncated == ["e.md"]
-    assert len(found.documents[1].text.encode()) == 1024 * 1024
-    assert found.documents[2].text == "caf\ufffd"
+    assert len(by_name["e.md"].text.encode()) == 1024 * 1024
+    assert by_name["f.txt"].text == "caf\u00e9"
+    assert found.latin1 == ["f.txt"]
+    assert found.scanned == 9
+
+
+def test_a_latin1_file_is_submitted_with_a_warning(tmp_path, fresh_dsn, monkeypatch):
+    monkeypatch.setenv("PROTOMOLT_JOBS_DSN", fresh_dsn)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "menu").write_bytes("caf\u00e9 cr\u00e8me br\u00fbl\u00e9e".encode("latin-1"))
+    console = _console()
+    code = run_demo(
+        path=docs, approve_all=True, data_dir=tmp_path / "data", timeout_s=120, console=console
+    )
+    text = console.export_text()
+    assert code == 0, text
+    assert "menu is not UTF-8: read as Latin-1" in text
 
 
 def test_no_documents_is_exit_2(tmp_path):
-    (tmp_path / "x.bin").write_bytes(b"1")
+    (tmp_path / "x.bin").write_bytes(b"\x00\x01")
+    (tmp_path / "empty.txt").write_bytes(b"  \n")
     assert run_demo(path=tmp_path, data_dir=tmp_path / "data", console=_console()) == 2
 
 
@@ -146,3 +176,100 @@ def test_summarize_counts_and_percentiles():
     assert result["jobs_per_s"] == 2.0
     assert result["p50_s"] == pytest.approx(5.5)
     assert result["p95_s"] == pytest.approx(9.55)
+
+
+def _doc_files(dest: Path, n: int) -> int:
+    """Copy ``n`` files of /usr/share/doc (gzip'ed changelogs, copyright texts, no suffix)."""
+    dest.mkdir()
+    copied = 0
+    for src in sorted(Path("/usr/share/doc").glob("*/*")):
+        if copied == n:
+            break
+        if src.is_file() and not src.is_symlink() and src.stat().st_size < 256 * 1024:
+            shutil.copyfile(src, dest / f"{src.parent.name}-{src.name}")
+            copied += 1
+    for i, sample in enumerate(sorted(samples_dir().glob("*.*")) * n):
+        if copied >= n:
+            break
+        shutil.copyfile(sample, dest / f"sample-{i}{sample.suffix}")
+        copied += 1
+    return copied
+
+
+def test_demo_without_a_terminal_prints_progress_lines(tmp_path, fresh_dsn):
+    """``protomolt-jobs demo DIR --approve-all`` with its output in a pipe: plain progress
+    lines while it scans, submits and runs, then the summary with queue wait and run time."""
+    docs = tmp_path / "docs"
+    count = _doc_files(docs, 40)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROTOMOLT_")}
+    env["PROTOMOLT_JOBS_DSN"] = fresh_dsn
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "protomolt_jobs.host.cli",
+            "demo",
+            str(docs),
+            "--approve-all",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--http-port",
+            "0",
+            "--progress-interval",
+            "0",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    lines = out.splitlines()
+    submitting = [
+        int(m.group(1)) for m in map(re.compile(r"^submitting: (\d+)/").match, lines) if m
+    ]
+    running = [int(m.group(1)) for m in map(re.compile(r"^jobs: (\d+)/").match, lines) if m]
+    assert "scanning: started" in lines
+    # One line per submit, then the closing line.
+    assert submitting == [*range(1, count + 1), count]
+    # The run phase reported more than once, and moved.
+    assert len(running) >= 2 and running[-1] == count and min(running) < count
+    assert lines.index("submitting: started") < lines.index("jobs: started")
+    summary = _summary(out)
+    assert summary["completed"] == str(count)
+    assert "p50 queue wait" in summary and "p95 run time" in summary
+
+
+def test_demo_on_a_terminal_draws_moving_bars(tmp_path, fresh_dsn, monkeypatch):
+    monkeypatch.setenv("PROTOMOLT_JOBS_DSN", fresh_dsn)
+    docs = tmp_path / "docs"
+    count = _doc_files(docs, 40)
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=160, color_system=None)
+    code = run_demo(
+        path=docs,
+        approve_all=True,
+        data_dir=tmp_path / "data",
+        timeout_s=240,
+        console=console,
+        http_port=0,
+    )
+    out = buffer.getvalue()
+    assert code == 0, out
+    frames = re.findall(r"(submitting|jobs)\s+\S*\s+(\d+)/(\d+)", out)
+    submit = {int(done) for phase, done, _ in frames if phase == "submitting"}
+    run = {int(done) for phase, done, _ in frames if phase == "jobs"}
+    assert count in submit and count in run
+    assert len(run) >= 2, "the run's bar never moved"
+
+
+def test_the_demo_takes_port_8081_or_the_next_free_one():
+    with socket.socket() as busy:
+        try:
+            busy.bind(("127.0.0.1", DEFAULT_PORT))
+        except OSError:
+            pass  # already taken by someone else: the same case
+        busy.listen()
+        assert pick_port() > DEFAULT_PORT
