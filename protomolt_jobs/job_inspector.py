@@ -92,6 +92,31 @@ class JobInspector:
                 return step.method.output_type
         return None
 
+    def statuses(self, job_ids: list[str]) -> list[dict[str, Any]]:
+        """Job summaries (``jobId, workflowName, status, attempt, outstandingStep?, error?,
+        createdAt, updatedAt, completedAt?``) of ``job_ids``, read cheaply (no payloads).
+
+        :raises StoreError: the store is unavailable.
+        """
+        out = []
+        for row in self._open().job_statuses(job_ids):
+            doc: dict[str, Any] = {
+                "jobId": str(row["job_id"]),
+                "workflowName": row["workflow_name"],
+                "status": row["status"],
+                "attempt": row["attempt"],
+                "createdAt": row["created_at"].isoformat(),
+                "updatedAt": row["updated_at"].isoformat(),
+            }
+            if row["outstanding_step"]:
+                doc["outstandingStep"] = row["outstanding_step"]
+            if row["error"]:
+                doc["error"] = row["error"]
+            if row["completed_at"] is not None:
+                doc["completedAt"] = row["completed_at"].isoformat()
+            out.append(doc)
+        return out
+
     def events(self, job_id: str) -> list[JobEvent]:
         """The job's events (its outbox rows) in order, decoded.
 

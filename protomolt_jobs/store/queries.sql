@@ -803,3 +803,10 @@ SELECT count(*) AS n
           FROM workflow_run_events_outbox
          WHERE status = 'PENDING'
          LIMIT %(cap)s) AS pending
+
+-- name: job_statuses
+-- description: the status columns of the given jobs (no definition, input, checkpoints or result): cheap progress of many jobs.
+SELECT job_id, workflow_name, status, attempt, outstanding_step, error,
+       created_at, updated_at, completed_at
+  FROM workflow_run
+ WHERE job_id = ANY(%(job_ids)s::uuid[])

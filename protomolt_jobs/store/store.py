@@ -541,6 +541,22 @@ class JobStore:
         return [JobRecord.from_row(r) for r in rows]
 
     @_translated
+    def job_statuses(self, job_ids: list[uuid.UUID | str]) -> list[dict[str, Any]]:
+        """The status columns of ``job_ids`` (absent ids are left out), for progress displays.
+
+        SQL: ``job_statuses`` (``WHERE job_id = ANY(...)``, the primary key). Transaction: one,
+        read only. No definition, input, checkpoints or result are read.
+
+        :returns: rows with ``job_id, workflow_name, status, attempt, outstanding_step, error,
+            created_at, updated_at, completed_at``.
+        :raises ValueError: an id is not a UUID.
+        :raises StoreError: on a database failure.
+        """
+        keys = [_uuid("job_id", j) for j in job_ids]
+        with self._connection() as conn:
+            return _rows(conn, "job_statuses", {"job_ids": keys})
+
+    @_translated
     @_read_retried_once
     def metrics_counts(self) -> tuple[dict[str, int], int]:
         """Runs per status and the number of PENDING outbox rows (for ``/metrics``).
