@@ -604,7 +604,7 @@ def run_demo(
         console.print(f"data dir: {config.data_dir}")
         console.print(f"actions route: {surfaces.actions_url}")
         console.print(f"dashboard: {url}/ui/   metrics: {url}/metrics")
-        if surfaces.http.port != DEFAULT_PORT:
+        if http_port is None and surfaces.http.port != DEFAULT_PORT:
             console.print(
                 f"port {DEFAULT_PORT} is busy: use --url {url} with the protomolt-jobs commands"
             )
