@@ -264,8 +264,15 @@ def test_graceful_stop_releases_what_outlives_the_grace_and_gives_back_the_attem
     assert row.attempt == 0, "a graceful release gives the attempt back"
     assert row.lease_owner is None
     assert [c["name"] for c in row.checkpoints] == ["tokenize"]
-    # the released segment's embed call returns later; it must write nothing
-    time.sleep(3.5)
+    # the released segment's embed call returns later (its loop thread then ends); it must
+    # write nothing
+    wait_for(
+        lambda: not any(
+            t.name.startswith("protomolt-jobs-claim-loop") and t.is_alive()
+            for t in threading.enumerate()
+        ),
+        timeout_s=15,
+    )
     row = store.job_get(job.job_id)
     assert row.status == "QUEUED" and [c["name"] for c in row.checkpoints] == ["tokenize"]
     # another worker resumes at embed and completes with attempt 1
