@@ -247,3 +247,26 @@ def test_unknown_crash_point_is_refused():
 def test_row_dataclass_shape_is_what_the_relay_reads():
     names = {f.name for f in dataclasses.fields(OutboxRow)}
     assert {"event_id", "seq", "payload", "kafka_key", "attempts", "event_type"} <= names
+
+
+def test_raw_wire_publishes_the_stored_payload():
+    rows = [_row(1)]
+    store, producer = FakeStore(rows), FakeProducer()
+    relay = _relay(store, producer, events_wire="raw")
+    assert relay.run_once() == 1
+    assert producer.sent == [("workflow-run-events", rows[0].kafka_key, rows[0].payload)]
+
+
+def test_an_unreachable_schema_registry_is_the_lanes_fault():
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rows = [_row(1), _row(2)]
+    store, producer = FakeStore(rows), FakeProducer()
+    relay = _relay(store, producer, schema_registry_url=f"http://127.0.0.1:{port}")
+    assert relay.run_once() == 0
+    # Nothing published, nothing recorded against the events: they are claimed again later.
+    assert producer.sent == [] and store.published == [] and store.failed == []
+    assert relay.lane_trouble
