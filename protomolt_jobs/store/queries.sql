@@ -810,3 +810,15 @@ SELECT job_id, workflow_name, status, attempt, outstanding_step, error,
        created_at, updated_at, completed_at
   FROM workflow_run
  WHERE job_id = ANY(%(job_ids)s::uuid[])
+
+-- name: job_compensate
+-- description: fenced (status CANCELLED, attempt, the step not yet checkpointed): append a compensation step's entry to a cancelled graph run (graph workflows, #16).
+UPDATE workflow_run
+   SET checkpoints = checkpoints || jsonb_build_array(%(entry)s::jsonb),
+       updated_at = now(),
+       change_kind = 'compensate',
+       change_actor = 'worker:' || %(owner)s,
+       change_step = %(step)s
+ WHERE job_id = %(job_id)s AND status = 'CANCELLED' AND attempt = %(attempt)s
+   AND NOT checkpoints @> jsonb_build_array(jsonb_build_object('name', %(step)s::text))
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now

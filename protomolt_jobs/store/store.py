@@ -732,6 +732,29 @@ class JobStore:
             )
 
     @_translated
+    def job_compensate(self, lease: Lease, entry: dict[str, Any]) -> None:
+        """Append a compensation step's entry to a run an operator cancelled (graph workflows:
+        the steps that undo succeeded steps run after the cancel was applied), with its
+        STEP_CHECKPOINT event (``detail.status`` CANCELLED).
+
+        SQL: ``UPDATE ... SET checkpoints = checkpoints || [entry]`` fenced on status
+        CANCELLED, the lease's attempt and no entry of that step yet (the cancel cleared the
+        lease, so owner and token cannot fence it), recorded in the history as ``compensate``;
+        then one outbox row. Transaction: one.
+
+        :raises LeaseLost: when the fence matches no row (not cancelled at this attempt, or the
+            step already has its entry): nothing changed, no event.
+        :raises TypeError: when ``entry`` is not a JSON object.
+        :raises ValueError: when ``entry`` has no non-blank ``name`` or cannot be JSON.
+        :raises StoreError: on a database failure.
+        """
+        step = scrub_text(_entry_name(entry))
+        entry_json = _jsonb("entry", entry, dict)
+        with self._connection() as conn, conn.transaction():
+            row = _fenced(conn, "job_compensate", lease, {"entry": entry_json, "step": step})
+            self._outbox_txn(conn, row, EventType.TYPE_STEP_CHECKPOINT, step=step)
+
+    @_translated
     def job_park(self, lease: Lease, step: str) -> str:
         """Park the job on an external step, with its WAITING event.
 

@@ -214,9 +214,49 @@ class SegmentExecutor:
                 # The stop's release pass may have run before this job was tracked.
                 self.release(guard)
                 return Settlement.ABANDONED
-            return self._execute(job, guard, ctx)
+            settled = self._execute(job, guard, ctx)
         finally:
             self._heartbeat.untrack(guard)
+        if settled is Settlement.CONTROLLED and guard.status == "CANCELLED":
+            self._compensate_cancelled(job, guard, ctx)
+        return settled
+
+    def _compensate_cancelled(self, job: Any, guard: LeaseGuard, ctx: dict[str, Any]) -> None:
+        """A graph run an operator cancelled: run the compensation steps of its succeeded
+        steps (reverse completion order), each stored with ``job_compensate``. Best effort
+        after the fact: the run is CANCELLED already and holds no lease, so a failure here is
+        logged and the remaining compensations are not retried by anyone (docs/workflows.md).
+        """
+        from protomolt_jobs.workflow import next_target
+        from protomolt_jobs.workflow.graph_run import run_compensation
+
+        try:
+            workflow, message, _, _ = self._read_row(job, next_target)
+            if not workflow.graph or not workflow.compensations:
+                return
+            row = self._store.job_get(job.job_id)
+            if row is None or row.status != "CANCELLED":
+                return
+            ran = run_compensation(
+                workflow,
+                message,
+                row.checkpoints or [],
+                lambda entry: self._store.job_compensate(guard.lease, entry),
+                runtime=self._runtime,
+                call_permit=lambda t: self._permits.held(t),
+            )
+        except Exception as exc:  # the job is settled; nothing here may crash the loop
+            log.warning(
+                "compensating the cancelled job failed",
+                exc_info=True,
+                extra={"action": "compensation_failed", "error": str(exc), **ctx},
+            )
+            return
+        if ran:
+            log.info(
+                "cancelled job compensated",
+                extra={"action": "job_compensated", "steps": ran, **ctx},
+            )
 
     def release(self, guard: LeaseGuard) -> bool:
         """Graceful stop: give the guard's job back to QUEUED (``job_release``, which also

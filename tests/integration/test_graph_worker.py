@@ -417,3 +417,39 @@ def test_per_target_permits_bound_a_graphs_parallel_calls(store, fresh_dsn, serv
     (b,), (c,) = services.spans("b"), services.spans("c")
     assert not _overlap(b, c), "two calls to one target ran at once under a permit of 1"
     assert services.max_in_flight("Run") == 1
+
+
+def test_a_cancelled_graph_run_compensates_once(store, fresh_dsn, services):
+    import threading
+
+    t = services.target
+    wf = graph(
+        [
+            step("reserve", t, compensate="release"),
+            step("slow", t, sleep_ms=1500, after=["reserve"]),
+            step("ship", t, after=["slow"]),
+            step("release", t, reads=["reserve"]),
+        ]
+    )
+    job = enqueue(store, wf, {"text": "x"})
+    worker = Worker(store, runtime=Runtime(), config=jobs_config(fresh_dsn), dsn=fresh_dsn)
+    runner = threading.Thread(target=worker.run_once)
+    try:
+        runner.start()
+        wait_for(lambda: services.step_calls("slow") == 1, timeout_s=20)
+        assert [cp["name"] for cp in store.job_get(job.job_id).checkpoints] == ["reserve"]
+        assert store.job_cancel(job.job_id, actor="test", reason="no longer needed").changed
+        runner.join(30)
+        assert not runner.is_alive()
+    finally:
+        worker.stop()
+    row = store.job_get(job.job_id)
+    assert row.status == "CANCELLED"
+    # the step in flight is kept (the cancel applies at its checkpoint); nothing after it runs
+    assert [cp["name"] for cp in row.checkpoints] == ["reserve", "slow", "release"]
+    assert row.checkpoints[-1]["response"]["seen"] == ["reserve", "release"]
+    assert services.step_calls("release") == 1
+    assert services.step_calls("ship") == 0
+    kinds = event_types(store, job.job_id)
+    assert kinds.count(("CANCELLED", "slow")) + kinds.count(("CANCELLED", "")) == 1
+    assert kinds[-1] == ("STEP_CHECKPOINT", "release")
