@@ -306,6 +306,10 @@ def report_from_checkpoints(
         sentence = f"{sentence}; the run ended {status}: {error}"
     out = report(state, status == "COMPLETED", sentence)
     out["status"] = status
+    if status == "CANCELLED":
+        for entry in out["steps"]:
+            if entry["status"] == "not run":
+                entry["reason"] = "cancelled"
     return out
 
 

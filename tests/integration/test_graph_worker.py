@@ -453,3 +453,7 @@ def test_a_cancelled_graph_run_compensates_once(store, fresh_dsn, services):
     kinds = event_types(store, job.job_id)
     assert kinds.count(("CANCELLED", "slow")) + kinds.count(("CANCELLED", "")) == 1
     assert kinds[-1] == ("STEP_CHECKPOINT", "release")
+    report = _get_job(store, job.job_id)["report"]
+    by = {s["name"]: s for s in report["steps"]}
+    assert by["ship"] == {"name": "ship", "status": "not run", "reason": "cancelled"}
+    assert by["release"]["status"] == "succeeded"
