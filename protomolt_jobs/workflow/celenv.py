@@ -170,19 +170,22 @@ class Program:
         """cel-cpp over plain values; ``_NO_ANSWER`` when it cannot answer exactly as
         cel-python would (an error, a value kind it does not take or give back)."""
         names = tuple(activation)
-        expr = self._fast.get(names, _NO_ANSWER)
-        if expr is _NO_ANSWER:
-            assert self.text is not None  # only called when there is a text (see evaluate)
-            expr = _cx_compile(self.text, names, strings=self._functions is not None)
-            self._fast[names] = expr
-        if expr is None:
+        entry = self._fast.get(names, _NO_ANSWER)
+        if entry is _NO_ANSWER:
+            # Only the names the text mentions are declared and converted: a gate's
+            # activation carries the input and every earlier step, validation adds ``now``.
+            used = tuple(n for n in names if re.search(rf"\b{re.escape(n)}\b", self.text))
+            expr = _cx_compile(self.text, used, strings=self._functions is not None)
+            entry = None if expr is None else (expr, used)
+            self._fast[names] = entry
+        if entry is None:
             return _NO_ANSWER
+        expr, used = entry
         try:
-            data = {k: _plain(v) for k, v in activation.items()}
+            data = {n: _plain(activation[n]) for n in used}
         except _Unrepresentable:
             return _NO_ANSWER
-        result = expr.eval(data=data)
-        return _from_cx(result)
+        return _from_cx(expr.eval(data=data))
 
     def _interpreter(self) -> celpy.Runner:
         runner = self._interpreted

@@ -189,3 +189,15 @@ def test_the_realistic_rules_take_the_fast_path():
     prog = celenv.program("size(this.title) > 0 || size(this.body) > 0")
     prog.evaluate({"this": celenv.to_cel({"title": "t", "body": ""})})
     assert prog._fast[("this",)] is not None
+
+
+def test_names_the_text_does_not_mention_do_not_keep_it_off_the_fast_path():
+    # Validation binds ``now`` (a timestamp cel-cpp is not given); a rule that does not read
+    # it still runs on cel-cpp, and one that does goes to cel-python.
+    this = celenv.to_cel({"score": 3})
+    now = celtypes.TimestampType("2026-01-01T00:00:00Z")
+    fast = celenv.program("this.score >= 0")
+    assert fast._evaluate_fast({"this": this, "now": now}) == celtypes.BoolType(True)
+    slow = celenv.program("now > timestamp('2025-01-01T00:00:00Z') && this.score >= 0")
+    assert slow._evaluate_fast({"this": this, "now": now}) is celenv._NO_ANSWER
+    assert slow.evaluate({"this": this, "now": now}) == celtypes.BoolType(True)
