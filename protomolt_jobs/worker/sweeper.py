@@ -8,6 +8,9 @@ decision is the store's, in database time: ``lease_until < now()`` and RUNNING; 
 whose ``attempt >= max_attempts`` goes DEAD (a job that crashes its worker every attempt
 must end), otherwise back to QUEUED, resuming from its checkpoints on the next claim.
 
+Each pass also ends live runs past their whole-run deadline (``budget.deadline``, stamped at
+submit as ``deadline_at``): ``JobStore.job_budget_sweep``, FAILED with the budget named.
+
 Several sweepers (one per process) are safe: the store's sweep locks the rows it changes.
 """
 
