@@ -186,11 +186,23 @@ _SPEC = re.compile(r"%(?:%|(\.\d+)?([sdfeExXob]))")
 
 def _format_one(spec: str, precision: str | None, arg: Any) -> str:
     if spec == "s":
+        if arg is None:
+            return "null"
         if isinstance(arg, celtypes.BoolType | bool):
             return "true" if arg else "false"
+        if isinstance(arg, float):
+            x = float(arg)  # a plain float: celtypes refuse mixed comparisons
+            if math.isfinite(x) and x.is_integer():
+                # Whole doubles print without a fraction, as upstream's %s does.
+                return str(int(x)) if abs(x) < 2.0**63 else f"{x:.0e}".replace("e+0", "e+")
+            return repr(x)
+        if isinstance(arg, bytes):
+            return arg.decode("utf-8", "replace")
         if isinstance(arg, list | tuple):
             return "[" + ", ".join(_format_one("s", None, a) for a in arg) + "]"
         return str(arg)
+    if arg is None:
+        raise CELEvalError(f"format: no argument for %{spec}")
     if spec == "d":
         return str(int(arg))
     if spec in "fFeE":
@@ -217,9 +229,7 @@ def cel_format(template: Any, args: Any) -> celtypes.StringType:
         nonlocal position
         if m.group(0) == "%%":
             return "%"
-        if position >= len(values):
-            raise CELEvalError(f"format: not enough arguments for {text!r}")
-        value = values[position]
+        value = values[position] if position < len(values) else None
         position += 1
         return _format_one(m.group(2), m.group(1), value)
 

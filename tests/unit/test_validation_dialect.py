@@ -966,3 +966,25 @@ def test_a_blank_expression_is_skipped_and_a_bad_one_refused(tmp_path):
     assert validate_message(a(s="anything")) == []
     with pytest.raises(RuleError, match="this \\+\\+"):
         compile_rules(p.FindMessageTypeByName("blank.v1.B"))
+
+
+def test_format_directives_as_upstream_renders_them():
+    from celpy import celtypes
+
+    from protomolt_jobs.workflow.validation_cel import cel_format
+
+    args = celtypes.ListType(
+        [
+            celtypes.DoubleType(5.0),
+            celtypes.DoubleType(2.5),
+            celtypes.IntType(3),
+            celtypes.DoubleType(1.234),
+            celtypes.StringType("hi"),
+            celtypes.IntType(5),
+            celtypes.BoolType(True),
+        ]
+    )
+    text = celtypes.StringType("%s|%s|%d|%.2f|%x|%b|%q|%s|%s|%%")
+    # A whole double prints without a fraction; an unknown verb is copied and takes no
+    # argument; a missing argument is null.
+    assert cel_format(text, args) == "5|2.5|3|1.23|6869|101|%q|true|null|%"
