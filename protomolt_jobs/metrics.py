@@ -144,9 +144,11 @@ class StoreCollector:
                 gauge = GaugeMetricFamily(
                     "protomolt_jobs_runs", "Runs by status and queue.", labels=["status", "queue"]
                 )
-                for status in sorted(set(_STATUSES) | set(runs)):
-                    # One queue until queues exist in the row.
-                    gauge.add_metric([status, "default"], float(runs.get(status, 0)))
+                # Every status of the default queue is exported (0 when none), so the usual
+                # series do not come and go; other queues appear once they hold runs.
+                keys = {(s, "default") for s in _STATUSES} | set(runs)
+                for status, queue in sorted(keys):
+                    gauge.add_metric([status, queue], float(runs.get((status, queue), 0)))
                 yield gauge
                 yield GaugeMetricFamily(
                     "protomolt_jobs_outbox_pending",

@@ -236,7 +236,7 @@ class _StoreView:
     def __init__(self, mount: JobsMount) -> None:
         self._mount = mount
 
-    def metrics_counts(self) -> tuple[dict[str, int], int]:
+    def metrics_counts(self) -> tuple[dict[tuple[str, str], int], int]:
         store = self._mount.store
         if store is None:
             raise StoreError("the jobs store is not open")

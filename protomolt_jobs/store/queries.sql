@@ -751,12 +751,12 @@ RETURNING id
 -- ---------------------------------------------------------------------------------------------
 
 -- name: metrics_run_counts
--- description: runs per status (index idx_workflow_run_status_run_after), and the outbox rows still PENDING, in one read.
-SELECT 'run' AS kind, status, count(*) AS n
+-- description: runs per status and queue, and the outbox rows still PENDING, in one read.
+SELECT 'run' AS kind, status, queue, count(*) AS n
   FROM workflow_run
- GROUP BY status
+ GROUP BY status, queue
 UNION ALL
-SELECT 'outbox' AS kind, 'PENDING' AS status, count(*) AS n
+SELECT 'outbox' AS kind, 'PENDING' AS status, NULL AS queue, count(*) AS n
   FROM workflow_run_events_outbox
  WHERE status = 'PENDING'
 

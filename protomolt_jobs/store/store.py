@@ -558,17 +558,17 @@ class JobStore:
 
     @_translated
     @_read_retried_once
-    def metrics_counts(self) -> tuple[dict[str, int], int]:
-        """Runs per status and the number of PENDING outbox rows (for ``/metrics``).
+    def metrics_counts(self) -> tuple[dict[tuple[str, str], int], int]:
+        """Runs per status and queue, and the number of PENDING outbox rows (``/metrics``).
 
         SQL: ``metrics_run_counts`` (two counts, one statement). Transaction: one, read only.
 
-        :returns: ``({status: runs}, outbox_pending)``; statuses without runs are absent.
+        :returns: ``({(status, queue): runs}, outbox_pending)``; pairs without runs are absent.
         :raises StoreError: on a database failure.
         """
         with self._connection() as conn:
             rows = _rows(conn, "metrics_run_counts", {})
-        runs = {r["status"]: int(r["n"]) for r in rows if r["kind"] == "run"}
+        runs = {(r["status"], r["queue"]): int(r["n"]) for r in rows if r["kind"] == "run"}
         pending = sum(int(r["n"]) for r in rows if r["kind"] == "outbox")
         return runs, pending
 

@@ -224,6 +224,18 @@ def test_dashboard_in_a_real_browser(tmp_path, fresh_dsn, browser):
             _text_becomes(browser, "#job-status", "COMPLETED", timeout_s=60)
             _text_becomes(browser, "#job-verdict", "3 steps")
             wait_for(lambda: _waiting(url) == JOBS - 1, timeout_s=30)
+            # The transition history is on the page.
+            _text_becomes(browser, "#history", "COMPLETED")
+
+            # An operator action from its button: cancel a parked job, with a reason.
+            browser.get(f"{url}/ui/inbox")
+            _click(browser, "#inbox tr.job-row a.job-link")
+            _find(browser, "#action-cancel-job")
+            form = browser.find_element(By.ID, "action-cancel-job").find_element(By.XPATH, "..")
+            form.find_element(By.NAME, "reason").send_keys("not needed")
+            browser.find_element(By.ID, "action-cancel-job").click()
+            _text_becomes(browser, "#job-status", "CANCELLED", timeout_s=30)
+            _text_becomes(browser, "#history", "not needed")
         finally:
             surfaces.close()
 

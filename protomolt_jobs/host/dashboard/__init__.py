@@ -55,7 +55,7 @@ PAGE_SIZE = 50
 REFRESH_S = 3
 STATUSES = ("QUEUED", "RUNNING", "WAITING", "COMPLETED", "FAILED", "DEAD")
 #: Operator verbs shown as buttons on a job page when the catalog serves them.
-OPERATOR_VERBS = ("cancel-job", "pause-job", "resume-job", "requeue-job")
+OPERATOR_VERBS = ("cancel-job", "pause-job", "resume-job", "requeue-job", "retry-step")
 
 _HERE = Path(__file__).parent
 _env = jinja2.Environment(
@@ -186,7 +186,7 @@ class Dashboard:
             page = _env.get_template(name)
         except jinja2.TemplateNotFound:
             page = _env.get_template(template)
-        verbs = {a.get("name") for a in self.catalog.manifest() if isinstance(a, dict)}
+        verbs = self._verbs()
         html = page.render(
             prefix=PREFIX,
             refresh_s=REFRESH_S,
@@ -195,6 +195,9 @@ class Dashboard:
             **ctx,
         )
         return HTMLResponse(html, status_code=status)
+
+    def _verbs(self) -> set[str]:
+        return {a.get("name") for a in self.catalog.manifest() if isinstance(a, dict)}
 
     @staticmethod
     async def _form(request: Request) -> dict[str, str]:
@@ -208,6 +211,7 @@ class Dashboard:
         q = request.query_params
         status = q.get("status", "")
         workflow = q.get("workflow", "").strip()
+        queue = q.get("queue", "").strip()
         after = q.get("after", "").strip()
         try:
             page = max(int(q.get("page", "1")), 1)
@@ -218,6 +222,8 @@ class Dashboard:
             envelope["status"] = status
         if workflow:
             envelope["workflowName"] = workflow
+        if queue:
+            envelope["queue"] = queue
         answer, error = await self._verb("list-jobs", envelope)
         jobs = list(answer.get("jobs", []))
         more = len(jobs) > PAGE_SIZE
@@ -235,9 +241,9 @@ class Dashboard:
             except ValueError:
                 error = f"invalid-input: 'after' must be a date and time like 2026-01-31T12:00; got {after!r}"
         counts = None
-        if page == 1 and not status and not workflow and not after:
+        if page == 1 and not status and not workflow and not queue and not after:
             counts = await self._counts()
-        filters = {"status": status, "workflow": workflow, "after": after}
+        filters = {"status": status, "workflow": workflow, "queue": queue, "after": after}
         base = {k: v for k, v in filters.items() if v}
         return self._render(
             request,
@@ -271,7 +277,7 @@ class Dashboard:
                 extra={"action": "dashboard_counts_failed"},
             )
             return None
-        return {s: runs.get(s, 0) for s in STATUSES}
+        return {s: sum(n for (status, _), n in runs.items() if status == s) for s in STATUSES}
 
     async def inbox(self, request: Request) -> Response:
         """``GET /ui/inbox``: the WAITING jobs."""
@@ -324,6 +330,11 @@ class Dashboard:
                 state = "pending"
             timeline.append({"name": name, "state": state})
         events = await self._inspect("events", job_id) or []
+        history: dict[str, Any] = {}
+        if "job-history" in self._verbs():
+            history, history_error = await self._verb("job-history", {"jobId": job_id})
+            if history_error:
+                history = {"integrity": history_error}
         fields: list[dict[str, Any]] = []
         answer_type = ""
         if job["status"] == "WAITING" and job.get("outstandingStep"):
@@ -346,6 +357,8 @@ class Dashboard:
             form=form or {},
             answer_type=answer_type,
             operator_verbs=OPERATOR_VERBS,
+            history=history,
+            step_names=names or list(done),
         )
 
     async def complete(self, request: Request) -> Response:
@@ -378,6 +391,8 @@ class Dashboard:
         envelope: dict[str, Any] = {"jobId": job_id}
         if form.get("reason", "").strip():
             envelope["reason"] = form["reason"].strip()
+        if verb == "retry-step":
+            envelope["stepName"] = form.get("stepName", "")
         answer, error = await self._verb(verb, envelope)
         if error or not answer.get("ok"):
             return await self.job(
