@@ -92,8 +92,8 @@ class JobsConfig:
     connect_timeout_seconds: float = 2.0
     #: The pruner deletes PUBLISHED outbox rows older than this, seconds (7 days; 0: never).
     outbox_retention_seconds: float = 7 * 86_400.0
-    #: The pruner deletes terminal runs (COMPLETED, FAILED, DEAD) finished longer ago than
-    #: this, with their outbox rows, seconds (30 days; 0: never).
+    #: The pruner deletes terminal runs (COMPLETED, FAILED, DEAD, CANCELLED) finished longer
+    #: ago than this, seconds (30 days; 0: never).
     run_retention_seconds: float = 30 * 86_400.0
     #: How often the pruner runs a pass, seconds.
     prune_interval_seconds: float = 60.0

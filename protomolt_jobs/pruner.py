@@ -5,11 +5,12 @@ Two deletions, each in small batches (one short autocommit statement per batch, 
 long), oldest first, in database time:
 
 - PUBLISHED outbox rows published more than ``outbox_retention_seconds`` ago;
-- terminal runs (COMPLETED, FAILED, DEAD) completed more than ``run_retention_seconds`` ago.
+- terminal runs (COMPLETED, FAILED, DEAD, CANCELLED) completed more than
+  ``run_retention_seconds`` ago (their transition log goes with them, ``ON DELETE CASCADE``).
 
 Never deleted, and the queries say so in their ``WHERE`` clauses: a PENDING or FAILED outbox
-row (an event not yet published, or the outbox's dead letter), and a QUEUED, RUNNING or WAITING
-run. A retention of 0 turns that deletion off. Several pruners (one per process) are safe:
+row (an event not yet published, or the outbox's dead letter), and a QUEUED, RUNNING, WAITING
+or PAUSED run. A retention of 0 turns that deletion off. Several pruners (one per process) are safe:
 they skip each other's locked rows.
 
 Without a broker (``jobs.kafka_bootstrap`` unset) nothing publishes, so PENDING rows only
@@ -54,7 +55,7 @@ class Pruner(PeriodicService):
     a warning and the pass is retried after a backoff).
 
     :param store: the job store (``outbox_prune_published``, ``job_prune_terminal``,
-        ``outbox_pending_count``).
+        ``job_prune_cancelled``, ``outbox_pending_count``).
     :param config: ``JobsConfig`` (``outbox_retention_seconds``, ``run_retention_seconds``,
         ``prune_interval_seconds``, ``kafka_bootstrap``, ``worker_id``; validated there).
     :param batch_rows: rows per statement (> 0).
@@ -96,6 +97,7 @@ class Pruner(PeriodicService):
             outbox_rows = self._drain(self._store.outbox_prune_published, self.outbox_retention_s)
         if self.run_retention_s > 0:
             runs = self._drain(self._store.job_prune_terminal, self.run_retention_s)
+            runs += self._drain(self._store.job_prune_cancelled, self.run_retention_s)
         if outbox_rows or runs:
             self.log.info(
                 "pruned %d published outbox rows and %d finished runs",

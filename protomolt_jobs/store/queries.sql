@@ -822,3 +822,19 @@ UPDATE workflow_run
  WHERE job_id = %(job_id)s AND status = 'CANCELLED' AND attempt = %(attempt)s
    AND NOT checkpoints @> jsonb_build_array(jsonb_build_object('name', %(step)s::text))
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+
+-- name: job_prune_cancelled
+-- description: delete up to %(limit)s CANCELLED runs cancelled more than %(retention_s)s seconds ago (oldest first, SKIP LOCKED; index idx_workflow_run_status_run_after); never a live or PAUSED run.
+WITH doomed AS (
+    SELECT job_id
+      FROM workflow_run
+     WHERE status = 'CANCELLED'
+       AND completed_at < now() - make_interval(secs => %(retention_s)s)
+     ORDER BY completed_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM workflow_run AS r
+ USING doomed AS d
+ WHERE r.job_id = d.job_id
+   AND r.status = 'CANCELLED'

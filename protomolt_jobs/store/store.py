@@ -1555,6 +1555,26 @@ class JobStore:
             return cur.rowcount
 
     @_translated
+    def job_prune_cancelled(self, retention_s: float, limit: int = PRUNE_BATCH_DEFAULT) -> int:
+        """Delete one batch of CANCELLED runs cancelled more than ``retention_s`` seconds ago,
+        oldest first (a query of its own: migration 0004's partial index predates the status,
+        and cancelled runs are few). SQL: ``job_prune_cancelled``; its ``WHERE`` re-checks
+        ``status = 'CANCELLED'`` under the row lock (a PAUSED run is never deleted); the
+        run's transition log goes with it (``ON DELETE CASCADE``). Transaction: one statement.
+
+        :returns: runs deleted.
+        :raises ValueError: for a non-positive retention or limit.
+        :raises StoreError: on a database failure.
+        """
+        _positive_seconds("retention_s", retention_s)
+        _positive_int("limit", limit)
+        with self._connection() as conn:
+            cur = _execute(
+                conn, "job_prune_cancelled", {"retention_s": retention_s, "limit": limit}
+            )
+            return cur.rowcount
+
+    @_translated
     @_read_retried_once
     def outbox_pending_count(self, cap: int) -> int:
         """PENDING outbox rows, counted up to ``cap`` (a bounded read however large the

@@ -169,6 +169,17 @@ def test_retention_zero_deletes_nothing_and_a_pending_backlog_without_a_broker_w
             fresh_dsn,
             "UPDATE workflow_run SET status = 'COMPLETED', completed_at = now() - interval '400 days'",
         )
+        cancelled, paused = str(uuid.uuid4()), str(uuid.uuid4())
+        for job_id, status in ((cancelled, "CANCELLED"), (paused, "PAUSED")):
+            _sql(
+                fresh_dsn,
+                "INSERT INTO workflow_run (job_id, workflow_name, workflow_definition, input, "
+                "status, paused_from, completed_at, updated_at) VALUES (%s, 'old', '{}', '{}', "
+                "%s, CASE WHEN %s = 'PAUSED' THEN 'QUEUED' END, "
+                "CASE WHEN %s = 'CANCELLED' THEN now() - interval '400 days' END, "
+                "now() - interval '400 days')",
+                (job_id, status, status, status),
+            )
         _sql(
             fresh_dsn,
             "UPDATE workflow_run_events_outbox SET status = 'PUBLISHED', "
@@ -184,6 +195,7 @@ def test_retention_zero_deletes_nothing_and_a_pending_backlog_without_a_broker_w
         ]
         assert len(warned) == 1
         assert store.job_get(job.job_id) is not None
+        assert _sql(fresh_dsn, "SELECT count(*) FROM workflow_run")[0][0] == 3
         assert _sql(fresh_dsn, "SELECT count(*) FROM workflow_run_events_outbox")[0][0] == (
             PENDING_WARN_ROWS + 5 + 1
         )
@@ -193,7 +205,10 @@ def test_retention_zero_deletes_nothing_and_a_pending_backlog_without_a_broker_w
             config=JobsConfig(dsn=fresh_dsn, outbox_retention_seconds=60, run_retention_seconds=60),
         )
         result = on.run_once()
-        assert (result.runs, result.outbox_rows) == (1, 1)
+        assert (result.runs, result.outbox_rows) == (2, 1)  # the COMPLETED and CANCELLED runs
+        assert _sql(fresh_dsn, "SELECT job_id::text, status FROM workflow_run") == [
+            (paused, "PAUSED")
+        ]
         assert _sql(
             fresh_dsn, "SELECT status, count(*) FROM workflow_run_events_outbox GROUP BY 1"
         ) == [("PENDING", PENDING_WARN_ROWS + 5)]
