@@ -62,6 +62,7 @@ from typing import Any
 import grpc
 
 from protomolt_jobs import crashpoints
+from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import ControlApplied, LeaseLost, ProtomoltJobsError, StoreError
 from protomolt_jobs.worker.budget import BudgetExceeded, CostMeter
 from protomolt_jobs.worker.heartbeat import Heartbeat, LeaseGuard
@@ -169,7 +170,7 @@ class SegmentExecutor:
         store: Any,
         *,
         runtime: Any,
-        config: Any,
+        config: JobsConfig,
         permits: TargetPermits,
         heartbeat: Heartbeat,
         draining: threading.Event,

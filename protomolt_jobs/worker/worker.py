@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from protomolt_jobs import metrics, tracing
+from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import StoreError
 from protomolt_jobs.service import ServiceHealth, ServiceState
 from protomolt_jobs.worker.claim import ClaimLoop, Doorbell, Listener, Poller
@@ -60,7 +61,7 @@ class Worker:
 
     name = "worker"
 
-    def __init__(self, store: Any, *, runtime: Any, config: Any, dsn: str) -> None:
+    def __init__(self, store: Any, *, runtime: Any, config: JobsConfig, dsn: str) -> None:
         if not dsn:
             raise ValueError("the worker needs jobs.dsn for its LISTEN connection")
         self._store = store

@@ -174,8 +174,10 @@ class Program:
         if entry is _NO_ANSWER:
             # Only the names the text mentions are declared and converted: a gate's
             # activation carries the input and every earlier step, validation adds ``now``.
-            used = tuple(n for n in names if re.search(rf"\b{re.escape(n)}\b", self.text))
-            expr = _cx_compile(self.text, used, strings=self._functions is not None)
+            text = self.text
+            assert text is not None  # only called when there is a text (see evaluate)
+            used = tuple(n for n in names if re.search(rf"\b{re.escape(n)}\b", text))
+            expr = _cx_compile(text, used, strings=self._functions is not None)
             entry = None if expr is None else (expr, used)
             self._fast[names] = entry
         if entry is None:

@@ -267,9 +267,11 @@ def test_graceful_stop_releases_what_outlives_the_grace_and_gives_back_the_attem
     # the released segment's embed call returns later (its loop thread then ends); it must
     # write nothing
     wait_for(
-        lambda: not any(
-            t.name.startswith("protomolt-jobs-claim-loop") and t.is_alive()
-            for t in threading.enumerate()
+        lambda: (
+            not any(
+                t.name.startswith("protomolt-jobs-claim-loop") and t.is_alive()
+                for t in threading.enumerate()
+            )
         ),
         timeout_s=15,
     )
