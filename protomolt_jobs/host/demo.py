@@ -67,11 +67,11 @@ _MAX_GZIP_BYTES = 4 * _MAX_BYTES
 PLAIN, MARKDOWN = "text/plain", "text/markdown"
 #: The demo's HTTP port when it is free (else the next free one): the CLI's default --url.
 DEFAULT_PORT = 8081
-#: complete-step calls between two progress updates while approving.
-_APPROVE_BATCH = 25
+#: complete-step calls (made by :data:`_SUBMITTERS` threads) between two progress updates.
+_APPROVE_BATCH = 100
 #: Jobs whose events are read to split the time to complete (evenly sampled).
 _SPLIT_SAMPLE = 1000
-#: Threads submitting documents.
+#: Threads submitting documents and approving reviews.
 _SUBMITTERS = 8
 
 
@@ -589,6 +589,7 @@ def run_demo(
     services = None
     surfaces = None
     repository = None
+    approvers: Any = None
     try:
         try:
             services = DemoServices().start()
@@ -628,6 +629,21 @@ def run_demo(
 
         inspector = node.contributions.first(JobInspector)
         tracker = _Tracker(node.catalog, set(), inspector)
+
+        def approve(job_id: str) -> None:
+            node.catalog.execute(
+                "complete-step",
+                {
+                    "jobId": job_id,
+                    "stepName": "review",
+                    "response": {
+                        "approved": True,
+                        "note": "approved by protomolt-jobs demo --approve-all",
+                    },
+                },
+            )
+
+        approvers = ThreadPoolExecutor(max_workers=_SUBMITTERS, thread_name_prefix="demo-approve")
         approved: set[str] = set()
         told = False
         interrupted = timed_out = False
@@ -673,24 +689,15 @@ def run_demo(
                     and j not in approved
                 ]
                 if approve_all:
-                    for n, job_id in enumerate(waiting, start=1):
-                        node.catalog.execute(
-                            "complete-step",
-                            {
-                                "jobId": job_id,
-                                "stepName": "review",
-                                "response": {
-                                    "approved": True,
-                                    "note": "approved by protomolt-jobs demo --approve-all",
-                                },
-                            },
-                        )
-                        approved.add(job_id)
-                        if n % _APPROVE_BATCH == 0:
-                            # Keep the bar moving while a long inbox is approved.
-                            show(tracker.refresh())
+                    for i in range(0, len(waiting), _APPROVE_BATCH):
+                        batch = waiting[i : i + _APPROVE_BATCH]
+                        list(approvers.map(approve, batch))
+                        approved.update(batch)
                         if stop.is_set():
                             break
+                        if i + _APPROVE_BATCH < len(waiting):
+                            # Keep the bar moving while a long inbox is approved.
+                            show(tracker.refresh())
                 elif waiting and not told and counts["QUEUED"] + counts["RUNNING"] == 0:
                     told = True
                     # soft_wrap: the command must stay one line to be copied and pasted.
@@ -756,6 +763,8 @@ def run_demo(
         ok = result["completed"] == result["total"]
         return 0 if ok else 1
     finally:
+        if approvers is not None:
+            approvers.shutdown(wait=True, cancel_futures=True)
         if repository is not None and hasattr(repository, "remove"):
             # The demo's workflow names this run's services on ephemeral ports: left in the
             # registry, a later `serve` would offer a workflow that can only fail.
