@@ -109,10 +109,10 @@ class StoreCollector:
         self._cache_s = cache_s
         self._lock = threading.Lock()
         self._read_at = -1e18
-        self._counts: tuple[dict[str, int], int] | None = None
+        self._counts: tuple[dict[tuple[str, str], int], int] | None = None
         self._store_up = False
 
-    def _read(self) -> tuple[dict[str, int], int] | None:
+    def _read(self) -> tuple[dict[tuple[str, str], int], int] | None:
         with self._lock:
             now = time.monotonic()
             if now - self._read_at >= self._cache_s:

@@ -197,7 +197,7 @@ class Dashboard:
         return HTMLResponse(html, status_code=status)
 
     def _verbs(self) -> set[str]:
-        return {a.get("name") for a in self.catalog.manifest() if isinstance(a, dict)}
+        return {str(a.get("name")) for a in self.catalog.manifest() if isinstance(a, dict)}
 
     @staticmethod
     async def _form(request: Request) -> dict[str, str]:
