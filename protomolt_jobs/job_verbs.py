@@ -1022,11 +1022,38 @@ class RequeueJobAction(_ControlVerb):
         :raises InvalidInput: a malformed field.
         """
         store, job_id, reason = self._begin(input)
-        outcome = store.job_requeue(job_id, actor=_actor(), reason=reason)
+        _, submitter = self.backend.require()
+        kept = _graph_requeue_checkpoints(store.job_get(job_id), submitter)
+        outcome = store.job_requeue(job_id, actor=_actor(), reason=reason, checkpoints=kept)
         self._log(job_id, outcome.status, reason)
         if outcome.changed:
             return {"ok": True, "status": "QUEUED"}
         return _refused(job_id, outcome.status, "only a DEAD or FAILED job can be requeued")
+
+
+def _graph_requeue_checkpoints(job: Any, submitter: Any) -> list[dict[str, Any]] | None:
+    """For a DEAD or FAILED graph run: the checkpoints a requeue keeps
+    (``graph.requeue_checkpoints``: a graph's failed entries are final on replay, so keeping
+    them would fail the run again at once); None for anything else (checkpoints kept as
+    they are)."""
+    runtime = getattr(submitter, "runtime", None)
+    if (
+        job is None
+        or job.status not in ("DEAD", "FAILED")
+        or runtime is None
+        or not isinstance(job.workflow_definition, dict)
+    ):
+        return None
+    from protomolt_jobs.workflow import WorkflowParseError, parse_workflow
+    from protomolt_jobs.workflow.graph import requeue_checkpoints
+
+    try:
+        workflow = parse_workflow(job.workflow_definition, runtime)
+    except (WorkflowParseError, RecursionError):
+        return None
+    if not workflow.graph:
+        return None
+    return requeue_checkpoints(workflow, job.checkpoints or [])
 
 
 class RetryStepAction(_ControlVerb):

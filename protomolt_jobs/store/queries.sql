@@ -595,9 +595,10 @@ UPDATE workflow_run
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
 -- name: job_control_requeue
--- description: requeue: DEAD or FAILED -> QUEUED now, attempt 0, checkpoints kept, error cleared (the history keeps it).
+-- description: requeue: DEAD or FAILED -> QUEUED now, attempt 0, checkpoints kept (or replaced by %(checkpoints)s when given: a graph run drops its failed entries), error cleared (the history keeps it).
 UPDATE workflow_run
    SET status = 'QUEUED',
+       checkpoints = coalesce(%(checkpoints)s::jsonb, checkpoints),
        attempt = 0,
        run_after = now(),
        error = NULL,

@@ -1195,16 +1195,27 @@ class JobStore:
 
     @_translated
     def job_requeue(
-        self, job_id: uuid.UUID | str, *, actor: str, reason: str | None = None
+        self,
+        job_id: uuid.UUID | str,
+        *,
+        actor: str,
+        reason: str | None = None,
+        checkpoints: list[dict[str, Any]] | None = None,
     ) -> ControlOutcome:
         """Requeue a DEAD or FAILED job: QUEUED now, attempt 0, checkpoints kept, ``error``
         cleared from the row (the history keeps it); a REQUEUED event and NOTIFY.
 
+        :param checkpoints: when given, stored instead of the row's (a graph run keeps only
+            ``graph.requeue_checkpoints``: its failed entries are final on replay).
         :returns: ``changed`` (QUEUED), or not ``changed`` with the current status.
         :raises ValueError: malformed id or blank actor.
+        :raises TypeError: when ``checkpoints`` is not a list.
         :raises StoreError: on a database failure.
         """
-        return self._control(job_id, "job_control_requeue", actor, reason)
+        extra = {
+            "checkpoints": None if checkpoints is None else _jsonb("checkpoints", checkpoints, list)
+        }
+        return self._control(job_id, "job_control_requeue", actor, reason, extra)
 
     @_translated
     def job_retry_step(
@@ -1321,12 +1332,17 @@ class JobStore:
         return History(transitions, first_bad)
 
     def _control(
-        self, job_id: uuid.UUID | str, query: str, actor: str, reason: str | None
+        self,
+        job_id: uuid.UUID | str,
+        query: str,
+        actor: str,
+        reason: str | None,
+        extra: dict[str, Any] | None = None,
     ) -> ControlOutcome:
         key = _uuid("job_id", job_id)
         _text("actor", actor)
         reason = scrub_text(reason) if reason else None
-        params = {"job_id": key, "actor": scrub_text(actor), "reason": reason}
+        params = {"job_id": key, "actor": scrub_text(actor), "reason": reason, **(extra or {})}
         with self._connection() as conn, conn.transaction():
             row = _one(conn, query, params)
             if row is not None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import grpc
 import pytest
 
 from protomolt_jobs.store import JobStore
@@ -457,3 +458,46 @@ def test_a_cancelled_graph_run_compensates_once(store, fresh_dsn, services):
     by = {s["name"]: s for s in report["steps"]}
     assert by["ship"] == {"name": "ship", "status": "not run", "reason": "cancelled"}
     assert by["release"]["status"] == "succeeded"
+
+
+def test_requeue_of_a_failed_graph_run_calls_the_failed_step_again(store, fresh_dsn, services):
+    from protomolt_jobs.job_verbs import JobsBackend, RequeueJobAction
+    from protomolt_jobs.submitter import Submitter
+
+    t = services.target
+    failures = {"b": 1}
+
+    def flaky(request, context):
+        if failures.get(request.step, 0) > 0:
+            failures[request.step] -= 1
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "not yet")
+        return services._do_run(request, context)
+
+    services.set_handler("Run", flaky)
+    wf = graph(
+        [
+            step("a", t),
+            step("b", t, after=["a"]),
+            step("c", t, after=["a"]),
+            step("d", t, after=["b", "c"]),
+        ]
+    )
+    job = enqueue(store, wf, {"text": "x"})
+    _run_one(store, fresh_dsn)
+    row = store.job_get(job.job_id)
+    assert row.status == "FAILED"
+    assert "failed" in next(cp for cp in row.checkpoints if cp["name"] == "b")
+
+    backend = JobsBackend(configured=True)
+    backend.bind(store, Submitter(store, None, Runtime(), 3))
+    assert RequeueJobAction(backend).execute({"jobId": str(job.job_id)}) == {
+        "ok": True,
+        "status": "QUEUED",
+    }
+    assert sorted(cp["name"] for cp in store.job_get(job.job_id).checkpoints) == ["a", "c"]
+    _run_one(store, fresh_dsn)
+    row = store.job_get(job.job_id)
+    assert row.status == "COMPLETED", row.error
+    assert [cp["name"] for cp in row.checkpoints][-2:] == ["b", "d"]
+    # a, b (failed), c; then b and d only
+    assert [services.step_calls(n) for n in "abcd"] == [1, 2, 1, 1]
