@@ -14,7 +14,8 @@ on every evaluation (0.25-2 ms). A :class:`Program` answers in three tiers, fast
    values in ~5-10 microseconds. It answers only where it cannot differ from cel-python: the
    activation holds strings, ints, bools, bytes, lists and maps (no doubles, uints or times),
    the text has no double or uint literal or conversion (cel-cpp compares an int with a
-   double, which cel-python 0.5 refuses), and the result is a value (an error, a timestamp
+   double, which cel-python 0.5 refuses), no ``matches`` (RE2 against Python's ``re``) and
+   no time functions, and the result is a value (an error, a timestamp
    or a type goes to the next tier). ``tests/unit/test_celenv.py`` checks its answers
    against the interpreter's on generated activations.
 2. **cel-python's transpiled code** (the ``CompiledRunner``'s Python, 4-7x faster than the
@@ -229,15 +230,20 @@ class _Unrepresentable(ProtomoltJobsError):
     """An activation value cel-cpp would read differently from cel-python (uint, time)."""
 
 
-#: Double or uint literals and conversions: with them an expression can mix number kinds,
-#: which cel-cpp answers (CEL's heterogeneous numbers) and cel-python 0.5 refuses.
-_MIXED_NUMBERS = re.compile(r"\d\.\d|\.\d|\d[eE][+-]?\d|\d[uU]\b|\b(?:double|uint)\s*\(")
+#: Texts cel-cpp could answer differently from cel-python 0.5: double or uint literals and
+#: conversions (cel-cpp compares an int with a double, which cel-python refuses), regular
+#: expressions (RE2 against Python's ``re``: ``\\d``, ``$`` before a newline), and time
+#: (time zones, ``getHours()`` and friends).
+_DIVERGENT = re.compile(
+    r"\d\.\d|\.\d|\d[eE][+-]?\d|\d[uU]\b|\b(?:double|uint|timestamp|duration)\s*\("
+    r"|\bmatches\s*\(|\.get[A-Z]\w*\s*\("
+)
 
 
 def _cx_compile(text: str, names: tuple[str, ...], *, strings: bool) -> Any:
     """The cel-cpp program of ``text`` with ``names`` declared dynamic; None when cel-cpp
     refuses it or could answer differently (cel-python then answers, with its messages)."""
-    if _MIXED_NUMBERS.search(text):
+    if _DIVERGENT.search(text):
         return None
     key = (names, strings)
     env = _cx_envs.get(key)
