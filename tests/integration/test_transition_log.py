@@ -172,3 +172,17 @@ def test_a_pause_request_turns_a_retry_into_paused(store):
     resumed = store.job_resume(job.job_id, actor="bob")
     assert (resumed.changed, resumed.status) == (True, "QUEUED")
     assert store.job_get(job.job_id).attempt == 0
+
+
+def test_the_sweeper_settles_a_dead_workers_pending_cancel(store, fresh_dsn):
+    job = claimed_job(store, worker_id="gone")
+    store.job_checkpoint(job.lease, {"name": "first", "skipped": False, "response": {}})
+    assert store.job_cancel(job.job_id, actor="alice").status == "RUNNING"
+    _sql(fresh_dsn, "UPDATE workflow_run SET lease_until = now() - interval '1 s'")
+    result = store.job_sweep_expired()
+    assert (result.requeued, result.dead) == (0, 0)
+    row = store.job_get(job.job_id)
+    assert row.status == "CANCELLED" and [c["name"] for c in row.checkpoints] == ["first"]
+    assert event_types(store, job.job_id)[-1] == ("CANCELLED", "")
+    last = store.job_history(job.job_id).transitions[-1]
+    assert (last.kind, last.actor, last.prev_status) == ("cancel", "alice", "RUNNING")
