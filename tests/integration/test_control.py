@@ -431,3 +431,24 @@ def test_a_job_waiting_for_its_permit_stops_within_a_heartbeat(verbs, services, 
     last = store.job_history(second).transitions[-1]
     assert (last.kind, last.actor, last.prev_status) == ("cancel", "alice", "RUNNING")
     wait_for(lambda: _status(verbs, first) == "COMPLETED" or None, timeout_s=20)
+
+
+def test_retry_step_in_a_graph_reruns_the_step_and_its_dependants_only(verbs, services, worker):
+    """Diamond a -> (b || c) -> d: retrying b re-runs b and d; a and c are not called again."""
+    from tests.support.graphs import diamond
+
+    answer = verbs(
+        "submit-workflow",
+        {"workflow": diamond(services.target, sleep_ms=10), "input": {"text": "x"}},
+    )
+    job_id = answer["jobId"]
+    worker()
+    wait_for(lambda: _status(verbs, job_id) == "COMPLETED" or None, timeout_s=20)
+    calls = {s: services.step_calls(s) for s in "abcd"}
+    assert calls == {"a": 1, "b": 1, "c": 1, "d": 1}
+    retried = verbs("retry-step", {"jobId": job_id, "stepName": "b"})
+    assert retried == {"ok": True, "status": "QUEUED", "dropped": ["b", "d"]}
+    wait_for(lambda: _status(verbs, job_id) == "COMPLETED" or None, timeout_s=20)
+    assert {s: services.step_calls(s) for s in "abcd"} == {"a": 1, "b": 2, "c": 1, "d": 2}
+    report = verbs("get-job", {"jobId": job_id})["job"]["report"]
+    assert "criterion" in report and report["operatorActions"][0]["kind"] == "retry-step"
