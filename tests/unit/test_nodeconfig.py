@@ -178,3 +178,34 @@ def test_mounted_role_without_a_table_still_gets_overrides():
     assert cfg.section("parse-text") == {"limit": "5"}
     assert cfg.section("parse") == {"limit": "6"}
     assert cfg.section("other") == {}
+
+
+def test_metrics_public_and_otlp_endpoint(tmp_path):
+    cfg = NodeConfig.load(None, environ={"PROTOMOLT_ROLES": "registry"})
+    assert cfg.metrics_public is False and cfg.otlp_endpoint is None
+    path = write(
+        tmp_path,
+        '[node]\nroles = ["registry"]\nmetrics_public = true\notlp_endpoint = "http://c:4317"\n',
+    )
+    cfg = NodeConfig.load(path, environ={})
+    assert cfg.metrics_public is True and cfg.otlp_endpoint == "http://c:4317"
+    env = {
+        "PROTOMOLT_ROLES": "registry",
+        "PROTOMOLT_NODE_METRICS_PUBLIC": "false",
+        "PROTOMOLT_NODE_OTLP_ENDPOINT": " ",
+    }
+    cfg = NodeConfig.load(path, environ=env)
+    assert cfg.metrics_public is False and cfg.otlp_endpoint is None
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("METRICS_PUBLIC", "maybe", "node.metrics_public .* must be true or false"),
+        ("OTLP_ENDPOINT", "collector:4317", "node.otlp_endpoint .* http:// or https:// URL"),
+    ],
+)
+def test_bad_metrics_public_or_otlp_endpoint_names_the_key(key, value, expected):
+    env = {"PROTOMOLT_ROLES": "registry", f"PROTOMOLT_NODE_{key}": value}
+    with pytest.raises(ConfigError, match=expected):
+        NodeConfig.load(None, environ=env)
