@@ -701,7 +701,8 @@ def scale(
     try:
         for rows in sizes:
             with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute("TRUNCATE workflow_run, workflow_run_events_outbox")
+                # CASCADE: the transition log (0002) references the runs.
+                conn.execute("TRUNCATE workflow_run, workflow_run_events_outbox CASCADE")
                 t = time.monotonic()
                 conn.execute(
                     _TERMINAL_ROWS,
