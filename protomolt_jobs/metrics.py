@@ -45,7 +45,9 @@ __all__ = [
     "STEP_SECONDS",
     "STORE_CACHE_S",
     "StoreCollector",
+    "count_settled",
     "exposition",
+    "observe_step",
 ]
 
 log = logging.getLogger("protomolt_jobs.metrics")
@@ -86,6 +88,27 @@ RELAY_PUBLISHED = Counter(
 
 for _outcome in ("completed", "parked", "retried", "dead", "failed", "abandoned", "unsettled"):
     SETTLED.labels(_outcome)  # exported at 0 from the start
+
+# Labelled children, cached: ``labels()`` costs more than the observation itself, and the
+# label sets are few (a method and an outcome; an outcome).
+_step_children: dict[tuple[str, str], Any] = {}
+_settled_children: dict[str, Any] = {}
+
+
+def observe_step(method: str, outcome: str, seconds: float) -> None:
+    """Record one step call in :data:`STEP_SECONDS`."""
+    child = _step_children.get((method, outcome))
+    if child is None:
+        child = _step_children.setdefault((method, outcome), STEP_SECONDS.labels(method, outcome))
+    child.observe(seconds)
+
+
+def count_settled(outcome: str) -> None:
+    """Count one settlement in :data:`SETTLED`."""
+    child = _settled_children.get(outcome)
+    if child is None:
+        child = _settled_children.setdefault(outcome, SETTLED.labels(outcome))
+    child.inc()
 
 
 class StoreCollector:

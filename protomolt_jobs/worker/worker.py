@@ -290,5 +290,5 @@ class Worker:
                 span.set_attribute("protomolt.settlement", settlement.value)
         else:
             settlement = self.executor.execute(job)
-        metrics.SETTLED.labels(settlement.value).inc()
+        metrics.count_settled(settlement.value)
         return settlement

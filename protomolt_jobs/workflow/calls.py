@@ -175,9 +175,7 @@ def _invoke(
             code=code,
         ) from exc
     finally:
-        metrics.STEP_SECONDS.labels(step.full_method, outcome).observe(
-            time.perf_counter() - started
-        )
+        metrics.observe_step(step.full_method, outcome, time.perf_counter() - started)
 
 
 def _serialize(msg: Message) -> bytes:
