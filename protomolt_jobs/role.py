@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from google.protobuf import descriptor_pb2
@@ -60,6 +61,14 @@ class JobsModule:
 
     role = ROLE
     requires = frozenset({"registry"})
+
+    def check_settings(self, settings: Mapping[str, Any]) -> None:
+        """Early validation of the ``[jobs]`` table (the host calls it when it loads the node
+        configuration, before anything starts).
+
+        :raises ConfigError: naming the key and the expected form.
+        """
+        JobsConfig.from_mapping(settings)
 
     def wire(self, ctx: WireContext) -> JobsMount:
         """Contribute the six actions; open nothing.

@@ -15,10 +15,12 @@ expected form. ``docs/configuration.md`` lists every key.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import tomllib
 from collections.abc import Mapping
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,8 @@ from protomolt_jobs.config import ConfigError, JobsConfig
 __all__ = ["DEFAULT_DATA_DIR", "DEFAULT_ROLES", "ENV_PREFIX", "ConfigError", "NodeConfig"]
 
 #: Prefix of every override variable.
+log = logging.getLogger("protomolt_jobs.nodeconfig")
+
 ENV_PREFIX = "PROTOMOLT_"
 #: Roles a node mounts when neither the file nor ``PROTOMOLT_ROLES`` names any.
 DEFAULT_ROLES: tuple[str, ...] = ("registry", "parse", "jobs")
@@ -166,9 +170,28 @@ class NodeConfig:
             source=source,
             _sections={k: v for k, v in sections.items() if k != "node"},
         )
-        if "jobs" in roles:
-            config.jobs_config()  # demanded only when mounted; raises ConfigError
+        config._check_roles()  # demanded only for mounted roles; raises ConfigError
         return config
+
+    def _check_roles(self) -> None:
+        """Let each mounted role check its own table now (``check_settings(settings)`` on its
+        role module, when it has one), so a bad section fails before anything starts. The
+        host knows no role's keys; the role names the key in its ``ConfigError``."""
+        checks = _role_checks()
+        for role in self.roles:
+            check = checks.get(role)
+            if check is None:
+                continue
+            try:
+                check(self.section(role))
+            except ConfigError as exc:
+                origins = [
+                    origin
+                    for key, (_v, origin) in self._sections.get(role, {}).items()
+                    if f"{role}.{key}" in str(exc)
+                ]
+                suffix = f" (from {', '.join(origins)})" if origins else ""
+                raise ConfigError(f"{exc}{suffix}") from None
 
     # ------------------------------------------------------------------ reading
 
@@ -199,10 +222,30 @@ class NodeConfig:
             raise ConfigError(f"{exc}{suffix}") from None
 
 
+def _role_checks() -> dict[str, Any]:
+    """``role -> check_settings`` of every installed role module that has one (entry points
+    ``protomolt.roles``). A plugin that fails to load is skipped here: the composer reports it
+    when the node mounts that role."""
+    checks: dict[str, Any] = {}
+    for ep in metadata.entry_points(group="protomolt.roles"):
+        try:
+            factory = getattr(ep.load(), "protomolt_role_module", None)
+            module = factory() if callable(factory) else None
+        except Exception as exc:  # noqa: BLE001 - a broken plugin: the composer names it when mounted
+            log.debug("role plugin %s not checked early: %s", ep.name, exc)
+            continue
+        check = getattr(module, "check_settings", None)
+        role = getattr(module, "role", None)
+        if callable(check) and isinstance(role, str):
+            checks[role] = check
+    return checks
+
+
 def _apply_environment(
     sections: dict[str, dict[str, tuple[Any, str]]], environ: Mapping[str, str]
 ) -> None:
-    """Apply aliases and ``PROTOMOLT_NODE_*`` / ``PROTOMOLT_JOBS_*`` variables."""
+    """Apply aliases and ``PROTOMOLT_NODE_*`` variables (the roles' own variables follow in
+    :func:`_apply_role_environment`, once the node's roles are known)."""
     # Aliases first, so the canonical variable (applied after) wins when both are set.
     for var, (section, key) in _ALIASES.items():
         if var in environ:
@@ -210,10 +253,9 @@ def _apply_environment(
     for var, value in environ.items():
         if var in _ALIASES:
             continue
-        for section in ("node", "jobs"):
-            prefix = f"{ENV_PREFIX}{section.upper()}_"
-            if var.startswith(prefix) and len(var) > len(prefix):
-                sections.setdefault(section, {})[var[len(prefix) :].lower()] = (value, var)
+        prefix = f"{ENV_PREFIX}NODE_"
+        if var.startswith(prefix) and len(var) > len(prefix):
+            sections.setdefault("node", {})[var[len(prefix) :].lower()] = (value, var)
 
 
 def _apply_role_environment(
@@ -221,12 +263,12 @@ def _apply_role_environment(
     environ: Mapping[str, str],
     roles: list[str],
 ) -> None:
-    """Apply ``PROTOMOLT_<ROLE>_<KEY>`` for the other roles: those the node mounts and those
-    with a table in the file. The longest matching role name wins (``parse-text`` over
+    """Apply ``PROTOMOLT_<ROLE>_<KEY>`` for every role, the same way for each (the host knows
+    no role's keys): those the node mounts and those with a table in the file. The longest matching role name wins (``parse-text`` over
     ``parse``); variables naming no such role are left alone (test fixtures and other tools
     share the prefix)."""
     names = sorted(
-        ({*sections, *roles} - {"node", "jobs"}),
+        ({*sections, *roles} - {"node"}),
         key=len,
         reverse=True,
     )
