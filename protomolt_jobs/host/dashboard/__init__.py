@@ -63,6 +63,8 @@ _env = jinja2.Environment(
     autoescape=jinja2.select_autoescape(["html"]),
 )
 _env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
+# "2026-12-01T15:55:32.919918Z" -> "2026-12-01 15:55:32" (UTC, as every time on the pages).
+_env.filters["when"] = lambda value: (str(value or "")[:19]).replace("T", " ")
 
 
 def is_public(path: str) -> bool:
