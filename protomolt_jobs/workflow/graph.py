@@ -360,20 +360,37 @@ def ancestors(workflow: CompiledWorkflow) -> dict[str, frozenset[str]]:
     by_name = {s.name: s for s in workflow.steps}
     memo: dict[str, frozenset[str]] = {}
 
-    def walk(name: str, stack: frozenset[str]) -> frozenset[str]:
-        if name in memo:
-            return memo[name]
-        step = by_name.get(name)
-        if step is None or name in stack:
-            return frozenset()
-        out: set[str] = set()
-        for d in step.depends:
-            out.add(d.step)
-            out |= walk(d.step, stack | {name})
-        memo[name] = frozenset(out)
-        return memo[name]
+    def walk(root: str) -> frozenset[str]:
+        # Iterative depth-first post-order: a chain of thousands of steps must not hit the
+        # interpreter's recursion limit (a RecursionError reached submit-workflow as a 500).
+        # A step met again while it is still open closes a cycle and contributes nothing
+        # more (the cycle finding reports it).
+        if root in memo:
+            return memo[root]
+        open_: set[str] = set()
+        stack: list[tuple[str, int]] = [(root, 0)]
+        open_.add(root)
+        while stack:
+            name, i = stack[-1]
+            step = by_name.get(name)
+            deps = step.depends if step is not None else ()
+            if i < len(deps):
+                stack[-1] = (name, i + 1)
+                nxt = deps[i].step
+                if nxt not in memo and nxt not in open_ and nxt in by_name:
+                    open_.add(nxt)
+                    stack.append((nxt, 0))
+                continue
+            out: set[str] = set()
+            for d in deps:
+                out.add(d.step)
+                out |= memo.get(d.step, frozenset())
+            memo[name] = frozenset(out)
+            open_.discard(name)
+            stack.pop()
+        return memo[root]
 
-    result = {s.name: walk(s.name, frozenset()) for s in workflow.steps}
+    result = {s.name: walk(s.name) for s in workflow.steps}
     for s in workflow.steps:
         if s.compensate and s.compensate in by_name:
             result[s.compensate] = frozenset({s.name}) | result.get(s.name, frozenset())
@@ -417,20 +434,32 @@ def _cycles(workflow: CompiledWorkflow, known: set[str]) -> list[list[str]]:
     found: list[list[str]] = []
     seen: set[frozenset[str]] = set()
 
-    def dfs(node: str) -> None:
-        color[node] = 1
-        path.append(node)
-        for nxt in succ[node]:
-            if color.get(nxt) == 1:
-                cycle = path[path.index(nxt) :] + [nxt]
-                key = frozenset(cycle)
-                if key not in seen:
-                    seen.add(key)
-                    found.append(cycle)
-            elif color.get(nxt) is None:
-                dfs(nxt)
-        path.pop()
-        color[node] = 2
+    def dfs(root: str) -> None:
+        # Iterative (a long chain must not hit the recursion limit): ``path`` is the open
+        # chain from ``root``, each frame remembers which successor it tries next.
+        color[root] = 1
+        path.append(root)
+        frames: list[tuple[str, int]] = [(root, 0)]
+        while frames:
+            node, i = frames[-1]
+            nexts = succ[node]
+            if i < len(nexts):
+                frames[-1] = (node, i + 1)
+                nxt = nexts[i]
+                if color.get(nxt) == 1:
+                    cycle = path[path.index(nxt) :] + [nxt]
+                    key = frozenset(cycle)
+                    if key not in seen:
+                        seen.add(key)
+                        found.append(cycle)
+                elif color.get(nxt) is None:
+                    color[nxt] = 1
+                    path.append(nxt)
+                    frames.append((nxt, 0))
+                continue
+            frames.pop()
+            path.pop()
+            color[node] = 2
 
     for name in succ:
         if color.get(name) is None:

@@ -375,3 +375,19 @@ def test_check_workflow_refuses_each_naming_the_step(runtime, wf, finding):
     assert answer["ok"] is False
     assert answer["findings"] == [finding]
     assert "simulation" not in answer
+
+
+@pytest.mark.parametrize("n", [3000])
+def test_a_long_chain_verifies_without_hitting_the_recursion_limit(runtime, n):
+    # A chain deeper than Python's recursion limit reached submit-workflow as a 500
+    # (RecursionError in the cycle search and in the ancestors walk).
+    chain = [step("s0", T, after=[])] + [
+        step(f"s{i}", T, after=[f"s{i - 1}"], reads=[f"s{i - 1}"]) for i in range(1, n)
+    ]
+    assert _findings(graph(chain), runtime) == []
+    ring = [step(f"s{i}", T, after=[f"s{(i - 1) % n}"]) for i in range(n)]
+    found = _findings(graph(ring), runtime)
+    assert len(found) == 1 and found[0][:2] == ("s0", "graph")
+    assert found[0][2].startswith("cycle: s0 -> s1 -> s2 -> ") and found[0][2].endswith(
+        f"s{n - 1} -> s0"
+    )
