@@ -253,6 +253,18 @@ def test_dashboard_pages_answer_without_a_browser(tmp_path, fresh_dsn):
         assert status == 404 and b"invalid-input" in body
         status, body, _ = http("GET", f"{url}/ui/", headers={"Cookie": "protomolt_token=nope"})
         assert status in (200, 303) and (status == 303 or b"login-form" in body)
+        # A form posted by another site's page is refused, whatever the cookie.
+        status, body, _ = http(
+            "POST",
+            f"{url}/ui/jobs/00000000-0000-0000-0000-000000000001/action/cancel-job",
+            raw=b"reason=x",
+            headers={
+                "Cookie": f"protomolt_token={TOKEN}",
+                "Origin": "http://evil.example",
+                "Content-Type": "application/x-www-form-urlencoded",
+            },
+        )
+        assert status == 403 and b"permission-denied" in body
         # The API stays JSON: a verb without the token is a 401 envelope, not a redirect.
         status, body, _ = http("GET", f"{url}/protomolt/actions")
         assert status == 401 and body["error"] == "unauthenticated"

@@ -202,6 +202,27 @@ class Dashboard:
         return {str(a.get("name")) for a in self.catalog.manifest() if isinstance(a, dict)}
 
     @staticmethod
+    def _cross_site(request: Request) -> bool:
+        """True for a form post another site's page made (its ``Origin`` names another host).
+
+        The token cookie is ``SameSite=Strict``, but a node without a token has no cookie to
+        withhold: the origin check keeps a foreign page from pressing the buttons.
+        """
+        origin = request.headers.get("origin")
+        if not origin or origin == "null":
+            return origin == "null"
+        return urllib.parse.urlsplit(origin).netloc != request.headers.get("host", "")
+
+    def _refused(self, request: Request) -> Response:
+        return self._render(
+            request,
+            "login.html",
+            status=403,
+            title="Refused",
+            error="permission-denied: a form of another site cannot act on this node",
+        )
+
+    @staticmethod
     async def _form(request: Request) -> dict[str, str]:
         body = (await request.body()).decode("utf-8", errors="replace")
         return {k: v[-1] for k, v in urllib.parse.parse_qs(body, keep_blank_values=True).items()}
@@ -365,6 +386,8 @@ class Dashboard:
 
     async def complete(self, request: Request) -> Response:
         """``POST /ui/jobs/{id}/complete``: complete-step from the generated form."""
+        if self._cross_site(request):
+            return self._refused(request)
         job_id = request.path_params["job_id"]
         form = await self._form(request)
         step = form.get("stepName", "")
@@ -385,6 +408,8 @@ class Dashboard:
 
     async def action(self, request: Request) -> Response:
         """``POST /ui/jobs/{id}/action/{verb}``: an operator verb (only those listed)."""
+        if self._cross_site(request):
+            return self._refused(request)
         job_id = request.path_params["job_id"]
         verb = request.path_params["verb"]
         if verb not in OPERATOR_VERBS:
@@ -408,6 +433,8 @@ class Dashboard:
 
     async def login(self, request: Request) -> Response:
         """``POST /ui/login``: check the token, keep it in a cookie."""
+        if self._cross_site(request):
+            return self._refused(request)
         form = await self._form(request)
         token = form.get("token", "").strip()
         if self.api_token and not hmac.compare_digest(token.encode(), self.api_token.encode()):
