@@ -341,3 +341,45 @@ def test_a_misspelt_input_field_is_an_invalid_input_reject_naming_it(
     assert reason.startswith("invalid-input: 'input' is not valid proto3 JSON for ")
     assert '"txt"' in reason
     assert store.job_get(bad) is None
+
+
+# ---------------------------------------------------------------- Confluent framing, malformed
+# Every wrongly framed record is a reject row naming what is wrong, its offset is committed,
+# and the next record (framed with a schema id of a registry, or raw) is still processed.
+
+
+def test_wrongly_framed_records_are_rejects_and_the_next_records_run(
+    fresh_dsn, store, broker, topic, consumer
+):
+    from protomolt_jobs.framing import frame
+
+    body = request(str(uuid.uuid4()))
+    bad = [
+        (b"\x00", "a Confluent frame needs at least 6 bytes; got 1"),
+        (b"\x00\x00\x00\x00\x01", "a Confluent frame needs at least 6 bytes; got 5"),
+        (b"\x00\x00\x00\x00\x01\x80", "truncated varint"),
+        (frame(body, index_path=[0]), "names message index path [0]"),
+        (frame(body, index_path=[2]), "names message index path [2]"),
+        (frame(body, index_path=[1, 0]), "names message index path [1, 0]"),
+        (b"\x00\x00\x00\x00\x00\x7f" + body, "not plausible"),
+        (b"\x01\x00\x00\x00\x07\x02\x02" + body, "undecodable: not a WorkflowRunRequest"),
+        (frame(body[:-3], index_path=[1]), "undecodable: not a WorkflowRunRequest"),
+        (b"", "invalid-request"),
+    ]
+    for value, _ in bad:
+        produce(broker.bootstrap, topic, value, key="k")
+    framed, raw = str(uuid.uuid4()), str(uuid.uuid4())
+    produce(broker.bootstrap, topic, frame(request(framed), schema_id=77, index_path=[1]), key="k")
+    produce(broker.bootstrap, topic, request(raw), key="k")
+    outcomes = drain(consumer, len(bad) + 2)
+    assert [o for o, _, _ in outcomes] == ["rejected"] * len(bad) + ["submitted", "submitted"]
+    rejects = rows(
+        fresh_dsn, 'SELECT "offset", raw, reason FROM workflow_run_rejects ORDER BY "offset"'
+    )
+    assert [o for o, _, _ in rejects] == list(range(len(bad)))
+    for (_, stored, reason), (value, expected) in zip(rejects, bad, strict=True):
+        assert bytes(stored or b"") == value
+        assert expected in reason, reason
+    assert store.job_get(framed).status == "QUEUED"
+    assert store.job_get(raw).status == "QUEUED"
+    assert committed(broker.bootstrap, topic) == {outcomes[0][1]: len(bad) + 2}
