@@ -501,3 +501,76 @@ def test_requeue_of_a_failed_graph_run_calls_the_failed_step_again(store, fresh_
     assert [cp["name"] for cp in row.checkpoints][-2:] == ["b", "d"]
     # a, b (failed), c; then b and d only
     assert [services.step_calls(n) for n in "abcd"] == [1, 2, 1, 1]
+
+
+def test_sigkill_while_compensating_resumes_the_rest_once(store, fresh_dsn, services):
+    # The run failed at ship; refund (the later compensation) is checkpointed and the worker
+    # dies before release runs: the next claim runs release only, once, and fails the run.
+    t = services.target
+    wf = graph(
+        [
+            step("reserve", t, compensate="release"),
+            step("charge", t, after=["reserve"], compensate="refund"),
+            step("ship", t, fail="FAILED_PRECONDITION", after=["charge"]),
+            step("release", t, reads=["reserve"]),
+            step("refund", t, reads=["charge"]),
+        ]
+    )
+    job = enqueue(store, wf, {"text": "x"})
+    first = WorkerProcess(
+        fresh_dsn, worker_id="proc-a", crash_at="after_checkpoint:refund", **_FAST
+    )
+    second = WorkerProcess(fresh_dsn, worker_id="proc-b", **_FAST)
+    try:
+        first.start(wait_ready=False)
+        assert first.wait_exit(60) == CRASH_EXIT_CODE
+        row = store.job_get(job.job_id)
+        assert row.status == "RUNNING"
+        assert [cp["name"] for cp in row.checkpoints] == ["reserve", "charge", "ship", "refund"]
+        second.start()
+        wait_for(lambda: store.job_get(job.job_id).status == "FAILED", timeout_s=60)
+        row = store.job_get(job.job_id)
+        assert [cp["name"] for cp in row.checkpoints] == [
+            "reserve",
+            "charge",
+            "ship",
+            "refund",
+            "release",
+        ]
+        assert row.error.startswith("GRPC: gRPC FAILED_PRECONDITION"), row.error
+        for name, calls in (("reserve", 1), ("charge", 1), ("ship", 1), ("refund", 1)):
+            assert services.step_calls(name) == calls, name
+        assert services.step_calls("release") == 1
+    finally:
+        first.close()
+        second.close()
+
+
+def test_sigkill_after_a_handled_failure_runs_the_handler_not_the_step(store, fresh_dsn, services):
+    t = services.target
+    wf = graph(
+        [
+            step("a", t),
+            step("b", t, fail="INVALID_ARGUMENT", after=["a"]),
+            step("fix", t, after=[{"step": "b", "on": "failure"}]),
+            step("d", t, after=["b"]),
+        ],
+        completion={"require": ["fix"]},
+    )
+    job = enqueue(store, wf, {"text": "x"})
+    first = WorkerProcess(fresh_dsn, worker_id="proc-a", crash_at="after_checkpoint:b", **_FAST)
+    second = WorkerProcess(fresh_dsn, worker_id="proc-b", **_FAST)
+    try:
+        first.start(wait_ready=False)
+        assert first.wait_exit(60) == CRASH_EXIT_CODE
+        second.start()
+        wait_for(lambda: store.job_get(job.job_id).status == "COMPLETED", timeout_s=60)
+        row = store.job_get(job.job_id)
+        by_name = {cp["name"]: cp for cp in row.checkpoints}
+        assert "failed" in by_name["b"]
+        assert by_name["d"]["reason"] == "upstream b failed"
+        assert services.step_calls("b") == 1
+        assert services.step_calls("fix") == 1
+    finally:
+        first.close()
+        second.close()
