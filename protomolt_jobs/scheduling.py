@@ -54,11 +54,10 @@ DEFAULT_FAIRNESS_KEY = "default"
 MAX_NAME_CHARS = 200
 #: What ``budget.onExceeded`` may say.
 ON_EXCEEDED = ("fail", "pause")
-#: Whether ``onExceeded: "pause"`` is accepted. False until operator control's PAUSED status
-#: (migration 0002, issue #15) has landed *and* both budget paths pause with it (the store's
-#: ``job_budget_sweep`` and the worker's cost check); until then ``pause`` is refused at submit
-#: rather than silently failing runs.
-PAUSE_SUPPORTED = False
+#: Whether ``onExceeded: "pause"`` is accepted: operator control's PAUSED status (migration
+#: 0002, issue #15) has landed and both budget paths pause with it (the sweeper's
+#: ``job_budget_expired_pause`` and the worker's ``job_budget_pause``).
+PAUSE_SUPPORTED = True
 
 # ISO-8601 durations without years or months (their length varies): PnW, PnDTnHnMnS.
 _DURATION = re.compile(

@@ -462,7 +462,7 @@ UPDATE workflow_run AS w
 RETURNING w.job_id, w.workflow_name, w.status, w.attempt, w.error, now() AS tx_now
 
 -- name: job_budget_expired
--- description: a batch of live runs past their budget deadline (deadline_at, stamped at insert from budget.deadline) end FAILED with a reason naming the budget, lease and parked step cleared (a worker still holding one loses it at its next fenced write).
+-- description: a batch of live runs past their budget deadline (deadline_at, stamped at insert from budget.deadline) whose budget.onExceeded is not pause end FAILED with a reason naming the budget, lease and parked step cleared (a worker still holding one loses it at its next fenced write).
 UPDATE workflow_run AS w
    SET status = 'FAILED',
        error = 'BUDGET: budget.deadline '
@@ -485,12 +485,82 @@ UPDATE workflow_run AS w
                               WHERE e.deadline_at IS NOT NULL AND e.deadline_at < now()
                                 AND e.status IN ('QUEUED', 'RUNNING', 'WAITING', 'PAUSED',
                                                  'RECOVERY_REQUIRED')
+                                AND (e.workflow_definition -> 'budget' ->> 'onExceeded')
+                                    IS DISTINCT FROM 'pause'
                               ORDER BY e.deadline_at
                               LIMIT %(limit)s
                               FOR UPDATE SKIP LOCKED))
    AND w.deadline_at < now()
    AND w.status IN ('QUEUED', 'RUNNING', 'WAITING', 'PAUSED', 'RECOVERY_REQUIRED')
 RETURNING w.job_id, w.workflow_name, w.status, w.attempt, w.error, now() AS tx_now
+
+-- name: job_budget_expired_pause
+-- description: a batch of runs past their budget deadline whose budget.onExceeded is pause: QUEUED and WAITING -> PAUSED now (paused_from remembers which; a parked step stays outstanding_step), RUNNING without a pending request -> a pause request from the sweeper in control (applied at the worker's next boundary write, as an operator's pause); the reason names the budget. PAUSED rows and rows with a pending request are left alone.
+UPDATE workflow_run AS w
+   SET status = CASE WHEN w.status = 'RUNNING' THEN w.status ELSE 'PAUSED' END,
+       paused_from = CASE WHEN w.status = 'RUNNING' THEN NULL ELSE w.status END,
+       control = CASE WHEN w.status = 'RUNNING' THEN
+                   jsonb_build_object('kind', 'pause', 'actor', 'sweeper',
+                                      'reason', 'budget.deadline '
+                                        || coalesce(w.workflow_definition -> 'budget' ->> 'deadline', '')
+                                        || ' exceeded (due by ' || w.deadline_at::text || ')',
+                                      'requestedAt', now())
+                 END,
+       error = CASE WHEN w.status = 'RUNNING' THEN w.error
+                    ELSE 'BUDGET: budget.deadline '
+                         || coalesce(w.workflow_definition -> 'budget' ->> 'deadline', '')
+                         || ' exceeded: the run was due to end by ' || w.deadline_at::text
+                         || ' (status ' || w.status
+                         || coalesce(', parked on step ' || w.outstanding_step, '')
+                         || '); paused (budget.onExceeded = pause)'
+               END,
+       updated_at = now(),
+       change_kind = CASE WHEN w.status = 'RUNNING' THEN 'pause-request' ELSE 'budget' END,
+       change_actor = 'sweeper',
+       change_reason = 'budget.deadline '
+                       || coalesce(w.workflow_definition -> 'budget' ->> 'deadline', '')
+                       || ' exceeded (due by ' || w.deadline_at::text || ')'
+ WHERE w.job_id = ANY (ARRAY(SELECT e.job_id
+                               FROM workflow_run AS e
+                              WHERE e.deadline_at IS NOT NULL AND e.deadline_at < now()
+                                AND e.status IN ('QUEUED', 'RUNNING', 'WAITING')
+                                AND e.control IS NULL
+                                AND e.workflow_definition -> 'budget' ->> 'onExceeded' = 'pause'
+                              ORDER BY e.deadline_at
+                              LIMIT %(limit)s
+                              FOR UPDATE SKIP LOCKED))
+   AND w.deadline_at < now()
+   AND w.status IN ('QUEUED', 'RUNNING', 'WAITING')
+   AND w.control IS NULL
+RETURNING w.job_id, w.workflow_name, w.status, w.attempt, w.error, w.outstanding_step,
+          w.change_reason AS reason, now() AS tx_now
+
+-- name: job_budget_pause
+-- description: fenced (status, lease_owner, attempt, lease_token): the worker's budget.maxCost pause (budget.onExceeded = pause): PAUSED (paused_from QUEUED), lease cleared, the error naming the budget; a pending cancel request still wins (the trigger).
+UPDATE workflow_run
+   SET status = 'PAUSED',
+       paused_from = 'QUEUED',
+       error = %(error)s,
+       outstanding_step = NULL,
+       lease_owner = NULL,
+       lease_token = NULL,
+       lease_until = NULL,
+       updated_at = now(),
+       change_kind = 'budget',
+       change_actor = 'worker:' || %(owner)s,
+       change_reason = %(error)s,
+       change_step = nullif(%(step)s, '')
+ WHERE job_id = %(job_id)s AND status = 'RUNNING'
+   AND lease_owner = %(owner)s AND attempt = %(attempt)s
+   AND lease_token = %(token)s
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+
+-- name: job_budget_cost_pauses
+-- description: how many times the run was paused by its budget.maxCost (each resume after one grants another maxCost; worker/budget.py).
+SELECT count(*) AS pauses
+  FROM workflow_run_transition
+ WHERE job_id = %(job_id)s AND kind = 'budget' AND new_status = 'PAUSED'
+   AND reason LIKE 'BUDGET: budget.maxCost%%'
 
 -- name: job_complete_parked
 -- description: append the parked step's checkpoint and requeue (WAITING -> QUEUED, attempt reset to 0; the next claim's fresh lease_token keeps earlier leases dead).
@@ -574,6 +644,12 @@ UPDATE workflow_run
                         THEN greatest(now(), coalesce(%(at)s::timestamptz, now()))
                         ELSE run_after END,
        attempt = CASE WHEN coalesce(paused_from, 'QUEUED') = 'QUEUED' THEN 0 ELSE attempt END,
+       -- A deadline already past (the run was paused by it, budget.onExceeded = pause) gets a
+       -- fresh window of budget.deadline from now; one still ahead is kept (it counts pauses).
+       deadline_at = CASE WHEN deadline_at < now() THEN
+                       now() + make_interval(secs => extract(epoch FROM upper(
+                         workflow_definition -> 'budget' ->> 'deadline')::interval)::float8)
+                     ELSE deadline_at END,
        paused_from = NULL,
        updated_at = now(),
        change_kind = 'resume',

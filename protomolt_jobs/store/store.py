@@ -983,7 +983,7 @@ class JobStore:
 
     @_translated
     def job_budget_sweep(self, limit: int = SWEEP_BATCH_DEFAULT) -> list[uuid.UUID]:
-        """End live runs whose whole-run deadline (``budget.deadline``) has passed.
+        """End (or pause) live runs whose whole-run deadline (``budget.deadline``) has passed.
 
         SQL: ``job_budget_expired``: rows with ``deadline_at < now()`` (database time) in a
         live status (QUEUED, RUNNING, WAITING, and PAUSED / RECOVERY_REQUIRED where they
@@ -991,9 +991,12 @@ class JobStore:
         ``error = "BUDGET: budget.deadline <duration> exceeded: ..."``, lease and parked step
         cleared, ``completed_at = now()``; one FAILED outbox row each. A RUNNING row's worker
         loses its lease (its next fenced write is LeaseLost and it abandons the run).
-        Transaction: one.
+        Runs whose ``budget.onExceeded`` is ``pause`` go through ``job_budget_expired_pause``
+        instead: QUEUED/WAITING -> PAUSED now (PAUSED event with the reason), RUNNING -> a
+        pause request from ``sweeper`` (CONTROL_REQUESTED event), applied at the worker's next
+        boundary write. Transaction: one.
 
-        :returns: the ids of the runs ended.
+        :returns: the ids of the runs ended, paused or asked to pause.
         :raises StoreError: on a database failure.
         """
         _positive_int("limit", limit)
@@ -1004,6 +1007,24 @@ class JobStore:
                 # CANCELLED (migration 0002), and its event says so.
                 if not self._control_event_txn(conn, row, ""):
                     self._outbox_txn(conn, row, EventType.TYPE_FAILED, error=row["error"] or "")
+            paused = _rows(conn, "job_budget_expired_pause", {"limit": limit})
+            for row in paused:
+                if row["status"] == "RUNNING":
+                    self._outbox_txn(
+                        conn,
+                        row,
+                        EventType.TYPE_CONTROL_REQUESTED,
+                        verdict="pause",
+                        error=row["reason"] or "",
+                    )
+                else:
+                    self._outbox_txn(
+                        conn,
+                        row,
+                        EventType.TYPE_PAUSED,
+                        step=row["outstanding_step"] or "",
+                        error=row["reason"] or "",
+                    )
         for row in rows:
             log.warning(
                 "job %s FAILED: %s",
@@ -1011,7 +1032,53 @@ class JobStore:
                 row["error"],
                 extra={"action": "budget_exceeded", "job_id": str(row["job_id"])},
             )
-        return [row["job_id"] for row in rows]
+        for row in paused:
+            log.warning(
+                "job %s %s: %s",
+                row["job_id"],
+                "PAUSED" if row["status"] == "PAUSED" else "asked to pause",
+                row["reason"],
+                extra={"action": "budget_paused", "job_id": str(row["job_id"])},
+            )
+        return [row["job_id"] for row in rows] + [row["job_id"] for row in paused]
+
+    @_translated
+    def job_budget_pause(self, lease: Lease, error: str, step: str = "") -> str:
+        """Pause the run because its budget is spent (``budget.onExceeded = pause``; the
+        worker's ``budget.maxCost`` path), with its PAUSED event.
+
+        SQL: fenced ``job_budget_pause``: PAUSED (``paused_from`` QUEUED, so ``resume-job``
+        queues it again), ``error`` = the reason naming the budget, lease cleared; the
+        transition log records kind ``budget``, actor ``worker:<id>``. A pending cancel
+        request wins (the trigger settles CANCELLED). Transaction: one.
+
+        :returns: the status after (PAUSED, or CANCELLED).
+        :raises LeaseLost: when the fence matches no row.
+        :raises ValueError: for a blank error.
+        :raises StoreError: on a database failure.
+        """
+        _text("error", error)
+        error = scrub_text(error)
+        step = scrub_text(step or "")
+        with self._connection() as conn, conn.transaction():
+            row = _fenced(conn, "job_budget_pause", lease, {"error": error, "step": step})
+            if row["status"] == "PAUSED":
+                self._outbox_txn(conn, row, EventType.TYPE_PAUSED, step=step, error=error)
+            else:
+                self._control_event_txn(conn, row, step)
+        return str(row["status"])
+
+    @_translated
+    def job_budget_cost_pauses(self, job_id: uuid.UUID | str) -> int:
+        """How many times the run was paused by ``budget.maxCost`` (each resume after such a
+        pause grants one more ``maxCost``). Transaction: none (one read).
+
+        :raises StoreError: on a database failure.
+        """
+        key = _uuid("job_id", job_id)
+        with self._connection() as conn:
+            row = _one(conn, "job_budget_cost_pauses", {"job_id": key})
+        return int(row["pauses"]) if row is not None else 0
 
     @_translated
     def job_complete_parked(

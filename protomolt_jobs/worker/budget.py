@@ -10,14 +10,18 @@ while ``spent + largest step cost seen so far <= maxCost`` (a step is assumed to
 as the dearest one before it, so a run stops *before* the step that would overrun, not after).
 With ``maxCost = 10`` and steps costing 4, steps 1 and 2 run (spent 8) and the run ends
 before step 3 (8 + 4 > 10). Exceeding ends the run as ``budget.onExceeded`` says, with an error
-naming ``budget.maxCost``. The whole-run deadline (``budget.deadline``) is the sweeper's
-(``JobStore.job_budget_sweep``), not this module's.
+naming ``budget.maxCost``: ``fail`` (FAILED) or ``pause`` (PAUSED, ``JobStore.job_budget_pause``).
+``resume-job`` of a run the cost budget paused grants it one more ``maxCost``: the ceiling is
+``maxCost * (1 + the run's maxCost pauses)``, the pauses counted from its transition log
+(``JobStore.job_budget_cost_pauses``), read only when the plain ceiling is reached, so a run
+within its first ``maxCost`` reads nothing more. The whole-run deadline (``budget.deadline``)
+is the sweeper's (``JobStore.job_budget_sweep``), not this module's.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from protomolt_jobs.errors import ProtomoltJobsError
@@ -41,11 +45,18 @@ class CostMeter:
     :param costs: step name -> its ``cost`` CEL text.
     """
 
-    def __init__(self, max_cost: float, costs: Mapping[str, str]) -> None:
+    def __init__(
+        self, max_cost: float, costs: Mapping[str, str], on_exceeded: str = "fail"
+    ) -> None:
         self.max_cost = max_cost
         self.costs = dict(costs)
+        self.on_exceeded = on_exceeded
         self.spent = 0.0
         self.dearest = 0.0
+        #: () -> how many times a maxCost pause was resumed (each grants one more maxCost);
+        #: asked once, when the plain ceiling is first reached.
+        self.grants: Callable[[], int] | None = None
+        self._granted: int | None = None
 
     @classmethod
     def for_definition(cls, definition: Any) -> CostMeter | None:
@@ -62,7 +73,8 @@ class CostMeter:
         for step in definition.get("steps") or []:
             if isinstance(step, dict) and isinstance(step.get("cost"), str):
                 costs[str(step.get("name"))] = step["cost"]
-        return cls(float(max_cost), costs)
+        on_exceeded = "pause" if budget.get("onExceeded") == "pause" else "fail"
+        return cls(float(max_cost), costs, on_exceeded)
 
     def add(self, entry: Mapping[str, Any]) -> float:
         """Meter one checkpoint entry (``{"name", "skipped", "response"?}``).
@@ -108,9 +120,16 @@ class CostMeter:
         :param after: the last metered step (named in the error).
         :raises BudgetExceeded: ``spent + dearest > max_cost``.
         """
-        if self.spent + self.dearest > self.max_cost:
+        if self.spent + self.dearest <= self.max_cost:
+            return
+        if self._granted is None:
+            self._granted = self.grants() if self.grants is not None else 0
+        ceiling = self.max_cost * (1 + self._granted)
+        if self.spent + self.dearest > ceiling:
+            granted = f" (maxCost {self.max_cost:g} x {1 + self._granted} after resumes)"
             raise BudgetExceeded(
                 after,
                 f"BUDGET: budget.maxCost {self.max_cost:g} exceeded: {self.spent:g} spent "
-                f"after step '{after}', and the next step may cost up to {self.dearest:g}",
+                f"after step '{after}', and the next step may cost up to {self.dearest:g}"
+                + (granted if self._granted else ""),
             )

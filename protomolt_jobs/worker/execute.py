@@ -302,12 +302,18 @@ class SegmentExecutor:
 
         final = _FinalCheckpoint(len(prior), workflow.checkpoints_to_complete)
         meter = CostMeter.for_definition(job.workflow_definition)
+        if meter is not None:
+            meter.grants = lambda: self._store.job_budget_cost_pauses(job.job_id)
         if meter is not None and prior and len(prior) < workflow.checkpoints_to_complete:
             try:
                 meter.replay(prior)
                 meter.check(str(prior[-1].get("name", "")))
             except BudgetExceeded as exc:
-                return self._settle_fail(guard, exc.step, exc.detail, ctx)
+                return self._settle_budget(guard, exc, meter, ctx)
+            except StoreError as exc:
+                return self._settle_retryable(
+                    job, guard, f"WORKFLOW: reading the run's budget grants failed: {exc}", ctx
+                )
         try:
             with self._permits.held(
                 target, cancelled=lambda: guard.lost or guard.control is not None
@@ -335,8 +341,8 @@ class SegmentExecutor:
             if isinstance(exc.__cause__, BudgetExceeded):
                 # The step's checkpoint is stored; the budget stops the run before the next.
                 over = exc.__cause__
-                return self._flush(job, guard, ctx, final) or self._settle_fail(
-                    guard, over.step, over.detail, ctx
+                return self._flush(job, guard, ctx, final) or self._settle_budget(
+                    guard, over, meter, ctx
                 )
             return self._flush(job, guard, ctx, final) or self._settle_failure(job, guard, exc, ctx)
         except StoreError as exc:
@@ -611,6 +617,28 @@ class SegmentExecutor:
             backoff_s=delay_s,
         )
 
+    def _settle_budget(
+        self,
+        guard: LeaseGuard,
+        over: BudgetExceeded,
+        meter: CostMeter | None,
+        ctx: dict[str, Any],
+    ) -> Settlement:
+        """The cost budget is spent: FAILED, or PAUSED when ``budget.onExceeded`` says so."""
+        if meter is None or meter.on_exceeded != "pause":
+            return self._settle_fail(guard, over.step, over.detail, ctx)
+        return self._write(
+            guard,
+            ctx,
+            Settlement.CONTROLLED,
+            "job_paused_by_budget",
+            "job PAUSED by its budget",
+            lambda: self._store.job_budget_pause(guard.lease, over.detail, over.step),
+            step=over.step,
+            error=over.detail,
+            level=logging.WARNING,
+        )
+
     def _settle_fail(
         self, guard: LeaseGuard, step: str, detail: str, ctx: dict[str, Any]
     ) -> Settlement:
@@ -661,7 +689,8 @@ class SegmentExecutor:
             return Settlement.UNSETTLED
         if status in ("CANCELLED", "PAUSED"):
             guard.status = status
-            return self._controlled(ctx, status, settlement.value)
+            if not (settlement is Settlement.CONTROLLED and status == "PAUSED"):
+                return self._controlled(ctx, status, settlement.value)
         log.log(level, message, extra={"action": action, **fields, **ctx})
         return settlement
 

@@ -9,7 +9,9 @@ whose ``attempt >= max_attempts`` goes DEAD (a job that crashes its worker every
 must end), otherwise back to QUEUED, resuming from its checkpoints on the next claim.
 
 Each pass also ends live runs past their whole-run deadline (``budget.deadline``, stamped at
-submit as ``deadline_at``): ``JobStore.job_budget_sweep``, FAILED with the budget named.
+submit as ``deadline_at``): ``JobStore.job_budget_sweep``, FAILED with the budget named, or
+PAUSED (a RUNNING run: asked to pause at its next checkpoint) when ``budget.onExceeded`` is
+``pause``.
 
 Several sweepers (one per process) are safe: the store's sweep locks the rows it changes.
 """

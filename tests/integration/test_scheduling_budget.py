@@ -136,7 +136,6 @@ def test_a_run_within_budget_completes(fresh_dsn, services, store, submitter):
         ({"deadline": "P1M"}, "budget.deadline"),
         ({"maxCost": 0}, "budget.maxCost"),
         ({"maxCost": 5, "onExceeded": "explode"}, "budget.onExceeded"),
-        ({"maxCost": 5, "onExceeded": "pause"}, "budget.onExceeded"),
         ({"ceiling": 5}, "budget.ceiling"),
         ({}, "budget"),
     ],
@@ -156,3 +155,104 @@ def test_a_cost_that_does_not_compile_is_refused(services, store, submitter):
         workflow=workflow(services.target, steps, {"maxCost": 5}), input={"text": "x"}
     )
     assert not outcome.ok and outcome.field == "steps[0].cost"
+
+
+def _history(store, job_id):
+    return [
+        (t.kind, t.new_status, t.actor, t.reason) for t in store.job_history(job_id).transitions
+    ]
+
+
+def test_a_deadline_with_pause_pauses_a_parked_run_at_about_the_deadline_and_resume_grants_a_fresh_window(
+    fresh_dsn, services, store, submitter
+):
+    definition = workflow(
+        services.target,
+        [
+            tokenize_step("first", services.target),
+            tokenize_step("approve", services.target, completion="external"),
+        ],
+        {"deadline": "PT3S", "onExceeded": "pause"},
+    )
+    with WorkerProcess(fresh_dsn, worker_id="budget-p", **_FAST):
+        submitted = time.monotonic()
+        outcome = submitter.submit(workflow=definition, input={"text": "slow approval"})
+        assert outcome.ok, outcome
+        wait_for(lambda: store.job_get(outcome.job_id).status == "WAITING", timeout_s=30)
+        wait_for(lambda: store.job_get(outcome.job_id).status == "PAUSED", timeout_s=30)
+        ended = time.monotonic() - submitted
+        row = store.job_get(outcome.job_id)
+        assert 2.9 <= ended <= 5.0, ended
+        assert "budget.deadline PT3S exceeded" in row.error, row.error
+        assert "parked on step approve" in row.error
+        assert row.outstanding_step == "approve" and row.completed_at is None
+        kind, status, actor, reason = _history(store, outcome.job_id)[-1]
+        assert (kind, status, actor) == ("budget", "PAUSED", "sweeper")
+        assert "budget.deadline PT3S exceeded" in reason
+        events = store.outbox_for_job(outcome.job_id)
+        assert events[-1].event_type == "PAUSED"
+        old_deadline = row.deadline_at
+
+        # Resume: back to WAITING on the same step, with a fresh PT3S window from the resume
+        # (a deadline already past would pause it again at once).
+        resumed = store.job_resume(outcome.job_id, actor="ops")
+        assert resumed.changed and resumed.status == "WAITING"
+        row = store.job_get(outcome.job_id)
+        assert row.deadline_at > old_deadline
+        # ... and the sweeper pauses it again when that window is spent too.
+        wait_for(lambda: store.job_get(outcome.job_id).status == "PAUSED", timeout_s=30)
+        assert [h[:3] for h in _history(store, outcome.job_id)].count(
+            ("budget", "PAUSED", "sweeper")
+        ) == 2
+
+
+def test_a_deadline_with_pause_asks_a_running_run_to_pause_at_its_next_checkpoint(
+    fresh_dsn, services, store, submitter
+):
+    services.set_delay("Tokenize", 1.5)
+    steps = [tokenize_step(f"s{i}", services.target) for i in range(1, 5)]
+    definition = workflow(services.target, steps, {"deadline": "PT2S", "onExceeded": "pause"})
+    with WorkerProcess(fresh_dsn, worker_id="budget-r", **_FAST):
+        outcome = submitter.submit(workflow=definition, input={"text": "long"})
+        wait_for(lambda: store.job_get(outcome.job_id).status == "PAUSED", timeout_s=30)
+    row = store.job_get(outcome.job_id)
+    assert 1 <= len(row.checkpoints) < 4
+    history = _history(store, outcome.job_id)
+    assert ("pause-request", "RUNNING", "sweeper") in [h[:3] for h in history]
+    kind, status, actor, reason = history[-1]
+    assert (kind, status, actor) == ("pause", "PAUSED", "sweeper")
+    assert "budget.deadline PT2S exceeded" in reason
+
+
+def test_a_cost_ceiling_with_pause_pauses_before_the_third_step_and_resume_grants_another(
+    fresh_dsn, services, store, submitter
+):
+    steps = [tokenize_step(f"s{i}", services.target, cost="4") for i in range(1, 7)]
+    definition = workflow(services.target, steps, {"maxCost": 10, "onExceeded": "pause"})
+    with WorkerProcess(fresh_dsn, worker_id="budget-q", **_FAST):
+        outcome = submitter.submit(workflow=definition, input={"text": "six steps"})
+        assert outcome.ok, outcome
+        wait_for(lambda: store.job_get(outcome.job_id).status == "PAUSED", timeout_s=30)
+        row = store.job_get(outcome.job_id)
+        assert [c["name"] for c in row.checkpoints] == ["s1", "s2"]
+        assert services.calls("Tokenize") == 2
+        assert "budget.maxCost 10 exceeded" in row.error, row.error
+        kind, status, actor, reason = _history(store, outcome.job_id)[-1]
+        assert (kind, status, actor) == ("budget", "PAUSED", "worker:budget-q")
+        assert "budget.maxCost 10 exceeded" in reason
+        assert store.outbox_for_job(outcome.job_id)[-1].event_type == "PAUSED"
+
+        # Resume grants one more maxCost (ceiling 20): s3, s4, s5 run (spent 20; after s4,
+        # 16 + 4 <= 20), then 20 + 4 > 20 pauses again.
+        assert store.job_resume(outcome.job_id, actor="ops").status == "QUEUED"
+        wait_for(
+            lambda: (
+                len(store.job_get(outcome.job_id).checkpoints) == 5
+                and store.job_get(outcome.job_id).status == "PAUSED"
+            ),
+            timeout_s=30,
+        )
+        assert services.calls("Tokenize") == 5
+        assert store.job_resume(outcome.job_id, actor="ops").status == "QUEUED"
+        wait_for(lambda: store.job_get(outcome.job_id).status == "COMPLETED", timeout_s=30)
+    assert services.calls("Tokenize") == 6
