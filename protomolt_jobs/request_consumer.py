@@ -48,12 +48,13 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
-from protomolt_jobs import crashpoints
+from protomolt_jobs import crashpoints, scheduling
 from protomolt_jobs.config import CONSUMER_GROUP, ConfigError, JobsConfig
 from protomolt_jobs.errors import InvalidInput, StoreError
 from protomolt_jobs.framing import REQUEST_INDEX_PATH, unframe
 from protomolt_jobs.input_rules import check_json, check_text
 from protomolt_jobs.service import Service
+from protomolt_jobs.store.records import NewJob
 from protomolt_jobs.wire import WorkflowRunRequest, validate_request
 
 __all__ = [
@@ -484,8 +485,6 @@ class RequestConsumer(Service):
     def _fail_at_birth(
         self, job_id: uuid.UUID, workflow_name: str, input_json: dict[str, Any], error: str
     ) -> str:
-        from protomolt_jobs.store.records import NewJob
-
         error = error or f"workflow {workflow_name!r} cannot be run"
         inserted = self._store.job_insert(
             NewJob(
@@ -540,8 +539,6 @@ SCHEDULING_HEADERS = {
 def _scheduling_headers(message: Any) -> tuple[dict[str, Any], str | None]:
     """The scheduling keywords from the record's headers (UTF-8 values), or a reject reason
     ``invalid-input: header '<name>' ...`` naming the header."""
-    from protomolt_jobs import scheduling
-
     out: dict[str, Any] = {}
     try:
         headers = message.headers() or []
