@@ -11,6 +11,10 @@ point               where                                                    pas
 =================== ======================================================== ==============
 after_claim         right after a claim commits (detail: workflow name)      worker
 after_checkpoint    right after a step's checkpoint commits (detail: step)   worker
+after_intent        an external step's intent committed, before its call     worker
+                    (detail: step)
+before_checkpoint   a step answered, before its checkpoint is written        worker
+                    (detail: step)
 before_settle       segment done, before its settle write                    worker
 after_publish       events acked by the broker, before they are marked       relay
 after_row_commit    a request's row committed, before its offset commits     request consumer
@@ -37,7 +41,15 @@ ENV_VAR = "PROTOMOLT_JOBS_CRASH_AT"
 CRASH_EXIT_CODE = 97
 #: Every named point (see the table above).
 POINTS = frozenset(
-    {"after_claim", "after_checkpoint", "before_settle", "after_publish", "after_row_commit"}
+    {
+        "after_claim",
+        "after_checkpoint",
+        "after_intent",
+        "before_checkpoint",
+        "before_settle",
+        "after_publish",
+        "after_row_commit",
+    }
 )
 
 _armed: tuple[str, str] | None = None

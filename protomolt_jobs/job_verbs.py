@@ -214,7 +214,7 @@ def job_json(job: Any, *, full: bool) -> dict[str, Any]:
 
     Keys in order: ``jobId, workflowName, status, attempt, outstandingStep?, priority,
     queue, fairnessKey, dedupKey?, deadlineAt?``, then when ``full`` ``maxAttempts, runAfter,
-    control?, input, checkpoints, result?``, then ``verdict?, error?, createdAt?, updatedAt?,
+    control?, input, checkpoints, effectIntents?, stepGenerations?, result?``, then ``verdict?, error?, createdAt?, updatedAt?,
     completedAt?``. Never shown: the lease, the fairness pass, the definition.
     """
     body: dict[str, Any] = {
@@ -240,6 +240,11 @@ def job_json(job: Any, *, full: bool) -> dict[str, Any]:
             body["control"] = control
         body["input"] = job.input
         body["checkpoints"] = job.checkpoints if job.checkpoints is not None else []
+        # step effects (issue #17): intents of external steps, retry-step generations
+        if getattr(job, "effect_intents", None):
+            body["effectIntents"] = job.effect_intents
+        if getattr(job, "step_generations", None):
+            body["stepGenerations"] = job.step_generations
         if job.result is not None:
             body["result"] = job.result
     for key, value in (
@@ -682,6 +687,9 @@ class CompleteStepAction:
         # sent are not kept.
         try:
             entry = checkpoint_entry(step_name, message, compiled.pool)
+            from protomolt_jobs.workflow.effects import stamp
+
+            stamp(entry, compiled, step)  # fingerprinted: a later type change is seen on replay
         except Exception as exc:
             raise _invalid(
                 "response",

@@ -120,7 +120,8 @@ SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
        checkpoints::text AS checkpoints, result::text AS result, verdict, error,
        lease_owner, lease_token, lease_until, created_at, updated_at, completed_at,
        priority, queue, fairness_key, dedup_key, deadline_at,
-       control::text AS control, paused_from, history_seq
+       control::text AS control, paused_from, history_seq,
+       effect_intents::text AS effect_intents, step_generations::text AS step_generations
   FROM workflow_run
  WHERE job_id = %(job_id)s
 
@@ -146,7 +147,8 @@ SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
        checkpoints::text AS checkpoints, result::text AS result, verdict, error,
        lease_owner, lease_token, lease_until, created_at, updated_at, completed_at,
        priority, queue, fairness_key, dedup_key, deadline_at,
-       control::text AS control, paused_from, history_seq
+       control::text AS control, paused_from, history_seq,
+       effect_intents::text AS effect_intents, step_generations::text AS step_generations
   FROM workflow_run
  WHERE job_id = %(job_id)s
    FOR UPDATE
@@ -188,7 +190,8 @@ RETURNING job_id, workflow_name, workflow_definition::text AS workflow_definitio
           input::text AS input, status, attempt, max_attempts, run_after, outstanding_step,
           checkpoints::text AS checkpoints, result::text AS result, verdict, error,
           lease_owner, lease_token, lease_until, created_at, updated_at, completed_at,
-          priority, queue, fairness_key, dedup_key, deadline_at, trace_context
+          priority, queue, fairness_key, dedup_key, deadline_at, trace_context,
+          effect_intents::text AS effect_intents, step_generations::text AS step_generations
 
 -- name: job_claim_limited
 -- description: job_claim when some served queues have fleet-wide limits: a limited queue is tried only when workflow_queue_permit() (which locks its limits row, serialising its claimers) allows a start, and a start moves its rate limiter on, all in one statement.
@@ -235,7 +238,8 @@ WITH head AS (
               w.outstanding_step, w.checkpoints::text AS checkpoints, w.result::text AS result,
               w.verdict, w.error, w.lease_owner, w.lease_token, w.lease_until, w.created_at,
               w.updated_at, w.completed_at, w.priority, w.queue, w.fairness_key, w.dedup_key,
-              w.deadline_at
+              w.deadline_at, w.effect_intents::text AS effect_intents,
+              w.step_generations::text AS step_generations
 ), started AS (
     UPDATE workflow_queue AS q
        SET next_start_at = greatest(q.next_start_at, now())
@@ -276,7 +280,7 @@ RETURNING lease_until, control::text AS control
 -- name: job_checkpoint
 -- description: fenced (status, lease_owner, attempt, lease_token): append one entry to checkpoints.
 UPDATE workflow_run
-   SET checkpoints = checkpoints || jsonb_build_array(%(entry)s::jsonb),
+   SET checkpoints = checkpoints || jsonb_build_array(workflow_checkpoint_stamp(%(entry)s::jsonb)),
        updated_at = now(),
        change_kind = 'checkpoint',
        change_actor = 'worker:' || %(owner)s,
@@ -326,7 +330,7 @@ RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 -- description: fenced (status, lease_owner, attempt, lease_token): append the final step's checkpoint entry and COMPLETED, in one statement.
 UPDATE workflow_run
    SET status = 'COMPLETED',
-       checkpoints = checkpoints || jsonb_build_array(%(entry)s::jsonb),
+       checkpoints = checkpoints || jsonb_build_array(workflow_checkpoint_stamp(%(entry)s::jsonb)),
        result = %(result)s,
        verdict = %(verdict)s,
        outstanding_step = NULL,
@@ -566,7 +570,7 @@ SELECT count(*) AS pauses
 -- description: append the parked step's checkpoint and requeue (WAITING -> QUEUED, attempt reset to 0; the next claim's fresh lease_token keeps earlier leases dead).
 UPDATE workflow_run
    SET status = 'QUEUED',
-       checkpoints = checkpoints || jsonb_build_array(%(entry)s::jsonb),
+       checkpoints = checkpoints || jsonb_build_array(workflow_checkpoint_stamp(%(entry)s::jsonb)),
        outstanding_step = NULL,
        attempt = 0,
        run_after = now(),
@@ -615,7 +619,7 @@ UPDATE workflow_run
        change_actor = %(actor)s,
        change_reason = %(reason)s
  WHERE job_id = %(job_id)s
-   AND (status IN ('QUEUED', 'WAITING', 'PAUSED')
+   AND (status IN ('QUEUED', 'WAITING', 'PAUSED', 'RECOVERY_REQUIRED')
         OR (status = 'RUNNING' AND (control IS NULL OR control->>'kind' <> 'cancel')))
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
@@ -704,6 +708,10 @@ UPDATE workflow_run
        control = NULL,
        paused_from = NULL,
        updated_at = now(),
+       step_generations = coalesce(step_generations, '{}'::jsonb)
+                          || jsonb_build_object(%(step)s::text,
+                                                coalesce((step_generations->>%(step)s::text)::int, 0) + 1),
+       effect_intents = NULL,
        change_kind = 'retry-step',
        change_actor = %(actor)s,
        change_reason = %(reason)s,
@@ -891,7 +899,7 @@ SELECT job_id, workflow_name, status, attempt, outstanding_step, error,
 -- name: job_compensate
 -- description: fenced (status CANCELLED, attempt, the step not yet checkpointed): append a compensation step's entry to a cancelled graph run (graph workflows, #16).
 UPDATE workflow_run
-   SET checkpoints = checkpoints || jsonb_build_array(%(entry)s::jsonb),
+   SET checkpoints = checkpoints || jsonb_build_array(workflow_checkpoint_stamp(%(entry)s::jsonb)),
        updated_at = now(),
        change_kind = 'compensate',
        change_actor = 'worker:' || %(owner)s,
@@ -915,3 +923,64 @@ DELETE FROM workflow_run AS r
  USING doomed AS d
  WHERE r.job_id = d.job_id
    AND r.status = 'CANCELLED'
+
+-- ---------------------------------------------------------------------------------------------
+-- Effects (migration 0006, issue #17)
+-- ---------------------------------------------------------------------------------------------
+
+-- name: job_intent
+-- description: fenced (status, lease_owner, attempt, lease_token): record the intent of an external step before its call (a boundary write: a pending cancel or pause applies here, before the call).
+UPDATE workflow_run
+   SET effect_intents = coalesce(effect_intents, '{}'::jsonb)
+                        || jsonb_build_object(%(step)s::text,
+                                              %(intent)s::jsonb || jsonb_build_object('at', now())),
+       updated_at = now(),
+       change_kind = 'intent',
+       change_actor = 'worker:' || %(owner)s,
+       change_step = %(step)s
+ WHERE job_id = %(job_id)s AND status = 'RUNNING'
+   AND lease_owner = %(owner)s AND attempt = %(attempt)s
+   AND lease_token = %(token)s
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+
+-- name: job_recovery_required
+-- description: fenced (status, lease_owner, attempt, lease_token): RECOVERY_REQUIRED naming the step (outstanding_step) and why (error), lease cleared.
+UPDATE workflow_run
+   SET status = 'RECOVERY_REQUIRED',
+       outstanding_step = %(step)s,
+       error = %(reason)s,
+       lease_owner = NULL,
+       lease_token = NULL,
+       lease_until = NULL,
+       updated_at = now(),
+       change_kind = 'recovery-required',
+       change_actor = 'worker:' || %(owner)s,
+       change_reason = %(reason)s,
+       change_step = %(step)s
+ WHERE job_id = %(job_id)s AND status = 'RUNNING'
+   AND lease_owner = %(owner)s AND attempt = %(attempt)s
+   AND lease_token = %(token)s
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+
+-- name: job_recover
+-- description: reconcile-step / migrate-checkpoint: a RECOVERY_REQUIRED run at the history_seq the caller read -> QUEUED now, attempt 0, with the caller's checkpoints and intents (entries stamped with the database's time where fingerprinted), error and outstanding_step cleared; the change is recorded with its kind and actor.
+UPDATE workflow_run
+   SET status = 'QUEUED',
+       checkpoints = (SELECT coalesce(jsonb_agg(CASE WHEN e ? 'at' THEN e
+                                                     ELSE workflow_checkpoint_stamp(e) END
+                                                ORDER BY n), '[]'::jsonb)
+                        FROM jsonb_array_elements(%(checkpoints)s::jsonb)
+                             WITH ORDINALITY AS x (e, n)),
+       effect_intents = %(intents)s::jsonb,
+       attempt = 0,
+       run_after = now(),
+       error = NULL,
+       outstanding_step = NULL,
+       updated_at = now(),
+       change_kind = %(kind)s,
+       change_actor = %(actor)s,
+       change_reason = %(reason)s,
+       change_step = %(step)s
+ WHERE job_id = %(job_id)s AND status = 'RECOVERY_REQUIRED'
+   AND history_seq = %(history_seq)s
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now

@@ -46,7 +46,17 @@ __all__ = [
 
 #: Every job status, as the CHECK constraint spells them.
 JOB_STATUSES = frozenset(
-    {"QUEUED", "RUNNING", "WAITING", "COMPLETED", "FAILED", "DEAD", "PAUSED", "CANCELLED"}
+    {
+        "QUEUED",
+        "RUNNING",
+        "WAITING",
+        "COMPLETED",
+        "FAILED",
+        "DEAD",
+        "PAUSED",
+        "CANCELLED",
+        "RECOVERY_REQUIRED",
+    }
 )
 #: Statuses no worker moves a job out of (an operator may: requeue-job, retry-step).
 TERMINAL_STATUSES = frozenset({"COMPLETED", "FAILED", "DEAD", "CANCELLED"})
@@ -63,6 +73,8 @@ _JSON_COLUMNS: tuple[tuple[str, tuple[type, ...]], ...] = (
     ("checkpoints", (list,)),
     ("result", (dict,)),
     ("control", (dict,)),
+    ("effect_intents", (dict,)),
+    ("step_generations", (dict,)),
 )
 
 
@@ -78,6 +90,8 @@ _OPTIONAL_COLUMNS = frozenset(
         "control",
         "paused_from",
         "history_seq",
+        "effect_intents",
+        "step_generations",
     }
 )
 
@@ -150,6 +164,11 @@ class JobRecord:
     paused_from: str | None = None
     #: Transitions recorded so far (the last one's sequence number); 0 where not read.
     history_seq: int = 0
+    #: Effects (migration 0006): ``{step: {key, generation, attempt, at}}`` intents of
+    #: external steps, and ``{step: n}`` retry-step generations (None when none; read by the
+    #: claims, ``job_get`` and ``job_lock`` only).
+    effect_intents: dict[str, Any] | None = None
+    step_generations: dict[str, Any] | None = None
 
     @property
     def lease(self) -> Lease:

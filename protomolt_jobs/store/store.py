@@ -1350,6 +1350,108 @@ class JobStore:
             self._control_event_txn(conn, row, "")
         return str(row["status"])
 
+    # -- effects (migration 0006) -----------------------------------------------------------
+
+    @_translated
+    def job_intent(self, lease: Lease, step: str, intent: dict[str, Any]) -> None:
+        """Record the intent of an external step before its call (``effect_intents[step] =
+        intent + {at: now()}``). A boundary write: a pending cancel or pause is applied here
+        (its event written), so the step is not called.
+
+        SQL: one fenced ``UPDATE`` (no event of its own). Transaction: one.
+
+        :raises LeaseLost: when the fence matches no row.
+        :raises ControlApplied: when a pending request stopped the run (after the commit).
+        :raises ValueError: blank step.
+        :raises StoreError: on a database failure.
+        """
+        _text("step", step)
+        step = scrub_text(step)
+        params = {"step": step, "intent": _jsonb("intent", intent, dict)}
+        with self._connection() as conn, conn.transaction():
+            row = _fenced(conn, "job_intent", lease, params)
+            self._control_event_txn(conn, row, step)
+        if row["status"] != "RUNNING":
+            raise ControlApplied(
+                lease.job_id, lease.owner, lease.attempt, "job_intent", row["status"]
+            )
+
+    @_translated
+    def job_recovery_required(self, lease: Lease, step: str, reason: str) -> str:
+        """Stop the run as RECOVERY_REQUIRED on ``step`` (``outstanding_step``) with ``reason``
+        (``error``), lease cleared, with its RECOVERY_REQUIRED event (step, error).
+
+        SQL: fenced ``UPDATE``, then one outbox row. Transaction: one.
+
+        :returns: the status after (CANCELLED or PAUSED when a pending request won).
+        :raises LeaseLost: when the fence matches no row.
+        :raises ValueError: blank step or reason.
+        :raises StoreError: on a database failure.
+        """
+        _text("step", step)
+        _text("reason", reason)
+        step, reason = scrub_text(step), scrub_text(reason)
+        with self._connection() as conn, conn.transaction():
+            row = _fenced(conn, "job_recovery_required", lease, {"step": step, "reason": reason})
+            if not self._control_event_txn(conn, row, step):
+                self._outbox_txn(
+                    conn, row, EventType.TYPE_RECOVERY_REQUIRED, step=step, error=reason
+                )
+        return str(row["status"])
+
+    @_translated
+    def job_recover(
+        self,
+        job_id: uuid.UUID | str,
+        *,
+        step: str,
+        checkpoints: list[dict[str, Any]],
+        intents: dict[str, Any] | None,
+        expected_history_seq: int,
+        kind: str,
+        actor: str,
+        reason: str | None = None,
+    ) -> ControlOutcome:
+        """Send a RECOVERY_REQUIRED run back to QUEUED with ``checkpoints`` and ``intents`` as
+        given (``reconcile-step``, ``migrate-checkpoint``): attempt 0, error cleared; a
+        fingerprinted entry without ``at`` gets the database's time. Recorded as ``kind`` by
+        ``actor``; a REQUEUED event naming ``step``; NOTIFY.
+
+        Optimistic: applies only while the row is still RECOVERY_REQUIRED at
+        ``expected_history_seq``.
+
+        :returns: ``changed`` (QUEUED), or not ``changed`` with the current status.
+        :raises ValueError: malformed id, blank step, kind or actor.
+        :raises StoreError: on a database failure.
+        """
+        key = _uuid("job_id", job_id)
+        _text("step", step)
+        _text("kind", kind)
+        _text("actor", actor)
+        params = {
+            "job_id": key,
+            "step": scrub_text(step),
+            "checkpoints": _jsonb("checkpoints", checkpoints, list),
+            "intents": None if not intents else _jsonb("intents", intents, dict),
+            "history_seq": int(expected_history_seq),
+            "kind": kind,
+            "actor": scrub_text(actor),
+            "reason": scrub_text(reason) if reason else None,
+        }
+        with self._connection() as conn, conn.transaction():
+            row = _one(conn, "job_recover", params)
+            if row is not None:
+                self._outbox_txn(
+                    conn,
+                    row,
+                    EventType.TYPE_REQUEUED,
+                    step=scrub_text(step),
+                    error=scrub_text(reason) if reason else "",
+                    notify=True,
+                )
+                return ControlOutcome(True, row["status"])
+        return self._control_refusal(key)
+
     @_translated
     def job_history(self, job_id: uuid.UUID | str) -> History | None:
         """A job's transition log, oldest first, with its hash chain checked.

@@ -99,6 +99,8 @@ class Settlement(str, enum.Enum):
     UNSETTLED = "unsettled"
     #: An operator's cancel or pause stopped the job (CANCELLED or PAUSED).
     CONTROLLED = "controlled"
+    #: A step's state cannot be proven: RECOVERY_REQUIRED, waiting for an operator.
+    RECOVERY_REQUIRED = "recovery_required"
 
 
 def backoff_s(base_s: float, attempt: int) -> float:
@@ -290,6 +292,7 @@ class SegmentExecutor:
         from protomolt_jobs.workflow import (
             Completed,
             Parked,
+            RecoveryRequired,
             WorkflowExecutionError,
             next_target,
             run_segment,
@@ -330,6 +333,7 @@ class SegmentExecutor:
                     runtime=self._runtime,
                     # graph runs: each call holds a permit for its own target
                     call_permit=lambda t: self._permits.held(t, cancelled=lambda: guard.lost),
+                    effects=self._effects(job, guard, ctx),
                 )
         except (PermitCancelled, _Abandon, LeaseLost):
             if not guard.lost and guard.control is not None:
@@ -391,6 +395,20 @@ class SegmentExecutor:
         flushed = self._flush(job, guard, ctx, final)
         if flushed is not None:
             return flushed
+        if isinstance(outcome, RecoveryRequired):
+            return self._write(
+                guard,
+                ctx,
+                Settlement.RECOVERY_REQUIRED,
+                "job_recovery_required",
+                "job needs recovery: a step's state cannot be proven",
+                lambda: self._store.job_recovery_required(
+                    guard.lease, outcome.step, outcome.reason
+                ),
+                step=outcome.step,
+                error=outcome.reason,
+                level=logging.WARNING,
+            )
         if isinstance(outcome, Parked):
             return self._write(
                 guard,
@@ -419,6 +437,7 @@ class SegmentExecutor:
                     raise LeaseLost(
                         guard.lease.job_id, guard.lease.owner, guard.lease.attempt, "checkpoint"
                     )
+                crashpoints.reached("before_checkpoint", str(entry.get("name", "")))
                 held = final.take()
                 if held is not None:
                     # Only a graph run gets here (a compensation after its last main step):
@@ -436,6 +455,40 @@ class SegmentExecutor:
                     meter.check(str(entry.get("name", "")))
 
         return on_checkpoint
+
+    def _effects(self, job: Any, guard: LeaseGuard, ctx: dict[str, Any]) -> Any:
+        """The run's ``EffectContext``: idempotency keys (job id, the row's generations), the
+        row's intents, and the intent write for external steps (fenced, one statement)."""
+        from protomolt_jobs.workflow.effects import EffectContext
+
+        generations = getattr(job, "step_generations", None) or {}
+        intents = getattr(job, "effect_intents", None) or {}
+
+        def on_intent(step: str, key: str) -> None:
+            if guard.lost:
+                raise LeaseLost(
+                    guard.lease.job_id, guard.lease.owner, guard.lease.attempt, "intent"
+                )
+            intent = {"key": key, "generation": generations.get(step, 0), "attempt": job.attempt}
+            try:
+                self._store.job_intent(guard.lease, step, intent)
+            except ControlApplied as applied:
+                guard.status = applied.status
+                guard.mark_lost("controlled")
+                raise
+            except LeaseLost:
+                guard.mark_lost("lease_lost")
+                raise
+            log.info("intent recorded", extra={"action": "intent_recorded", "step": step, **ctx})
+            crashpoints.reached("after_intent", step)
+
+        return EffectContext(
+            job_id=str(job.job_id),
+            attempt=int(job.attempt),
+            generations=generations,
+            intents=intents,
+            on_intent=on_intent,
+        )
 
     def _checkpoint(self, guard: LeaseGuard, ctx: dict[str, Any], entry: dict[str, Any]) -> None:
         try:

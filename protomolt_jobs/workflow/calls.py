@@ -116,10 +116,17 @@ class SegmentChannels:
         self.close()
 
 
-def call_unary(channel: grpc.Channel, step: Step, request: Message, timeout_s: float) -> Any:
+def call_unary(
+    channel: grpc.Channel,
+    step: Step,
+    request: Message,
+    timeout_s: float,
+    metadata: list[tuple[str, str]] | None = None,
+) -> Any:
     """One unary call of ``step``'s method; the response parsed as the method's output type.
 
     :param timeout_s: the call deadline from now, in seconds.
+    :param metadata: gRPC metadata to send (the idempotency key), besides the trace context.
     :raises WorkflowExecutionError: GRPC with the status code for any non-OK status (a call that
         outlives ``timeout_s`` is ``DEADLINE_EXCEEDED``; a closed channel is ``UNAVAILABLE``).
     """
@@ -132,10 +139,10 @@ def call_unary(channel: grpc.Channel, step: Step, request: Message, timeout_s: f
         response_deserializer=response_cls.FromString,
     )
     if not tracing.enabled():
-        return _invoke(multicallable, step, request, timeout_s, None)
-    with tracing.step_span(step.name, step.full_method, step.target) as metadata:
+        return _invoke(multicallable, step, request, timeout_s, metadata)
+    with tracing.step_span(step.name, step.full_method, step.target) as carrier:
         try:
-            return _invoke(multicallable, step, request, timeout_s, metadata)
+            return _invoke(multicallable, step, request, timeout_s, carrier + (metadata or []))
         except WorkflowExecutionError as exc:
             tracing.step_failed(exc.code.name if exc.code else "UNKNOWN", exc.message)
             raise

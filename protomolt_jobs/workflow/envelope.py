@@ -58,6 +58,9 @@ from protomolt_jobs.workflow.proto_sources import qualify_rpc_types
 from protomolt_jobs.workflow.types import (
     DEFAULT_DEADLINE_MS,
     DEFAULT_MAX_PARALLEL,
+    EFFECT_EXTERNAL,
+    EFFECT_IDEMPOTENT,
+    EFFECTS,
     ON_DONE,
     ON_FAILURE,
     ON_SUCCESS,
@@ -69,6 +72,7 @@ from protomolt_jobs.workflow.types import (
     Runtime,
     Step,
     StructuredSpec,
+    VerifySpec,
     WorkflowParseError,
 )
 
@@ -506,6 +510,45 @@ def _resolve_method(
     return service.methods_by_name[method_name]
 
 
+def _parse_effect(
+    obj: Mapping[str, Any], name: str, pool: descriptor_pool.DescriptorPool, files: tuple[str, ...]
+) -> tuple[str, VerifySpec | None, str]:
+    """``effect``, ``verify`` and ``adapterVersion`` of one step (docs/workflows.md *Effects*)."""
+    effect = obj.get("effect", EFFECT_IDEMPOTENT)
+    if effect is None:
+        effect = EFFECT_IDEMPOTENT
+    if effect not in EFFECTS:
+        raise WorkflowParseError(
+            name, f"'effect' must be one of none, idempotent, external; got {_brief(effect)}"
+        )
+    adapter = obj.get("adapterVersion")
+    if adapter is not None and not (isinstance(adapter, str) and adapter.strip()):
+        raise WorkflowParseError(name, "'adapterVersion' must be a non-blank string")
+    verify = None
+    if obj.get("verify") is not None:
+        if effect != EFFECT_EXTERNAL:
+            raise WorkflowParseError(name, "'verify' is only for a step with effect 'external'")
+        value = obj["verify"]
+        if not isinstance(value, dict):
+            raise WorkflowParseError(name, "'verify' must be an object")
+        method_text = _text(value, "method")
+        found = _text(value, "found")
+        if method_text is None or found is None:
+            raise WorkflowParseError(name, "'verify' needs 'method' and 'found'")
+        method = _resolve_method(pool, files, method_text.strip(), name)
+        verify = VerifySpec(
+            target=(_text(value, "target") or _text(obj, "target") or "").strip(),
+            tls=_bool(value, "tls") if "tls" in value else _bool(obj, "tls"),
+            method=method,
+            method_name=method_text.strip(),
+            rules=_parse_text_rules(value.get("rules")),
+            cel_rules=_parse_cel_rules(value.get("celRules"), name),
+            found=found,
+            receipt=_text(value, "receipt") or "",
+        )
+    return effect, verify, (adapter or "").strip()
+
+
 #: Step keys that make a workflow a graph workflow (besides the workflow's own
 #: ``maxParallel`` and ``completion``).
 GRAPH_STEP_KEYS = ("after", "join", "compensate", "edge", "fanOut", "structured")
@@ -660,6 +703,7 @@ def _parse_step(
         if text is None:
             raise WorkflowParseError(name, "'compensate' must name a step")
         compensate = text.strip()
+    effect, verify, adapter_version = _parse_effect(obj, name, pool, files)
     if fan_out is not None:
         output_type = fan_out.collect_type
     elif structured is not None:
@@ -687,6 +731,9 @@ def _parse_step(
         edge=edge,
         fan_out=fan_out,
         structured=structured,
+        effect=effect,
+        verify=verify,
+        adapter_version=adapter_version,
     )
 
 

@@ -160,6 +160,7 @@ class _Run:
         self.channels = channels
         self._channel_lock = threading.Lock()
         self.call_permit = call_permit
+        self.effects: Any = None  # effects.EffectContext of a job's segment, or None
         self.deadline = time.monotonic() + workflow.deadline_ms / 1000.0
 
     # -- replay ------------------------------------------------------------------------------
@@ -193,6 +194,7 @@ class _Run:
                 self.errors[name] = exc
                 self.state.ended(name, g.FAILED, exc.message)
                 continue
+            _r._check_fingerprint(self.workflow, step, entry)
             replayed = _r._replay(self.workflow, i, step, entry)
             if replayed is None:
                 self.values[name] = message_class(step.output_type)()
@@ -218,6 +220,10 @@ class _Run:
     def succeeded(self, step: Step, response: Message) -> None:
         try:
             entry = _r.checkpoint_entry(step.name, response, self.workflow.pool)
+            if self.effects is not None:
+                from protomolt_jobs.workflow.effects import stamp
+
+                stamp(entry, self.workflow, step, attempt=self.effects.attempt)
         except Exception as exc:
             raise _fail(
                 FailureKind.WORKFLOW,
@@ -258,7 +264,14 @@ class _Run:
     def call(self, step: Step, request: Message, call_ms: int, channel: grpc.Channel) -> Message:
         permit = self.call_permit(step.target) if self.call_permit else contextlib.nullcontext()
         with permit:
-            return call_unary(channel, step, request, call_ms / 1000.0)
+            return call_unary(channel, step, request, call_ms / 1000.0, self.metadata(step))
+
+    def metadata(self, step: Step) -> list[tuple[str, str]] | None:
+        if self.effects is None:
+            return None
+        from protomolt_jobs.workflow.effects import IDEMPOTENCY_HEADER
+
+        return [(IDEMPOTENCY_HEADER, self.effects.key(step.name))]
 
     def execute(self, step: Step, scope: dict[str, Message]) -> Message:
         """Run one step (on a pool thread): its result, or a WorkflowExecutionError."""
@@ -353,8 +366,11 @@ def run_graph(
     *,
     runtime: Runtime,
     call_permit: Callable[[str], Any] | None = None,
+    effects: Any = None,
 ) -> Completed | Parked:
     """Replay ``prior`` and run the rest of a graph workflow (see the module docstring).
+
+    :param effects: the job's ``effects.EffectContext`` (idempotency keys, fingerprints), or None.
 
     :param prior: stored checkpoint entries in completion order, keyed by ``name``.
     :param on_checkpoint: called from this thread with each new entry as its step ends.
@@ -369,6 +385,7 @@ def run_graph(
     """
     with SegmentChannels(runtime) as channels:
         run = _Run(workflow, input_msg, on_checkpoint, runtime, channels, call_permit)
+        run.effects = effects
         run.replay(prior)
         outcome = _schedule(run)
         if outcome is not None:

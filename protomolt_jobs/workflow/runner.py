@@ -38,15 +38,18 @@ from typing import Any
 from google.protobuf import descriptor_pool, json_format
 from google.protobuf.message import Message
 
+from protomolt_jobs.errors import ProtomoltJobsError
 from protomolt_jobs.workflow import cel as _cel
 from protomolt_jobs.workflow import mapping
 from protomolt_jobs.workflow.calls import SegmentChannels, call_unary
 from protomolt_jobs.workflow.envelope import message_class, parse_input
 from protomolt_jobs.workflow.types import (
+    EFFECT_EXTERNAL,
     CompiledWorkflow,
     Completed,
     FailureKind,
     Parked,
+    RecoveryRequired,
     Runtime,
     Step,
     WorkflowExecutionError,
@@ -208,16 +211,126 @@ def _ignore(_entry: dict[str, Any]) -> None:
     return None
 
 
+class _RecoveryStop(ProtomoltJobsError):
+    """Internal: the run must stop as :class:`RecoveryRequired` (raised from replay or from
+    an external step's resume; :func:`run_segment` returns it)."""
+
+    def __init__(self, outcome: RecoveryRequired) -> None:
+        super().__init__(outcome.reason)
+        self.outcome = outcome
+
+
+def _check_fingerprint(workflow: CompiledWorkflow, step: Step, entry: Any) -> None:
+    """Stop (``checkpoint-mismatch``) when a stored entry's fingerprint no longer matches."""
+    if not isinstance(entry, dict) or entry.get("name") != step.name:
+        return  # _replay reports a malformed or misplaced entry as before
+    if "definitionSha256" not in entry and "descriptorSha256" not in entry:
+        return
+    from protomolt_jobs.workflow import effects as fx
+
+    changed = fx.mismatch(workflow, step, entry)
+    if changed is not None:
+        raise _RecoveryStop(RecoveryRequired(step.name, fx.mismatch_reason(step.name, changed)))
+
+
+def _resume_external(
+    workflow: CompiledWorkflow,
+    step: Step,
+    scope: _Scope,
+    channels: SegmentChannels,
+    effects: Any,
+    call_ms: int,
+) -> tuple[Message, Any] | None:
+    """An external step with an intent and no checkpoint: ask its ``verify`` probe.
+
+    :returns: ``(response to bind, receipt)`` when the probe finds the effect; None when it
+        finds nothing (the step is called).
+    :raises _RecoveryStop: no ``verify``, or the probe could not tell (it failed).
+    """
+    from protomolt_jobs.workflow import effects as fx
+
+    v = step.verify
+    if v is None:
+        raise _RecoveryStop(
+            RecoveryRequired(
+                step.name,
+                f"step '{step.name}' has effect 'external', an intent and no checkpoint, and no "
+                "'verify' probe: reconcile-step must say whether it happened",
+            )
+        )
+    probe = fx.probe_step(step)
+    try:
+        request = _build(v.method.input_type, v.rules, v.cel_rules, scope, step.name)
+        response = call_unary(
+            channels.channel(probe),
+            probe,
+            request,
+            call_ms / 1000.0,
+            [(fx.IDEMPOTENCY_HEADER, effects.key(step.name))],
+        )
+        activation = dict(scope.cel())
+        activation["response"] = _cel.message_to_cel(response)
+        found = _cel.evaluate_bool(v.found, activation)
+        if not found:
+            return None
+        if v.receipt.strip():
+            receipt = _cel_json(_cel.evaluate(v.receipt, activation))
+        else:
+            receipt = fx.response_json(response, workflow.pool)
+    except Exception as exc:  # a failed call, mapping or CEL: the probe cannot tell
+        message = getattr(exc, "message", None) or str(exc)
+        raise _RecoveryStop(
+            RecoveryRequired(
+                step.name,
+                f"step '{step.name}' has an intent and no checkpoint, and its verify probe "
+                f"failed: {message}",
+            )
+        ) from exc
+    assert step.output_type is not None
+    if v.method.output_type.full_name == step.output_type.full_name:
+        bound: Message = response
+    else:
+        bound = message_class(step.output_type)()
+    return bound, receipt
+
+
+def _cel_json(value: Any) -> Any:
+    """A CEL result as JSON (maps, lists, scalars; anything else as its text)."""
+    from celpy import celtypes
+
+    if value is None:
+        return None
+    if isinstance(value, celtypes.BoolType | bool):
+        return bool(value)
+    if isinstance(value, celtypes.IntType | celtypes.UintType | int):
+        return int(value)
+    if isinstance(value, celtypes.DoubleType | float):
+        return float(value)
+    if isinstance(value, celtypes.MapType | dict):
+        return {str(k): _cel_json(v) for k, v in value.items()}
+    if isinstance(value, celtypes.ListType | list | tuple):
+        return [_cel_json(v) for v in value]
+    return str(value)
+
+
 def _record(
     on_checkpoint: Callable[[dict[str, Any]], None],
     step: Step,
     response: Message | None,
     pool: descriptor_pool.DescriptorPool,
+    workflow: CompiledWorkflow | None = None,
+    effects: Any = None,
+    request: Message | None = None,
+    receipt: Any = None,
 ) -> None:
     if on_checkpoint is _ignore:
         return  # synchronous run: nothing is stored, so nothing needs rendering
     try:
         entry = checkpoint_entry(step.name, response, pool)
+        if effects is not None and workflow is not None:
+            from protomolt_jobs.workflow.effects import stamp
+
+            stamp(entry, workflow, step, request=request, attempt=effects.attempt, receipt=receipt)
     except Exception as exc:
         # Not a store failure: the same response would fail again, so no retry (upstream 4.4).
         raise _fail(
@@ -244,7 +357,8 @@ def run_segment(
     *,
     runtime: Runtime,
     call_permit: Callable[[str], Any] | None = None,
-) -> Completed | Parked:
+    effects: Any = None,
+) -> Completed | Parked | RecoveryRequired:
     """Replay ``prior`` and run the rest of ``workflow``.
 
     A graph workflow (``workflow.graph``) runs on ``graph_run.run_graph``: ready steps in
@@ -257,7 +371,11 @@ def run_segment(
     :param on_checkpoint: called with each new entry as the step lands (ready to store).
     :param runtime: the host's runtime (channel factory for ``inprocess:`` targets).
     :param call_permit: graph workflows: ``target -> context manager`` held around each call.
-    :returns: :class:`Completed` or :class:`Parked` (at an external step).
+    :param effects: the job's ``effects.EffectContext``: idempotency keys on every call,
+        fingerprints in every new entry, intents before ``external`` steps (None: none).
+    :returns: :class:`Completed`, :class:`Parked` (at an external step), or
+        :class:`RecoveryRequired` (an external step's state cannot be proven, or a stored
+        checkpoint's fingerprint changed).
     :raises WorkflowExecutionError: kind, step, message (and code for GRPC).
     """
     if not isinstance(input, Message):
@@ -274,12 +392,33 @@ def run_segment(
             "",
             f"stored checkpoints ({len(prior)}) outnumber the workflow's steps ({len(steps)})",
         )
-    if workflow.graph:
-        from protomolt_jobs.workflow.graph_run import run_graph
+    try:
+        if workflow.graph:
+            from protomolt_jobs.workflow.graph_run import run_graph
 
-        return run_graph(
-            workflow, input, prior, on_checkpoint, runtime=runtime, call_permit=call_permit
-        )
+            return run_graph(
+                workflow,
+                input,
+                prior,
+                on_checkpoint,
+                runtime=runtime,
+                call_permit=call_permit,
+                effects=effects,
+            )
+        return _run_steps(workflow, input, prior, on_checkpoint, runtime, effects)
+    except _RecoveryStop as stop:
+        return stop.outcome
+
+
+def _run_steps(
+    workflow: CompiledWorkflow,
+    input: Message,
+    prior: list[dict[str, Any]],
+    on_checkpoint: Callable[[dict[str, Any]], None],
+    runtime: Runtime,
+    effects: Any,
+) -> Completed | Parked:
+    steps = workflow.steps
     deadline = time.monotonic() + workflow.deadline_ms / 1000.0
     scope = _Scope(input)
     outcomes: list[dict[str, Any]] = []
@@ -294,6 +433,7 @@ def run_segment(
                     "this engine does not run; verify the workflow first",
                 )
             if i < len(prior):
+                _check_fingerprint(workflow, step, prior[i])
                 replayed = _replay(workflow, i, step, prior[i])
                 skipped = replayed is None
                 value = message_class(step.output_type)() if replayed is None else replayed
@@ -307,7 +447,7 @@ def run_segment(
             if step.when.strip() and not _gate(step, scope):
                 scope.bind(step.name, message_class(step.output_type)())
                 outcomes.append({"name": step.name, "skipped": True})
-                _record(on_checkpoint, step, None, workflow.pool)
+                _record(on_checkpoint, step, None, workflow.pool, workflow, effects)
                 continue
             request = _build(step.input_type, step.rules, step.cel_rules, scope, step.name)
             remaining_ms = math.floor((deadline - time.monotonic()) * 1000)
@@ -318,12 +458,40 @@ def run_segment(
                     "workflow deadline exhausted before the step ran",
                 )
             call_ms = min(step.deadline_ms, remaining_ms) if step.deadline_ms > 0 else remaining_ms
-            response = call_unary(channels.channel(step), step, request, call_ms / 1000.0)
-            if step.validate:
-                _validate(step, response)
+            metadata = None
+            receipt = None
+            found = None
+            if effects is not None:
+                from protomolt_jobs.workflow.effects import IDEMPOTENCY_HEADER
+
+                key = effects.key(step.name)
+                metadata = [(IDEMPOTENCY_HEADER, key)]
+                if step.effect == EFFECT_EXTERNAL:
+                    if step.name in effects.intents:
+                        found = _resume_external(workflow, step, scope, channels, effects, call_ms)
+                    else:
+                        _intent(effects, step, key)
+                    receipt = {"idempotencyKey": key}
+            if found is not None:
+                response, receipt = found
+            else:
+                response = call_unary(
+                    channels.channel(step), step, request, call_ms / 1000.0, metadata
+                )
+                if step.validate:
+                    _validate(step, response)
             scope.bind(step.name, response)
             outcomes.append({"name": step.name, "skipped": False})
-            _record(on_checkpoint, step, response, workflow.pool)
+            _record(
+                on_checkpoint,
+                step,
+                response,
+                workflow.pool,
+                workflow,
+                effects,
+                request,
+                receipt,
+            )
             last = response
     if workflow.output is not None:
         out = workflow.output
@@ -346,6 +514,22 @@ def run_segment(
     )
 
 
+def _intent(effects: Any, step: Step, key: str) -> None:
+    """Store the intent of an external step before its call (a failure: the step is not
+    called and the run is retried like a failed checkpoint write)."""
+    if effects.on_intent is None:
+        return
+    try:
+        effects.on_intent(step.name, key)
+    except Exception as exc:
+        raise _fail(
+            FailureKind.WORKFLOW,
+            step.name,
+            f"could not record the intent of external step '{step.name}': {exc}",
+            store_failure=True,
+        ) from exc
+
+
 def run(
     workflow: CompiledWorkflow, input: Message | dict[str, Any], *, runtime: Runtime
 ) -> Completed:
@@ -360,6 +544,8 @@ def run(
         if step.external:
             raise _fail(FailureKind.EXTERNAL, step.name, CANNOT_PARK)
     result = run_segment(workflow, input, [], _ignore, runtime=runtime)
+    if isinstance(result, RecoveryRequired):  # cannot happen without stored checkpoints
+        raise _fail(FailureKind.WORKFLOW, result.step, result.reason)
     if isinstance(result, Parked):
         raise _fail(FailureKind.EXTERNAL, result.step, CANNOT_PARK)
     return result

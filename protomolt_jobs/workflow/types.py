@@ -40,6 +40,7 @@ __all__ = [
     "Finding",
     "Output",
     "Parked",
+    "RecoveryRequired",
     "Runtime",
     "Step",
     "StructuredSpec",
@@ -211,6 +212,29 @@ class StructuredSpec:
     max_attempts: int = 0
 
 
+#: ``Step.effect`` values (docs/workflows.md *Effects*).
+EFFECT_NONE = "none"
+EFFECT_IDEMPOTENT = "idempotent"
+EFFECT_EXTERNAL = "external"
+EFFECTS = (EFFECT_NONE, EFFECT_IDEMPOTENT, EFFECT_EXTERNAL)
+
+
+@dataclass(frozen=True, eq=False)
+class VerifySpec:
+    """An ``external`` step's probe: a unary call built from the scope like a step's request
+    (``rules``/``cel_rules``), whose response (``response`` in CEL) ``found`` judges; ``receipt``
+    (CEL over ``response``, optional) is what the checkpoint keeps as the proof."""
+
+    target: str
+    tls: bool
+    method: _descriptor.MethodDescriptor
+    method_name: str
+    rules: tuple[TextRule, ...]
+    cel_rules: tuple[CelRule, ...]
+    found: str
+    receipt: str = ""
+
+
 @dataclass(frozen=True, eq=False)
 class Step:
     """One resolved step. ``method`` is None for a structured step (and ``structured`` is set).
@@ -248,6 +272,12 @@ class Step:
     edge: EdgeSpec | None = None
     fan_out: FanOutSpec | None = None
     structured: StructuredSpec | None = None
+    #: ``none``, ``idempotent`` (default) or ``external`` (an intent is recorded before the
+    #: call; a resume with the intent and no checkpoint asks ``verify`` or an operator).
+    effect: str = EFFECT_IDEMPOTENT
+    verify: VerifySpec | None = None
+    #: ``adapterVersion`` as declared ("" when absent): recorded in the step's checkpoints.
+    adapter_version: str = ""
 
     @property
     def external(self) -> bool:
@@ -331,6 +361,17 @@ class Completed:
     output_type: str
     steps: list[dict[str, Any]]
     report: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class RecoveryRequired:
+    """A segment that stopped because a step's state cannot be proven: an ``external`` step
+    with an intent and no checkpoint whose probe is absent or failed, or a checkpoint whose
+    fingerprint no longer matches (``reason`` starts with ``checkpoint-mismatch``). An
+    operator answers with ``reconcile-step`` or ``migrate-checkpoint``."""
+
+    step: str
+    reason: str
 
 
 @dataclass(frozen=True)

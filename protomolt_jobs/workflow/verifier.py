@@ -136,6 +136,11 @@ _verified: weakref.WeakKeyDictionary[CompiledWorkflow, tuple[Finding, ...]] = (
 _verified_lock = threading.Lock()
 
 
+_EXTERNAL_IN_GRAPH = (
+    "effect 'external' is not supported in a graph workflow yet (no intent would be recorded)"
+)
+
+
 def verify(workflow: CompiledWorkflow) -> list[Finding]:
     """Statically verify ``workflow`` (memoised per compiled workflow).
 
@@ -153,7 +158,13 @@ def verify(workflow: CompiledWorkflow) -> list[Finding]:
 
 def _verify(workflow: CompiledWorkflow) -> list[Finding]:
     if workflow.graph:
-        return _verify_graph(workflow)
+        # The graph executor gives idempotency keys and fingerprints but records no intents
+        # yet (docs/workflows.md *Effects*): refuse what it would not honour.
+        return [
+            Finding(s.name, "effect-external-in-graph", _EXTERNAL_IN_GRAPH)
+            for s in workflow.steps
+            if s.effect == "external"
+        ] + _verify_graph(workflow)
     findings: list[Finding] = []
     scope: dict[str, _d.Descriptor] = {"input": workflow.input_type}
     for step in workflow.steps:

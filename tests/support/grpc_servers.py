@@ -163,6 +163,7 @@ class TestServices:
         self._delays: dict[str, float] = {}
         self._failures: dict[str, _Injected] = {}
         self._requests: dict[str, list[Any]] = {}
+        self._metadata: dict[str, list[dict[str, str]]] = {}
         self._handlers: dict[str, Callable[[Any, grpc.ServicerContext], Any]] = {}
         self._spans: list[tuple[str, float, float]] = []
         self.reset()
@@ -249,6 +250,7 @@ class TestServices:
             self._delays = {}
             self._failures = {}
             self._requests = {n: [] for n in names}
+            self._metadata = {n: [] for n in names}
             self._handlers = {}
             self._spans = []
 
@@ -261,6 +263,11 @@ class TestServices:
         """Copies of the requests ``method`` received, oldest first."""
         with self._lock:
             return list(self._requests[_canonical(method)])
+
+    def metadata(self, method: str) -> list[dict[str, str]]:
+        """The invocation metadata of each call of ``method`` (key -> value), oldest first."""
+        with self._lock:
+            return list(self._metadata[_canonical(method)])
 
     def spans(self, step: str | None = None) -> list[tuple[str, float, float]]:
         """``Steps/Run`` calls as ``(step, started, ended)`` (``time.monotonic()`` seconds on
@@ -302,8 +309,12 @@ class TestServices:
 
     # -- handlers -----------------------------------------------------------------------------
 
-    def _enter(self, method: str, request: Any) -> tuple[float, _Injected | None, Callable | None]:
+    def _enter(
+        self, method: str, request: Any, context: grpc.ServicerContext | None = None
+    ) -> tuple[float, _Injected | None, Callable | None]:
+        metadata = dict(context.invocation_metadata()) if context is not None else {}
         with self._lock:
+            self._metadata[method].append(metadata)
             self._calls[method] += 1
             self._in_flight[method] += 1
             self._max_in_flight[method] = max(self._max_in_flight[method], self._in_flight[method])
@@ -323,7 +334,7 @@ class TestServices:
         default = getattr(self, f"_do_{method.lower()}")
 
         def handle(request: Any, context: grpc.ServicerContext) -> Any:
-            delay, injected, override = self._enter(method, request)
+            delay, injected, override = self._enter(method, request, context)
             try:
                 if delay > 0:
                     # Sleep in slices so a cancelled (deadline-exceeded) call frees its thread.

@@ -66,6 +66,11 @@ VALID_EVENTS = {
     "RESUMED": {"type": EventType.TYPE_RESUMED},
     "REQUEUED": {"type": EventType.TYPE_REQUEUED, "step": "fetch"},
     "CONTROL_REQUESTED": {"type": EventType.TYPE_CONTROL_REQUESTED, "verdict": "cancel"},
+    "RECOVERY_REQUIRED": {
+        "type": EventType.TYPE_RECOVERY_REQUIRED,
+        "step": "charge",
+        "error": "checkpoint-mismatch: step 'charge' descriptorSha256 changed",
+    },
 }
 
 
@@ -94,6 +99,7 @@ def test_event_type_numbers_are_the_upstream_ones():
         ("TYPE_RESUMED", 9),
         ("TYPE_REQUEUED", 10),
         ("TYPE_CONTROL_REQUESTED", 11),
+        ("TYPE_RECOVERY_REQUIRED", 12),
     ]
     assert EventType.TYPE_DEAD == 6 and EventType.Name(4) == "TYPE_COMPLETED"
 

@@ -132,7 +132,9 @@ def engine(monkeypatch):
         Engine.targets.append(n)
         return "t:1"
 
-    def run_segment(workflow, message, prior, on_checkpoint, *, runtime, call_permit=None):
+    def run_segment(
+        workflow, message, prior, on_checkpoint, *, runtime, call_permit=None, effects=None
+    ):
         return Engine.segment(prior, on_checkpoint)
 
     for name, value in {

@@ -28,6 +28,7 @@ class WorkflowRunEvent(_message.Message):
         TYPE_RESUMED: _ClassVar[WorkflowRunEvent.Type]
         TYPE_REQUEUED: _ClassVar[WorkflowRunEvent.Type]
         TYPE_CONTROL_REQUESTED: _ClassVar[WorkflowRunEvent.Type]
+        TYPE_RECOVERY_REQUIRED: _ClassVar[WorkflowRunEvent.Type]
     TYPE_UNSPECIFIED: WorkflowRunEvent.Type
     TYPE_ACCEPTED: WorkflowRunEvent.Type
     TYPE_STEP_CHECKPOINT: WorkflowRunEvent.Type
@@ -40,6 +41,7 @@ class WorkflowRunEvent(_message.Message):
     TYPE_RESUMED: WorkflowRunEvent.Type
     TYPE_REQUEUED: WorkflowRunEvent.Type
     TYPE_CONTROL_REQUESTED: WorkflowRunEvent.Type
+    TYPE_RECOVERY_REQUIRED: WorkflowRunEvent.Type
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_NAME_FIELD_NUMBER: _ClassVar[int]

@@ -1,0 +1,306 @@
+"""The recovery verbs of step effects (issue #17; docs/verbs.md, docs/operations.md *Recovery*).
+
+- ``reconcile-step {jobId, stepName, outcome: "done"|"not-done", response?, reason?}``: an
+  operator says what happened to an external step whose state could not be proven. ``done``
+  checkpoints ``response`` (parsed against the step's output type, validated when the step
+  declares ``validate``, exactly as ``complete-step``) and the run goes on after it; ``not-done``
+  drops the intent, so the step is called (once, with the same idempotency key).
+- ``migrate-checkpoint {jobId, stepName, action: "keep"|"discard"|"replace", response?,
+  reason?}``: a checkpoint whose fingerprint changed (``checkpoint-mismatch``). ``keep`` accepts
+  the stored response under the current fingerprint (``ok: false`` saying why when it no longer
+  parses as the current output type); ``discard`` drops it and the checkpoints of the steps that
+  depend on it (they run again); ``replace`` checkpoints the given response instead.
+
+Both accept only a RECOVERY_REQUIRED run (else ``ok: false`` naming the status), write one
+optimistic statement (``job_recover``: the row must still be at the history sequence read),
+queue the run, and are recorded in the transition log with the caller's principal.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from protomolt_jobs.errors import JobCorrupt
+from protomolt_jobs.job_verbs import (
+    CompleteStepAction,
+    JobsBackend,
+    _actor,
+    _control_schema,
+    _ControlVerb,
+    _invalid,
+    _not_found,
+    _refused,
+    _require_string,
+    _step_graph,
+)
+
+__all__ = ["MigrateCheckpointAction", "ReconcileStepAction", "effect_actions"]
+
+log = logging.getLogger("protomolt_jobs.verbs")
+
+RECOVERY_REQUIRED = "RECOVERY_REQUIRED"
+
+
+class _RecoveryVerb(_ControlVerb):
+    def __init__(self, backend: JobsBackend, runtime: Any) -> None:
+        super().__init__(backend)
+        self.runtime = runtime
+        # the step resolution and response parsing of complete-step, shared
+        self._complete = CompleteStepAction(backend, runtime)
+
+    def _load(self, input: dict[str, Any]) -> tuple[Any, Any, str, str | None, Any]:
+        store, job_id, reason = self._begin(input)
+        step_name = _require_string(input, "stepName")
+        job = store.job_get(job_id)
+        return store, job_id, step_name, reason, job
+
+    def _gate(self, job_id: Any, job: Any) -> dict[str, Any] | None:
+        if job is None:
+            return _not_found(job_id)
+        if job.status != RECOVERY_REQUIRED:
+            return _refused(
+                job_id, job.status, f"{self.name} accepts only a {RECOVERY_REQUIRED} run"
+            )
+        if getattr(job, "unreadable", None):
+            raise JobCorrupt(
+                f"job {job_id} has stored JSON that cannot be read: {job.unreadable}",
+                {"jobId": str(job_id), "status": job.status},
+            )
+        return None
+
+    def _entry(self, compiled: Any, step: Any, response: Any) -> dict[str, Any]:
+        """The checkpoint entry of an operator-given ``response`` (invalid-input when it is not
+        proto3 JSON of the step's output type or breaks its declared rules)."""
+        from protomolt_jobs.workflow import checkpoint_entry
+        from protomolt_jobs.workflow.effects import stamp
+
+        if not isinstance(response, dict):
+            raise _invalid("response", "Field 'response' must be a JSON object")
+        message = self._complete._parse_response(step, response)
+        if step.validate:
+            from protomolt_jobs.workflow.validation import summarize, validate_message
+
+            violations = validate_message(message)
+            if violations:
+                raise _invalid("response", f"'response' failed validation: {summarize(violations)}")
+        try:
+            entry = checkpoint_entry(step.name, message, compiled.pool)
+        except Exception as exc:
+            raise _invalid(
+                "response",
+                f"'response' cannot be rendered as proto3 JSON of "
+                f"{step.output_type.full_name}: {exc}",
+            ) from exc
+        return stamp(entry, compiled, step)
+
+    def _recover(
+        self,
+        store: Any,
+        job: Any,
+        step_name: str,
+        checkpoints: list[dict[str, Any]],
+        intents: dict[str, Any] | None,
+        kind: str,
+        reason: str | None,
+    ) -> Any:
+        outcome = store.job_recover(
+            job.job_id,
+            step=step_name,
+            checkpoints=checkpoints,
+            intents=intents,
+            expected_history_seq=job.history_seq,
+            kind=kind,
+            actor=_actor(),
+            reason=reason,
+        )
+        self._log(job.job_id, outcome.status, reason)
+        return outcome
+
+
+class ReconcileStepAction(_RecoveryVerb):
+    """``reconcile-step`` (scope ``job-control``): say whether an external step happened."""
+
+    name = "reconcile-step"
+    description = (
+        "Reconcile a RECOVERY_REQUIRED job's step ('jobId', 'stepName', 'outcome': 'done' or "
+        "'not-done', 'response' for done, optional 'reason'): done checkpoints the response "
+        "(the step's output type; validated like complete-step) and the job goes on without "
+        "calling the step; not-done queues the job so the step is called."
+    )
+    fields = ("jobId", "stepName", "outcome", "response", "reason")
+
+    def __init__(self, backend: JobsBackend, runtime: Any) -> None:
+        super().__init__(backend, runtime)
+        self.input_schema = _control_schema(
+            {
+                "stepName": {"type": "string"},
+                "outcome": {"type": "string", "enum": ["done", "not-done"]},
+                "response": {
+                    "type": "object",
+                    "description": "done: proto3 JSON of the step method's output type.",
+                },
+            },
+            ("stepName", "outcome"),
+        )
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """:returns: ``{ok: true, status: "QUEUED"}``, or ``{ok: false, status?, error}``.
+
+        :raises Unavailable: no database configured.
+        :raises InvalidInput: a malformed field; an unknown step; ``done`` without a response
+            or with one that is not proto3 JSON of the step's output type (or breaks its rules).
+        :raises JobCorrupt: the job's stored definition or checkpoints cannot be read.
+        """
+        outcome_text = _require_string(input, "outcome")
+        if outcome_text not in ("done", "not-done"):
+            raise _invalid("outcome", "Field 'outcome' must be 'done' or 'not-done'")
+        if outcome_text == "not-done" and input.get("response") is not None:
+            raise _invalid("response", "Field 'response' is only for outcome 'done'")
+        if outcome_text == "done" and input.get("response") is None:
+            raise _invalid("response", "Field 'response' is required for outcome 'done'")
+        store, job_id, step_name, reason, job = self._load(input)
+        refused = self._gate(job_id, job)
+        if refused is not None:
+            return refused
+        compiled, step = self._complete._resolve_step(job, step_name)
+        checkpoints = [c for c in job.checkpoints or [] if isinstance(c, dict)]
+        if any(c.get("name") == step_name for c in checkpoints):
+            return {
+                "ok": False,
+                "status": job.status,
+                "error": f"step '{step_name}' already has a checkpoint; it is not the step "
+                "waiting for reconciliation (see the job's error)",
+            }
+        intents = dict(job.effect_intents or {})
+        intents.pop(step_name, None)
+        if outcome_text == "done":
+            entry = self._entry(compiled, step, input["response"])
+            entry["receipt"] = {"reconciledBy": _actor()}
+            checkpoints.append(entry)
+        answer = self._recover(
+            store, job, step_name, checkpoints, intents or None, "reconcile-step", reason
+        )
+        if answer.changed:
+            return {"ok": True, "status": "QUEUED"}
+        return _refused(
+            job_id, answer.status, "it changed while the reconciliation was prepared; read it again"
+        )
+
+
+class MigrateCheckpointAction(_RecoveryVerb):
+    """``migrate-checkpoint`` (scope ``job-control``): keep, discard or replace a checkpoint
+    whose fingerprint no longer matches the run's definition or the current descriptors."""
+
+    name = "migrate-checkpoint"
+    description = (
+        "Migrate a RECOVERY_REQUIRED job's checkpoint ('jobId', 'stepName', 'action': 'keep', "
+        "'discard' or 'replace', 'response' for replace, optional 'reason'): keep accepts the "
+        "stored response under the current types (refused when it no longer parses), discard "
+        "runs the step (and the steps depending on it) again, replace checkpoints the given "
+        "response."
+    )
+    fields = ("jobId", "stepName", "action", "response", "reason")
+
+    def __init__(self, backend: JobsBackend, runtime: Any) -> None:
+        super().__init__(backend, runtime)
+        self.input_schema = _control_schema(
+            {
+                "stepName": {"type": "string"},
+                "action": {"type": "string", "enum": ["keep", "discard", "replace"]},
+                "response": {
+                    "type": "object",
+                    "description": "replace: proto3 JSON of the step method's output type.",
+                },
+            },
+            ("stepName", "action"),
+        )
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """:returns: ``{ok: true, status: "QUEUED", dropped?: [step...]}``, or ``{ok: false,
+            status?, error}`` (also when ``keep`` finds a response that no longer parses).
+
+        :raises Unavailable: no database configured.
+        :raises InvalidInput: a malformed field; an unknown step or one without a checkpoint;
+            ``replace`` without a valid response.
+        :raises JobCorrupt: the job's stored definition or checkpoints cannot be read.
+        """
+        action = _require_string(input, "action")
+        if action not in ("keep", "discard", "replace"):
+            raise _invalid("action", "Field 'action' must be 'keep', 'discard' or 'replace'")
+        if action != "replace" and input.get("response") is not None:
+            raise _invalid("response", "Field 'response' is only for action 'replace'")
+        if action == "replace" and input.get("response") is None:
+            raise _invalid("response", "Field 'response' is required for action 'replace'")
+        store, job_id, step_name, reason, job = self._load(input)
+        refused = self._gate(job_id, job)
+        if refused is not None:
+            return refused
+        compiled, step = self._complete._resolve_step(job, step_name)
+        checkpoints = [c for c in job.checkpoints or [] if isinstance(c, dict)]
+        index = next((i for i, c in enumerate(checkpoints) if c.get("name") == step_name), None)
+        if index is None:
+            raise _invalid("stepName", f"step '{step_name}' has no checkpoint to migrate")
+        old = checkpoints[index]
+        body: dict[str, Any] = {"ok": True, "status": "QUEUED"}
+        if action == "discard":
+            order, dependants = _step_graph(job, self.runtime)
+            dropped = {step_name, *dependants.get(step_name, ())}
+            checkpoints = [c for c in checkpoints if c.get("name") not in dropped]
+            body["dropped"] = [n for n in order if n in dropped]
+        elif action == "keep":
+            problem = _keep_problem(compiled, step, old)
+            if problem is not None:
+                return {"ok": False, "status": job.status, "error": problem}
+            from protomolt_jobs.workflow.effects import refresh
+
+            checkpoints[index] = refresh(old, compiled, step)
+        else:
+            entry = self._entry(compiled, step, input["response"])
+            for field in ("attempt", "receipt"):
+                if field in old:
+                    entry.setdefault(field, old[field])
+            checkpoints[index] = entry
+        answer = self._recover(
+            store,
+            job,
+            step_name,
+            checkpoints,
+            job.effect_intents,
+            f"migrate-checkpoint:{action}",
+            reason,
+        )
+        if answer.changed:
+            return body
+        return _refused(
+            job_id, answer.status, "it changed while the migration was prepared; read it again"
+        )
+
+
+def _keep_problem(compiled: Any, step: Any, entry: dict[str, Any]) -> str | None:
+    """Why the stored response cannot be kept under the current output type, or None."""
+    if entry.get("skipped") is True:
+        return None
+    from google.protobuf import json_format
+
+    from protomolt_jobs.workflow.envelope import message_class
+
+    response = entry.get("response")
+    type_name = step.output_type.full_name
+    if not isinstance(response, dict):
+        return f"the checkpoint of step '{step.name}' holds no response object to keep"
+    try:
+        json_format.ParseDict(
+            response, message_class(step.output_type)(), descriptor_pool=compiled.pool
+        )
+    except (json_format.ParseError, TypeError, ValueError, OverflowError, KeyError) as exc:
+        return (
+            f"the stored response of step '{step.name}' no longer parses as {type_name}: {exc}; "
+            "use discard (run the step again) or replace (give the response)"
+        )
+    return None
+
+
+def effect_actions(backend: JobsBackend, runtime: Any) -> list[Any]:
+    """The recovery verbs over one backend, in manifest order."""
+    return [ReconcileStepAction(backend, runtime), MigrateCheckpointAction(backend, runtime)]

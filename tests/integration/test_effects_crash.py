@@ -1,0 +1,187 @@
+"""Step effects across a worker crash (issue #17): real worker processes killed at a named
+crash point between an external step's intent and its checkpoint, real PostgreSQL, gRPC
+servers that count calls and record the idempotency key each call carried."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from protomolt_jobs.store import JobStore
+from tests.support.grpc_servers import TestServices, message_class, schema_for
+from tests.support.worker_proc import (
+    CRASH_EXIT_CODE,
+    WorkerProcess,
+    enqueue,
+    event_types,
+    wait_for,
+)
+
+_FAST = {
+    "lease_seconds": 1.5,
+    "poll_interval_ms": 200,
+    "sweep_interval_ms": 200,
+    "backoff_base_seconds": 0.2,
+    "worker_count": 1,
+    "pool_max_size": 4,
+}
+KEY = "x-protomolt-idempotency-key"
+
+
+@pytest.fixture(scope="module")
+def svc():
+    with TestServices() as services:
+        yield services
+
+
+@pytest.fixture
+def services(svc):
+    svc.reset()
+    yield svc
+    svc.reset()
+
+
+@pytest.fixture
+def store(fresh_dsn):
+    s = JobStore.open(fresh_dsn, max_size=2)
+    yield s
+    s.close()
+
+
+def charge_workflow(target: str, *, effect: str | None, verify: bool) -> dict[str, Any]:
+    """prepare (Tokenize) -> charge (Steps/Run, the step under test) -> finish (Embed)."""
+    charge: dict[str, Any] = {
+        "name": "charge",
+        "target": target,
+        "method": "jobs.test.Steps/Run",
+        "rules": ["step = input.text"],
+    }
+    if effect is not None:
+        charge["effect"] = effect
+    if verify:
+        charge["verify"] = {
+            "method": "jobs.test.ReviewDesk/Review",
+            "rules": ["text = input.text"],
+            "found": "response.approved",
+            "receipt": "{'note': response.note}",
+        }
+    return {
+        "name": "charge-flow",
+        "schema": schema_for("descriptorSetBase64"),
+        "inputType": "jobs.test.Text",
+        "steps": [
+            {
+                "name": "prepare",
+                "target": target,
+                "method": "jobs.test.Tokenizer/Tokenize",
+                "rules": ["text = input.text"],
+            },
+            charge,
+            {
+                "name": "finish",
+                "target": target,
+                "method": "jobs.test.Embedder/Embed",
+                "rules": ["ids = prepare.ids", "text = prepare.text"],
+            },
+        ],
+    }
+
+
+def probe_answers(services: TestServices, approved: bool, note: str) -> None:
+    def review(request, context):
+        out = message_class("jobs.test.Review")()
+        out.approved = approved
+        out.note = note
+        return out
+
+    services.set_handler("Review", review)
+
+
+def crash_then_resume(store, dsn, services, workflow, *, point="before_checkpoint:charge"):
+    """Run the job on a worker that dies at ``point``; return (job, resumed worker)."""
+    job = enqueue(store, workflow, {"text": "pay"})
+    a = WorkerProcess(dsn, worker_id="proc-a", crash_at=point, **_FAST)
+    try:
+        a.start(wait_ready=False)
+        assert a.wait_exit(60) == CRASH_EXIT_CODE
+    finally:
+        a.close()
+    row = store.job_get(job.job_id)
+    assert row.status == "RUNNING"
+    assert [c["name"] for c in row.checkpoints] == ["prepare"]
+    b = WorkerProcess(dsn, worker_id="proc-b", **_FAST)
+    b.start()
+    return job, b
+
+
+def test_external_step_whose_probe_finds_the_effect_is_not_called_again(store, fresh_dsn, services):
+    probe_answers(services, True, "receipt-42")
+    wf = charge_workflow(services.target, effect="external", verify=True)
+    job, b = crash_then_resume(store, fresh_dsn, services, wf)
+    try:
+        wait_for(lambda: store.job_get(job.job_id).status == "COMPLETED", timeout_s=60)
+    finally:
+        b.close()
+    row = store.job_get(job.job_id)
+    assert services.calls("Run") == 1, "the external step was called again"
+    assert services.calls("Review") == 1
+    charge = row.checkpoints[1]
+    assert charge["name"] == "charge" and charge["skipped"] is False
+    assert charge["receipt"] == {"note": "receipt-42"}
+    assert charge["attempt"] == 2 and "at" in charge
+    assert row.effect_intents and row.effect_intents["charge"]["key"] == f"{job.job_id}:charge:0"
+    # the probe carried the step's key too
+    assert services.metadata("Review")[0][KEY] == f"{job.job_id}:charge:0"
+    assert [c["name"] for c in row.checkpoints] == ["prepare", "charge", "finish"]
+
+
+def test_external_step_whose_probe_finds_nothing_is_called_exactly_once_more(
+    store, fresh_dsn, services
+):
+    probe_answers(services, False, "nothing here")
+    wf = charge_workflow(services.target, effect="external", verify=True)
+    job, b = crash_then_resume(store, fresh_dsn, services, wf)
+    try:
+        wait_for(lambda: store.job_get(job.job_id).status == "COMPLETED", timeout_s=60)
+    finally:
+        b.close()
+    assert services.calls("Run") == 2
+    assert services.calls("Review") == 1
+    keys = [m[KEY] for m in services.metadata("Run")]
+    assert keys == [f"{job.job_id}:charge:0"] * 2
+    charge = store.job_get(job.job_id).checkpoints[1]
+    assert charge["receipt"] == {"idempotencyKey": f"{job.job_id}:charge:0"}
+
+
+def test_external_step_without_verify_waits_as_recovery_required(store, fresh_dsn, services):
+    wf = charge_workflow(services.target, effect="external", verify=False)
+    job, b = crash_then_resume(store, fresh_dsn, services, wf)
+    try:
+        wait_for(lambda: store.job_get(job.job_id).status == "RECOVERY_REQUIRED", timeout_s=60)
+    finally:
+        b.close()
+    row = store.job_get(job.job_id)
+    assert row.outstanding_step == "charge"
+    assert "no 'verify' probe" in row.error
+    assert row.lease_owner is None and row.lease_token is None
+    assert services.calls("Run") == 1
+    kinds = event_types(store, job.job_id)
+    assert kinds.count(("RECOVERY_REQUIRED", "charge")) == 1
+
+
+def test_idempotent_step_is_called_again_with_the_same_key(store, fresh_dsn, services):
+    wf = charge_workflow(services.target, effect=None, verify=False)
+    job, b = crash_then_resume(store, fresh_dsn, services, wf)
+    try:
+        wait_for(lambda: store.job_get(job.job_id).status == "COMPLETED", timeout_s=60)
+    finally:
+        b.close()
+    assert services.calls("Run") == 2
+    keys = [m[KEY] for m in services.metadata("Run")]
+    assert keys == [f"{job.job_id}:charge:0"] * 2
+    row = store.job_get(job.job_id)
+    assert row.effect_intents is None, "an idempotent step wrote an intent"
+    charge = row.checkpoints[1]
+    assert "receipt" not in charge
+    assert charge["descriptorSha256"] and charge["definitionSha256"] and charge["requestSha256"]
