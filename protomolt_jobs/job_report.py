@@ -17,8 +17,12 @@ For a graph run ``steps``, ``completionOrder`` and ``criterion`` are the graph's
 come from the log: a step is attempted once per segment that reaches it (a claim, or the
 checkpoint of the step before it while the segment runs on), and a
 step's duration runs from the last claim or checkpoint before its own checkpoint (for a parked
-step, from the park to ``complete-step``). For steps that run in parallel these are
-per-segment approximations; the checkpoints stay exact.
+step, from the park to ``complete-step``). A graph run (``depends`` given) counts and times
+each step from its dependencies instead, since its steps run side by side: a step is attempted
+in each segment in which it became ready (every dependency checkpointed) while it had no
+checkpoint, a skipped step never; its duration runs from the later of its segment's claim and
+its last dependency's checkpoint. Steps a worker could not start at once (``maxParallel``, a
+target's permits) show the wait in their duration; the checkpoints stay exact.
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ def report_json(
     transitions: tuple[Any, ...],
     *,
     graph: dict[str, Any] | None = None,
+    depends: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
     """The final report of a terminal job.
 
@@ -98,6 +103,8 @@ def report_json(
         checkpointed names when the snapshot cannot be read.
     :param transitions: the job's transitions, oldest first.
     :param graph: a graph run's own report (steps, completion order, criterion), or None.
+    :param depends: a graph run's main steps (compensation steps aside) -> the steps each
+        depends on; None for a sequential run.
     :returns: the report (shape in the module docstring).
     """
     checkpoints = [c for c in job.checkpoints or [] if isinstance(c, dict)]
@@ -145,6 +152,8 @@ def report_json(
             if t.reason:
                 action["reason"] = t.reason
             actions.append(action)
+    if depends is not None:
+        attempts, durations = _graph_attempts(transitions, depends, by_name)
     if graph is not None:
         steps = list(graph.get("steps", []))
     else:
@@ -159,6 +168,63 @@ def report_json(
     report["durationsMs"] = {n: durations[n] for n in order if n in durations and n in by_name}
     report["operatorActions"] = actions
     return report
+
+
+def _graph_attempts(
+    transitions: tuple[Any, ...],
+    depends: dict[str, list[str]],
+    by_name: dict[str, dict[str, Any]],
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Attempts and durations of a graph run's steps (the module docstring says how)."""
+    attempts: dict[str, int] = {}
+    durations: dict[str, int] = {}
+    done: dict[str, datetime] = {}  # step -> its checkpoint's time, as the log replays them
+    counted: set[str] = set()  # attempted in the current segment
+    seg_start: datetime | None = None
+    last_boundary: datetime | None = None
+    parked_at: datetime | None = None
+
+    def count_ready() -> None:
+        for name, deps in depends.items():
+            if name not in done and name not in counted and all(d in done for d in deps):
+                attempts[name] = attempts.get(name, 0) + 1
+                counted.add(name)
+
+    for t in transitions:
+        if t.kind == "claim":
+            seg_start = last_boundary = t.at
+            counted = set()
+            count_ready()
+        elif t.kind in _CHECKPOINT_KINDS and t.step:
+            name = t.step
+            if t.kind == "complete-step" and parked_at is not None:
+                start: datetime | None = parked_at
+            elif name in depends:
+                start = seg_start
+                for d in depends[name]:
+                    if d in done and (start is None or done[d] > start):
+                        start = done[d]
+            else:  # a compensation step: they run one after the other
+                start = last_boundary
+            if start is not None:
+                durations[name] = int((t.at - start).total_seconds() * 1000)
+            if name not in done:
+                if name not in counted and name not in attempts and name not in depends:
+                    attempts[name] = 1  # a compensation that ran
+                done[name] = t.at
+            last_boundary = t.at
+            if t.new_status == "RUNNING":
+                count_ready()
+        elif t.kind == "park":
+            parked_at = last_boundary = t.at
+        elif t.kind in ("requeue", "sql", "retry-step"):
+            keep = set(by_name) - ({t.step} if t.kind == "retry-step" and t.step else set())
+            done = {n: at for n, at in done.items() if n in keep}
+    skipped = {n for n, c in by_name.items() if c.get("skipped") is True}
+    return (
+        {n: k for n, k in attempts.items() if n not in skipped},
+        durations,
+    )
 
 
 def _sequential_steps(

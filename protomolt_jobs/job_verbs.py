@@ -269,7 +269,9 @@ def _report(store: Any, job: Any, runtime: Any) -> dict[str, Any]:
         order, _ = _step_graph(job, runtime)
     except JobCorrupt:  # a snapshot that does not parse: report what was checkpointed
         order = [str(c.get("name")) for c in job.checkpoints or [] if isinstance(c, dict)]
-    return report_json(job, order, transitions, graph=_graph_report(job, runtime))
+    graph = _graph_report(job, runtime)
+    depends = graph.pop("_depends", None) if graph is not None else None
+    return report_json(job, order, transitions, graph=graph, depends=depends)
 
 
 def _wrong_state(job_id: uuid.UUID, status: str, outstanding: str | None, step: str) -> dict:
@@ -508,7 +510,12 @@ def _graph_report(job: Any, runtime: Any) -> dict[str, Any] | None:
         return None
     if not workflow.graph:
         return None
-    return report_from_checkpoints(workflow, job.checkpoints or [], job.status, job.error)
+    from protomolt_jobs.workflow.graph import main_steps
+
+    out = report_from_checkpoints(workflow, job.checkpoints or [], job.status, job.error)
+    # Taken out again by _report: the dependencies time and count each step (job_report).
+    out["_depends"] = {s.name: [d.step for d in s.depends] for s in main_steps(workflow)}
+    return out
 
 
 class ListJobsAction:

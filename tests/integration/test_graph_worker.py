@@ -578,3 +578,29 @@ def test_sigkill_after_a_handled_failure_runs_the_handler_not_the_step(store, fr
     finally:
         first.close()
         second.close()
+
+
+def test_get_job_counts_one_attempt_per_step_and_times_parallel_steps_from_their_start(
+    store, fresh_dsn, services
+):
+    # One claim ran the whole diamond: every called step was attempted once (the sequential
+    # count gave b and d two), and b, which ran 1 s beside c, did not take the 10 ms
+    # between c's checkpoint and its own. A skipped step was never attempted.
+    t = services.target
+    wf = graph(
+        [
+            step("a", t),
+            step("b", t, sleep_ms=1000, after=["a"]),
+            step("c", t, sleep_ms=1000, after=["a"]),
+            step("g", t, after=["a"], when="input.text == 'no'"),
+            step("d", t, after=["b", "c", {"step": "g", "on": "done"}]),
+        ]
+    )
+    job = enqueue(store, wf, {"text": "x"})
+    _run_one(store, fresh_dsn)
+    report = _get_job(store, job.job_id)["report"]
+    assert report["status"] == "COMPLETED"
+    assert report["claims"] == 1
+    assert report["attempts"] == {"a": 1, "b": 1, "c": 1, "d": 1}
+    assert report["durationsMs"]["b"] >= 900 and report["durationsMs"]["c"] >= 900
+    assert report["durationsMs"]["d"] < 900
