@@ -693,6 +693,11 @@ def _parse_step(
                 "fan-out requires an edge; the items resolve against the edge's produced message",
             )
         fan_out = _parse_fan_out(obj["fanOut"], name, pool)
+    if obj.get("when") is not None and not isinstance(obj["when"], str):
+        # Dropping it (as other absent text does) would run a step its author gated off.
+        raise WorkflowParseError(
+            name, f"'when' must be a CEL expression (a string); got {_brief(obj['when'])}"
+        )
     after = _parse_after(obj["after"], name) if "after" in obj else None
     join = obj.get("join", "all")
     if join not in ("all", "any"):

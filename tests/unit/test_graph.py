@@ -142,6 +142,10 @@ def test_compensation_steps_depend_on_nothing_and_are_skipped_as_previous(runtim
         (lambda s: s.update(after=[3]), "b", "'after' must be an array"),
         (lambda s: s.update(join="most"), "b", "'join' must be 'all' or 'any'"),
         (lambda s: s.update(compensate=""), "b", "'compensate' must name a step"),
+        # A gate that is not text was silently dropped: "when": false ran the step.
+        (lambda s: s.update(when=False), "b", "'when' must be a CEL expression (a string)"),
+        (lambda s: s.update(when=0), "b", "'when' must be a CEL expression (a string); got 0"),
+        (lambda s: s.update(when=["x"]), "b", "'when' must be a CEL expression"),
     ],
 )
 def test_malformed_graph_keys_are_parse_errors_naming_the_step(runtime, mutate, step_name, text):
