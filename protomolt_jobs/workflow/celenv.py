@@ -270,6 +270,9 @@ def _plain(value: Any) -> Any:
         return None
     kind = type(value)
     if kind is celtypes.StringType or kind is str:
+        if "\x00" in value:
+            # cel-expr-python reads strings as C strings: "a\x00b" would be "a" there.
+            raise _Unrepresentable("string with NUL")
         return str(value)
     if kind is celtypes.BoolType or kind is bool:
         return bool(value)
@@ -280,6 +283,8 @@ def _plain(value: Any) -> Any:
     if kind is celtypes.ListType or kind is list:
         return [_plain(v) for v in value]
     if kind is celtypes.BytesType or kind is bytes:
+        if b"\x00" in value:
+            raise _Unrepresentable("bytes with NUL")  # C strings there too, as above
         return bytes(value)
     # Doubles (cel-cpp compares an int with a double where cel-python 0.5 fails: CEL's
     # heterogeneous numbers), uints (cel-cpp would read an int64), timestamps, durations,

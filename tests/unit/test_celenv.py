@@ -137,8 +137,8 @@ def activations(draw):
         "m": draw(st.integers(-(2**40), 2**40)),
         # a double makes cel-python answer (cel-cpp mixes int and double where it refuses)
         **({"x": draw(st.floats(-1e6, 1e6, allow_nan=False))} if draw(st.booleans()) else {}),
-        "s": draw(st.text(alphabet="abcz-é", max_size=6)),
-        "t": draw(st.text(alphabet="abz", max_size=3)),
+        "s": draw(st.text(alphabet="abcz-é\x00", max_size=6)),
+        "t": draw(st.text(alphabet="abz\x00", max_size=3)),
         "tags": draw(st.lists(st.sampled_from(["a", "b", "", "ccc"]), max_size=4)),
         "flag": draw(st.booleans()),
         "big": str(draw(st.integers(-(2**50), 2**50))),
@@ -201,3 +201,13 @@ def test_names_the_text_does_not_mention_do_not_keep_it_off_the_fast_path():
     slow = celenv.program("now > timestamp('2025-01-01T00:00:00Z') && this.score >= 0")
     assert slow._evaluate_fast({"this": this, "now": now}) is celenv._NO_ANSWER
     assert slow.evaluate({"this": this, "now": now}) == celtypes.BoolType(True)
+
+
+@pytest.mark.parametrize("value", ["\x00", "a\x00b", b"\x00", b"a\x00b"])
+def test_a_nul_inside_a_value_is_not_cut_short(value):
+    # cel-expr-python reads strings and bytes as C strings ("a\x00b" became "a", size 1):
+    # such values are answered by cel-python, whose size counts every character.
+    convert = celtypes.StringType if isinstance(value, str) else celtypes.BytesType
+    activation = {"x": convert(value)}
+    assert celenv.program("size(x)").evaluate(activation) == len(value)
+    assert celenv.program("size(x) > 0").evaluate(activation)
