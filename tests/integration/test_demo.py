@@ -92,7 +92,11 @@ def test_demo_completes_every_job_and_reuses_the_embedded_database(tmp_path, doc
     assert _summary(text)["completed"] == str(count)
 
 
-def test_demo_without_approve_all_parks_and_prints_the_complete_step_command(tmp_path):
+def test_demo_without_approve_all_parks_and_prints_the_complete_step_command(
+    tmp_path, fresh_dsn, monkeypatch
+):
+    # A database of the test's own: the embedded one is the first test's subject.
+    monkeypatch.setenv("PROTOMOLT_JOBS_DSN", fresh_dsn)
     console = _console()
     code = run_demo(
         path=samples_dir() / "leases.md",
