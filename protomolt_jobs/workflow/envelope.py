@@ -40,6 +40,7 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -320,6 +321,14 @@ def _house_set_file(tmp: str) -> str:
     return path
 
 
+#: A ``sources`` path: relative, ``/``-separated segments of letters, digits, ``_``, ``-``, ``.``,
+#: none starting with ``-``, ``.`` or ``@``, ending in ``.proto``. The paths are protoc's
+#: command-line arguments: ``@args.proto`` made protoc read its options from another source
+#: file (``--plugin=...=/bin/sh`` ran a command), ``--descriptor_set_out=...`` and ``-I...``
+#: are options, so nothing that protoc could read as one may pass.
+_SOURCE_PATH = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]*/)*[A-Za-z0-9_][A-Za-z0-9_.-]*\.proto")
+
+
 def _compile_sources(sources: dict[str, str], root: str | None) -> descriptor_pb2.FileDescriptorSet:
     where = "/schema/sources"
     # Bare rpc types resolved in the package first, as upstream's compiler does (proto_sources).
@@ -327,7 +336,7 @@ def _compile_sources(sources: dict[str, str], root: str | None) -> descriptor_pb
     with tempfile.TemporaryDirectory(prefix="protomolt-sources-") as tmp:
         for name, text in sources.items():
             path = PurePosixPath(name)
-            if path.is_absolute() or ".." in path.parts or not name.endswith(".proto"):
+            if not _SOURCE_PATH.fullmatch(name):
                 raise WorkflowParseError(
                     "",
                     f"Failed to compile proto sources: '{name}' is not a relative .proto path "
@@ -354,7 +363,13 @@ def _compile_sources(sources: dict[str, str], root: str | None) -> descriptor_pb
         # A subprocess: protoc reports errors only on its stderr, which we want in the message.
         try:
             proc = subprocess.run(
-                args, capture_output=True, text=True, check=False, timeout=PROTOC_TIMEOUT_S, cwd=tmp
+                args,
+                capture_output=True,
+                text=True,
+                errors="replace",  # protoc's stderr is text, but never fail on its bytes
+                check=False,
+                timeout=PROTOC_TIMEOUT_S,
+                cwd=tmp,
             )
         except subprocess.TimeoutExpired as exc:
             raise WorkflowParseError(

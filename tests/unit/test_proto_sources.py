@@ -114,3 +114,37 @@ def test_a_real_error_still_names_the_callers_line():
     bad = UPSTREAM_JOBS_TEST_PROTO.replace("returns (Vector)", "returns (Nope)")
     with pytest.raises(WorkflowParseError, match=r"jobs/test/jobs.proto:15:.*Nope"):
         parse_workflow(_workflow({"jobs/test/jobs.proto": bad}), Runtime())
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "@args.proto",  # protoc reads its arguments from the file args.proto
+        "--descriptor_set_out=/tmp/x.proto",
+        "-Iinclude.proto",
+        "a/-b.proto",
+        "a//b.proto",
+        "./a.proto",
+        "a b.proto",
+        "a\nb.proto",
+        ".proto",
+    ],
+)
+def test_a_source_path_that_protoc_could_read_as_an_option_is_refused(tmp_path, name):
+    # A path is handed to protoc as a command-line argument: "@args.proto" made protoc take
+    # its arguments from another source file, among them "--plugin=protoc-gen-x=/bin/sh" and
+    # "--x_out=;<command>;:dir", and check-workflow ran the command on the node.
+    proof = tmp_path / "ran"
+    args = f"--plugin=protoc-gen-evil=/bin/sh\n--evil_out=;touch {proof};:{tmp_path}\nt.proto\n"
+    text = UPSTREAM_JOBS_TEST_PROTO
+    wf = _workflow({"t.proto": text, "args.proto": args, name: text})
+    wf["schema"]["root"] = name
+    with pytest.raises(WorkflowParseError) as info:
+        parse_workflow(wf, Runtime())
+    assert "is not a relative .proto path" in info.value.message
+    assert not proof.exists()
+
+
+def test_nested_source_paths_with_dashes_dots_and_underscores_compile():
+    wf = _workflow({"ai/pipe-stream/jobs_v1/test.v1.proto": UPSTREAM_JOBS_TEST_PROTO})
+    assert check(wf, Runtime()) == []
