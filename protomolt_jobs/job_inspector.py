@@ -71,6 +71,36 @@ class JobInspector:
             return []
         return [s["name"] for s in steps if isinstance(s, dict) and isinstance(s.get("name"), str)]
 
+    def step_graph(self, job_id: str) -> list[dict[str, Any]]:
+        """The steps of a *graph* workflow with what each waits for:
+        ``[{"name", "after": ["a", "b (failure)"]}]`` in definition order; empty for a
+        sequential workflow (each step simply follows the one before) or one that does not parse.
+
+        :raises StoreError: the store is unavailable.
+        """
+        from protomolt_jobs.workflow.envelope import parse_workflow
+        from protomolt_jobs.workflow.types import ON_SUCCESS, WorkflowParseError
+
+        job = self._open().job_get(job_id)
+        if job is None or not isinstance(job.workflow_definition, dict):
+            return []
+        try:
+            workflow = parse_workflow(job.workflow_definition, self._runtime)
+        except WorkflowParseError:
+            return []
+        if not getattr(workflow, "graph", False):
+            return []
+        return [
+            {
+                "name": step.name,
+                "after": [
+                    d.step if d.on == ON_SUCCESS else f"{d.step} ({d.on})"
+                    for d in getattr(step, "depends", ())
+                ],
+            }
+            for step in workflow.steps
+        ]
+
     def answer_type(self, job_id: str, step_name: str) -> _d.Descriptor | None:
         """The message type ``complete-step`` must send for ``step_name`` (the step method's
         output type), or None when the job, its definition or the step cannot be resolved.

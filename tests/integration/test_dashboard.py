@@ -253,6 +253,31 @@ def test_dashboard_pages_answer_without_a_browser(tmp_path, fresh_dsn):
         assert status == 404 and b"invalid-input" in body
         status, body, _ = http("GET", f"{url}/ui/", headers={"Cookie": "protomolt_token=nope"})
         assert status in (200, 303) and (status == 303 or b"login-form" in body)
+        # A graph workflow's job shows what each step waits for.
+        graph = {
+            "name": "fork",
+            "schema": {"descriptorSetBase64": descriptor_set_b64()},
+            "inputType": "jobs.test.Text",
+            "steps": [
+                {
+                    "name": "tokenize",
+                    "target": "127.0.0.1:1",
+                    "method": "jobs.test.Tokenizer/Tokenize",
+                    "rules": ["text = input.text"],
+                },
+                {
+                    "name": "again",
+                    "target": "127.0.0.1:1",
+                    "method": "jobs.test.Tokenizer/Tokenize",
+                    "after": [{"step": "tokenize", "on": "done"}],
+                },
+            ],
+        }
+        job_id = _submit(url, graph, "fork me")
+        status, body, _ = http(
+            "GET", f"{url}/ui/jobs/{job_id}", headers={"Cookie": f"protomolt_token={TOKEN}"}
+        )
+        assert status == 200 and b"after tokenize (done)" in body, body[:2000]
         # A form posted by another site's page is refused, whatever the cookie.
         status, body, _ = http(
             "POST",

@@ -339,6 +339,7 @@ class Dashboard:
                 answer_type="",
             )
         names = await self._inspect("step_names", job_id) or []
+        graph = {g["name"]: g["after"] for g in await self._inspect("step_graph", job_id) or []}
         done = {c.get("name"): c for c in job.get("checkpoints") or [] if isinstance(c, dict)}
         timeline: list[dict[str, Any]] = []
         for name in names or list(done):
@@ -351,7 +352,7 @@ class Dashboard:
                 state = "next"
             else:
                 state = "pending"
-            timeline.append({"name": name, "state": state})
+            timeline.append({"name": name, "state": state, "after": graph.get(name, [])})
         events = await self._inspect("events", job_id) or []
         history: dict[str, Any] = {}
         if "job-history" in self._verbs():
@@ -382,6 +383,7 @@ class Dashboard:
             operator_verbs=OPERATOR_VERBS,
             history=history,
             step_names=names or list(done),
+            graph=bool(graph),
         )
 
     async def complete(self, request: Request) -> Response:
