@@ -43,6 +43,9 @@ RECOVERY_REQUIRED = "RECOVERY_REQUIRED"
 
 
 class _RecoveryVerb(_ControlVerb):
+    #: The verb's name (set by each subclass).
+    name: str
+
     def __init__(self, backend: JobsBackend, runtime: Any) -> None:
         super().__init__(backend)
         self.runtime = runtime
