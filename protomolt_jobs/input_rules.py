@@ -20,6 +20,7 @@ the top-level field it was given; none recurses (deep input cannot exhaust the s
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from protomolt_jobs.errors import InvalidInput
@@ -31,6 +32,7 @@ __all__ = [
     "check_text",
     "has_lone_surrogate",
     "invalid",
+    "proto_json_path",
     "text_problem",
 ]
 
@@ -40,9 +42,38 @@ MAX_JSON_DEPTH = 100
 MAX_JSON_INT = 2**53
 
 
-def invalid(field: str, message: str) -> InvalidInput:
-    """An ``invalid-input`` error naming ``field`` (``details.field``)."""
-    return InvalidInput(message, {"field": field})
+def invalid(field: str, message: str, path: str | None = None) -> InvalidInput:
+    """An ``invalid-input`` error naming ``field`` (``details.field``) and, when given, the
+    offending field inside it (``details.path``, e.g. ``txt`` or ``items[0].name``)."""
+    details = {"field": field}
+    if path:
+        details["path"] = path
+    return InvalidInput(message, details)
+
+
+# protobuf's json_format messages: 'Failed to parse <f> field: ...' wraps a nested failure;
+# 'Message type "T" has no field named "<f>" at "T.a.b[0]"' is an unknown field.
+_FAILED_FIELD = re.compile(r"^Failed to parse (\S+) field: ")
+_UNKNOWN_FIELD = re.compile(r'^Message type "[^"]+" has no field named "([^"]*)" at "([^"]*)"')
+
+
+def proto_json_path(message: str) -> str | None:
+    """The path of the field protobuf's JSON parser refused, from its error ``message``
+    (``txt``, ``items[0].nme``, ``meta.count``), or None when the message names none.
+
+    Unknown fields carry the full path (``at "Type.items[0]"``); a value of the wrong type
+    names each enclosing field (list indexes are not given there)."""
+    names: list[str] = []
+    rest = message
+    while match := _FAILED_FIELD.match(rest):
+        names.append(match.group(1))
+        rest = rest[match.end() :]
+    unknown = _UNKNOWN_FIELD.match(rest)
+    if unknown is not None:
+        # "at" holds the enclosing path from the root type; a wrapped parse already named it.
+        enclosing = unknown.group(2).split(".", 1)[1] if "." in unknown.group(2) else ""
+        return ".".join([p for p in (enclosing, unknown.group(1)) if p])
+    return ".".join(names) or None
 
 
 def has_lone_surrogate(text: str) -> bool:

@@ -29,9 +29,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from protomolt_jobs.errors import InvalidInput, JobCorrupt, NotFound, Unavailable
-from protomolt_jobs.input_rules import MAX_JSON_DEPTH, MAX_JSON_INT
+from protomolt_jobs.input_rules import MAX_JSON_DEPTH, MAX_JSON_INT, proto_json_path
 from protomolt_jobs.input_rules import check_json as _check_json
 from protomolt_jobs.input_rules import check_text as _check_text
+from protomolt_jobs.input_rules import invalid as _input_invalid
 from protomolt_jobs.store.records import (
     JOB_STATUSES,
     TERMINAL_STATUSES,
@@ -389,6 +390,11 @@ class SubmitWorkflowAction:
             actor=_actor(),
             **sched,
         )
+        if outcome.reason in ("invalid-input", "invalid-job-id"):
+            # Bad input is an error on every door (the request topic keeps a reject row with
+            # the same reason): an input that is not proto3 JSON of the inputType, a misspelt
+            # field ({"txt": ...} for "text") included, never an ok: false answer.
+            raise _input_invalid(outcome.field or "input", outcome.error, outcome.path)
         return outcome.to_json()
 
 
@@ -756,11 +762,14 @@ class CompleteStepAction:
 
         message = message_factory.GetMessageClass(step.output_type)()
         try:
-            json_format.ParseDict(response, message, ignore_unknown_fields=True)
+            # Strict: a misspelt field in a human's answer ({"aproved": true}) is refused
+            # naming it, never dropped so that the field silently takes its default.
+            json_format.ParseDict(response, message, ignore_unknown_fields=False)
         except Exception as exc:  # ParseError, and TypeError/ValueError/OverflowError on odd values
-            raise _invalid(
+            raise _input_invalid(
                 "response",
                 f"'response' is not valid proto3 JSON for {step.output_type.full_name}: {exc}",
+                proto_json_path(str(exc)),
             ) from exc
         return message
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from protomolt_jobs import tracing
 from protomolt_jobs.hooks.contract import WorkflowRepository
+from protomolt_jobs.input_rules import proto_json_path
 from protomolt_jobs.store.records import NewJob
 
 __all__ = ["REASONS", "SubmitOutcome", "Submitter", "parse_job_id"]
@@ -77,6 +78,8 @@ class SubmitOutcome:
     :ivar deduplicated: True when ``job_id`` is an existing live run holding the submitted
         ``dedupKey`` (nothing was inserted).
     :ivar field: the field a refusal names ("" when none).
+    :ivar path: the field inside ``field`` a refusal names (``txt`` for ``{"txt": ...}`` in
+        ``input``; "" when none).
     """
 
     ok: bool
@@ -88,6 +91,7 @@ class SubmitOutcome:
     reason: str | None = None
     deduplicated: bool = False
     field: str = ""
+    path: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """The ``submit-workflow`` envelope: ``{ok, jobId, status, deduplicated?}`` or
@@ -104,7 +108,9 @@ class SubmitOutcome:
         return body
 
 
-def _refuse(reason: str, error: str, failed_step: str = "", field: str = "") -> SubmitOutcome:
+def _refuse(
+    reason: str, error: str, failed_step: str = "", field: str = "", path: str = ""
+) -> SubmitOutcome:
     return SubmitOutcome(
         ok=False,
         job_id=None,
@@ -113,6 +119,7 @@ def _refuse(reason: str, error: str, failed_step: str = "", field: str = "") -> 
         error=error,
         reason=reason,
         field=field,
+        path=path,
     )
 
 
@@ -205,7 +212,9 @@ class Submitter:
         if not isinstance(definition, dict) or not isinstance(input, dict):
             reason = "invalid-definition" if not isinstance(definition, dict) else "invalid-input"
             return _refuse(
-                reason, "'workflow' (or 'workflowName') and 'input' objects are required"
+                reason,
+                "'workflow' (or 'workflowName') and 'input' objects are required",
+                field="workflow" if reason == "invalid-definition" else "input",
             )
         # 3. Parse.
         try:
@@ -234,7 +243,11 @@ class Submitter:
                     f"'input' is not valid proto3 JSON for {compiled.input_type.full_name}: "
                     f"{message}"
                 )
-            return _refuse("invalid-input", message)
+            # The parser's own words follow "...proto3 JSON for <type>: ".
+            said = message.split(": ", 1)[1] if ": " in message else message
+            return _refuse(
+                "invalid-input", message, field="input", path=proto_json_path(said) or ""
+            )
         # 6. Scheduling and budget.
         from protomolt_jobs import scheduling
 
@@ -259,7 +272,9 @@ class Submitter:
         else:
             parsed = parse_job_id(job_id) if isinstance(job_id, str) else None
             if parsed is None:
-                return _refuse("invalid-job-id", f"'jobId' must be a uuid; got '{job_id}'")
+                return _refuse(
+                    "invalid-job-id", f"'jobId' must be a uuid; got '{job_id}'", field="jobId"
+                )
             key = parsed
         # 8. Insert (idempotent on job_id; a live dedup key answers its run).
         declared = definition.get("name")

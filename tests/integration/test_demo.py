@@ -62,9 +62,11 @@ def documents(tmp_path):
     return docs, count
 
 
-def test_demo_completes_every_job_and_reuses_the_embedded_database(tmp_path, documents):
+def test_demo_completes_every_job_and_reuses_the_embedded_database(
+    tmp_path, documents, open_data_dir
+):
     docs, count = documents
-    data = tmp_path / "data"
+    data = open_data_dir / "data"
     first = _console()
     assert run_demo(path=docs, approve_all=True, data_dir=data, timeout_s=240, console=first) == 0
     text = first.export_text()
@@ -157,10 +159,10 @@ def test_a_latin1_file_is_submitted_with_a_warning(tmp_path, fresh_dsn, monkeypa
     assert "menu is not UTF-8: read as Latin-1" in text
 
 
-def test_no_documents_is_exit_2(tmp_path):
+def test_no_documents_is_exit_2(tmp_path, open_data_dir):
     (tmp_path / "x.bin").write_bytes(b"\x00\x01")
     (tmp_path / "empty.txt").write_bytes(b"  \n")
-    assert run_demo(path=tmp_path, data_dir=tmp_path / "data", console=_console()) == 2
+    assert run_demo(path=tmp_path, data_dir=open_data_dir / "data", console=_console()) == 2
 
 
 def test_summarize_counts_and_percentiles():

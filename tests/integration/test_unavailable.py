@@ -187,6 +187,50 @@ def test_every_verb_is_unavailable_when_the_database_is_gone(node, services, fre
         channel.close()
 
 
+_CONTROL_RPC = {
+    "cancel-job": "CancelJob",
+    "pause-job": "PauseJob",
+    "resume-job": "ResumeJob",
+    "retry-step": "RetryStep",
+    "requeue-job": "RequeueJob",
+    "job-history": "JobHistory",
+}
+
+
+def test_every_control_verb_and_health_are_unavailable_quickly_when_the_database_is_gone(
+    node, fresh_dsn
+):
+    job_id = str(uuid.uuid4())
+    inputs = {verb: {"jobId": job_id} for verb in _CONTROL_RPC}
+    inputs["retry-step"]["stepName"] = "review"
+    for verb, envelope in inputs.items():
+        status, body, _ = http("POST", f"{node.actions_url}/{verb}", envelope)
+        assert (status, body["ok"]) == (200, False), (verb, body)
+    health = node.actions_url.replace("/protomolt/actions", "/health")
+    assert http("GET", health)[0] == 200
+    _drop(fresh_dsn)
+    for verb, envelope in inputs.items():
+        started = time.monotonic()
+        status, body, _ = http("POST", f"{node.actions_url}/{verb}", envelope)
+        elapsed = time.monotonic() - started
+        assert (status, body["error"]) == (503, "unavailable"), (verb, body)
+        assert elapsed < 3.0, (verb, elapsed)
+    started = time.monotonic()
+    status, body, _ = http("GET", health)
+    assert status == 503, body
+    assert time.monotonic() - started < 3.0
+    channel = grpc.insecure_channel(node.grpc.target)
+    try:
+        for verb, envelope in inputs.items():
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError) as caught:
+                _grpc(channel, _CONTROL_RPC[verb], envelope)
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, verb
+            assert time.monotonic() - started < 3.0, verb
+    finally:
+        channel.close()
+
+
 def test_after_terminating_the_nodes_idle_connections_the_next_verb_succeeds(node, fresh_dsn):
     job_id = str(uuid.uuid4())
     assert http("POST", f"{node.actions_url}/get-job", {"jobId": job_id})[0] == 200

@@ -207,11 +207,6 @@ def test_job_id_is_trimmed_and_case_insensitive(verbs):
             "stored workflow 'broken' is not readable",
             None,
         ),
-        (
-            {"workflowName": "seed-review", "input": {"text": {"not": "a string"}}},
-            "'input' is not valid proto3 JSON for jobs.test.Text",
-            None,
-        ),
     ],
 )
 def test_submit_refusals_are_answers(verbs, body, error, failed_step):
@@ -224,12 +219,22 @@ def test_submit_refusals_are_answers(verbs, body, error, failed_step):
     assert verbs.counts() == before
 
 
-def test_a_misspelt_input_field_is_refused_at_submit_naming_it(verbs):
+def test_a_misspelt_input_field_is_invalid_input_at_submit_naming_it(verbs):
     before = verbs.counts()
-    answer = verbs("submit-workflow", {"workflowName": "seed-review", "input": {"txt": "x"}})
-    assert answer["ok"] is False
-    assert answer["error"].startswith("'input' is not valid proto3 JSON for jobs.test.Text")
-    assert '"txt"' in answer["error"]
+    with pytest.raises(InvalidInput) as info:
+        verbs("submit-workflow", {"workflowName": "seed-review", "input": {"txt": "x"}})
+    assert info.value.message.startswith("'input' is not valid proto3 JSON for jobs.test.Text")
+    assert '"txt"' in info.value.message
+    assert info.value.details == {"field": "input", "path": "txt"}
+    assert verbs.counts() == before
+
+
+def test_input_of_the_wrong_type_is_invalid_input_at_submit_naming_the_field(verbs):
+    before = verbs.counts()
+    with pytest.raises(InvalidInput) as info:
+        verbs("submit-workflow", {"workflowName": "seed-review", "input": {"text": {"no": 1}}})
+    assert info.value.message.startswith("'input' is not valid proto3 JSON for jobs.test.Text")
+    assert info.value.details == {"field": "input", "path": "text"}
     assert verbs.counts() == before
 
 
@@ -293,11 +298,11 @@ def review_checkpoints(verbs, job_id) -> list[dict]:
 
 def test_complete_step_requeues_then_is_idempotent(verbs):
     job_id = verbs.parked()
-    body = {"jobId": str(job_id), "stepName": "review", "response": {"approved": True, "x": 1}}
+    body = {"jobId": str(job_id), "stepName": "review", "response": {"approved": True}}
     assert verbs("complete-step", body) == {"ok": True, "status": "QUEUED"}
     job = verbs.store.job_get(job_id)
     assert job.status == "QUEUED" and job.outstanding_step is None
-    # Unknown fields dropped; default-valued fields printed, as upstream's transcoder stores them.
+    # Default-valued fields printed, as upstream's transcoder stores them.
     assert review_checkpoints(verbs, job_id) == [
         {"name": "review", "skipped": False, "response": {"approved": True, "note": ""}}
     ]
@@ -380,7 +385,22 @@ def test_complete_step_response_of_the_wrong_shape(verbs):
             {"jobId": str(job_id), "stepName": "review", "response": {"approved": "maybe"}},
         )
     assert info.value.message.startswith("'response' is not valid proto3 JSON for jobs.test.Review")
-    assert info.value.details == {"field": "response"}
+    assert info.value.details == {"field": "response", "path": "approved"}
+    assert verbs.counts() == before
+    assert verbs.store.job_get(job_id).status == "WAITING"
+
+
+def test_complete_step_response_with_a_misspelt_field_is_refused_naming_it(verbs):
+    # A human's answer {"aproved": true} must not become approved = false.
+    job_id = verbs.parked()
+    before = verbs.counts()
+    with pytest.raises(InvalidInput) as info:
+        verbs(
+            "complete-step",
+            {"jobId": str(job_id), "stepName": "review", "response": {"aproved": True}},
+        )
+    assert '"aproved"' in info.value.message
+    assert info.value.details == {"field": "response", "path": "aproved"}
     assert verbs.counts() == before
     assert verbs.store.job_get(job_id).status == "WAITING"
 

@@ -141,13 +141,34 @@ def test_verify_failure_answers_with_the_first_finding(svc):
     assert svc.calls("Tokenize") == 0
 
 
-def test_input_that_is_not_proto3_json(svc):
-    answer = RunWorkflowAction(Runtime()).execute(
-        {"workflow": seed_workflow(svc.target, review="invoke"), "input": {"fail": "sometimes"}}
-    )
-    assert answer["ok"] is False
-    assert "failedStep" not in answer
-    assert answer["error"].startswith("'input' is not valid proto3 JSON for jobs.test.Text: ")
+def test_input_that_is_not_proto3_json_is_invalid_input_naming_the_field(svc):
+    with pytest.raises(InvalidInput) as info:
+        RunWorkflowAction(Runtime()).execute(
+            {"workflow": seed_workflow(svc.target, review="invoke"), "input": {"fail": "sometimes"}}
+        )
+    assert info.value.message.startswith("'input' is not valid proto3 JSON for jobs.test.Text: ")
+    assert info.value.details == {"field": "input", "path": "fail"}
+    assert svc.calls("Tokenize") == 0
+
+
+def test_a_misspelt_input_field_is_refused_naming_it(svc):
+    with pytest.raises(InvalidInput) as info:
+        RunWorkflowAction(Runtime()).execute(
+            {"workflow": seed_workflow(svc.target, review="invoke"), "input": {"txt": "x"}}
+        )
+    assert '"txt"' in info.value.message
+    assert info.value.details == {"field": "input", "path": "txt"}
+    assert svc.calls("Tokenize") == 0
+
+
+def test_unknown_top_level_fields_are_refused_naming_them(svc):
+    wf = seed_workflow(svc.target, review="invoke")
+    with pytest.raises(InvalidInput) as info:
+        RunWorkflowAction(Runtime()).execute({"workflow": wf, "input": {}, "inptu": {}})
+    assert info.value.details == {"field": "inptu"}
+    with pytest.raises(InvalidInput) as info:
+        CheckWorkflowAction(Runtime()).execute({"workflow": wf, "simlate": True})
+    assert info.value.details == {"field": "simlate"}
 
 
 def test_run_failure_answers_with_failed_step(svc):
