@@ -52,11 +52,9 @@ class _RecoveryVerb(_ControlVerb):
         # the step resolution and response parsing of complete-step, shared
         self._complete = CompleteStepAction(backend, runtime)
 
-    def _load(self, input: dict[str, Any]) -> tuple[Any, Any, str, str | None, Any]:
-        store, job_id, reason = self._begin(input)
+    def _load(self, store: Any, job_id: Any, input: dict[str, Any]) -> tuple[str, Any]:
         step_name = _require_string(input, "stepName")
-        job = store.job_get(job_id)
-        return store, job_id, step_name, reason, job
+        return step_name, store.job_get(job_id)
 
     def _gate(self, job_id: Any, job: Any) -> dict[str, Any] | None:
         if job is None:
@@ -155,6 +153,7 @@ class ReconcileStepAction(_RecoveryVerb):
             or with one that is not proto3 JSON of the step's output type (or breaks its rules).
         :raises JobCorrupt: the job's stored definition or checkpoints cannot be read.
         """
+        store, job_id, reason = self._begin(input)
         outcome_text = _require_string(input, "outcome")
         if outcome_text not in ("done", "not-done"):
             raise _invalid("outcome", "Field 'outcome' must be 'done' or 'not-done'")
@@ -162,7 +161,7 @@ class ReconcileStepAction(_RecoveryVerb):
             raise _invalid("response", "Field 'response' is only for outcome 'done'")
         if outcome_text == "done" and input.get("response") is None:
             raise _invalid("response", "Field 'response' is required for outcome 'done'")
-        store, job_id, step_name, reason, job = self._load(input)
+        step_name, job = self._load(store, job_id, input)
         refused = self._gate(job_id, job)
         if refused is not None:
             return refused
@@ -228,6 +227,7 @@ class MigrateCheckpointAction(_RecoveryVerb):
             ``replace`` without a valid response.
         :raises JobCorrupt: the job's stored definition or checkpoints cannot be read.
         """
+        store, job_id, reason = self._begin(input)
         action = _require_string(input, "action")
         if action not in ("keep", "discard", "replace"):
             raise _invalid("action", "Field 'action' must be 'keep', 'discard' or 'replace'")
@@ -235,7 +235,7 @@ class MigrateCheckpointAction(_RecoveryVerb):
             raise _invalid("response", "Field 'response' is only for action 'replace'")
         if action == "replace" and input.get("response") is None:
             raise _invalid("response", "Field 'response' is required for action 'replace'")
-        store, job_id, step_name, reason, job = self._load(input)
+        step_name, job = self._load(store, job_id, input)
         refused = self._gate(job_id, job)
         if refused is not None:
             return refused

@@ -1219,12 +1219,16 @@ class JobHistoryAction:
 
 
 def control_actions(backend: JobsBackend, runtime: Any) -> list[Any]:
-    """The operator verbs over one backend, in manifest order."""
+    """The operator verbs over one backend, in manifest order (with the recovery verbs of
+    step effects, :mod:`protomolt_jobs.effect_verbs`, after retry-step)."""
+    from protomolt_jobs.effect_verbs import effect_actions
+
     return [
         CancelJobAction(backend),
         PauseJobAction(backend),
         ResumeJobAction(backend),
         RetryStepAction(backend, runtime),
+        *effect_actions(backend, runtime),
         RequeueJobAction(backend),
         JobHistoryAction(backend),
     ]

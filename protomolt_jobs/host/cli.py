@@ -433,6 +433,7 @@ def _jobs_table(jobs: list[dict[str, Any]], title: str | None = None) -> Any:
         "WAITING": "yellow",
         "RUNNING": "cyan",
         "PAUSED": "magenta",
+        "RECOVERY_REQUIRED": "bold red",
         "CANCELLED": "bright_black",
     }
     for job in jobs:
@@ -493,6 +494,8 @@ CONTROL_COMMANDS = {
     "pause": "pause-job",
     "resume": "resume-job",
     "retry": "retry-step",
+    "reconcile": "reconcile-step",
+    "migrate": "migrate-checkpoint",
     "requeue": "requeue-job",
     "history": "job-history",
 }
@@ -509,6 +512,16 @@ def _control(args: argparse.Namespace, console: Any) -> int:
         envelope["at"] = args.at
     if getattr(args, "step", None):
         envelope["stepName"] = args.step
+    if getattr(args, "outcome", None):
+        envelope["outcome"] = args.outcome
+    if getattr(args, "migrate_action", None):
+        envelope["action"] = args.migrate_action
+    if getattr(args, "response", None):
+        try:
+            envelope["response"] = json.loads(args.response)
+        except ValueError as exc:
+            print(f"--response is not JSON: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     answer = call_verb(args.url, verb, envelope, _token(args))
     if verb != "job-history" or args.json or not answer.get("ok"):
         print(json.dumps(answer, indent=2, ensure_ascii=False))
@@ -682,13 +695,14 @@ def build_parser() -> argparse.ArgumentParser:
     jobs_sub = jobs.add_subparsers(
         dest="jobs_command",
         required=True,
-        metavar="list|get|watch|cancel|pause|resume|retry|requeue|history",
+        metavar="list|get|watch|cancel|pause|resume|retry|reconcile|migrate|requeue|history",
     )
     for name, text in (("list", "a table of jobs, newest first"), ("watch", "a live table")):
         p = jobs_sub.add_parser(name, help=text)
         p.add_argument(
             "--status",
-            help="QUEUED, RUNNING, WAITING, PAUSED, COMPLETED, FAILED, DEAD or CANCELLED",
+            help="QUEUED, RUNNING, WAITING, PAUSED, RECOVERY_REQUIRED, COMPLETED, FAILED, DEAD "
+            "or CANCELLED",
         )
         p.add_argument("--workflow", help="only jobs of this workflow name")
         p.add_argument("--queue", help="only jobs of this queue")
@@ -708,6 +722,14 @@ def build_parser() -> argparse.ArgumentParser:
         ("pause", "pause a job at a checkpoint boundary (pause-job)"),
         ("resume", "resume a PAUSED job, now or --at a time (resume-job)"),
         ("retry", "run --step and the steps after it again (retry-step)"),
+        (
+            "reconcile",
+            "say whether a RECOVERY_REQUIRED job's --step happened (reconcile-step)",
+        ),
+        (
+            "migrate",
+            "keep, discard or replace a mismatched checkpoint of --step (migrate-checkpoint)",
+        ),
         ("requeue", "queue a DEAD or FAILED job again (requeue-job)"),
         ("history", "the job's transition log and its integrity (job-history)"),
     ):
@@ -719,6 +741,20 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--at", help="RFC 3339 time (database clock), e.g. 2026-01-02T22:00:00Z")
         if name == "retry":
             p.add_argument("--step", required=True, help="the step to run again")
+        if name in ("reconcile", "migrate"):
+            p.add_argument("--step", required=True, help="the step (the job's outstanding step)")
+            p.add_argument(
+                "--response", help="the step's response: proto3 JSON of its output type"
+            )
+        if name == "reconcile":
+            p.add_argument("--outcome", required=True, choices=("done", "not-done"))
+        if name == "migrate":
+            p.add_argument(
+                "--action",
+                dest="migrate_action",
+                required=True,
+                choices=("keep", "discard", "replace"),
+            )
         if name == "history":
             p.add_argument("--json", action="store_true", help="print the answer as JSON")
         _client_options(p)

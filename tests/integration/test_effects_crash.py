@@ -185,3 +185,93 @@ def test_idempotent_step_is_called_again_with_the_same_key(store, fresh_dsn, ser
     charge = row.checkpoints[1]
     assert "receipt" not in charge
     assert charge["descriptorSha256"] and charge["definitionSha256"] and charge["requestSha256"]
+
+
+# -- reconcile-step ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def verbs(store):
+    from protomolt_jobs.host.catalog import Caller, Catalog
+    from protomolt_jobs.job_verbs import JobsBackend, jobs_actions
+    from protomolt_jobs.submitter import Submitter
+    from protomolt_jobs.workflow import Runtime
+
+    runtime = Runtime()
+    backend = JobsBackend(configured=True)
+    backend.bind(store, Submitter(store, None, runtime, 3))
+    catalog = Catalog()
+    for action in jobs_actions(backend, runtime):
+        catalog.register(action)
+
+    def call(verb, body, *, principal="alice"):
+        return catalog.execute(verb, body, caller=Caller(principal, unrestricted=True))
+
+    return call
+
+
+def recovery_required(store, fresh_dsn, services):
+    wf = charge_workflow(services.target, effect="external", verify=False)
+    job, b = crash_then_resume(store, fresh_dsn, services, wf)
+    wait_for(lambda: store.job_get(job.job_id).status == "RECOVERY_REQUIRED", timeout_s=60)
+    return job, b
+
+
+def test_reconcile_done_completes_without_calling_the_step(store, fresh_dsn, services, verbs):
+    job, b = recovery_required(store, fresh_dsn, services)
+    try:
+        jid = str(job.job_id)
+        # the response is checked like complete-step's: a wrong shape changes nothing
+        with pytest.raises(Exception, match="not valid proto3 JSON for jobs.test.StepReply"):
+            verbs(
+                "reconcile-step",
+                {"jobId": jid, "stepName": "charge", "outcome": "done", "response": {"step": 5}},
+            )
+        assert store.job_get(job.job_id).status == "RECOVERY_REQUIRED"
+        answer = verbs(
+            "reconcile-step",
+            {
+                "jobId": jid,
+                "stepName": "charge",
+                "outcome": "done",
+                "response": {"step": "charged-by-hand"},
+                "reason": "the ledger shows it",
+            },
+            principal="bob",
+        )
+        assert answer == {"ok": True, "status": "QUEUED"}
+        wait_for(lambda: store.job_get(job.job_id).status == "COMPLETED", timeout_s=60)
+    finally:
+        b.close()
+    assert services.calls("Run") == 1, "the reconciled step was called"
+    row = store.job_get(job.job_id)
+    charge = row.checkpoints[1]
+    assert charge["response"]["step"] == "charged-by-hand"
+    assert charge["receipt"] == {"reconciledBy": "bob"}
+    history = store.job_history(job.job_id).transitions
+    reconciled = [t for t in history if t.kind == "reconcile-step"]
+    assert len(reconciled) == 1
+    assert reconciled[0].actor == "bob" and reconciled[0].reason == "the ledger shows it"
+    assert reconciled[0].step == "charge"
+    # a second reconcile is refused, naming the status
+    again = verbs("reconcile-step", {"jobId": jid, "stepName": "charge", "outcome": "not-done"})
+    assert again["ok"] is False and again["status"] == "COMPLETED"
+    assert "accepts only a RECOVERY_REQUIRED run" in again["error"]
+
+
+def test_reconcile_not_done_calls_the_step_once(store, fresh_dsn, services, verbs):
+    job, b = recovery_required(store, fresh_dsn, services)
+    try:
+        answer = verbs(
+            "reconcile-step",
+            {"jobId": str(job.job_id), "stepName": "charge", "outcome": "not-done"},
+        )
+        assert answer == {"ok": True, "status": "QUEUED"}
+        wait_for(lambda: store.job_get(job.job_id).status == "COMPLETED", timeout_s=60)
+    finally:
+        b.close()
+    assert services.calls("Run") == 2
+    keys = [m[KEY] for m in services.metadata("Run")]
+    assert keys == [f"{job.job_id}:charge:0"] * 2
+    kinds = [t.kind for t in store.job_history(job.job_id).transitions]
+    assert kinds.count("reconcile-step") == 1 and kinds.count("recovery-required") == 1

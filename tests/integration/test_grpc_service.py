@@ -58,6 +58,8 @@ def test_verb_names():
         "pause-job",
         "resume-job",
         "retry-step",
+        "reconcile-step",
+        "migrate-checkpoint",
         "requeue-job",
         "job-history",
     }

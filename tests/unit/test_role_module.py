@@ -23,6 +23,8 @@ VERBS = [
     "pause-job",
     "resume-job",
     "retry-step",
+    "reconcile-step",
+    "migrate-checkpoint",
     "requeue-job",
     "job-history",
 ]

@@ -235,6 +235,34 @@ class RetryStepRequest(_message.Message):
     reason: str
     def __init__(self, job_id: _Optional[str] = ..., step_name: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class ReconcileStepRequest(_message.Message):
+    __slots__ = ("job_id", "step_name", "outcome", "response", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_NAME_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    step_name: str
+    outcome: str
+    response: _struct_pb2.Struct
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., step_name: _Optional[str] = ..., outcome: _Optional[str] = ..., response: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class MigrateCheckpointRequest(_message.Message):
+    __slots__ = ("job_id", "step_name", "action", "response", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_NAME_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    step_name: str
+    action: str
+    response: _struct_pb2.Struct
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., step_name: _Optional[str] = ..., action: _Optional[str] = ..., response: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class RequeueJobRequest(_message.Message):
     __slots__ = ("job_id", "reason")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
