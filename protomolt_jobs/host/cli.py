@@ -743,9 +743,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--step", required=True, help="the step to run again")
         if name in ("reconcile", "migrate"):
             p.add_argument("--step", required=True, help="the step (the job's outstanding step)")
-            p.add_argument(
-                "--response", help="the step's response: proto3 JSON of its output type"
-            )
+            p.add_argument("--response", help="the step's response: proto3 JSON of its output type")
         if name == "reconcile":
             p.add_argument("--outcome", required=True, choices=("done", "not-done"))
         if name == "migrate":
