@@ -275,3 +275,28 @@ def test_reconcile_not_done_calls_the_step_once(store, fresh_dsn, services, verb
     assert keys == [f"{job.job_id}:charge:0"] * 2
     kinds = [t.kind for t in store.job_history(job.job_id).transitions]
     assert kinds.count("reconcile-step") == 1 and kinds.count("recovery-required") == 1
+
+
+def test_retry_step_grows_the_generation_of_the_key(store, fresh_dsn, services, verbs):
+    from protomolt_jobs.worker import Worker
+    from protomolt_jobs.workflow import Runtime
+    from tests.support.worker_proc import jobs_config
+
+    worker = Worker(store, runtime=Runtime(), config=jobs_config(fresh_dsn), dsn=fresh_dsn)
+    job = enqueue(store, charge_workflow(services.target, effect=None, verify=False), {"text": "x"})
+    assert worker.run_once() is True
+    assert store.job_get(job.job_id).status == "COMPLETED"
+    answer = verbs("retry-step", {"jobId": str(job.job_id), "stepName": "charge"})
+    assert answer["ok"] is True
+    assert worker.run_once() is True
+    row = store.job_get(job.job_id)
+    assert row.status == "COMPLETED"
+    assert row.step_generations == {"charge": 1}
+    assert [m[KEY] for m in services.metadata("Run")] == [
+        f"{job.job_id}:charge:0",
+        f"{job.job_id}:charge:1",
+    ]
+    # the other steps' keys did not move: finish ran again after charge, still generation 0
+    assert [m[KEY] for m in services.metadata("Embed")] == [f"{job.job_id}:finish:0"] * 2
+    shown = verbs("get-job", {"jobId": str(job.job_id)})["job"]
+    assert shown["stepGenerations"] == {"charge": 1}
