@@ -28,6 +28,10 @@ body not a JSON object  400    ``invalid-input`` (also: nested too deep, a lone 
 bad ``Content-Length``  400    refused by uvicorn's HTTP parser before the app runs (a plain
                                text body, not the envelope; the connection is closed)
 missing or wrong token  401    ``unauthenticated``
+write from another site 403    ``permission-denied``: a POST/PUT/DELETE/PATCH whose ``Origin``
+                               names another host than ``Host`` (or is ``null``): a
+                               page of another site, which needs no CORS preflight for a
+                               ``text/plain`` or form body; nothing runs
 unknown path            404    ``not-found``
 wrong method            405    ``method-not-allowed`` (with an ``Allow`` header)
 body not sent in time   408    ``request-timeout`` (the connection is closed)
@@ -61,7 +65,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import anyio
 import anyio.to_thread
@@ -82,6 +86,7 @@ __all__ = [
     "HttpResponse",
     "HttpRoute",
     "actions_app",
+    "cross_site",
     "error_response",
     "token_from_headers",
 ]
@@ -398,6 +403,18 @@ class _Dispatcher:
                     method,
                     close=_has_body(headers),
                 )
+        if method not in _SAFE_METHODS and cross_site(headers):
+            # Checked before the body is read: a foreign page's write runs nothing.
+            return _send(
+                error_response(
+                    403,
+                    "permission-denied",
+                    "a page of another site cannot write to this node "
+                    f"(Origin {headers.get('origin', '')!r} is not {headers.get('host', '')!r})",
+                ),
+                method,
+                close=_has_body(headers),
+            )
         length_text = (headers.get("content-length", "0") or "0").strip()
         if not (length_text.isascii() and length_text.isdigit()):
             return _send(
@@ -494,6 +511,31 @@ def _run(route: HttpRoute, request: HttpRequest) -> HttpResponse:
         return error_response(
             500, "internal-error", f"Internal error (correlation id {correlation})"
         )
+
+
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def cross_site(headers: Mapping[str, str]) -> bool:
+    """True when a browser sent the request from a page of another origin.
+
+    Browsers name the page's origin in ``Origin`` on every cross-origin POST, including the
+    "simple" ones (a ``text/plain`` or form body) they send without a CORS preflight; ``null``
+    is an opaque origin (a sandboxed frame, a ``data:`` page). Clients other than browsers
+    send no ``Origin``, so they are never refused here.
+
+    :param headers: request headers, lower-case names.
+    """
+    origin = headers.get("origin")
+    if origin is None:
+        return False
+    if origin.strip() in ("", "null"):
+        return True
+    try:
+        netloc = urlsplit(origin.strip()).netloc
+    except ValueError:  # not a URL ("http://[" ...): no page of ours sends that
+        return True
+    return netloc.lower() != headers.get("host", "").strip().lower()
 
 
 def _has_body(headers: Mapping[str, str]) -> bool:

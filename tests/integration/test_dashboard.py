@@ -290,6 +290,22 @@ def test_dashboard_pages_answer_without_a_browser(tmp_path, fresh_dsn):
             },
         )
         assert status == 403 and b"permission-denied" in body
+        # An Origin that is not a URL at all is refused the same way, not a 500.
+        for origin in ("http://[", "http://[::1"):
+            status, body, _ = http(
+                "POST",
+                f"{url}/ui/jobs/00000000-0000-0000-0000-000000000001/action/cancel-job",
+                raw=b"reason=x",
+                headers={"Cookie": f"protomolt_token={TOKEN}", "Origin": origin},
+            )
+            assert status == 403 and b"permission-denied" in body, (origin, status)
+            status, body, _ = http(
+                "POST",
+                f"{url}/protomolt/actions/cancel-job",
+                {"jobId": "00000000-0000-0000-0000-000000000001"},
+                headers={"Authorization": f"Bearer {TOKEN}", "Origin": origin},
+            )
+            assert (status, body["error"]) == (403, "permission-denied"), (origin, body)
         # The API stays JSON: a verb without the token is a 401 envelope, not a redirect.
         status, body, _ = http("GET", f"{url}/protomolt/actions")
         assert status == 401 and body["error"] == "unauthenticated"

@@ -201,3 +201,44 @@ class TestRegistryPut:
         assert status == 400
         assert "workflow names match" in body["message"]
         assert list(server.store.directory.iterdir()) == []
+
+
+class TestCrossSite:
+    """A page of another site may POST to a loopback node without a preflight (a text/plain
+    or form body needs none); on a node without a token nothing else stops it, so the route
+    refuses a write whose ``Origin`` names another host (curl and other clients send none)."""
+
+    @pytest.mark.parametrize("origin", ["http://evil.example", "null", "http://127.0.0.1:1"])
+    def test_a_post_from_another_origin_is_403_and_runs_nothing(self, server, origin):
+        for ctype in ("text/plain", "application/x-www-form-urlencoded", "application/json"):
+            status, body, _ = http(
+                "POST",
+                f"{server.url}/protomolt/actions/submit-workflow",
+                raw=b'{"jobId": "x"}',
+                headers={"Origin": origin, "Content-Type": ctype},
+            )
+            assert (status, body["error"]) == (403, "permission-denied"), body
+            assert "another site" in body["message"]
+        assert server.actions["submit-workflow"].calls == []
+        status, body, _ = http(
+            "PUT",
+            f"{server.url}/protomolt/workflows/x",
+            raw=b"{}",
+            headers={"Origin": origin},
+        )
+        assert (status, body["error"]) == (403, "permission-denied"), body
+
+    def test_a_post_from_the_nodes_own_origin_or_none_runs(self, server):
+        own = server.url  # http://127.0.0.1:<port>
+        for headers in ({"Origin": own}, {}):
+            status, body, _ = http(
+                "POST", f"{server.url}/protomolt/actions/submit-workflow", {"a": 1}, headers=headers
+            )
+            assert status == 200, body
+        assert len(server.actions["submit-workflow"].calls) == 2
+        # Reads are not writes: a GET with a foreign Origin is answered (CORS keeps the
+        # answer from the foreign page).
+        status, _, _ = http(
+            "GET", f"{server.url}/protomolt/actions", headers={"Origin": "http://evil.example"}
+        )
+        assert status == 200

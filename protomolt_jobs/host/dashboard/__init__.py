@@ -208,10 +208,9 @@ class Dashboard:
         The token cookie is ``SameSite=Strict``, but a node without a token has no cookie to
         withhold: the origin check keeps a foreign page from pressing the buttons.
         """
-        origin = request.headers.get("origin")
-        if not origin or origin == "null":
-            return origin == "null"
-        return urllib.parse.urlsplit(origin).netloc != request.headers.get("host", "")
+        from protomolt_jobs.host.http_route import cross_site
+
+        return cross_site(request.headers)
 
     def _refused(self, request: Request) -> Response:
         return self._render(
