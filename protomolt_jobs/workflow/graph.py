@@ -187,6 +187,16 @@ class GraphState:
     def __post_init__(self) -> None:
         self._mains = main_steps(self.workflow)
         self._handled = handled_failures(self.workflow)
+        self._compensations = self.workflow.compensations
+        self._index = {s.name: i for i, s in enumerate(self._mains)}
+        self._dependants: dict[str, list[int]] = {}
+        for i, s in enumerate(self._mains):
+            for d in s.depends:
+                self._dependants.setdefault(d.step, []).append(i)
+        # Steps whose decision may have changed since the last ``next`` (a decision depends
+        # only on the outcomes of the step's own dependencies, and outcomes only grow), so a
+        # chain of n steps costs O(n) decisions, not O(n^2) (simulate plays n + 1 runs).
+        self._dirty: set[int] = set(range(len(self._mains)))
 
     def ended(self, name: str, outcome: str, reason: str = "") -> None:
         """Record that ``name`` ended with ``outcome`` (``reason`` for skips and failures)."""
@@ -195,11 +205,12 @@ class GraphState:
         if reason:
             self.reasons[name] = reason
         self.order.append(name)
+        self._dirty.update(self._dependants.get(name, ()))
         if (
             outcome == FAILED
             and name not in self._handled
             and self.unhandled is None
-            and name not in self.workflow.compensations
+            and name not in self._compensations
         ):
             self.unhandled = name
 
@@ -211,12 +222,18 @@ class GraphState:
             return [], []
         start: list[Step] = []
         skip: list[tuple[Step, str]] = []
-        for step in self._mains:
-            if step.name in self.outcomes or step.name in self.running:
+        for i in sorted(self._dirty):
+            step = self._mains[i]
+            if step.name in self.outcomes:
+                self._dirty.discard(i)
                 continue
+            if step.name in self.running:
+                continue  # stays dirty: a running step given back without an outcome reruns
             decision = decide(step, self.outcomes)
             if decision is None:
+                self._dirty.discard(i)
                 continue
+            # A decided step stays dirty until it runs or ends (the caller may start it later).
             if decision[0] == "run":
                 start.append(step)
             else:
@@ -239,12 +256,13 @@ class GraphState:
     def to_compensate(self) -> list[Step]:
         """Compensation steps to run (reverse completion order of the steps they undo), those
         already ended excluded."""
+        by_name = {s.name: s for s in self.workflow.steps}
         out = []
         for name in reversed(self.order):
-            step = self.workflow.step(name)
+            step = by_name.get(name)
             if step is None or not step.compensate or self.outcomes.get(name) != SUCCEEDED:
                 continue
-            comp = self.workflow.step(step.compensate)
+            comp = by_name.get(step.compensate)
             if comp is not None and comp.name not in self.outcomes:
                 out.append(comp)
         return out

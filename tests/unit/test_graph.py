@@ -406,3 +406,16 @@ def test_verifying_a_long_chain_takes_seconds_not_minutes(runtime):
     started = time.monotonic()
     assert _findings(graph(chain, maxParallel=4), runtime) == []
     assert time.monotonic() - started < 12
+
+
+def test_simulating_a_chain_of_300_steps_takes_seconds(runtime):
+    # simulate plays one run per step; each play re-decided every step after each ending
+    # (and looked steps up by a linear scan): 50 s for 300 steps, 118 s for 400.
+    import time
+
+    wf = parse_workflow(graph([step(f"s{i}", T) for i in range(300)], maxParallel=4), runtime)
+    started = time.monotonic()
+    sim = g.simulate(wf)
+    assert time.monotonic() - started < 15
+    assert len(sim["ifFails"]) == 300 and sim["allSucceed"]["status"] == "COMPLETED"
+    assert sim["ifFails"][150]["runs"][-1] == "s150" and len(sim["ifFails"][150]["notRun"]) == 149
