@@ -1026,6 +1026,17 @@ def _rfc3339(input: dict[str, Any], field: str) -> datetime | None:
             f"Field '{field}' must be an RFC 3339 time with an offset "
             f"(like 2026-01-01T22:00:00Z); got '{raw}'",
         )
+    try:
+        moment.astimezone(UTC)
+    except OverflowError:
+        # Beyond the Python datetime range once in UTC: year 1 with a positive offset is in
+        # the past (which means now); 9999-12-31 with a negative one is after year 10000,
+        # which PostgreSQL would store but no reader (psycopg) can load back.
+        if moment.year <= 1:
+            return None
+        raise _invalid(
+            field, f"Field '{field}' must be no later than 9999-12-31T23:59:59Z; got '{raw}'"
+        ) from None
     return moment
 
 

@@ -86,7 +86,7 @@ import threading
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
 import psycopg
@@ -1237,6 +1237,10 @@ class JobStore:
         """
         if at is not None and (at.tzinfo is None or at.utcoffset() is None):
             raise ValueError("at: must be timezone-aware")
+        if at is not None and at.year >= 9999 and at.utcoffset() < timedelta(0):
+            # After year 10000 in UTC: stored, but psycopg cannot load it back (every read
+            # of the row would fail).
+            raise ValueError("at: must be no later than 9999-12-31T23:59:59Z")
         key = _uuid("job_id", job_id)
         _text("actor", actor)
         params = {
