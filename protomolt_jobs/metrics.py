@@ -55,7 +55,17 @@ log = logging.getLogger("protomolt_jobs.metrics")
 #: Seconds a :class:`StoreCollector` reuses its last read.
 STORE_CACHE_S = 5.0
 #: Statuses always exported (0 when none), so a dashboard's series do not come and go.
-_STATUSES = ("QUEUED", "RUNNING", "WAITING", "PAUSED", "COMPLETED", "FAILED", "DEAD", "CANCELLED")
+_STATUSES = (
+    "QUEUED",
+    "RUNNING",
+    "WAITING",
+    "PAUSED",
+    "RECOVERY_REQUIRED",
+    "COMPLETED",
+    "FAILED",
+    "DEAD",
+    "CANCELLED",
+)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 

@@ -53,7 +53,17 @@ TOKEN_COOKIE = "protomolt_token"
 PAGE_SIZE = 50
 #: Seconds between live refreshes of a page.
 REFRESH_S = 3
-STATUSES = ("QUEUED", "RUNNING", "WAITING", "PAUSED", "COMPLETED", "FAILED", "DEAD", "CANCELLED")
+STATUSES = (
+    "QUEUED",
+    "RUNNING",
+    "WAITING",
+    "PAUSED",
+    "RECOVERY_REQUIRED",
+    "COMPLETED",
+    "FAILED",
+    "DEAD",
+    "CANCELLED",
+)
 #: Operator verbs shown as buttons on a job page when the catalog serves them.
 OPERATOR_VERBS = ("cancel-job", "pause-job", "resume-job", "requeue-job", "retry-step")
 
