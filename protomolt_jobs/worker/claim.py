@@ -69,6 +69,13 @@ class Doorbell:
         self._cond = threading.Condition()
         self._tokens = 0
         self._closed = False
+        self._waiting = 0
+
+    @property
+    def waiting(self) -> int:
+        """Threads blocked in :meth:`wait` right now (tests wait on it, not on a sleep)."""
+        with self._cond:
+            return self._waiting
 
     def ring(self, n: int = 1) -> None:
         """Add ``n`` tokens (capped) and wake as many waiters."""
@@ -104,12 +111,16 @@ class Doorbell:
                     self._tokens -= 1
                     return True
                 if deadline is None:
-                    self._cond.wait()
-                    continue
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self._cond.wait(remaining)
+                    remaining = None
+                else:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                self._waiting += 1
+                try:
+                    self._cond.wait(remaining)
+                finally:
+                    self._waiting -= 1
             return False
 
 

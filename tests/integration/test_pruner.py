@@ -107,7 +107,7 @@ def test_the_pruner_removes_old_published_rows_and_finished_runs_and_nothing_liv
         deadline = time.monotonic() + 6.0
         while time.monotonic() < deadline:
             finished += [submit(invoke) for _ in range(4)]
-            time.sleep(0.3)
+            time.sleep(0.3)  # paces the workload over ~6 s while the pruner runs; not a wait
 
         def pruned_everything_old() -> bool:
             old_runs, old_published = _sql(

@@ -52,7 +52,7 @@ class StartLog:
         try:
             delay = self.seconds.get(word, 0.0)
             if delay:
-                time.sleep(delay)
+                time.sleep(delay)  # the step's work: the sleep is the behaviour
             return self.services._do_tokenize(request, context)
         finally:
             with self.lock:

@@ -66,7 +66,7 @@ class _Concurrency:
                 self.now += 1
                 self.max = max(self.max, self.now)
             try:
-                time.sleep(self.hold_s)
+                time.sleep(self.hold_s)  # the call's work: the sleep is the behaviour
                 return default(request, context)
             finally:
                 with self.lock:
@@ -103,9 +103,12 @@ def test_an_idle_worker_polls_once_per_interval_not_once_per_loop(store, fresh_d
     worker.start()
     try:
         wait_for(worker.listener.listening.is_set)
-        time.sleep(0.3)  # start-up: every loop claims once, the listener's connect rings all
-        start, n0 = time.monotonic(), len(claims)
-        time.sleep(1.5)
+        # Start-up (every loop claims once, the listener's connect rings all) is over once
+        # the poller has rung a few times since: the window is counted in the poller's rings.
+        rings = worker.poller.rings
+        wait_for(lambda: worker.poller.rings >= rings + 3)
+        start, n0, r0 = time.monotonic(), len(claims), worker.poller.rings
+        wait_for(lambda: worker.poller.rings >= r0 + 15)
         idle = len(claims) - n0
         elapsed = time.monotonic() - start
     finally:
@@ -203,7 +206,7 @@ def test_256_jobs_in_flight_in_one_worker_with_a_pool_of_10(fresh_dsn, services)
             state["max"] = max(state["max"], state["now"])
             gate.notify_all()
             gate.wait_for(lambda: state["max"] >= n, timeout=60)
-        time.sleep(2.0)
+        time.sleep(2.0)  # the call's work, held while all 256 are in flight: the behaviour
         with gate:
             state["now"] -= 1
         return services._do_tokenize(request, context)

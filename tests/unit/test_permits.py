@@ -27,7 +27,7 @@ def test_cap_holds_under_contention():
             with lock:
                 now["n"] += 1
                 now["max"] = max(now["max"], now["n"])
-            time.sleep(0.01)
+            time.sleep(0.01)  # the work under the permit: the sleep is the behaviour, not a wait
             with lock:
                 now["n"] -= 1
 
@@ -56,18 +56,24 @@ def test_a_waiter_gives_up_when_cancelled():
     permits = TargetPermits(1)
     permits.acquire("a:1")
     cancel = threading.Event()
+    polled = threading.Event()
     outcome: list[object] = []
+
+    def cancelled() -> bool:
+        # acquire polls this only while the permit is taken: the waiter is blocked
+        polled.set()
+        return cancel.is_set()
 
     def wait():
         try:
-            permits.acquire("a:1", cancelled=cancel.is_set)
+            permits.acquire("a:1", cancelled=cancelled)
             outcome.append("acquired")
         except PermitCancelled as exc:
             outcome.append(exc)
 
     t = threading.Thread(target=wait)
     t.start()
-    time.sleep(0.05)
+    assert polled.wait(5)
     assert outcome == []  # still waiting: the permit is held
     cancel.set()
     permits.wake_all()

@@ -66,7 +66,7 @@ def test_doorbell_caps_tokens_and_wakes_a_waiter():
 
     t = threading.Thread(target=waiter)
     t.start()
-    time.sleep(0.05)
+    assert _poll(lambda: bell.waiting == 1)  # the waiter is blocked before the ring
     bell.ring()
     t.join(5)
     assert woke.is_set()
@@ -90,11 +90,9 @@ def test_doorbell_wait_without_timeout_returns_on_ring_or_close():
     threads = [threading.Thread(target=lambda: results.append(bell.wait(None))) for _ in range(2)]
     for t in threads:
         t.start()
-    time.sleep(0.05)
+    assert _poll(lambda: bell.waiting == 2)  # both are blocked before the ring
     bell.ring(1)
-    deadline = time.monotonic() + 5
-    while not results and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert _poll(lambda: results)
     assert results == [True]  # one ring wakes one waiter; the other keeps waiting
     bell.close()
     for t in threads:
@@ -106,9 +104,7 @@ def test_poller_rings_once_per_interval_and_stops():
     bell = Doorbell(16)
     poller = Poller(doorbell=bell, interval_s=0.05, worker_id="w")
     poller.start()
-    deadline = time.monotonic() + 5
-    while poller.rings < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert _poll(lambda: poller.rings >= 4)
     assert poller.stop() is True  # returns once the loop has ended: no ring after this
     rings = poller.rings
     assert rings >= 4
@@ -206,8 +202,13 @@ def test_heartbeat_extends_tracked_leases_about_every_third_of_the_lease():
         assert not guard.lost
         hb.untrack(guard)
         n = len(store.beats)
-        time.sleep(0.3)
-        assert len(store.beats) <= n + 1  # at most one beat was already under way
+        # A witness lease tracked now is first due one interval later, after the untracked
+        # lease would have been due: two witness beats prove the heartbeat has cycled past it.
+        witness = _Lease(uuid.uuid4(), "w", 1)
+        hb.track(witness)
+        assert _poll(lambda: sum(b[0] == witness for b in store.beats) >= 2)
+        # at most one beat of the untracked lease was already under way
+        assert sum(b[0] == lease for b in store.beats) <= n + 1
     finally:
         hb.stop()
 
