@@ -1235,9 +1235,10 @@ class JobStore:
         :raises ValueError: malformed id, blank actor, naive ``at``.
         :raises StoreError: on a database failure.
         """
-        if at is not None and (at.tzinfo is None or at.utcoffset() is None):
+        offset = None if at is None else at.utcoffset()
+        if at is not None and (at.tzinfo is None or offset is None):
             raise ValueError("at: must be timezone-aware")
-        if at is not None and at.year >= 9999 and at.utcoffset() < timedelta(0):
+        if at is not None and offset is not None and at.year >= 9999 and offset < timedelta(0):
             # After year 10000 in UTC: stored, but psycopg cannot load it back (every read
             # of the row would fail).
             raise ValueError("at: must be no later than 9999-12-31T23:59:59Z")
