@@ -58,7 +58,7 @@ SELECT table_name, column_name
 -- ---------------------------------------------------------------------------------------------
 
 -- name: job_insert
--- description: insert a new job idempotently on job_id (and on a live dedup_key), stamping its fairness pass in the same statement; no row back means it already existed.
+-- description: insert a new job idempotently on job_id (and on a live dedup_key), stamping its fairness pass in the same statement (a named key through its counter row; the default key without a lock, migration 0010); no row back means it already existed.
 WITH base AS (
     -- Virtual time of the queue: the smallest pass still QUEUED (one index probe per
     -- priority), or in an empty queue the largest pass ever handed out there.
@@ -74,14 +74,31 @@ WITH base AS (
                (SELECT max(f.last_pass) FROM workflow_fairness AS f
                  WHERE f.queue = %(queue)s),
                0) AS pass
-), stamp AS (
-    -- pass = max(base, last_pass[key] + 1/weight); the key's row lock orders its submits.
+), counted AS (
+    -- A named key: pass = max(base, last_pass[key]) + 1/weight; the key's row lock orders its
+    -- submits (exact interleaving; concurrent submits of that one key wait for each other).
     INSERT INTO workflow_fairness AS f (queue, fairness_key, last_pass)
     SELECT %(queue)s, %(fairness_key)s, base.pass + %(stride)s FROM base
+     WHERE %(fairness_key)s::text <> 'default'
     ON CONFLICT (queue, fairness_key) DO UPDATE
        SET last_pass = greatest((SELECT pass FROM base) + %(stride)s,
                                 f.last_pass + %(stride)s)
     RETURNING f.last_pass
+), stamp AS (
+    -- The default key (every run without fairnessKey) takes no lock: pass = max(base, its
+    -- largest pass still QUEUED) + 1/weight, read from idx_workflow_run_fairness_tail.
+    -- Concurrent default submits that cannot see each other's rows may share a pass
+    -- (created_at then orders them), so they never wait for one another.
+    SELECT coalesce(
+               (SELECT last_pass FROM counted),
+               greatest((SELECT pass FROM base),
+                        coalesce((SELECT t.fairness_pass
+                                    FROM workflow_run AS t
+                                   WHERE t.status = 'QUEUED' AND t.queue = %(queue)s
+                                     AND t.fairness_key = 'default'
+                                   ORDER BY t.fairness_pass DESC
+                                   LIMIT 1), 0)) + %(stride)s
+           ) AS last_pass
 )
 INSERT INTO workflow_run (job_id, workflow_name, workflow_definition, input, status,
                           max_attempts, error, completed_at, priority, queue, fairness_key,

@@ -111,6 +111,46 @@ def test_a_flooding_tenant_does_not_delay_another_tenants_first_runs(store, fres
     assert a_claimed == a[: len(a_claimed)]
 
 
+def test_a_tenant_flooding_from_many_threads_still_interleaves_with_another(store, fresh_dsn):
+    # Submits of one key do not lock each other (migration 0010): concurrent ones may share a
+    # pass, which must not let a flood submitted from 8 threads crowd another key out.
+    def flood(t: int) -> None:
+        for _ in range(60):
+            store.job_insert(new_job(fairness_key="A"))
+
+    threads = [threading.Thread(target=flood, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    b = [store.job_insert(new_job(fairness_key="B")).job.job_id for _ in range(20)]
+    claimed = [j.job_id for j in claim_order(store, 120)]
+    position = {job_id: i for i, job_id in enumerate(claimed)}
+    assert all(job_id in position for job_id in b), "every B job within the first 120 claims"
+    # One for one while both have a backlog, give or take the passes A's threads shared.
+    assert max(position[j] for j in b) <= 2 * len(b) + 8
+
+
+def test_concurrent_default_submits_keep_passes_in_step_with_their_number(store, fresh_dsn):
+    # 8 threads x 25 default submits: the passes handed out grow with the number of jobs
+    # (ties only among submits that were in flight together), so a later tenant is not sent
+    # behind the whole default backlog either.
+    def submit() -> None:
+        for _ in range(25):
+            store.job_insert(new_job())
+
+    threads = [threading.Thread(target=submit) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    with psycopg.connect(fresh_dsn) as conn:
+        (distinct, top) = conn.execute(
+            "SELECT count(DISTINCT fairness_pass), max(fairness_pass) FROM workflow_run"
+        ).fetchone()
+    assert 200 / 8 <= distinct <= 200 and top == distinct
+
+
 def test_weights_share_claims_in_proportion(store, fresh_dsn):
     bulk_insert(fresh_dsn, [{"fairness_key": "heavy", "weight": 3.0} for _ in range(300)])
     bulk_insert(fresh_dsn, [{"fairness_key": "light"} for _ in range(300)])
@@ -230,3 +270,35 @@ def test_bad_scheduling_values_are_refused_before_any_write(store):
         with pytest.raises(ValueError, match=field):
             store.job_insert(new_job(**kw))
     assert store.job_list() == []
+
+
+def test_the_default_keys_stamp_is_index_backed_and_takes_no_lock(store, fresh_dsn):
+    bulk_insert(fresh_dsn, [{} for _ in range(200)] + [{"fairness_key": "A"}])
+    with psycopg.connect(fresh_dsn) as conn:
+        conn.execute("ANALYZE workflow_run")
+        params = {
+            "job_id": uuid.uuid4(),
+            "workflow_name": "x",
+            "workflow_definition": Jsonb({}),
+            "input": Jsonb({}),
+            "status": "QUEUED",
+            "max_attempts": 3,
+            "error": None,
+            "priority": 3,
+            "queue": "default",
+            "fairness_key": "default",
+            "stride": 1.0,
+            "dedup_key": None,
+            "deadline_s": None,
+            "trace_context": None,
+            "actor": "api",
+        }
+        conn.execute(QUERIES["job_insert"], params)
+        # The default key wrote no counter row (so no submit of it waits on another's lock).
+        keys = [r[0] for r in conn.execute("SELECT fairness_key FROM workflow_fairness")]
+        assert keys == ["A"]
+        plan = "\n".join(
+            r[0] for r in conn.execute("EXPLAIN " + QUERIES["job_insert"], params).fetchall()
+        )
+        assert "idx_workflow_run_fairness_tail" in plan, plan
+        assert "Seq Scan on workflow_run" not in plan, plan
