@@ -48,15 +48,18 @@ def main() -> None:
             definition = {"name": "w", "steps": [{"name": "s", "target": "t"}]}
             barrier = threading.Barrier(args.threads + 1)
 
-            def submit(t: int) -> None:
+            def submit(
+                t: int,
+                store: JobStore = store,
+                barrier: threading.Barrier = barrier,
+                definition: dict = definition,
+            ) -> None:
                 barrier.wait()
                 for _ in range(args.n):
                     extra = {}
                     if args.keys == "distinct" and "fairness_key" in fields:
                         extra["fairness_key"] = f"tenant-{t}"
-                    store.job_insert(
-                        NewJob(uuid.uuid4(), "w", definition, {"text": "x"}, **extra)
-                    )
+                    store.job_insert(NewJob(uuid.uuid4(), "w", definition, {"text": "x"}, **extra))
 
             threads = [threading.Thread(target=submit, args=(t,)) for t in range(args.threads)]
             for th in threads:
