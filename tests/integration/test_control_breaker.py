@@ -9,7 +9,7 @@ import threading
 import psycopg
 import pytest
 
-from protomolt_jobs.errors import InvalidInput
+from protomolt_jobs.errors import ControlApplied, InvalidInput
 from protomolt_jobs.host.catalog import Caller, Catalog
 from protomolt_jobs.job_verbs import JobsBackend, jobs_actions
 from protomolt_jobs.store import JobStore
@@ -217,3 +217,155 @@ def test_retry_step_vs_requeue_and_two_retries(verbs, store):
             assert loser["status"] == "QUEUED", loser
             _chain_ok(store, job.job_id)
             store.job_cancel(job.job_id, actor="cleanup")
+
+
+def _expire(dsn, job_id):
+    _sql(
+        dsn,
+        "UPDATE workflow_run SET lease_until = now() - interval '1 s' WHERE job_id = %s",
+        job_id,
+    )
+
+
+@pytest.mark.parametrize("verb", ["cancel", "pause"])
+@pytest.mark.parametrize("max_attempts", [3, 1])
+def test_control_against_the_sweepers_requeue_of_an_expired_lease(
+    store, fresh_dsn, verb, max_attempts
+):
+    control = store.job_cancel if verb == "cancel" else store.job_pause
+    for _ in range(8):
+        job = claimed_job(store, worker_id="gone", max_attempts=max_attempts)
+        _expire(fresh_dsn, job.job_id)
+        answer, _swept = _race(
+            lambda j=job.job_id: control(j, actor="alice"), store.job_sweep_expired
+        )
+        assert not isinstance(answer, Exception), answer
+        # The sweep skips a row the control write holds locked; its next pass takes it.
+        store.job_sweep_expired()
+        row = store.job_get(job.job_id)
+        if answer.status != "RUNNING":  # not a request: the answer is the effective state
+            assert answer.status == row.status, (answer, row.status)
+        expected = {"cancel": {"CANCELLED"}, "pause": {"PAUSED"}}[verb]
+        if max_attempts == 1:
+            # A DEAD verdict stands against a pending pause; a sweep first makes a cancel
+            # answer DEAD (ok: false naming it).
+            expected = expected | {"DEAD"}
+        assert row.status in expected, (answer, row.status)
+        assert row.lease_owner is None and row.control is None
+        types = [e for e, _ in event_types(store, job.job_id)]
+        terminal = [t for t in types if t in ("CANCELLED", "DEAD", "COMPLETED", "FAILED")]
+        assert len(terminal) == (0 if row.status == "PAUSED" else 1), types
+        _chain_ok(store, job.job_id)
+        if row.status == "PAUSED":
+            store.job_cancel(job.job_id, actor="cleanup")
+
+
+def test_cancel_against_complete_step_of_a_waiting_job(store):
+    entry = {"name": "approve", "skipped": False, "response": {}}
+    for _ in range(10):
+        job = parked_job(store)
+        cancel, complete = _race(
+            lambda j=job.job_id: store.job_cancel(j, actor="alice"),
+            lambda j=job.job_id: store.job_complete_parked(j, "approve", entry, actor="bob"),
+        )
+        assert not isinstance(cancel, Exception) and not isinstance(complete, Exception)
+        row = store.job_get(job.job_id)
+        completed = type(complete).__name__ == "ParkedStepCompleted"
+        # Either order is one serial history: the cancel first (the completion is refused),
+        # or the completion first (QUEUED) and then the cancel of the QUEUED job.
+        assert cancel.changed or completed, (cancel, complete)
+        assert row.status == "CANCELLED" if cancel.changed else row.status == "QUEUED"
+        if not completed:
+            assert type(complete).__name__ == "WrongState" and complete.status == "CANCELLED"
+        kinds = [t.kind for t in store.job_history(job.job_id).transitions]
+        if completed and cancel.changed:
+            assert kinds[-2:] == ["complete-step", "cancel"], kinds
+        types = [e for e, _ in event_types(store, job.job_id)]
+        assert types.count("CANCELLED") == (1 if row.status == "CANCELLED" else 0)
+        _chain_ok(store, job.job_id)
+        if row.status == "QUEUED":
+            store.job_cancel(job.job_id, actor="cleanup")
+
+
+def test_pause_during_a_retry_backoff_then_resume(store, fresh_dsn):
+    job = claimed_job(store)
+    store.job_retry(job.lease, 3600, "GRPC: transient")
+    answer = store.job_pause(job.job_id, actor="alice")
+    assert (answer.changed, answer.status) == (True, "PAUSED")
+    assert store.job_claim("w2", 60) is None
+    resumed = store.job_resume(job.job_id, actor="alice")
+    assert resumed.status == "QUEUED"
+    claimed = store.job_claim("w2", 60)
+    assert claimed is not None and claimed.job_id == job.job_id
+    kinds = [(t.kind, t.new_status) for t in _chain_ok(store, job.job_id).transitions]
+    assert kinds[-4:] == [
+        ("retry", "QUEUED"),
+        ("pause", "PAUSED"),
+        ("resume", "QUEUED"),
+        ("claim", "RUNNING"),
+    ]
+
+
+def test_a_pause_request_then_the_last_step_completes_then_resume(store):
+    job = claimed_job(store)
+    store.job_pause(job.job_id, actor="alice")
+    final = {"name": "approve", "skipped": False, "response": {}}
+    status = store.job_complete(job.lease, {"ok": True}, "done", final_entry=final)
+    assert status == "PAUSED"
+    row = store.job_get(job.job_id)
+    assert [c["name"] for c in row.checkpoints] == ["approve"]
+    types = [e for e, _ in event_types(store, job.job_id)]
+    assert "COMPLETED" not in types and types.count("PAUSED") == 1
+    assert store.job_resume(job.job_id, actor="alice").status == "QUEUED"
+    _chain_ok(store, job.job_id)
+
+
+FORGE = """
+INSERT INTO workflow_run_transition
+    (job_id, seq, prev_status, new_status, kind, actor, reason, attempt, step, at, hash)
+SELECT %s, %s, 'CANCELLED', 'QUEUED', 'requeue', 'api', NULL, 0, NULL, now(),
+       workflow_run_transition_hash(
+           (SELECT hash FROM workflow_run_transition WHERE job_id = %s AND seq = %s - 1),
+           %s, %s, 'CANCELLED', 'QUEUED', 'requeue', 'api', NULL, 0, NULL, now())
+"""
+
+
+def test_a_forged_history_row_is_named_even_with_a_valid_hash(store, fresh_dsn):
+    job = claimed_job(store)
+    store.job_cancel(job.job_id, actor="alice")
+    with pytest.raises(ControlApplied):
+        store.job_checkpoint(job.lease, {"name": "first", "skipped": False, "response": {}})
+    history = _chain_ok(store, job.job_id)
+    last = history.transitions[-1].seq
+    assert history.transitions[-1].new_status == "CANCELLED"
+    jid = job.job_id
+    _sql(fresh_dsn, FORGE, jid, last + 1, jid, last + 1, jid, last + 1)
+    assert store.job_history(jid).first_bad_seq == last + 1
+    _sql(
+        fresh_dsn,
+        "DELETE FROM workflow_run_transition WHERE job_id = %s AND seq = %s",
+        jid,
+        last + 1,
+    )
+    assert store.job_history(jid).first_bad_seq is None
+    # a row slipped in before the first
+    _sql(fresh_dsn, FORGE, jid, 0, jid, 0, jid, 0)
+    assert store.job_history(jid).first_bad_seq == 0
+
+
+def test_hand_written_sql_on_a_running_job_with_a_pending_cancel(store, fresh_dsn):
+    job = claimed_job(store)
+    store.job_cancel(job.job_id, actor="alice")
+    _sql(fresh_dsn, "UPDATE workflow_run SET status = 'QUEUED' WHERE job_id = %s", job.job_id)
+    last = _chain_ok(store, job.job_id).transitions[-1]
+    assert (last.kind, last.actor, last.prev_status, last.new_status) == (
+        "sql",
+        "sql:postgres",
+        "RUNNING",
+        "QUEUED",
+    )
+    # the cancel request no longer binds anything a worker holds; it is answered for
+    answer = store.job_cancel(job.job_id, actor="bob")
+    assert (answer.changed, answer.status) == (True, "CANCELLED")
+    assert store.job_get(job.job_id).control is None
+    _chain_ok(store, job.job_id)
