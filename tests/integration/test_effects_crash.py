@@ -300,3 +300,20 @@ def test_retry_step_grows_the_generation_of_the_key(store, fresh_dsn, services, 
     assert [m[KEY] for m in services.metadata("Embed")] == [f"{job.job_id}:finish:0"] * 2
     shown = verbs("get-job", {"jobId": str(job.job_id)})["job"]
     assert shown["stepGenerations"] == {"charge": 1}
+
+
+def test_a_crash_right_after_the_intent_asks_the_probe_and_calls_once(store, fresh_dsn, services):
+    """Killed after the intent committed and before the call: the probe finds nothing, the
+    step is called exactly once in all, with the intent's key."""
+    probe_answers(services, False, "nothing here")
+    wf = charge_workflow(services.target, effect="external", verify=True)
+    job, b = crash_then_resume(store, fresh_dsn, services, wf, point="after_intent:charge")
+    try:
+        wait_for(lambda: store.job_get(job.job_id).status == "COMPLETED", timeout_s=60)
+    finally:
+        b.close()
+    assert services.calls("Review") == 1
+    assert services.calls("Run") == 1
+    assert services.metadata("Run")[0][KEY] == f"{job.job_id}:charge:0"
+    kinds = [t.kind for t in store.job_history(job.job_id).transitions]
+    assert kinds.count("intent") == 1, kinds  # the resumed run found it: no second intent
