@@ -92,6 +92,11 @@ WORKFLOW_CACHE_SIZE = 512
 POOL_CACHE_SIZE = 64
 #: Seconds protoc may take to compile a ``sources`` schema.
 PROTOC_TIMEOUT_S = 60.0
+#: Most steps a graph workflow may have (and a workflow ``simulate`` plays). Verifying a graph
+#: (every step's ancestors) and simulating it (a play per step) grow with the square of its
+#: size: without a bound one request of a long chain held a CPU for minutes or the memory for
+#: gigabytes. Upstream bounds a fan-out at the same 1024.
+MAX_GRAPH_STEPS = 1024
 
 _WKT_MODULES = (
     "google.protobuf.any_pb2",
@@ -868,6 +873,10 @@ def _parse(obj: Any, runtime: Runtime) -> CompiledWorkflow:
         or "completion" in obj
         or any(k in s for s in raw_steps if isinstance(s, dict) for k in GRAPH_STEP_KEYS)
     )
+    if graph and len(raw_steps) > MAX_GRAPH_STEPS:
+        raise WorkflowParseError(
+            "", f"a graph workflow has at most {MAX_GRAPH_STEPS} steps; got {len(raw_steps)}"
+        )
     if not graph:
         return CompiledWorkflow(
             name=_text(obj, "name") or "",

@@ -229,7 +229,15 @@ class CheckWorkflowAction:
             findings = [f.to_json() for f in check(definition, self.runtime)]
         answer: dict[str, Any] = {"ok": not findings, "findings": findings}
         if simulate and not findings:
+            from protomolt_jobs.workflow.envelope import MAX_GRAPH_STEPS
             from protomolt_jobs.workflow.graph import simulate as _simulate
 
-            answer["simulation"] = _simulate(parse_workflow(definition, self.runtime))
+            compiled = parse_workflow(definition, self.runtime)
+            if len(compiled.steps) > MAX_GRAPH_STEPS:
+                raise InvalidInput(
+                    f"'simulate' plays workflows of at most {MAX_GRAPH_STEPS} steps; this one "
+                    f"has {len(compiled.steps)}",
+                    {"field": "simulate"},
+                )
+            answer["simulation"] = _simulate(compiled)
         return answer
