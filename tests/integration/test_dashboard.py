@@ -311,3 +311,34 @@ def test_dashboard_pages_answer_without_a_browser(tmp_path, fresh_dsn):
         assert status == 401 and body["error"] == "unauthenticated"
     finally:
         surfaces.close()
+
+
+def test_with_the_database_gone_pages_and_forms_are_503_quickly(tmp_path, fresh_dsn):
+    """Not 404 "no such job" after three database waits: 503 with the unavailable message,
+    within the store's bound (2 s) and a little."""
+    import time
+
+    import psycopg
+
+    from tests.support import pg
+
+    surfaces = start_node(node_environ(tmp_path, fresh_dsn))
+    try:
+        url = surfaces.http.url
+        job_id = "00000000-0000-0000-0000-000000000001"
+        pg.drop_database(psycopg.conninfo.conninfo_to_dict(fresh_dsn)["dbname"])
+        for method, path, raw in (
+            ("GET", "/ui/", None),
+            ("GET", "/ui/inbox", None),
+            ("GET", f"/ui/jobs/{job_id}", None),
+            ("POST", f"/ui/jobs/{job_id}/complete", b"stepName=review&approved=on"),
+            ("POST", f"/ui/jobs/{job_id}/action/cancel-job", b"reason=x"),
+        ):
+            started = time.monotonic()
+            status, body, _ = http(method, f"{url}{path}", raw=raw)
+            elapsed = time.monotonic() - started
+            assert status == 503, (path, status)
+            assert b"the jobs database cannot be reached" in body, path
+            assert elapsed < 3.5, (path, elapsed)
+    finally:
+        surfaces.close()

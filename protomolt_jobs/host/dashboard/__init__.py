@@ -40,13 +40,15 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from protomolt_jobs.errors import ActionError
+from protomolt_jobs.errors import ActionError, Unavailable
 
 __all__ = ["PREFIX", "TOKEN_COOKIE", "dashboard_mount", "is_public", "login_redirect"]
 
 log = logging.getLogger("protomolt_jobs.dashboard")
 
 PREFIX = "/ui"
+#: How a verb error that the database cannot be reached begins (the pages answer 503).
+_UNAVAILABLE = "unavailable:"
 #: The cookie holding the API token after a login.
 TOKEN_COOKIE = "protomolt_token"
 #: Jobs per page.
@@ -177,11 +179,21 @@ class Dashboard:
             return {}, f"{exc.code}: {exc.message}"
         return answer, ""
 
-    async def _inspect(self, method: str, *args: Any) -> Any:
+    async def _inspect(self, method: str, *args: Any, unavailable_raises: bool = False) -> Any:
         if self.inspector is None:
             return None
         try:
             return await anyio.to_thread.run_sync(getattr(self.inspector, method), *args)
+        except Unavailable:
+            if unavailable_raises:
+                raise
+            log.warning(
+                "dashboard: %s unavailable",
+                method,
+                exc_info=True,
+                extra={"action": "dashboard_inspect_failed"},
+            )
+            return None
         except Exception:  # the page still renders; the part is shown as unavailable
             log.warning(
                 "dashboard: %s unavailable",
@@ -273,13 +285,15 @@ class Dashboard:
             except ValueError:
                 error = f"invalid-input: 'after' must be a date and time like 2026-01-31T12:00; got {after!r}"
         counts = None
-        if page == 1 and not status and not workflow and not queue and not after:
+        down = error.startswith(_UNAVAILABLE)
+        if page == 1 and not status and not workflow and not queue and not after and not down:
             counts = await self._counts()
         filters = {"status": status, "workflow": workflow, "queue": queue, "after": after}
         base = {k: v for k, v in filters.items() if v}
         return self._render(
             request,
             "jobs.html",
+            status=503 if down else 200,
             title="Jobs",
             jobs=jobs,
             error=error,
@@ -315,7 +329,12 @@ class Dashboard:
         """``GET /ui/inbox``: the WAITING jobs."""
         answer, error = await self._verb("list-jobs", {"status": "WAITING", "limit": 500})
         return self._render(
-            request, "inbox.html", title="Inbox", jobs=answer.get("jobs", []), error=error
+            request,
+            "inbox.html",
+            status=503 if error.startswith(_UNAVAILABLE) else 200,
+            title="Inbox",
+            jobs=answer.get("jobs", []),
+            error=error,
         )
 
     async def job(
@@ -332,21 +351,37 @@ class Dashboard:
         answer, verb_error = await self._verb("get-job", {"jobId": job_id})
         job = answer.get("job") if answer.get("ok") else None
         if job is None:
-            return self._render(
-                request,
-                "job.html",
-                status=404,
-                title="Job",
-                job=None,
-                job_id=job_id,
-                error=verb_error or answer.get("error", "no such job"),
-                message="",
-                timeline=[],
-                events=[],
-                fields=[],
-                form={},
-                answer_type="",
-            )
+            return self._no_job(request, job_id, verb_error or answer.get("error", "no such job"))
+        return await self._job_page(request, job, message, error, form, status)
+
+    def _no_job(self, request: Request, job_id: str, error: str) -> Response:
+        """The job page without a job: 404, or 503 while the database cannot be reached."""
+        return self._render(
+            request,
+            "job.html",
+            status=503 if error.startswith(_UNAVAILABLE) else 404,
+            title="Job",
+            job=None,
+            job_id=job_id,
+            error=error,
+            message="",
+            timeline=[],
+            events=[],
+            fields=[],
+            form={},
+            answer_type="",
+        )
+
+    async def _job_page(
+        self,
+        request: Request,
+        job: dict[str, Any],
+        message: str,
+        error: str,
+        form: dict[str, str] | None,
+        status: int,
+    ) -> Response:
+        job_id = request.path_params["job_id"]
         names = await self._inspect("step_names", job_id) or []
         graph = {g["name"]: g["after"] for g in await self._inspect("step_graph", job_id) or []}
         done = {c.get("name"): c for c in job.get("checkpoints") or [] if isinstance(c, dict)}
@@ -402,13 +437,18 @@ class Dashboard:
         job_id = request.path_params["job_id"]
         form = await self._form(request)
         step = form.get("stepName", "")
-        desc = await self._inspect("answer_type", job_id, step)
+        try:
+            desc = await self._inspect("answer_type", job_id, step, unavailable_raises=True)
+        except Unavailable as exc:
+            return self._no_job(request, job_id, f"{exc.code}: {exc.message}")
         fields = [_form_field(f) for f in desc.fields] if desc is not None else []
         response = _answer_from_form(fields, form)
         answer, error = await self._verb(
             "complete-step", {"jobId": job_id, "stepName": step, "response": response}
         )
         if error or not answer.get("ok"):
+            if error.startswith(_UNAVAILABLE):  # no second wait for the same database
+                return self._no_job(request, job_id, error)
             return await self.job(
                 request, error=error or answer.get("error", "refused"), form=form, status=400
             )
@@ -432,6 +472,8 @@ class Dashboard:
         if verb == "retry-step":
             envelope["stepName"] = form.get("stepName", "")
         answer, error = await self._verb(verb, envelope)
+        if error.startswith(_UNAVAILABLE):  # no second wait for the same database
+            return self._no_job(request, job_id, error)
         if error or not answer.get("ok"):
             return await self.job(
                 request, error=error or answer.get("error", "refused"), status=400
