@@ -190,8 +190,12 @@ class SegmentExecutor:
     def execute(self, job: Any) -> Settlement:
         """Run one segment of the claimed ``job`` and settle it.
 
-        Never raises for anything the job or the store does; a defect in the engine is
+        Never raises for anything the job or the database does; a defect in the engine is
         settled as a retryable WORKFLOW failure (bounded by ``max_attempts``).
+
+        :raises ValueError, TypeError: when a store write refuses its arguments (a defect in
+            the worker, not a settle failure): the claim loop's supervision logs it and
+            restarts; the lease expires and the sweeper requeues the job.
 
         :param job: a claimed ``JobRecord`` (status RUNNING, leased to this worker).
         :returns: what was written.
@@ -523,7 +527,7 @@ class SegmentExecutor:
             self._checkpoint(guard, ctx, entry)
         except LeaseLost:
             return self._abandoned(guard, ctx, "checkpoint")
-        except (StoreError, ValueError, TypeError) as exc:
+        except StoreError as exc:  # ValueError/TypeError are defects: they propagate
             detail = (
                 "WORKFLOW: checkpoint observer failed; the step's response may not have "
                 f"persisted: {exc}"
@@ -552,7 +556,7 @@ class SegmentExecutor:
             target = next_target(workflow, len(prior)) if len(prior) < n_steps else None
         except _Fail:
             raise
-        except Exception as exc:
+        except Exception as exc:  # an odd row fails its job, not the loop
             log.warning(
                 "reading the claimed row raised",
                 exc_info=True,
@@ -727,9 +731,10 @@ class SegmentExecutor:
         except LeaseLost:
             guard.mark_lost("lease_lost")
             return self._abandoned(guard, ctx, "settle")
-        except (StoreError, ValueError, TypeError) as exc:
-            # ValueError/TypeError: the store refused the write's arguments (a defect); the
-            # job is left to the sweeper like any other settle failure.
+        except StoreError as exc:
+            # Only the database's failures: a ValueError/TypeError (the store refused the
+            # write's arguments) is a defect in our code and propagates to the claim loop,
+            # whose supervision logs its traceback; the sweeper requeues the job either way.
             log.error(
                 "settling the job failed; the sweeper will requeue it when its lease expires",
                 extra={

@@ -374,6 +374,19 @@ def test_lease_lost_on_settle_abandons_and_store_error_leaves_it_unsettled(engin
     assert store.writes == []
 
 
+def test_a_store_write_refusing_its_arguments_surfaces_instead_of_settle_failed(engine):
+    # ValueError/TypeError from a store write is a defect in the worker, not a settle failure
+    engine.segment = lambda prior, cb: _completed()
+    store = _Store()
+
+    def refuse(*args, **kwargs):
+        raise TypeError("result: not JSON serialisable")
+
+    store.job_complete = refuse
+    with pytest.raises(TypeError, match="serialisable"):
+        _executor(store).execute(_Job())
+
+
 def test_snapshot_and_input_failures_use_the_reference_texts(engine):
     store = _Store()
     engine.segment = lambda prior, cb: pytest.fail("must not run")
