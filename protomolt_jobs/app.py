@@ -194,7 +194,7 @@ class JobsApp:
         )
         try:
             return cls(config, store=store, runtime=runtime, repository=repository, lanes=lanes)
-        except BaseException:
+        except BaseException:  # close the pool, re-raised
             store.close()
             raise
 
@@ -223,7 +223,7 @@ class JobsApp:
                     # Recorded first, so a service that half-started is still stopped.
                     self._started.append(service)
                 service.start()
-        except BaseException:
+        except BaseException:  # stop what started, re-raised
             self.close()
             raise
         log.info(

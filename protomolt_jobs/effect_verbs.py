@@ -87,7 +87,7 @@ class _RecoveryVerb(_ControlVerb):
                 raise _invalid("response", f"'response' failed validation: {summarize(violations)}")
         try:
             entry = checkpoint_entry(step.name, message, compiled.pool)
-        except Exception as exc:
+        except Exception as exc:  # caller input: invalid-input, never a 500
             raise _invalid(
                 "response",
                 f"'response' cannot be rendered as proto3 JSON of "

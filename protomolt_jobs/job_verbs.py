@@ -703,7 +703,7 @@ class CompleteStepAction:
             from protomolt_jobs.workflow.effects import stamp
 
             stamp(entry, compiled, step)  # fingerprinted: a later type change is seen on replay
-        except Exception as exc:
+        except Exception as exc:  # caller input: invalid-input, never a 500
             raise _invalid(
                 "response",
                 f"'response' cannot be rendered as proto3 JSON of "

@@ -190,7 +190,7 @@ class StoreCollector:
                 )
         try:
             components = dict(self._components())
-        except Exception:
+        except Exception:  # a scrape must answer without the health part
             log.warning(
                 "metrics: component health unavailable",
                 exc_info=True,

@@ -252,7 +252,7 @@ class RequestConsumer(Service):
                     outcome = self._handle(message)
                 except StoreError:
                     raise
-                except Exception as exc:
+                except Exception as exc:  # the consume loop must survive
                     # A defect in handling must neither kill the loop nor lose the record
                     # (committing the next offset would skip it): it is stored as a reject.
                     log.exception(
@@ -273,7 +273,7 @@ class RequestConsumer(Service):
                         )
                     except StoreError:
                         raise
-                    except Exception as reject_exc:
+                    except Exception as reject_exc:  # held as an outage, see below
                         # Not even the reject is stored: hold the record like an outage.
                         raise StoreError(
                             f"storing the reject failed: {type(reject_exc).__name__}: {reject_exc}"
@@ -453,7 +453,7 @@ class RequestConsumer(Service):
             )
         except StoreError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # the partition must not stall
             # A defect in the submission path must not stall the partition behind this record.
             log.exception(
                 "submitting request job %s failed unexpectedly",

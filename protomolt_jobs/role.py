@@ -193,7 +193,7 @@ class JobsMount:
                 return
             self.backend.bind(app.store, app.submitter)
             app.start()
-        except BaseException:
+        except BaseException:  # close what started, re-raised
             self.close()
             raise
 

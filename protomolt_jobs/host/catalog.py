@@ -152,7 +152,7 @@ class Catalog:
                 result = action.execute(input)
         except ActionError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # internal-error with a log, never a 500
             log.exception(
                 "action %s failed unexpectedly",
                 name,

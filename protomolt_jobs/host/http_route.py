@@ -499,7 +499,7 @@ def _run(route: HttpRoute, request: HttpRequest) -> HttpResponse:
         return route.handler(request)
     except ActionError as err:
         return HttpResponse(err.http_status, err.to_json())
-    except Exception:
+    except Exception:  # a 500 with a correlation id, not a crash
         correlation = str(uuid.uuid4())
         log.exception(
             "unexpected error serving %s %s (correlation id %s)",

@@ -179,7 +179,7 @@ class WorkflowStore:
                 with os.fdopen(fd, "w", encoding="utf-8") as fh:
                     fh.write(text)
                 os.replace(tmp, path)
-            except BaseException:
+            except BaseException:  # no stray temp file, re-raised
                 Path(tmp).unlink(missing_ok=True)
                 raise
         log.info(

@@ -196,7 +196,7 @@ class Listener(Service):
         conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=5)
         try:
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
-        except BaseException:
+        except BaseException:  # close on any failure, re-raised
             conn.close()
             raise
         return conn

@@ -95,7 +95,7 @@ class WorkerProcesses:
             deadline = time.monotonic() + ready_timeout_s
             for i in range(self.count):
                 self._await_ready(i, deadline)
-        except BaseException:
+        except BaseException:  # stop what started, re-raised
             self.stop(10.0)
             raise
         self._monitor = threading.Thread(
