@@ -49,3 +49,11 @@ def test_answers_are_typed_and_what_does_not_read_is_passed_for_the_verb_to_refu
         "score": "x",
         "meta": "{not json",
     }
+
+
+def test_json_nested_past_the_parser_is_passed_as_text_not_raised():
+    # json.loads raises RecursionError (not ValueError) on deep nesting: the page answered 500.
+    deep = "[" * 100_000
+    assert _answer_from_form([{"name": "labels", "kind": "json"}], {"labels": deep}) == {
+        "labels": deep
+    }

@@ -149,7 +149,7 @@ def _answer_from_form(fields: list[dict[str, Any]], form: dict[str, str]) -> dic
         elif kind == "json":
             try:
                 answer[name] = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):  # deep nesting raises RecursionError
                 answer[name] = raw
         else:
             answer[name] = raw
