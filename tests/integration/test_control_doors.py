@@ -15,10 +15,15 @@ UNKNOWN = "00000000-0000-0000-0000-000000000001"
 
 
 @pytest.fixture
-def node(tmp_path, fresh_dsn):
+def started(tmp_path, fresh_dsn):
     surfaces = start_node(node_environ(tmp_path, fresh_dsn, token=TOKEN))
-    yield surfaces.http.url
+    yield surfaces
     surfaces.close()
+
+
+@pytest.fixture
+def node(started):
+    return started.http.url
 
 
 def _verb(url, verb, body):
@@ -140,3 +145,39 @@ def test_bad_input_at_the_cli(node, capsys):
     code = main(["jobs", "cancel", UNKNOWN, *door])
     out = capsys.readouterr().out
     assert '"ok": false' in out and "Traceback" not in out, (code, out)
+
+
+def test_bad_input_at_the_grpc_door(started):
+    import grpc
+
+    from protomolt_jobs.pb.ai.pipestream.proto.service.v1 import protomolt_service_pb2 as pb
+
+    job = _submit(started.http.url)
+    service = "/ai.pipestream.proto.service.v1.ProtoMoltService/"
+    auth = (("authorization", f"Bearer {TOKEN}"),)
+    with grpc.insecure_channel(started.grpc.target) as channel:
+
+        def rpc(name, request):
+            call = channel.unary_unary(
+                service + name,
+                request_serializer=type(request).SerializeToString,
+                response_deserializer=pb.JobControlResponse.FromString,
+            )
+            return call(request, metadata=auth)
+
+        for name, request, field in (
+            ("ResumeJob", pb.ResumeJobRequest(job_id=job, at="tomorrow"), "at"),
+            ("ResumeJob", pb.ResumeJobRequest(job_id=job, at="9999-12-31T23:00:00-14:00"), "at"),
+            ("CancelJob", pb.CancelJobRequest(job_id="nope"), "jobId"),
+            ("PauseJob", pb.PauseJobRequest(job_id=job, reason="a\x00b"), "reason"),
+            ("PauseJob", pb.PauseJobRequest(job_id=job, reason="r" * 5000), "reason"),
+            ("RetryStep", pb.RetryStepRequest(job_id=job), "stepName"),
+        ):
+            with pytest.raises(grpc.RpcError) as refused:
+                rpc(name, request)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, request)
+            assert field in refused.value.details(), (name, refused.value.details())
+        answer = rpc("CancelJob", pb.CancelJobRequest(job_id=UNKNOWN))
+        assert not answer.ok, answer
+    _, answer, _ = _verb(started.http.url, "get-job", {"jobId": job})
+    assert answer["job"]["status"] == "WAITING", answer
