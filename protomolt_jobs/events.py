@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
-from typing import NamedTuple
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
 
 from google.protobuf import struct_pb2
 
@@ -44,6 +45,7 @@ __all__ = [
     "EventViolation",
     "OutboxEvent",
     "build_event",
+    "column_payload",
     "event_type_name",
     "event_violations",
 ]
@@ -235,20 +237,18 @@ def build_event(
         except ValueError:
             raise ValueError(f"job_id: not a UUID: {job_id!r}") from None
     try:  # a text protobuf cannot carry (a lone surrogate) fails here, not in the relay
-        detail = struct_pb2.Struct()
-        detail.update({"status": status_after or ""})
-        message = WorkflowRunEvent(
+        message = _message(
             event_id=str(event_id),
             job_id=job_key,
-            workflow_name=(workflow_name or "")[:MAX_NAME_CHARS],
+            workflow_name=workflow_name,
             type=EventType.Value(f"TYPE_{event_type}"),
-            step=(step or "")[:MAX_NAME_CHARS],
             attempt=attempt,
-            verdict=(verdict or "")[:MAX_VERDICT_CHARS],
-            error=(error or "")[:MAX_ERROR_CHARS],
-            detail=detail,
+            status_after=status_after,
+            occurred_at=occurred_at,
+            step=step,
+            verdict=verdict,
+            error=error,
         )
-        message.occurred_at.FromDatetime(occurred_at)
         problems = event_violations(message)
         payload = b"" if problems else message.SerializeToString()
     except (ValueError, UnicodeError) as exc:
@@ -262,3 +262,72 @@ def build_event(
         payload=payload,
         kafka_key=job_key,
     )
+
+
+def _message(
+    *,
+    event_id: str,
+    job_id: str,
+    workflow_name: str | None,
+    type: int,
+    attempt: int,
+    status_after: str | None,
+    occurred_at: datetime,
+    step: str | None,
+    verdict: str | None,
+    error: str | None,
+) -> WorkflowRunEvent:
+    """The event message, text fields truncated to the contract's limits (not checked)."""
+    detail = struct_pb2.Struct()
+    detail.update({"status": status_after or ""})
+    message = WorkflowRunEvent(
+        event_id=event_id,
+        job_id=job_id,
+        workflow_name=(workflow_name or "")[:MAX_NAME_CHARS],
+        type=type,
+        step=(step or "")[:MAX_NAME_CHARS],
+        attempt=attempt,
+        verdict=(verdict or "")[:MAX_VERDICT_CHARS],
+        error=(error or "")[:MAX_ERROR_CHARS],
+        detail=detail,
+    )
+    message.occurred_at.FromDatetime(occurred_at)
+    return message
+
+
+def column_payload(row: Mapping[str, Any]) -> bytes:
+    """The serialized ``WorkflowRunEvent`` of an outbox row written as columns (migration 0005:
+    the one-statement fenced writes insert the event's fields, not its bytes).
+
+    The same message :func:`build_event` makes: ``event_id`` and ``job_id`` (the row's
+    ``kafka_key``) from the row, ``type`` from ``event_type``, ``occurred_at`` = the row's
+    ``created_at`` (the writing transaction's ``now()``), ``detail.status`` = ``status_after``,
+    text fields truncated to the contract's limits. It does not refuse: a row that breaks the
+    contract (an unknown ``event_type``, a COMPLETED row without ``verdict``) is encoded as it
+    is, and the relay's :func:`event_violations` check makes it FAILED like any poison payload.
+
+    :param row: a mapping with ``event_id``, ``event_type``, ``kafka_key``, ``created_at``,
+        ``workflow_name``, ``attempt``, ``status_after``, ``step``, ``verdict``, ``error``.
+    :returns: the payload bytes (not framed).
+    """
+    name = str(row["event_type"] or "")
+    try:
+        type = EventType.Value(name if name.startswith("TYPE_") else f"TYPE_{name}")
+    except ValueError:
+        type = 0  # TYPE_UNSPECIFIED: the check reports "type: field is required"
+    attempt = row["attempt"]
+    created_at = row["created_at"]
+    if created_at.tzinfo is None:
+        created_at = created_at.replace(tzinfo=UTC)
+    return _message(
+        event_id=str(row["event_id"]),
+        job_id=str(row["kafka_key"] or ""),
+        workflow_name=row["workflow_name"],
+        type=type,
+        attempt=int(attempt) if attempt is not None else 0,
+        status_after=row["status_after"],
+        occurred_at=created_at,
+        step=row["step"],
+        verdict=row["verdict"],
+        error=row["error"],
+    ).SerializeToString()

@@ -58,7 +58,7 @@ SELECT table_name, column_name
 -- ---------------------------------------------------------------------------------------------
 
 -- name: job_insert
--- description: insert a new job idempotently on job_id (and on a live dedup_key), stamping its fairness pass in the same statement (a named key through its counter row; the default key without a lock, migration 0010); no row back means it already existed.
+-- description: insert a new job idempotently on job_id (and on a live dedup_key), stamping its fairness pass (a named key through its counter row; the default key without a lock, migration 0010), writing its ACCEPTED event (FAILED with the error for a job failed at birth) and NOTIFY protomolt_jobs (QUEUED only), all in one statement; no row back means it already existed (no event, no notify).
 WITH base AS (
     -- Virtual time of the queue: the smallest pass still QUEUED (one index probe per
     -- priority), or in an empty queue the largest pass ever handed out there.
@@ -99,7 +99,7 @@ WITH base AS (
                                    ORDER BY t.fairness_pass DESC
                                    LIMIT 1), 0)) + %(stride)s
            ) AS last_pass
-)
+), inserted AS (
 INSERT INTO workflow_run (job_id, workflow_name, workflow_definition, input, status,
                           max_attempts, error, completed_at, priority, queue, fairness_key,
                           fairness_pass, dedup_key, deadline_at, trace_context, change_actor,
@@ -116,8 +116,21 @@ RETURNING job_id, workflow_name, workflow_definition::text AS workflow_definitio
           input::text AS input, status, attempt, max_attempts, run_after, outstanding_step,
           checkpoints::text AS checkpoints, result::text AS result, verdict, error,
           lease_owner, lease_token, lease_until, created_at, updated_at, completed_at,
-          priority, queue, fairness_key, dedup_key, deadline_at,
-          now() AS tx_now
+          priority, queue, fairness_key, dedup_key, deadline_at
+), events AS (
+    INSERT INTO workflow_run_events_outbox
+        (event_id, event_type, kafka_key, created_at, workflow_name, attempt, status_after,
+         step, verdict, error)
+    SELECT gen_random_uuid(), CASE WHEN i.status = 'QUEUED' THEN 'ACCEPTED' ELSE i.status END,
+           i.job_id::text, now(), i.workflow_name, i.attempt, i.status, NULL, NULL,
+           CASE WHEN i.status <> 'QUEUED' THEN i.error END
+      FROM inserted AS i
+    RETURNING 1
+)
+SELECT inserted.*, now() AS tx_now, (SELECT count(*) FROM events) AS events,
+       CASE WHEN status = 'QUEUED'
+            THEN (SELECT 1 FROM pg_notify('protomolt_jobs', '')) END AS notified
+  FROM inserted
 
 -- name: job_get_live_dedup
 -- description: the live (non-terminal) run holding a dedup key, if any.
@@ -295,149 +308,284 @@ UPDATE workflow_run
 RETURNING lease_until, control::text AS control
 
 -- name: job_checkpoint
--- description: fenced (status, lease_owner, attempt, lease_token): append one entry to checkpoints.
-UPDATE workflow_run
-   SET checkpoints = checkpoints || jsonb_build_array(workflow_checkpoint_stamp(%(entry)s::jsonb)),
-       updated_at = now(),
-       change_kind = 'checkpoint',
-       change_actor = 'worker:' || %(owner)s,
-       change_step = %(step)s
- WHERE job_id = %(job_id)s AND status = 'RUNNING'
-   AND lease_owner = %(owner)s AND attempt = %(attempt)s
-   AND lease_token = %(token)s
-RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+-- description: fenced (status, lease_owner, attempt, lease_token): append one entry to checkpoints and write its STEP_CHECKPOINT event (detail.status RUNNING), then the CANCELLED/PAUSED event when the trigger applied a pending request; one statement.
+WITH moved AS (
+    UPDATE workflow_run
+       SET checkpoints = checkpoints || jsonb_build_array(workflow_checkpoint_stamp(%(entry)s::jsonb)),
+           updated_at = now(),
+           change_kind = 'checkpoint',
+           change_actor = 'worker:' || %(owner)s,
+           change_step = %(step)s
+     WHERE job_id = %(job_id)s AND status = 'RUNNING'
+       AND lease_owner = %(owner)s AND attempt = %(attempt)s
+       AND lease_token = %(token)s
+    RETURNING job_id, workflow_name, status, attempt, error
+), events AS (
+    INSERT INTO workflow_run_events_outbox
+        (event_id, event_type, kafka_key, created_at, workflow_name, attempt, status_after,
+         step, verdict, error)
+    SELECT gen_random_uuid(), e.event_type, m.job_id::text, now(), m.workflow_name, m.attempt,
+           e.status_after, %(step)s, NULL, e.error
+      FROM moved AS m
+     CROSS JOIN LATERAL (VALUES
+           (1, 'STEP_CHECKPOINT', 'RUNNING', NULL),
+           (2, CASE WHEN m.status IN ('CANCELLED', 'PAUSED') THEN m.status END, m.status,
+            CASE WHEN m.status = 'CANCELLED' THEN m.error END)
+         ) AS e (ord, event_type, status_after, error)
+     WHERE e.event_type IS NOT NULL
+     ORDER BY e.ord
+    RETURNING 1
+)
+SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
+       (SELECT count(*) FROM events) AS events
+  FROM moved
 
 -- name: job_park
--- description: fenced (status, lease_owner, attempt, lease_token): WAITING on outstanding_step, lease cleared.
-UPDATE workflow_run
-   SET status = 'WAITING',
-       outstanding_step = %(step)s,
-       lease_owner = NULL,
-       lease_token = NULL,
-       lease_until = NULL,
-       updated_at = now(),
-       change_kind = 'park',
-       change_actor = 'worker:' || %(owner)s,
-       change_step = %(step)s
- WHERE job_id = %(job_id)s AND status = 'RUNNING'
-   AND lease_owner = %(owner)s AND attempt = %(attempt)s
-   AND lease_token = %(token)s
-RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+-- description: fenced (status, lease_owner, attempt, lease_token): WAITING on outstanding_step, lease cleared, with its WAITING event (or the CANCELLED/PAUSED event of a pending request the trigger applied); one statement.
+WITH moved AS (
+    UPDATE workflow_run
+       SET status = 'WAITING',
+           outstanding_step = %(step)s,
+           lease_owner = NULL,
+           lease_token = NULL,
+           lease_until = NULL,
+           updated_at = now(),
+           change_kind = 'park',
+           change_actor = 'worker:' || %(owner)s,
+           change_step = %(step)s
+     WHERE job_id = %(job_id)s AND status = 'RUNNING'
+       AND lease_owner = %(owner)s AND attempt = %(attempt)s
+       AND lease_token = %(token)s
+    RETURNING job_id, workflow_name, status, attempt, error
+), events AS (
+    INSERT INTO workflow_run_events_outbox
+        (event_id, event_type, kafka_key, created_at, workflow_name, attempt, status_after,
+         step, verdict, error)
+    SELECT gen_random_uuid(),
+           CASE WHEN m.status IN ('CANCELLED', 'PAUSED') THEN m.status ELSE 'WAITING' END,
+           m.job_id::text, now(), m.workflow_name, m.attempt, m.status, %(step)s, NULL,
+           CASE WHEN m.status = 'CANCELLED' THEN m.error END
+      FROM moved AS m
+    RETURNING 1
+)
+SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
+       (SELECT count(*) FROM events) AS events
+  FROM moved
 
 -- name: job_complete
--- description: fenced (status, lease_owner, attempt, lease_token): COMPLETED with result, verdict and completed_at.
-UPDATE workflow_run
-   SET status = 'COMPLETED',
-       result = %(result)s,
-       verdict = %(verdict)s,
-       outstanding_step = NULL,
-       lease_owner = NULL,
-       lease_token = NULL,
-       lease_until = NULL,
-       completed_at = now(),
-       updated_at = now(),
-       change_kind = 'complete',
-       change_actor = 'worker:' || %(owner)s
- WHERE job_id = %(job_id)s AND status = 'RUNNING'
-   AND lease_owner = %(owner)s AND attempt = %(attempt)s
-   AND lease_token = %(token)s
-RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+-- description: fenced (status, lease_owner, attempt, lease_token): COMPLETED with result, verdict and completed_at, with its COMPLETED event (or the CANCELLED/PAUSED event of a pending request the trigger applied); one statement.
+WITH moved AS (
+    UPDATE workflow_run
+       SET status = 'COMPLETED',
+           result = %(result)s,
+           verdict = %(verdict)s,
+           outstanding_step = NULL,
+           lease_owner = NULL,
+           lease_token = NULL,
+           lease_until = NULL,
+           completed_at = now(),
+           updated_at = now(),
+           change_kind = 'complete',
+           change_actor = 'worker:' || %(owner)s
+     WHERE job_id = %(job_id)s AND status = 'RUNNING'
+       AND lease_owner = %(owner)s AND attempt = %(attempt)s
+       AND lease_token = %(token)s
+    RETURNING job_id, workflow_name, status, attempt, error
+), events AS (
+    INSERT INTO workflow_run_events_outbox
+        (event_id, event_type, kafka_key, created_at, workflow_name, attempt, status_after,
+         step, verdict, error)
+    SELECT gen_random_uuid(),
+           CASE WHEN m.status IN ('CANCELLED', 'PAUSED') THEN m.status ELSE 'COMPLETED' END,
+           m.job_id::text, now(), m.workflow_name, m.attempt, m.status, NULL,
+           CASE WHEN m.status = 'COMPLETED' THEN %(verdict)s END,
+           CASE WHEN m.status = 'CANCELLED' THEN m.error END
+      FROM moved AS m
+    RETURNING 1
+)
+SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
+       (SELECT count(*) FROM events) AS events
+  FROM moved
 
 -- name: job_complete_with_checkpoint
--- description: fenced (status, lease_owner, attempt, lease_token): append the final step's checkpoint entry and COMPLETED, in one statement.
-UPDATE workflow_run
-   SET status = 'COMPLETED',
-       checkpoints = checkpoints || jsonb_build_array(workflow_checkpoint_stamp(%(entry)s::jsonb)),
-       result = %(result)s,
-       verdict = %(verdict)s,
-       outstanding_step = NULL,
-       lease_owner = NULL,
-       lease_token = NULL,
-       lease_until = NULL,
-       completed_at = now(),
-       updated_at = now(),
-       change_kind = 'complete',
-       change_actor = 'worker:' || %(owner)s,
-       change_step = %(step)s
- WHERE job_id = %(job_id)s AND status = 'RUNNING'
-   AND lease_owner = %(owner)s AND attempt = %(attempt)s
-   AND lease_token = %(token)s
-RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+-- description: fenced (status, lease_owner, attempt, lease_token): append the final step's checkpoint entry and COMPLETED, with the STEP_CHECKPOINT (detail.status RUNNING) and COMPLETED events in that order (or CANCELLED/PAUSED for a pending request the trigger applied); one statement.
+WITH moved AS (
+    UPDATE workflow_run
+       SET status = 'COMPLETED',
+           checkpoints = checkpoints || jsonb_build_array(workflow_checkpoint_stamp(%(entry)s::jsonb)),
+           result = %(result)s,
+           verdict = %(verdict)s,
+           outstanding_step = NULL,
+           lease_owner = NULL,
+           lease_token = NULL,
+           lease_until = NULL,
+           completed_at = now(),
+           updated_at = now(),
+           change_kind = 'complete',
+           change_actor = 'worker:' || %(owner)s,
+           change_step = %(step)s
+     WHERE job_id = %(job_id)s AND status = 'RUNNING'
+       AND lease_owner = %(owner)s AND attempt = %(attempt)s
+       AND lease_token = %(token)s
+    RETURNING job_id, workflow_name, status, attempt, error
+), events AS (
+    INSERT INTO workflow_run_events_outbox
+        (event_id, event_type, kafka_key, created_at, workflow_name, attempt, status_after,
+         step, verdict, error)
+    SELECT gen_random_uuid(), e.event_type, m.job_id::text, now(), m.workflow_name, m.attempt,
+           e.status_after, e.step, e.verdict, e.error
+      FROM moved AS m
+     CROSS JOIN LATERAL (VALUES
+           (1, 'STEP_CHECKPOINT', 'RUNNING', %(step)s, NULL, NULL),
+           (2, CASE WHEN m.status IN ('CANCELLED', 'PAUSED') THEN m.status ELSE 'COMPLETED' END,
+            m.status,
+            CASE WHEN m.status IN ('CANCELLED', 'PAUSED') THEN %(step)s END,
+            CASE WHEN m.status = 'COMPLETED' THEN %(verdict)s END,
+            CASE WHEN m.status = 'CANCELLED' THEN m.error END)
+         ) AS e (ord, event_type, status_after, step, verdict, error)
+     ORDER BY e.ord
+    RETURNING 1
+)
+SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
+       (SELECT count(*) FROM events) AS events
+  FROM moved
 
 -- name: job_fail
--- description: fenced (status, lease_owner, attempt, lease_token): FAILED with the verbatim error and completed_at.
-UPDATE workflow_run
-   SET status = 'FAILED',
-       error = %(error)s,
-       outstanding_step = NULL,
-       lease_owner = NULL,
-       lease_token = NULL,
-       lease_until = NULL,
-       completed_at = now(),
-       updated_at = now(),
-       change_kind = 'fail',
-       change_actor = 'worker:' || %(owner)s,
-       change_reason = %(error)s,
-       change_step = nullif(%(step)s, '')
- WHERE job_id = %(job_id)s AND status = 'RUNNING'
-   AND lease_owner = %(owner)s AND attempt = %(attempt)s
-   AND lease_token = %(token)s
-RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+-- description: fenced (status, lease_owner, attempt, lease_token): FAILED with the verbatim error and completed_at, with its FAILED event (or CANCELLED for a pending cancel the trigger applied); one statement.
+WITH moved AS (
+    UPDATE workflow_run
+       SET status = 'FAILED',
+           error = %(error)s,
+           outstanding_step = NULL,
+           lease_owner = NULL,
+           lease_token = NULL,
+           lease_until = NULL,
+           completed_at = now(),
+           updated_at = now(),
+           change_kind = 'fail',
+           change_actor = 'worker:' || %(owner)s,
+           change_reason = %(error)s,
+           change_step = nullif(%(step)s, '')
+     WHERE job_id = %(job_id)s AND status = 'RUNNING'
+       AND lease_owner = %(owner)s AND attempt = %(attempt)s
+       AND lease_token = %(token)s
+    RETURNING job_id, workflow_name, status, attempt, error
+), events AS (
+    INSERT INTO workflow_run_events_outbox
+        (event_id, event_type, kafka_key, created_at, workflow_name, attempt, status_after,
+         step, verdict, error)
+    SELECT gen_random_uuid(),
+           CASE WHEN m.status IN ('CANCELLED', 'PAUSED') THEN m.status ELSE 'FAILED' END,
+           m.job_id::text, now(), m.workflow_name, m.attempt, m.status, %(step)s, NULL,
+           CASE WHEN m.status = 'PAUSED' THEN NULL ELSE m.error END
+      FROM moved AS m
+    RETURNING 1
+)
+SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
+       (SELECT count(*) FROM events) AS events
+  FROM moved
 
 -- name: job_retry
--- description: fenced (status, lease_owner, attempt, lease_token): back to QUEUED at now() + backoff_s, error kept.
-UPDATE workflow_run
-   SET status = 'QUEUED',
-       run_after = now() + make_interval(secs => %(backoff_s)s),
-       error = %(error)s,
-       lease_owner = NULL,
-       lease_token = NULL,
-       lease_until = NULL,
-       updated_at = now(),
-       change_kind = 'retry',
-       change_actor = 'worker:' || %(owner)s,
-       change_reason = 'backoff ' || %(backoff_s)s || ' s: ' || %(error)s
- WHERE job_id = %(job_id)s AND status = 'RUNNING'
-   AND lease_owner = %(owner)s AND attempt = %(attempt)s
-   AND lease_token = %(token)s
-RETURNING job_id, workflow_name, status, attempt, error, run_after, now() AS tx_now
+-- description: fenced (status, lease_owner, attempt, lease_token): back to QUEUED at now() + backoff_s, error kept, NOTIFY protomolt_jobs; no event (or the CANCELLED/PAUSED event of a pending request the trigger applied, and no NOTIFY); one statement.
+WITH moved AS (
+    UPDATE workflow_run
+       SET status = 'QUEUED',
+           run_after = now() + make_interval(secs => %(backoff_s)s),
+           error = %(error)s,
+           lease_owner = NULL,
+           lease_token = NULL,
+           lease_until = NULL,
+           updated_at = now(),
+           change_kind = 'retry',
+           change_actor = 'worker:' || %(owner)s,
+           change_reason = 'backoff ' || %(backoff_s)s || ' s: ' || %(error)s
+     WHERE job_id = %(job_id)s AND status = 'RUNNING'
+       AND lease_owner = %(owner)s AND attempt = %(attempt)s
+       AND lease_token = %(token)s
+    RETURNING job_id, workflow_name, status, attempt, error, run_after
+), events AS (
+    INSERT INTO workflow_run_events_outbox
+        (event_id, event_type, kafka_key, created_at, workflow_name, attempt, status_after,
+         step, verdict, error)
+    SELECT gen_random_uuid(), m.status, m.job_id::text, now(), m.workflow_name, m.attempt,
+           m.status, NULL, NULL, CASE WHEN m.status = 'CANCELLED' THEN m.error END
+      FROM moved AS m
+     WHERE m.status IN ('CANCELLED', 'PAUSED')
+    RETURNING 1
+)
+SELECT job_id, workflow_name, status, attempt, error, run_after, now() AS tx_now,
+       (SELECT count(*) FROM events) AS events,
+       CASE WHEN status = 'QUEUED'
+            THEN (SELECT 1 FROM pg_notify('protomolt_jobs', '')) END AS notified
+  FROM moved
 
 -- name: job_dead
--- description: fenced (status, lease_owner, attempt, lease_token): DEAD (attempts exhausted) with the error.
-UPDATE workflow_run
-   SET status = 'DEAD',
-       error = %(error)s,
-       outstanding_step = NULL,
-       lease_owner = NULL,
-       lease_token = NULL,
-       lease_until = NULL,
-       completed_at = now(),
-       updated_at = now(),
-       change_kind = 'dead',
-       change_actor = 'worker:' || %(owner)s,
-       change_reason = %(error)s,
-       change_step = nullif(%(step)s, '')
- WHERE job_id = %(job_id)s AND status = 'RUNNING'
-   AND lease_owner = %(owner)s AND attempt = %(attempt)s
-   AND lease_token = %(token)s
-RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+-- description: fenced (status, lease_owner, attempt, lease_token): DEAD (attempts exhausted) with the error, with its DEAD event (or CANCELLED for a pending cancel the trigger applied); one statement.
+WITH moved AS (
+    UPDATE workflow_run
+       SET status = 'DEAD',
+           error = %(error)s,
+           outstanding_step = NULL,
+           lease_owner = NULL,
+           lease_token = NULL,
+           lease_until = NULL,
+           completed_at = now(),
+           updated_at = now(),
+           change_kind = 'dead',
+           change_actor = 'worker:' || %(owner)s,
+           change_reason = %(error)s,
+           change_step = nullif(%(step)s, '')
+     WHERE job_id = %(job_id)s AND status = 'RUNNING'
+       AND lease_owner = %(owner)s AND attempt = %(attempt)s
+       AND lease_token = %(token)s
+    RETURNING job_id, workflow_name, status, attempt, error
+), events AS (
+    INSERT INTO workflow_run_events_outbox
+        (event_id, event_type, kafka_key, created_at, workflow_name, attempt, status_after,
+         step, verdict, error)
+    SELECT gen_random_uuid(),
+           CASE WHEN m.status IN ('CANCELLED', 'PAUSED') THEN m.status ELSE 'DEAD' END,
+           m.job_id::text, now(), m.workflow_name, m.attempt, m.status, %(step)s, NULL,
+           CASE WHEN m.status = 'PAUSED' THEN NULL ELSE m.error END
+      FROM moved AS m
+    RETURNING 1
+)
+SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
+       (SELECT count(*) FROM events) AS events
+  FROM moved
 
 -- name: job_release
--- description: fenced (status, lease_owner, attempt, lease_token): graceful stop, QUEUED now, the attempt given back (attempt - 1; the token, not the attempt, keeps the old lease dead).
-UPDATE workflow_run
-   SET status = 'QUEUED',
-       run_after = now(),
-       attempt = attempt - 1,
-       lease_owner = NULL,
-       lease_token = NULL,
-       lease_until = NULL,
-       updated_at = now(),
-       change_kind = 'release',
-       change_actor = 'worker:' || %(owner)s
- WHERE job_id = %(job_id)s AND status = 'RUNNING'
-   AND lease_owner = %(owner)s AND attempt = %(attempt)s
-   AND lease_token = %(token)s
-RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+-- description: fenced (status, lease_owner, attempt, lease_token): graceful stop, QUEUED now, the attempt given back (attempt - 1; the token, not the attempt, keeps the old lease dead), NOTIFY protomolt_jobs; no event (or the CANCELLED/PAUSED event of a pending request the trigger applied, and no NOTIFY); one statement.
+WITH moved AS (
+    UPDATE workflow_run
+       SET status = 'QUEUED',
+           run_after = now(),
+           attempt = attempt - 1,
+           lease_owner = NULL,
+           lease_token = NULL,
+           lease_until = NULL,
+           updated_at = now(),
+           change_kind = 'release',
+           change_actor = 'worker:' || %(owner)s
+     WHERE job_id = %(job_id)s AND status = 'RUNNING'
+       AND lease_owner = %(owner)s AND attempt = %(attempt)s
+       AND lease_token = %(token)s
+    RETURNING job_id, workflow_name, status, attempt, error
+), events AS (
+    INSERT INTO workflow_run_events_outbox
+        (event_id, event_type, kafka_key, created_at, workflow_name, attempt, status_after,
+         step, verdict, error)
+    SELECT gen_random_uuid(), m.status, m.job_id::text, now(), m.workflow_name, m.attempt,
+           m.status, NULL, NULL, CASE WHEN m.status = 'CANCELLED' THEN m.error END
+      FROM moved AS m
+     WHERE m.status IN ('CANCELLED', 'PAUSED')
+    RETURNING 1
+)
+SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
+       (SELECT count(*) FROM events) AS events,
+       CASE WHEN status = 'QUEUED'
+            THEN (SELECT 1 FROM pg_notify('protomolt_jobs', '')) END AS notified
+  FROM moved
 
 -- ---------------------------------------------------------------------------------------------
 -- jobs: the sweeper and parked completions
@@ -807,7 +955,8 @@ UPDATE workflow_run_events_outbox AS o
  WHERE o.event_id = c.event_id
    AND o.status = 'PENDING'
 RETURNING o.event_id, o.seq, o.event_type, o.payload, o.kafka_key, o.attempts, o.status,
-          o.created_at, o.published_at, o.last_error
+          o.created_at, o.published_at, o.last_error,
+          o.workflow_name, o.attempt, o.status_after, o.step, o.verdict, o.error
 
 -- name: outbox_mark_published
 -- description: PENDING rows to PUBLISHED with published_at = now(); rows kept for ever.
@@ -828,12 +977,12 @@ UPDATE workflow_run_events_outbox
  WHERE event_id = %(event_id)s
    AND status = 'PENDING'
 RETURNING event_id, seq, event_type, payload, kafka_key, attempts, status, created_at,
-          published_at, last_error
+          published_at, last_error, workflow_name, attempt, status_after, step, verdict, error
 
 -- name: outbox_for_job
 -- description: every outbox row of one job (kafka_key), in seq order (reads, tests, operators).
 SELECT event_id, seq, event_type, payload, kafka_key, attempts, status, created_at,
-       published_at, last_error
+       published_at, last_error, workflow_name, attempt, status_after, step, verdict, error
   FROM workflow_run_events_outbox
  WHERE kafka_key = %(kafka_key)s
  ORDER BY seq

@@ -294,7 +294,10 @@ ParkedCompletion = ParkedStepCompleted | AlreadyDone | WrongState
 @dataclass(frozen=True, slots=True)
 class OutboxRow:
     """One ``workflow_run_events_outbox`` row; ``payload`` is a serialized WorkflowRunEvent
-    (raw protobuf, not framed) and ``kafka_key`` the job id string."""
+    (raw protobuf, not framed) and ``kafka_key`` the job id string. A row stored as columns
+    (``payload`` NULL, migration 0005) gets its bytes from ``events.column_payload`` when it
+    is read: the same message the store's ``build_event`` writes, ``occurred_at`` = the row's
+    ``created_at``."""
 
     event_id: uuid.UUID
     seq: int
@@ -311,7 +314,14 @@ class OutboxRow:
     def from_row(cls, row: dict[str, Any]) -> OutboxRow:
         """Decode a row (a mapping with at least this class's field names)."""
         values = {f.name: row[f.name] for f in fields(cls)}
-        values["payload"] = bytes(values["payload"])
+        if values["payload"] is None:
+            # A row written as columns (migration 0005, the one-statement fenced writes):
+            # its bytes are encoded here, when the row is read to be published or shown.
+            from protomolt_jobs.events import column_payload
+
+            values["payload"] = column_payload(row)
+        else:
+            values["payload"] = bytes(values["payload"])
         return cls(**values)
 
 

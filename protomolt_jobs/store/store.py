@@ -388,12 +388,13 @@ class JobStore:
     def job_insert(self, new: NewJob) -> InsertOutcome:
         """Insert a job idempotently on ``job_id``, with its event, and wake workers.
 
-        SQL: ``INSERT ... ON CONFLICT (job_id) DO NOTHING``; when a row was created, one outbox
-        row (ACCEPTED, attempt 0, ``detail.status`` QUEUED; or FAILED with the error for a job
-        failed at birth) and ``NOTIFY protomolt_jobs`` (QUEUED only); then the stored row is
-        read back. A resubmission changes nothing and returns the existing row untouched.
+        SQL: one statement (``job_insert``): ``INSERT ... ON CONFLICT (job_id) DO NOTHING`` and,
+        when a row was created, its outbox row (ACCEPTED, attempt 0, ``detail.status`` QUEUED;
+        or FAILED with the error for a job failed at birth) and ``NOTIFY protomolt_jobs``
+        (QUEUED only), returning the stored row. A resubmission changes nothing and returns the
+        existing row untouched (read by a second statement).
 
-        Transaction: one, covering insert, event, notify and read-back.
+        Transaction: the one statement (autocommit); a conflict's reads are their own.
 
         NUL and lone surrogates in ``workflow_name``, ``error`` and the JSON values are stored
         as U+FFFD (see :mod:`~.scrub`).
@@ -441,7 +442,10 @@ class JobStore:
         }
         existing: dict[str, Any] | None = None
         deduplicated = False
-        with self._connection() as conn, conn.transaction():
+        with self._connection() as conn:
+            # Autocommit: the insert, its event and the NOTIFY are one statement (job_insert);
+            # the reads after a conflict are statements of their own (each its own snapshot,
+            # as they were in one READ COMMITTED transaction).
             # The dedup holder may end between our conflict and our read: then the key is free
             # and the insert is tried again (a holder cannot end more than once per attempt).
             for _ in range(_DEDUP_TRIES):
@@ -462,11 +466,6 @@ class JobStore:
                 raise StoreError(
                     f"dedup key {new.dedup_key!r} kept changing hands; insert not settled"
                 )
-            if row is not None and new.status == "QUEUED":
-                # The event and the wake-up in one statement (one round trip fewer).
-                self._outbox_txn(conn, row, EventType.TYPE_ACCEPTED, notify=True)
-            elif row is not None:
-                self._outbox_txn(conn, row, EventType.TYPE_FAILED, error=error or "")
         if existing is not None:
             return InsertOutcome(
                 JobRecord.from_row(existing), created=False, deduplicated=deduplicated
@@ -709,8 +708,10 @@ class JobStore:
     def job_checkpoint(self, lease: Lease, entry: dict[str, Any]) -> None:
         """Append one checkpoint entry, with its STEP_CHECKPOINT event.
 
-        SQL: fenced ``UPDATE ... SET checkpoints = checkpoints || [entry]``, then one outbox row
-        (STEP_CHECKPOINT, step = ``entry["name"]``, ``detail.status`` RUNNING). Transaction: one.
+        SQL: one statement (autocommit): fenced ``UPDATE ... SET checkpoints = checkpoints ||
+        [entry]`` and its outbox row (STEP_CHECKPOINT, step = ``entry["name"]``,
+        ``detail.status`` RUNNING), plus the CANCELLED or PAUSED row when the trigger applied a
+        pending request (then :class:`ControlApplied` is raised after the commit).
 
         :param entry: ``{"name": str, "skipped": bool, "response"?: object}`` (stored as is).
         :raises LeaseLost: when the fence matches no row (nothing changed, no event).
@@ -720,12 +721,8 @@ class JobStore:
         """
         step = scrub_text(_entry_name(entry))
         entry_json = _jsonb("entry", entry, dict)
-        with self._connection() as conn, conn.transaction():
+        with self._connection() as conn:
             row = _fenced(conn, "job_checkpoint", lease, {"entry": entry_json, "step": step})
-            self._outbox_txn(
-                conn, {**row, "status": "RUNNING"}, EventType.TYPE_STEP_CHECKPOINT, step=step
-            )
-            self._control_event_txn(conn, row, step)
         if row["status"] != "RUNNING":
             raise ControlApplied(
                 lease.job_id, lease.owner, lease.attempt, "job_checkpoint", row["status"]
@@ -759,7 +756,8 @@ class JobStore:
         """Park the job on an external step, with its WAITING event.
 
         SQL: fenced ``UPDATE ... SET status='WAITING', outstanding_step=step``, lease cleared;
-        then one outbox row (WAITING, step). Transaction: one.
+        and its outbox row (WAITING, step; CANCELLED or PAUSED when the trigger applied a
+        pending request), in one statement (autocommit).
 
         :raises LeaseLost: when the fence matches no row (nothing changed, no event).
         :raises ValueError: for a blank step.
@@ -767,10 +765,8 @@ class JobStore:
         """
         _text("step", step)
         step = scrub_text(step)
-        with self._connection() as conn, conn.transaction():
+        with self._connection() as conn:
             row = _fenced(conn, "job_park", lease, {"step": step})
-            if not self._control_event_txn(conn, row, step):
-                self._outbox_txn(conn, row, EventType.TYPE_WAITING, step=step)
         return str(row["status"])
 
     @_translated
@@ -793,7 +789,8 @@ class JobStore:
         fenced UPDATE also appends it to ``checkpoints``, and the outbox gets STEP_CHECKPOINT
         (step = ``final_entry["name"]``, ``detail.status`` RUNNING, as :meth:`job_checkpoint`
         writes it) before COMPLETED: the events a separate checkpoint would have written, in
-        the same order, one commit fewer. Transaction: one.
+        the same order, one commit fewer. One statement (autocommit): the update and its outbox
+        rows, whose types come from the status the row ended in.
 
         :param result: the composed output (proto3 JSON object).
         :param verdict: one-line summary, not blank (the event's ``completed-carries-verdict``).
@@ -815,13 +812,8 @@ class JobStore:
             params["entry"] = _jsonb("final_entry", final_entry, dict)
             params["step"] = step
         query = "job_complete" if final_entry is None else "job_complete_with_checkpoint"
-        with self._connection() as conn, conn.transaction():
+        with self._connection() as conn:
             row = _fenced(conn, query, lease, params)
-            if final_entry is not None:
-                checkpointed = {**row, "status": "RUNNING"}
-                self._outbox_txn(conn, checkpointed, EventType.TYPE_STEP_CHECKPOINT, step=step)
-            if not self._control_event_txn(conn, row, step):
-                self._outbox_txn(conn, row, EventType.TYPE_COMPLETED, verdict=verdict)
         return str(row["status"])
 
     @_translated
@@ -829,8 +821,8 @@ class JobStore:
         """Fail the job (a verdict or a non-retryable error), with its FAILED event.
 
         SQL: fenced ``UPDATE ... SET status='FAILED', error, completed_at=now()``, lease
-        cleared; then one outbox row (FAILED, step, error truncated to 4000 in the event only).
-        Transaction: one.
+        cleared, and its outbox row (FAILED, step, error truncated to 4000 in the event only;
+        CANCELLED for a pending cancel), in one statement (autocommit).
 
         :param error: the verbatim error, not blank; stored whole.
         :param step: the failing step, or "".
@@ -841,10 +833,8 @@ class JobStore:
         _text("error", error)
         error = scrub_text(error)
         step = scrub_text(step or "")
-        with self._connection() as conn, conn.transaction():
+        with self._connection() as conn:
             row = _fenced(conn, "job_fail", lease, {"error": error, "step": step})
-            if not self._control_event_txn(conn, row, step):
-                self._outbox_txn(conn, row, EventType.TYPE_FAILED, step=step or "", error=error)
         return str(row["status"])
 
     @_translated
@@ -853,7 +843,9 @@ class JobStore:
 
         SQL: fenced ``UPDATE ... SET status='QUEUED', run_after = now() + backoff_s, error``,
         lease cleared (``attempt`` kept: the next claim increments it); ``NOTIFY
-        protomolt_jobs``. No event (a retry is not a lifecycle commit point). Transaction: one.
+        protomolt_jobs``. No event (a retry is not a lifecycle commit point; a pending request the
+        trigger applied writes its CANCELLED or PAUSED event instead of the NOTIFY). One
+        statement (autocommit).
 
         :param backoff_s: delay before the job is eligible again, seconds (>= 0).
         :param error: the failure that caused the retry (kept in the row).
@@ -863,15 +855,13 @@ class JobStore:
         :raises StoreError: on a database failure.
         """
         _non_negative_seconds("backoff_s", backoff_s)
-        with self._connection() as conn, conn.transaction():
+        with self._connection() as conn:
             row = _fenced(
                 conn,
                 "job_retry",
                 lease,
                 {"backoff_s": float(backoff_s), "error": scrub_text(error)},
             )
-            if not self._control_event_txn(conn, row, ""):
-                _execute(conn, "job_notify", {})
         run_after: datetime = row["run_after"]
         return run_after
 
@@ -880,7 +870,8 @@ class JobStore:
         """Dead-letter the job (retryable failure, attempts exhausted), with its DEAD event.
 
         SQL: fenced ``UPDATE ... SET status='DEAD', error, completed_at=now()``, lease cleared;
-        then one outbox row (DEAD, error). Transaction: one.
+        and its outbox row (DEAD, error; CANCELLED for a pending cancel), in one statement
+        (autocommit).
 
         :raises LeaseLost: when the fence matches no row (nothing changed, no event).
         :raises ValueError: for a blank error.
@@ -889,10 +880,8 @@ class JobStore:
         _text("error", error)
         error = scrub_text(error)
         step = scrub_text(step or "")
-        with self._connection() as conn, conn.transaction():
+        with self._connection() as conn:
             row = _fenced(conn, "job_dead", lease, {"error": error, "step": step})
-            if not self._control_event_txn(conn, row, step):
-                self._outbox_txn(conn, row, EventType.TYPE_DEAD, step=step, error=error)
         return str(row["status"])
 
     @_translated
@@ -901,15 +890,14 @@ class JobStore:
 
         SQL: fenced ``UPDATE ... SET status='QUEUED', run_after=now(), attempt = attempt - 1``,
         lease cleared (the interrupted run does not count as an attempt); ``NOTIFY
-        protomolt_jobs``. No event. Transaction: one.
+        protomolt_jobs`` (or the CANCELLED/PAUSED event of a pending request the trigger
+        applied). No event. One statement (autocommit).
 
         :raises LeaseLost: when the fence matches no row (nothing changed).
         :raises StoreError: on a database failure.
         """
-        with self._connection() as conn, conn.transaction():
-            row = _fenced(conn, "job_release", lease, {})
-            if not self._control_event_txn(conn, row, ""):
-                _execute(conn, "job_notify", {})
+        with self._connection() as conn:
+            _fenced(conn, "job_release", lease, {})
 
     # -- the sweeper ------------------------------------------------------------------------
 

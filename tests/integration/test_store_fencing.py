@@ -333,35 +333,41 @@ def test_the_sweep_stops_after_max_batches(store, fresh_dsn):
         store.job_sweep_expired(max_batches=0)
 
 
-def test_failure_after_the_mutation_leaves_neither_change_nor_event(store, fresh_dsn, monkeypatch):
+def test_failure_after_the_mutation_leaves_neither_change_nor_event(store, fresh_dsn):
+    """Each fenced write and the insert are one statement (the row change and its outbox rows
+    in one data-modifying CTE, issue 14): an outbox insert that fails inside it leaves neither
+    the change nor an event."""
     job = claimed_job(store)
     before = snapshot(fresh_dsn, job.job_id)
-
-    def exploding_event(**_kw):
-        raise RuntimeError("crash point: after the job mutation, before the outbox row")
-
-    monkeypatch.setattr(store_module, "build_event", exploding_event)
+    q(
+        fresh_dsn,
+        "ALTER TABLE workflow_run_events_outbox ADD CONSTRAINT crash_point CHECK (false) NOT VALID",
+    )
     for write in (
         lambda: store.job_checkpoint(job.lease, {"name": "first", "skipped": False}),
         lambda: store.job_park(job.lease, "approve"),
         lambda: store.job_complete(job.lease, {"x": 1}, "done"),
+        lambda: store.job_complete(
+            job.lease, {"x": 1}, "done", final_entry={"name": "last", "skipped": False}
+        ),
         lambda: store.job_fail(job.lease, "boom"),
         lambda: store.job_dead(job.lease, "boom"),
     ):
-        with pytest.raises(RuntimeError, match="crash point"):
+        with pytest.raises(StoreError) as info:
             write()
+        assert isinstance(info.value.__cause__, psycopg.errors.CheckViolation)
         assert snapshot(fresh_dsn, job.job_id) == before
 
     # an insert rolls back too: no row, no ACCEPTED event
     from tests.support.factories import new_job
 
     new = new_job()
-    with pytest.raises(RuntimeError, match="crash point"):
+    with pytest.raises(StoreError):
         store.job_insert(new)
     assert store.job_get(new.job_id) is None
     assert store.outbox_for_job(new.job_id) == []
 
-    monkeypatch.undo()
+    q(fresh_dsn, "ALTER TABLE workflow_run_events_outbox DROP CONSTRAINT crash_point")
     store.job_checkpoint(job.lease, {"name": "first", "skipped": False})
     assert [r.event_type for r in store.outbox_for_job(job.job_id)] == [
         "ACCEPTED",
