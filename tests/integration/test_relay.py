@@ -275,6 +275,28 @@ def test_event_breaking_its_rules_is_dead_lettered_after_10_attempts(fresh_dsn, 
     assert str(bad.event_id) not in {topic_event(r.value).event_id for r in records}
 
 
+def test_a_column_row_breaking_its_rules_is_dead_lettered(fresh_dsn, store, broker):
+    """A row stored as columns (migration 0005) is encoded when read and checked like any
+    payload: a COMPLETED row without its verdict becomes FAILED after 10 attempts."""
+    topic = unique_topic("ev")
+    create_topic(broker.bootstrap, topic)
+    bad_job = str(uuid.uuid4())
+    with psycopg.connect(fresh_dsn) as conn:
+        conn.execute(
+            "INSERT INTO workflow_run_events_outbox (event_id, event_type, kafka_key,"
+            " workflow_name, attempt, status_after)"
+            " VALUES (gen_random_uuid(), 'COMPLETED', %s, 'wf', 1, 'COMPLETED')",
+            (bad_job,),
+        )
+    relay = Relay(store, config=_config(fresh_dsn, broker, topic))
+    for _ in range(10):
+        assert relay.run_once() == 0
+    relay.stop()
+    (row,) = store.outbox_for_job(bad_job)
+    assert (row.status, row.attempts) == ("FAILED", 10)
+    assert row.last_error.startswith("completed-carries-verdict")
+
+
 @pytest.mark.slow
 def test_broker_paused_30s_backlog_drains_in_order(fresh_dsn, store, broker, caplog):
     caplog.set_level(logging.INFO, logger="protomolt_jobs.relay")

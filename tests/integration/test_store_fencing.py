@@ -10,7 +10,6 @@ import pytest
 
 from protomolt_jobs.errors import LeaseLost, StoreError
 from protomolt_jobs.store import JobStore, Lease, ParkedStepCompleted, SweepResult
-from protomolt_jobs.store import store as store_module
 from protomolt_jobs.wire import EventType, WorkflowRunEvent, validate_event
 from tests.support.factories import claimed_job, queued_job
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from protomolt_jobs.events import build_event, event_type_name
+from protomolt_jobs.events import build_event, column_payload, event_type_name, event_violations
 from protomolt_jobs.wire import EventType, WorkflowRunEvent, validate_event
 
 WHEN = datetime(2026, 3, 1, 12, 30, 45, 123456, tzinfo=UTC)
@@ -156,3 +156,63 @@ def test_event_type_name_accepts_numbers_and_both_spellings():
     assert event_type_name(EventType.TYPE_DEAD) == "DEAD"
     assert event_type_name("TYPE_WAITING") == "WAITING"
     assert event_type_name("STEP_CHECKPOINT") == "STEP_CHECKPOINT"
+
+
+@pytest.mark.parametrize(
+    ("type_", "status", "fields"),
+    [
+        ("ACCEPTED", "QUEUED", {}),
+        ("STEP_CHECKPOINT", "RUNNING", {"step": "s" * 250}),
+        ("COMPLETED", "COMPLETED", {"verdict": "v" * 600}),
+        ("FAILED", "FAILED", {"step": "x", "error": "e" * 5000}),
+        ("CANCELLED", "CANCELLED", {"error": "CANCELLED by ops: no"}),
+        ("PAUSED", "PAUSED", {"step": "x"}),
+    ],
+)
+def test_a_column_row_encodes_the_bytes_build_event_makes(type_, status, fields):
+    """An outbox row stored as columns (migration 0005) is published as the very bytes
+    build_event would have written for the same facts (occurred_at = the row's created_at)."""
+    at = datetime(2026, 12, 1, 16, 0, 0, 123456, tzinfo=UTC)
+    job_id = uuid.uuid4()
+    built = build_event(
+        job_id=job_id,
+        workflow_name="wf" * 150,
+        type=type_,
+        attempt=2,
+        status_after=status,
+        occurred_at=at,
+        **fields,
+    )
+    row = {
+        "event_id": built.event_id,
+        "event_type": type_,
+        "kafka_key": str(job_id),
+        "created_at": at,
+        "workflow_name": "wf" * 150,
+        "attempt": 2,
+        "status_after": status,
+        "step": fields.get("step"),
+        "verdict": fields.get("verdict"),
+        "error": fields.get("error"),
+    }
+    assert column_payload(row) == built.payload
+
+
+def test_a_broken_column_row_is_encoded_for_the_relay_to_refuse():
+    row = {
+        "event_id": uuid.uuid4(),
+        "event_type": "NO_SUCH_TYPE",
+        "kafka_key": str(uuid.uuid4()),
+        "created_at": datetime.now(UTC),
+        "workflow_name": "wf",
+        "attempt": 1,
+        "status_after": "COMPLETED",
+        "step": None,
+        "verdict": None,
+        "error": None,
+    }
+    event = WorkflowRunEvent.FromString(column_payload(row))
+    assert [v.rule_id for v in event_violations(event)] == ["required"]
+    row["event_type"] = "COMPLETED"
+    event = WorkflowRunEvent.FromString(column_payload(row))
+    assert [v.rule_id for v in event_violations(event)] == ["completed-carries-verdict"]
