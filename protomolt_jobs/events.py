@@ -284,7 +284,7 @@ def _message(
         event_id=event_id,
         job_id=job_id,
         workflow_name=(workflow_name or "")[:MAX_NAME_CHARS],
-        type=type,
+        type=type,  # type: ignore[arg-type]  # an enum number; 0 for an unknown row type
         step=(step or "")[:MAX_NAME_CHARS],
         attempt=attempt,
         verdict=(verdict or "")[:MAX_VERDICT_CHARS],
