@@ -320,7 +320,8 @@ def report_from_checkpoints(
     completed, sentence = state.verdict()
     if status != "COMPLETED" and completed:
         sentence = f"the run ended {status}" + (f": {error}" if error else "")
-    elif status != "COMPLETED" and state.unhandled is None and error:
+    elif status != "COMPLETED" and state.unhandled is None and error and sentence not in error:
+        # (a run the criterion failed has the criterion as its error: say it once)
         sentence = f"{sentence}; the run ended {status}: {error}"
     out = report(state, status == "COMPLETED", sentence)
     out["status"] = status

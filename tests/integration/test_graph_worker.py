@@ -156,6 +156,10 @@ def test_without_require_the_skipped_sink_fails_the_run(store, fresh_dsn, servic
         "(upstream b failed)"
     )
     assert services.step_calls("fix") == 1
+    # The report's criterion says it once (it repeated the row's error, which is the same).
+    assert _get_job(store, job.job_id)["report"]["criterion"] == (
+        "every sink [d]: required step 'd' skipped (upstream b failed)"
+    )
 
 
 def test_an_unhandled_failure_lets_the_sibling_finish_and_starts_nothing_new(
