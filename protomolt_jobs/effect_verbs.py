@@ -167,6 +167,16 @@ class ReconcileStepAction(_RecoveryVerb):
             return refused
         compiled, step = self._complete._resolve_step(job, step_name)
         checkpoints = [c for c in job.checkpoints or [] if isinstance(c, dict)]
+        if job.outstanding_step and job.outstanding_step != step_name:
+            # a checkpoint for another step would land out of order (a sequential run
+            # replays by position): only the step the run waits on can be reconciled
+            return {
+                "ok": False,
+                "status": job.status,
+                "outstandingStep": job.outstanding_step,
+                "error": f"job {job.job_id} waits on step '{job.outstanding_step}', not "
+                f"'{step_name}'",
+            }
         if any(c.get("name") == step_name for c in checkpoints):
             return {
                 "ok": False,

@@ -95,3 +95,17 @@ def test_bad_reconcile_input_is_invalid_input_and_changes_nothing(store, http, c
     assert code != 0
     assert "no step named 'nope'" in capsys.readouterr().err
     assert store.job_get(jid).status == "RECOVERY_REQUIRED"
+
+
+def test_only_the_step_the_run_waits_on_can_be_reconciled(store, http, capsys):
+    jid = recovery_required(store)
+    args = ["--url", http.url, "--token", "alice-secret"]
+    assert (
+        main(["jobs", "reconcile", str(jid), "--step", "embed", "--outcome", "not-done"] + args)
+        == 0
+    )
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["ok"] is False and answer["outstandingStep"] == "tokenize"
+    assert "waits on step 'tokenize', not 'embed'" in answer["error"]
+    row = store.job_get(jid)
+    assert row.status == "RECOVERY_REQUIRED" and row.checkpoints == []
