@@ -61,6 +61,48 @@ class JobsModule:
 
     role = ROLE
     requires = frozenset({"registry"})
+    #: Environment aliases of ``[jobs]`` keys (the reference's name); the host applies them.
+    env_aliases: Mapping[str, str] = {"PROTOMOLT_JOBS_KAFKA": "kafka_bootstrap"}
+    #: The ``[jobs]`` key naming the PostgreSQL DSN: when it is unset the host may provide
+    #: an embedded PostgreSQL through it (``serve``, ``demo``).
+    database_setting = "dsn"
+
+    def startup_notes(self, settings: Mapping[str, Any]) -> list[str]:
+        """Lines the host prints when a node with this role starts (after a successful
+        :meth:`check_settings`)."""
+        if JobsConfig.from_mapping(settings).kafka_bootstrap:
+            return []
+        note = (
+            "no broker configured (jobs.kafka_bootstrap): the Kafka lanes are off; "
+            "events wait in the outbox as PENDING"
+        )
+        return [note]
+
+    def spawn_processes(self, settings: Mapping[str, Any], count: int) -> Any:
+        """``serve --processes N``: ``count`` ``python -m protomolt_jobs.worker`` processes
+        beside the node's own worker, with the node's ``[jobs]`` keys (the broker lanes stay
+        in the node; the node's own sweeper sweeps for all of them).
+
+        :returns: the started :class:`~protomolt_jobs.worker.processes.WorkerProcesses`
+            (``pids``, ``stop(timeout_s)``).
+        :raises RuntimeError: a worker process did not start.
+        """
+        import os
+
+        from protomolt_jobs.worker.processes import WorkerProcesses
+
+        jobs = JobsConfig.from_mapping(settings)
+        skip = {"dsn", "worker_id", "kafka_bootstrap", "request_topic"}
+        argv = ["--dsn", str(jobs.dsn), "--no-sweeper"]
+        for key, value in settings.items():
+            if key in skip or isinstance(value, dict | list):
+                continue
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            argv += ["--set", f"{key}={text}"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PROTOMOLT_JOBS_")}
+        group = WorkerProcesses(count, args=argv, worker_id=f"{jobs.worker_id}-w", env=env)
+        group.start()
+        return group
 
     def check_settings(self, settings: Mapping[str, Any]) -> None:
         """Early validation of the ``[jobs]`` table (the host calls it when it loads the node

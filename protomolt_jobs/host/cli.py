@@ -169,37 +169,45 @@ def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfa
 
 
 def load_config(path: str | None, environ: dict[str, str]) -> tuple[Any, Any, list[str]]:
-    """Load the node config; start the embedded PostgreSQL when jobs has no dsn.
+    """Load the node config; start the embedded PostgreSQL when a mounted role wants a
+    database (its module's ``database_setting``) and none is configured; collect each
+    mounted role's start-up notes (``startup_notes(settings)``). The host knows no role's keys.
 
     :returns: ``(config, embedded or None, notes)``; notes are lines to print.
     :raises ConfigError: a bad configuration.
     """
     from protomolt_jobs.host import embedded_pg
-    from protomolt_jobs.host.nodeconfig import NodeConfig
+    from protomolt_jobs.host.nodeconfig import NodeConfig, env_name, role_modules
 
     config = NodeConfig.load(Path(path) if path else None, environ)
+    modules = role_modules()
+    mounted = [(role, modules[role]) for role in config.roles if role in modules]
     notes: list[str] = []
     embedded = None
-    if "jobs" in config.roles:
-        jobs = config.jobs_config()
-        if not jobs.dsn:
-            embedded = embedded_pg.start(config.data_dir)
-            environ = {**environ, "PROTOMOLT_JOBS_DSN": embedded.dsn}
-            try:
-                config = NodeConfig.load(Path(path) if path else None, environ)
-            except BaseException:  # stop the server, re-raised
-                embedded.stop()
-                raise
-            first = " (first run: initialised)" if embedded.created else ""
+    wanting = [
+        (role, key)
+        for role, module in mounted
+        if isinstance(key := getattr(module, "database_setting", None), str)
+        and not config.section(role).get(key)
+    ]
+    if wanting:
+        embedded = embedded_pg.start(config.data_dir)
+        environ = {**environ, **{env_name(role, key): embedded.dsn for role, key in wanting}}
+        try:
+            config = NodeConfig.load(Path(path) if path else None, environ)
+        except BaseException:  # stop the server, re-raised
+            embedded.stop()
+            raise
+        first = " (first run: initialised)" if embedded.created else ""
+        for role, key in wanting:
             notes.append(
-                f"embedded PostgreSQL: {embedded.pgdata}{first}; no jobs.dsn configured "
-                f"(set PROTOMOLT_JOBS_DSN to use your own)"
+                f"embedded PostgreSQL: {embedded.pgdata}{first}; no {role}.{key} configured "
+                f"(set {env_name(role, key)} to use your own)"
             )
-        if not config.jobs_config().kafka_bootstrap:
-            notes.append(
-                "no broker configured (jobs.kafka_bootstrap): the Kafka lanes are off; "
-                "events wait in the outbox as PENDING"
-            )
+    for role, module in mounted:
+        startup_notes = getattr(module, "startup_notes", None)
+        if callable(startup_notes):
+            notes.extend(startup_notes(config.section(role)))
     return config, embedded, notes
 
 
@@ -235,27 +243,21 @@ def _settled_health(node: Any, stop: threading.Event, within_s: float = 5.0) -> 
     return body
 
 
-def _extra_worker_processes(config: Any, count: int) -> Any:
-    """``serve --processes N``: N-1 ``python -m protomolt_jobs.worker`` processes beside the
-    node's own worker, with the node's ``[jobs]`` keys (the broker lanes stay in the node;
-    the node's own sweeper sweeps for all of them).
+def _extra_worker_processes(config: Any, roles: Sequence[str], count: int) -> Any:
+    """``serve --processes N``: ``count`` more processes from the first mounted role whose
+    module offers ``spawn_processes(settings, count)`` (the jobs role: worker processes), or
+    None when no mounted role does.
 
-    :raises RuntimeError: a worker process did not start.
+    :raises RuntimeError: a process did not start.
     """
-    from protomolt_jobs.worker.processes import WorkerProcesses
+    from protomolt_jobs.host.nodeconfig import role_modules
 
-    jobs = config.jobs_config()
-    skip = {"dsn", "worker_id", "kafka_bootstrap", "request_topic"}
-    argv = ["--dsn", str(jobs.dsn), "--no-sweeper"]
-    for key, value in config.section("jobs").items():
-        if key in skip or isinstance(value, dict | list):
-            continue
-        text = str(value).lower() if isinstance(value, bool) else str(value)
-        argv += ["--set", f"{key}={text}"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROTOMOLT_JOBS_")}
-    group = WorkerProcesses(count, args=argv, worker_id=f"{jobs.worker_id}-w", env=env)
-    group.start()
-    return group
+    modules = role_modules()
+    for role in roles:
+        spawn = getattr(modules.get(role), "spawn_processes", None)
+        if callable(spawn):
+            return spawn(config.section(role), count)
+    return None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -289,8 +291,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"roles: {', '.join(node.roles)}; data dir: {config.data_dir}", flush=True)
         print(f"actions route: {surfaces.actions_url}", flush=True)
         print(f"grpc: {surfaces.grpc.target}", flush=True)
-        if getattr(args, "processes", 1) > 1 and "jobs" in node.roles:
-            extra = _extra_worker_processes(config, args.processes - 1)
+        if getattr(args, "processes", 1) > 1:
+            extra = _extra_worker_processes(config, node.roles, args.processes - 1)
+        if extra is not None:
             print(
                 f"worker processes: {args.processes} (this node and pids "
                 f"{', '.join(map(str, extra.pids))})",

@@ -3,13 +3,14 @@
 The file has a ``[node]`` table and one table per role (``[jobs]``, ``[registry]`` ...). Any
 key can be overridden by ``PROTOMOLT_<SECTION>_<KEY>`` (``PROTOMOLT_JOBS_DSN``,
 ``PROTOMOLT_NODE_HTTP_PORT``); the role list also by ``PROTOMOLT_ROLES`` (a comma list).
-Aliases: ``PROTOMOLT_JOBS_KAFKA`` for ``jobs.kafka_bootstrap`` and ``PROTOMOLT_API_TOKEN``
-for ``node.api_token`` (the canonical name wins when both are set).
+Aliases: ``PROTOMOLT_API_TOKEN`` for ``node.api_token``, and those a role module declares in
+its ``env_aliases`` (variable -> key of its own table; the canonical name wins when both are
+set).
 
-Configuration is demanded only for the roles the node mounts: ``[jobs]`` is checked (through
-:class:`protomolt_jobs.config.JobsConfig`) only when ``jobs`` is in ``roles``. Every error is
-a :class:`~protomolt_jobs.config.ConfigError` naming the key, where it came from and the
-expected form. ``docs/configuration.md`` lists every key.
+Configuration is demanded only for the roles the node mounts: a role's table is checked (by
+its module's ``check_settings``) only when the role is in ``roles``. The host knows no role's
+keys. Every error is a :class:`~protomolt_jobs.config.ConfigError` naming the key, where it
+came from and the expected form. ``docs/configuration.md`` lists every key.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from protomolt_jobs.config import ConfigError, JobsConfig
+from protomolt_jobs.config import ConfigError
 
 __all__ = ["DEFAULT_DATA_DIR", "DEFAULT_ROLES", "ENV_PREFIX", "ConfigError", "NodeConfig"]
 
@@ -53,10 +54,14 @@ _NODE_DEFAULTS: dict[str, Any] = {
 
 #: Environment aliases: variable -> (section, key). The canonical variable wins.
 _ALIASES: dict[str, tuple[str, str]] = {
-    "PROTOMOLT_JOBS_KAFKA": ("jobs", "kafka_bootstrap"),
     "PROTOMOLT_API_TOKEN": ("node", "api_token"),
     "PROTOMOLT_ROLES": ("node", "roles"),
 }
+
+
+def env_name(section: str, key: str) -> str:
+    """The override variable of ``[section] key`` (``PROTOMOLT_JOBS_DSN``)."""
+    return _env_name(section, key)
 
 
 def _env_name(section: str, key: str) -> str:
@@ -205,28 +210,32 @@ class NodeConfig:
         entry = self._sections.get(role.lower(), {}).get(key)
         return entry[1] if entry else None
 
-    def jobs_config(self) -> JobsConfig:
-        """The ``[jobs]`` section as a :class:`JobsConfig`.
-
-        :raises ConfigError: naming the key, where it came from and the expected form.
-        """
-        try:
-            return JobsConfig.from_mapping(self.section("jobs"))
-        except ConfigError as exc:
-            origins = [
-                origin
-                for key, (_v, origin) in self._sections.get("jobs", {}).items()
-                if f"jobs.{key}" in str(exc)
-            ]
-            suffix = f" (from {', '.join(origins)})" if origins else ""
-            raise ConfigError(f"{exc}{suffix}") from None
-
 
 def _role_checks() -> dict[str, Any]:
-    """``role -> check_settings`` of every installed role module that has one (entry points
-    ``protomolt.roles``). A plugin that fails to load is skipped here: the composer reports it
-    when the node mounts that role."""
+    """``role -> check_settings`` of every installed role module that has one."""
     checks: dict[str, Any] = {}
+    for role, module in role_modules().items():
+        check = getattr(module, "check_settings", None)
+        if callable(check):
+            checks[role] = check
+    return checks
+
+
+def _role_aliases() -> dict[str, tuple[str, str]]:
+    """``variable -> (role, key)`` from every installed role module's ``env_aliases``."""
+    aliases: dict[str, tuple[str, str]] = {}
+    for role, module in role_modules().items():
+        for var, key in dict(getattr(module, "env_aliases", None) or {}).items():
+            aliases[str(var)] = (role, str(key))
+    return aliases
+
+
+def role_modules() -> dict[str, Any]:
+    """``role -> role module`` of every installed role (entry points ``protomolt.roles``).
+    A plugin that fails to load is skipped here: the composer reports it when the node mounts
+    that role. The host asks these modules, generically, for what only a role knows (its
+    checks, aliases, database key, start-up notes, extra processes)."""
+    modules: dict[str, Any] = {}
     for ep in metadata.entry_points(group="protomolt.roles"):
         try:
             factory = getattr(ep.load(), "protomolt_role_module", None)
@@ -234,11 +243,10 @@ def _role_checks() -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - a broken plugin: the composer names it when mounted
             log.debug("role plugin %s not checked early: %s", ep.name, exc)
             continue
-        check = getattr(module, "check_settings", None)
         role = getattr(module, "role", None)
-        if callable(check) and isinstance(role, str):
-            checks[role] = check
-    return checks
+        if isinstance(role, str):
+            modules.setdefault(role, module)
+    return modules
 
 
 def _apply_environment(
@@ -272,8 +280,13 @@ def _apply_role_environment(
         key=len,
         reverse=True,
     )
+    # A role's aliases first, so its canonical variables (applied after) win when both are set.
+    aliases = _role_aliases()
+    for var, (role, key) in aliases.items():
+        if var in environ and role in names:
+            sections.setdefault(role, {})[key] = (environ[var], var)
     for var, value in environ.items():
-        if not var.startswith(ENV_PREFIX) or var in _ALIASES:
+        if not var.startswith(ENV_PREFIX) or var in _ALIASES or var in aliases:
             continue
         rest = var[len(ENV_PREFIX) :]
         for name in names:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from protomolt_jobs.config import ConfigError
+from protomolt_jobs.config import ConfigError, JobsConfig
 from protomolt_jobs.host.nodeconfig import DEFAULT_ROLES, NodeConfig
 
 
@@ -28,7 +28,7 @@ def test_defaults_without_file(tmp_path, monkeypatch):
         9090,
     )
     assert cfg.api_token is None
-    assert cfg.jobs_config().dsn is None
+    assert JobsConfig.from_mapping(cfg.section("jobs")).dsn is None
 
 
 def test_file_values(tmp_path):
@@ -55,7 +55,7 @@ anything = "goes"
     assert cfg.roles == ["registry", "jobs"]
     assert cfg.data_dir == tmp_path / "data"
     assert cfg.http_port == 0 and cfg.grpc_host == "0.0.0.0" and cfg.api_token == "s3cret"
-    jobs = cfg.jobs_config()
+    jobs = JobsConfig.from_mapping(cfg.section("jobs"))
     assert (jobs.dsn, jobs.worker_count, jobs.lease_seconds) == (
         "postgresql://postgres@127.0.0.1/x",
         4,
@@ -79,7 +79,7 @@ def test_environment_overrides(tmp_path):
     cfg = NodeConfig.load(path, environ=env)
     assert cfg.roles == ["registry", "jobs"]
     assert cfg.http_port == 18081 and cfg.api_token == "tok"
-    jobs = cfg.jobs_config()
+    jobs = JobsConfig.from_mapping(cfg.section("jobs"))
     assert jobs.dsn == "postgresql://db/x"
     assert jobs.worker_count == 7
     assert jobs.kafka_bootstrap == "127.0.0.1:9092"
@@ -96,7 +96,7 @@ def test_canonical_variable_beats_alias(tmp_path):
         "PROTOMOLT_NODE_API_TOKEN": "canonical",
     }
     cfg = NodeConfig.load(None, environ=env)
-    assert cfg.jobs_config().kafka_bootstrap == "canonical:1"
+    assert JobsConfig.from_mapping(cfg.section("jobs")).kafka_bootstrap == "canonical:1"
     assert cfg.api_token == "canonical"
 
 

@@ -32,3 +32,25 @@ def test_one_section_twice_in_different_case_is_a_config_error(tmp_path, first, 
     path.write_text(f"[{first}]\n\n[{second}]\n")
     with pytest.raises(ConfigError, match=rf"has both \[{first}\] and \[{second}\]"):
         NodeConfig.load(path, environ={})
+
+
+def test_the_host_asks_the_role_module_for_what_only_the_role_knows():
+    # The generic host names no jobs key: the alias, the database key, the notes and the
+    # extra processes come from the role module's hooks.
+    import inspect
+
+    from protomolt_jobs.host import nodeconfig
+    from protomolt_jobs.role import protomolt_role_module
+
+    assert not hasattr(NodeConfig, "jobs_config")
+    source = inspect.getsource(nodeconfig)
+    assert "PROTOMOLT_JOBS_KAFKA" not in source and "kafka_bootstrap" not in source
+    module = nodeconfig.role_modules()["jobs"]
+    assert type(module) is type(protomolt_role_module())
+    assert module.env_aliases == {"PROTOMOLT_JOBS_KAFKA": "kafka_bootstrap"}
+    assert module.database_setting == "dsn"
+    assert module.startup_notes({"dsn": "postgresql://x/y", "kafka_bootstrap": "k:1"}) == []
+    assert "Kafka lanes are off" in module.startup_notes({"dsn": "postgresql://x/y"})[0]
+    env = {"PROTOMOLT_ROLES": "jobs", "PROTOMOLT_JOBS_DSN": "postgresql://x/y"}
+    config = NodeConfig.load(None, environ={**env, "PROTOMOLT_JOBS_KAFKA": "a:1"})
+    assert config.section("jobs")["kafka_bootstrap"] == "a:1"

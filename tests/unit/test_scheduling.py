@@ -84,7 +84,7 @@ def test_jobs_keys_from_toml(tmp_path):
         "[jobs.queue_limits.gpu]\nmax_running = 2\nmax_starts_per_second = 5\n"
         "[jobs.fairness_weights]\nteam-a = 2\n"
     )
-    jobs = NodeConfig.load(path, environ={}).jobs_config()
+    jobs = JobsConfig.from_mapping(NodeConfig.load(path, environ={}).section("jobs"))
     assert jobs.queues == ("default", "gpu")
     assert jobs.queue_limits == {"gpu": {"max_running": 2, "max_starts_per_second": 5}}
     assert jobs.fairness_weights == {"team-a": 2}
@@ -98,7 +98,7 @@ def test_jobs_keys_from_the_environment(tmp_path):
         "PROTOMOLT_JOBS_QUEUE_LIMITS": '{"gpu": {"max_running": 2}}',
         "PROTOMOLT_JOBS_FAIRNESS_WEIGHTS": '{"t": 0.5}',
     }
-    jobs = NodeConfig.load(path, environ=env).jobs_config()
+    jobs = JobsConfig.from_mapping(NodeConfig.load(path, environ=env).section("jobs"))
     assert jobs.queues == ("default", "gpu")
     assert jobs.queue_limits == {"gpu": {"max_running": 2}}
     assert jobs.fairness_weights == {"t": 0.5}
