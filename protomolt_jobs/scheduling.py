@@ -105,13 +105,19 @@ def parse_priority(field: str, value: Any) -> int:
 
     :raises FieldError: naming ``field``.
     """
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
+    given = value
+    if isinstance(value, str):
+        # ASCII digits only, and few of them: str.isdigit() also accepts '²' (which int()
+        # refuses) and '١' (which int() reads as 1), and int() refuses over 4300 digits.
+        text = value.strip()
+        if text.isascii() and text.isdigit():
+            value = int(text) if len(text) <= 9 else 0  # out of range either way
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 5:
         raise FieldError(
-            field, f"'{field}' must be an integer from 1 (highest) to 5 (lowest); got {value!r}"
+            field,
+            f"'{field}' must be an integer from 1 (highest) to 5 (lowest); got {given!r:.80}",
         )
     return value
 
@@ -129,7 +135,8 @@ def parse_name(field: str, value: Any) -> str:
         raise FieldError(field, f"'{field}' must not be blank")
     if len(text) > MAX_NAME_CHARS:
         raise FieldError(field, f"'{field}' must be at most {MAX_NAME_CHARS} characters")
-    if any(ord(c) < 32 or 0xD800 <= ord(c) <= 0xDFFF for c in text):
+    # C0 and C1 controls and DEL (unicodedata category Cc), and lone surrogates (Cs).
+    if any(ord(c) < 32 or 0x7F <= ord(c) <= 0x9F or 0xD800 <= ord(c) <= 0xDFFF for c in text):
         raise FieldError(field, f"'{field}' must not contain control characters or lone surrogates")
     return text
 

@@ -92,6 +92,13 @@ def test_a_stored_workflows_defaults_apply_and_the_submit_wins(verbs):
         ({"queue": "x" * 201}, "queue"),
         ({"fairnessKey": "a\nb"}, "fairnessKey"),
         ({"dedupKey": "   "}, "dedupKey"),
+        ({"priority": float("nan")}, "priority"),
+        ({"priority": 2**70}, "priority"),
+        ({"priority": [1]}, "priority"),
+        ({"queue": "gpu\x7f"}, "queue"),
+        ({"fairnessKey": "a\u0085b"}, "fairnessKey"),
+        ({"dedupKey": {"k": 1}}, "dedupKey"),
+        ({"dedupKey": "a\x00b"}, "dedupKey"),
     ],
 )
 def test_bad_scheduling_fields_are_invalid_input_naming_the_field(verbs, fields, field):

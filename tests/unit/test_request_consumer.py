@@ -237,7 +237,19 @@ def test_scheduling_headers_reach_the_submitter():
 
 
 @pytest.mark.parametrize(
-    ("header", "value"), [("priority", b"9"), ("queue", b" "), ("dedupKey", b"\xff")]
+    ("header", "value"),
+    [
+        ("priority", b"9"),
+        ("queue", b" "),
+        ("dedupKey", b"\xff"),
+        # Unicode digits that str.isdigit() accepts but int() does not, or should not, read.
+        ("priority", "\u00b2".encode()),
+        ("priority", "\u0661".encode()),
+        ("priority", b"9" * 5000),
+        ("fairnessKey", b"a\x7fb"),
+        ("queue", "a\u0085b".encode()),
+        ("dedupKey", b"x" * 201),
+    ],
 )
 def test_a_bad_scheduling_header_is_rejected_naming_it(header, value):
     store, sub = FakeStore(), FakeSubmitter(Outcome(ok=True))
