@@ -1063,6 +1063,8 @@ class RequeueJobAction(_ControlVerb):
         self._log(job_id, outcome.status, reason)
         if outcome.changed:
             return {"ok": True, "status": "QUEUED"}
+        if outcome.conflict:
+            return _refused(job_id, outcome.status, outcome.conflict)
         return _refused(job_id, outcome.status, "only a DEAD or FAILED job can be requeued")
 
 
@@ -1157,6 +1159,8 @@ class RetryStepAction(_ControlVerb):
                 "status": "QUEUED",
                 "dropped": [n for n in order if n in dropped],
             }
+        if outcome.conflict:
+            return _refused(job_id, outcome.status, outcome.conflict)
         return _refused(
             job_id, outcome.status, "it changed while the retry was prepared; read it and retry"
         )

@@ -347,6 +347,9 @@ class ControlOutcome:
     control: dict[str, Any] | None = None
     outstanding_step: str | None = None
     run_after: datetime | None = None
+    #: Why a requeue or retry-step of an ended run was refused although its status allows it:
+    #: its ``dedupKey`` is held by another live run (the key was freed when it ended).
+    conflict: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

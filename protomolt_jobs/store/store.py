@@ -1313,18 +1313,21 @@ class JobStore:
             "actor": scrub_text(actor),
             "reason": scrub_text(reason) if reason else None,
         }
-        with self._connection() as conn, conn.transaction():
-            row = _one(conn, "job_control_retry_step", params)
-            if row is not None:
-                self._outbox_txn(
-                    conn,
-                    row,
-                    EventType.TYPE_REQUEUED,
-                    step=scrub_text(step),
-                    error=scrub_text(reason) if reason else "",
-                )
-                _execute(conn, "job_notify", {})
-                return ControlOutcome(True, row["status"])
+        try:
+            with self._connection() as conn, conn.transaction():
+                row = _one(conn, "job_control_retry_step", params)
+                if row is not None:
+                    self._outbox_txn(
+                        conn,
+                        row,
+                        EventType.TYPE_REQUEUED,
+                        step=scrub_text(step),
+                        error=scrub_text(reason) if reason else "",
+                    )
+                    _execute(conn, "job_notify", {})
+                    return ControlOutcome(True, row["status"])
+        except psycopg.errors.UniqueViolation as exc:
+            return self._dedup_conflict(key, exc)
         return self._control_refusal(key)
 
     @_translated
@@ -1505,12 +1508,48 @@ class JobStore:
         _text("actor", actor)
         reason = scrub_text(reason) if reason else None
         params = {"job_id": key, "actor": scrub_text(actor), "reason": reason, **(extra or {})}
-        with self._connection() as conn, conn.transaction():
-            row = _one(conn, query, params)
-            if row is not None:
-                self._control_changed_txn(conn, query, row, reason)
-                return ControlOutcome(True, row["status"], None, row.get("outstanding_step"))
+        try:
+            with self._connection() as conn, conn.transaction():
+                row = _one(conn, query, params)
+                if row is not None:
+                    self._control_changed_txn(conn, query, row, reason)
+                    return ControlOutcome(True, row["status"], None, row.get("outstanding_step"))
+        except psycopg.errors.UniqueViolation as exc:
+            return self._dedup_conflict(key, exc)
         return self._control_refusal(key)
+
+    def _dedup_conflict(
+        self, key: uuid.UUID, exc: psycopg.errors.UniqueViolation
+    ) -> ControlOutcome:
+        """A requeue or retry-step of an ended run would make it live again while another live
+        run holds its ``dedupKey`` (uq_workflow_run_dedup_live): nothing changed; say which run
+        holds the key. Any other unique violation is re-raised."""
+        if getattr(exc.diag, "constraint_name", None) != "uq_workflow_run_dedup_live":
+            raise exc
+        with self._connection() as conn:
+            row = _one(conn, "job_get", {"job_id": key})
+            holder = (
+                _one(conn, "job_get_live_dedup", {"dedup_key": row["dedup_key"]})
+                if row is not None and row["dedup_key"] is not None
+                else None
+            )
+        if row is None:
+            return ControlOutcome(False, None)
+        held_by = (
+            f"the live run {holder['job_id']} ({holder['status']})"
+            if holder is not None
+            else "another live run"
+        )
+        return ControlOutcome(
+            False,
+            row["status"],
+            None,
+            row["outstanding_step"],
+            conflict=(
+                f"its dedupKey {row['dedup_key']!r} is held by {held_by}; cancel that run or "
+                "wait for it to end"
+            ),
+        )
 
     def _control_changed_txn(
         self, conn: psycopg.Connection[Any], query: str, row: dict[str, Any], reason: str | None

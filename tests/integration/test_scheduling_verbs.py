@@ -144,3 +144,35 @@ def test_fifty_concurrent_submits_with_one_dedup_key_answer_one_run(verbs):
     verbs.store.job_complete(job.lease, {}, "done")
     again = submit(verbs, dedupKey="nightly")
     assert again["ok"] and again["jobId"] != run_id and "deduplicated" not in again
+
+
+def test_a_dedup_key_is_free_once_its_run_is_cancelled(verbs):
+    first = submit(verbs, dedupKey="weekly")
+    assert verbs("cancel-job", {"jobId": first["jobId"]})["status"] == "CANCELLED"
+    second = submit(verbs, dedupKey="weekly")
+    assert second["ok"] and "deduplicated" not in second
+    assert second["jobId"] != first["jobId"]
+    # A submit while the second is live answers the second.
+    third = submit(verbs, dedupKey="weekly")
+    assert third["deduplicated"] is True and third["jobId"] == second["jobId"]
+
+
+def test_requeue_or_retry_of_an_ended_run_whose_dedup_key_is_taken_is_refused_naming_it(verbs):
+    first = submit(verbs, dedupKey="daily")
+    job = verbs.store.job_claim("w", 60)
+    assert str(job.job_id) == first["jobId"]
+    verbs.store.job_fail(job.lease, "boom", "s")
+    second = submit(verbs, dedupKey="daily")
+    assert second["ok"] and second["jobId"] != first["jobId"]
+    before = verbs.counts()
+    out = verbs("requeue-job", {"jobId": first["jobId"]})
+    assert out["ok"] is False and out["status"] == "FAILED"
+    assert "dedupKey 'daily'" in out["error"] and second["jobId"] in out["error"]
+    step = verbs.workflow["steps"][0]["name"]
+    out = verbs("retry-step", {"jobId": first["jobId"], "stepName": step})
+    assert out["ok"] is False and "dedupKey 'daily'" in out["error"]
+    assert verbs.counts() == before
+    assert verbs("get-job", {"jobId": first["jobId"]})["job"]["status"] == "FAILED"
+    # Once the holder ends, the requeue goes through.
+    verbs("cancel-job", {"jobId": second["jobId"]})
+    assert verbs("requeue-job", {"jobId": first["jobId"]}) == {"ok": True, "status": "QUEUED"}
