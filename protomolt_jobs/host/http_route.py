@@ -142,9 +142,11 @@ class HttpRequest:
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"the request body is not valid JSON: {exc}") from None
         except RecursionError:
-            raise ValueError(
-                "the request body is nested deeper than the JSON parser allows"
-            ) from None
+            message = "the request body is nested deeper than the JSON parser allows"
+            key = _top_level_key_of_deepest(self.body)
+            if key is not None:
+                raise BodyFieldError(key, f"field {key} {message[17:]}") from None
+            raise ValueError(message) from None
         if not isinstance(value, dict):
             raise ValueError("the request body must be a JSON object")  # noqa: TRY004 - one error type for callers
         if _SURROGATE_ESCAPE.search(self.body):
@@ -165,6 +167,39 @@ class BodyFieldError(ProtomoltJobsError, ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+def _top_level_key_of_deepest(body: bytes) -> str | None:
+    """The top-level key (ASCII-escaped) whose value nests deepest in a JSON object ``body``
+    that the parser refused as too deep, or None (not an object, no key). A linear scan of
+    the bytes: strings are skipped, brackets counted."""
+    depth, deepest, key, best = 0, 0, None, None
+    i, n = 0, len(body)
+    while i < n:
+        c = body[i]
+        if c == 0x22:  # '"': a string; at depth 1 followed by ':' it is a top-level key
+            j = i + 1
+            while j < n and body[j] != 0x22:
+                j += 2 if body[j] == 0x5C else 1
+            if depth == 1:
+                k = j + 1
+                while k < n and body[k] in b" \t\r\n":
+                    k += 1
+                if k < n and body[k] == 0x3A:
+                    try:
+                        key = ascii(json.loads(body[i : j + 1]))[1:-1]
+                    except ValueError:
+                        key = None
+            i = j + 1
+            continue
+        if c in b"[{":
+            depth += 1
+            if depth > deepest:
+                deepest, best = depth, key
+        elif c in b"]}":
+            depth -= 1
+        i += 1
+    return best
 
 
 def _lone_surrogate_path(value: dict[str, Any]) -> tuple[str, str] | None:

@@ -94,8 +94,18 @@ def test_a_reply_that_is_not_json_is_500_internal_error(server, kind):
     assert body == {"error": "internal-error", "message": "Internal error"}
 
 
-@pytest.mark.parametrize("raw", ['{"a":' * 100_000 + "1" + "}" * 100_000, "[" * 100_000])
-def test_a_body_nested_past_the_parser_is_400_not_500(tmp_path, raw):
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ('{"a":' * 100_000 + "1" + "}" * 100_000, "a"),
+        ("[" * 100_000, None),
+        (
+            '{"jobId": "x", "input": {"t": "[[[", "deep": ' + "[" * 100_000 + "]" * 100_000 + "}}",
+            "input",
+        ),
+    ],
+)
+def test_a_body_nested_past_the_parser_is_400_not_500(tmp_path, raw, field):
     catalog, actions = stub_catalog()
     srv = ActionsHttpServer(catalog, port=0).start()
     try:
@@ -105,6 +115,8 @@ def test_a_body_nested_past_the_parser_is_400_not_500(tmp_path, raw):
     assert status == 400
     assert body["error"] == "invalid-input"
     assert "nested deeper" in body["message"]
+    # docs/verbs.md: details.field is the top-level key the deep value sits under.
+    assert body.get("details", {}).get("field") == field, body
     assert actions["get-job"].calls == []
 
 
