@@ -222,7 +222,8 @@ def workflow_routes(store: WorkflowStore) -> list[HttpRoute]:
         try:
             _check_name(name)
         except ValueError as exc:
-            return error_response(400, "invalid-input", str(exc))
+            # The name is the path segment: the field a client fixes.
+            return error_response(400, "invalid-input", str(exc), details={"field": "name"})
         try:
             definition = request.json_object()
         except BodyFieldError as exc:

@@ -212,6 +212,7 @@ class TestRegistryPut:
         status, body, _ = http("PUT", f"{server.url}/protomolt/workflows/nl%0A", {"name": "nl"})
         assert status == 400
         assert "workflow names match" in body["message"]
+        assert body["details"] == {"field": "name"}
         assert list(server.store.directory.iterdir()) == []
 
 
