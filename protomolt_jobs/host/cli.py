@@ -31,7 +31,6 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -39,11 +38,16 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from protomolt_jobs.errors import ProtomoltJobsError
+from protomolt_jobs.host.boot import (
+    NodeSurfaces,
+    load_config,
+    start_surfaces,
+)
+from protomolt_jobs.host.boot import install_stop_signals as _install_stop_signals
 from protomolt_jobs.logs import FORMATS
 from protomolt_jobs.logs import configure as configure_logging
 
@@ -53,7 +57,6 @@ log = logging.getLogger("protomolt_jobs.cli")
 
 DEFAULT_URL = "http://127.0.0.1:8081"
 EXIT_OK, EXIT_ACTION_ERROR, EXIT_USAGE = 0, 1, 2
-_LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
 
 class UsageError(ProtomoltJobsError):
@@ -67,162 +70,6 @@ class NodeUnreachable(ProtomoltJobsError):
 # --------------------------------------------------------------------------------------
 # Running a node
 # --------------------------------------------------------------------------------------
-
-
-@dataclass
-class NodeSurfaces:
-    """A started node with its two surfaces (and the embedded PostgreSQL it may own)."""
-
-    node: Any
-    http: Any
-    grpc: Any
-    embedded: Any = None
-    _closed: bool = field(default=False, repr=False)
-
-    @property
-    def actions_url(self) -> str:
-        """``http://HOST:PORT/protomolt/actions``."""
-        return f"{self.http.url}/protomolt/actions"
-
-    def close(self) -> None:
-        """Stop the surfaces, then the node, then release the embedded PostgreSQL. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        for step in (self.grpc.close, self.http.close, self.node.close):
-            try:
-                step()
-            except Exception:  # every shutdown step must run
-                log.exception("shutdown step failed", extra={"action": "shutdown_step_failed"})
-        if self.embedded is not None:
-            self.embedded.stop()
-
-
-def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfaces:
-    """Start ``node`` and serve its catalog on the actions route and ProtoMoltService.
-
-    :param node: a composed, not yet started :class:`~protomolt_jobs.host.composer.Node`.
-    :param config: its :class:`~protomolt_jobs.host.nodeconfig.NodeConfig` (hosts, ports, token).
-    :param embedded: an embedded PostgreSQL to release on close, if any.
-    :returns: the running surfaces; :meth:`NodeSurfaces.close` stops everything.
-    :raises Exception: whatever failed to start; what had started is closed first.
-    """
-    from protomolt_jobs.host import dashboard
-    from protomolt_jobs.host.grpc_service import ProtoMoltGrpcServer
-    from protomolt_jobs.host.http_route import ActionsHttpServer, HttpRoute, readiness
-    from protomolt_jobs.host.metrics_route import METRICS_PATH, metrics_route
-    from protomolt_jobs.job_inspector import JobInspector
-    from protomolt_jobs.metrics import StoreCollector
-
-    metrics_public = bool(getattr(config, "metrics_public", False))
-    http = grpc_server = None
-    try:
-        if getattr(config, "otlp_endpoint", None):
-            from protomolt_jobs import tracing
-
-            tracing.configure(config.otlp_endpoint)
-        node.start()
-        http = ActionsHttpServer(
-            node.catalog,
-            host=config.http_host,
-            port=config.http_port,
-            api_token=config.api_token,
-            tokens=config.tokens,
-            routes=node.contributions.all(HttpRoute),
-            extra=[
-                metrics_route(node.contributions.all(StoreCollector)),
-                dashboard.dashboard_mount(
-                    node.catalog, node.contributions.first(JobInspector), config.api_token
-                ),
-            ],
-            public=lambda path: (
-                (metrics_public and path == METRICS_PATH) or dashboard.is_public(path)
-            ),
-            token_cookie=dashboard.TOKEN_COOKIE,
-            login_redirect=dashboard.login_redirect,
-            health=readiness(node.health),
-        ).start()
-        grpc_server = ProtoMoltGrpcServer(
-            node.catalog,
-            host=config.grpc_host,
-            port=config.grpc_port,
-            api_token=config.api_token,
-            ready=lambda: node.health()["status"] == "UP",
-            tokens=config.tokens,
-        ).start()
-    except BaseException:  # close what started, re-raised
-        for closer in (grpc_server, http):
-            if closer is not None:
-                closer.close()
-        node.close()
-        if embedded is not None:
-            embedded.stop()
-        raise
-    for host in {config.http_host, config.grpc_host} - _LOOPBACK:
-        if not config.api_token and not config.tokens:
-            log.warning(
-                "surfaces bind %s without an api_token: anyone who reaches it can run every verb",
-                host,
-                extra={"action": "open_node_on_network", "host": host},
-            )
-    return NodeSurfaces(node=node, http=http, grpc=grpc_server, embedded=embedded)
-
-
-def load_config(path: str | None, environ: dict[str, str]) -> tuple[Any, Any, list[str]]:
-    """Load the node config; start the embedded PostgreSQL when a mounted role wants a
-    database (its module's ``database_setting``) and none is configured; collect each
-    mounted role's start-up notes (``startup_notes(settings)``). The host knows no role's keys.
-
-    :returns: ``(config, embedded or None, notes)``; notes are lines to print.
-    :raises ConfigError: a bad configuration.
-    """
-    from protomolt_jobs.host import embedded_pg
-    from protomolt_jobs.host.nodeconfig import NodeConfig, env_name, role_modules
-
-    config = NodeConfig.load(Path(path) if path else None, environ)
-    modules = role_modules()
-    mounted = [(role, modules[role]) for role in config.roles if role in modules]
-    notes: list[str] = []
-    embedded = None
-    wanting = [
-        (role, key)
-        for role, module in mounted
-        if isinstance(key := getattr(module, "database_setting", None), str)
-        and not config.section(role).get(key)
-    ]
-    if wanting:
-        embedded = embedded_pg.start(config.data_dir)
-        environ = {**environ, **{env_name(role, key): embedded.dsn for role, key in wanting}}
-        try:
-            config = NodeConfig.load(Path(path) if path else None, environ)
-        except BaseException:  # stop the server, re-raised
-            embedded.stop()
-            raise
-        first = " (first run: initialised)" if embedded.created else ""
-        for role, key in wanting:
-            notes.append(
-                f"embedded PostgreSQL: {embedded.pgdata}{first}; no {role}.{key} configured "
-                f"(set {env_name(role, key)} to use your own)"
-            )
-    for role, module in mounted:
-        startup_notes = getattr(module, "startup_notes", None)
-        if callable(startup_notes):
-            notes.extend(startup_notes(config.section(role)))
-    return config, embedded, notes
-
-
-#: Signals that stop a node cleanly. SIGHUP is the terminal closing: without a handler it
-#: kills the process at once and leaves the embedded PostgreSQL it started running.
-STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-def _install_stop_signals(stop: threading.Event) -> dict[int, Any]:
-    """Set ``stop`` on any of :data:`STOP_SIGNALS`; returns the previous handlers."""
-
-    def handler(signum: int, frame: Any) -> None:
-        stop.set()
-
-    return {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
 
 
 def _say(text: str) -> None:

@@ -526,7 +526,7 @@ def run_demo(
 
     from protomolt_jobs.config import ConfigError
     from protomolt_jobs.hooks.contract import ComposerError, WorkflowRepository
-    from protomolt_jobs.host.cli import STOP_SIGNALS, load_config, start_surfaces
+    from protomolt_jobs.host.boot import STOP_SIGNALS, load_config, start_surfaces
     from protomolt_jobs.host.composer import compose
     from protomolt_jobs.host.demo_services import DemoServices, demo_workflow
     from protomolt_jobs.host.embedded_pg import EmbeddedPostgresError
