@@ -897,17 +897,23 @@ UPDATE workflow_run
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
 -- name: job_history
--- description: the row's head (history_seq, history_head) and its transition log oldest first, in one snapshot; each row's hash checked against the previous stored row (hash_ok) and its place in the sequence (seq_ok). No row: unknown job; one row with seq NULL: no transitions.
+-- description: the row's head (history_seq, history_head) and its transition log oldest first, in one snapshot; each row's hash checked against the previous stored row (hash_ok) and its place in the sequence (seq_ok). No row: unknown job; one row with seq NULL: no transitions. A time no reader can load (infinity, after year 9999: only a hand edit writes one) comes back NULL with hash_ok false.
 WITH head AS (
     SELECT history_seq, history_head FROM workflow_run WHERE job_id = %(job_id)s
 ), log AS (
     SELECT t.seq, t.prev_status, t.new_status, t.kind, t.actor, t.reason, t.attempt, t.step,
-           t.at, t.hash,
-           t.hash = workflow_run_transition_hash(lag(t.hash) OVER w, t.job_id, t.seq,
-                                                 t.prev_status, t.new_status, t.kind, t.actor,
-                                                 t.reason, t.attempt, t.step, t.at) AS hash_ok,
+           CASE WHEN readable.at THEN t.at END AS at, t.hash,
+           CASE WHEN readable.at THEN
+             t.hash = workflow_run_transition_hash(lag(t.hash) OVER w, t.job_id, t.seq,
+                                                   t.prev_status, t.new_status, t.kind, t.actor,
+                                                   t.reason, t.attempt, t.step, t.at)
+           ELSE false END AS hash_ok,
            t.seq = row_number() OVER w AS seq_ok
       FROM workflow_run_transition AS t
+     CROSS JOIN LATERAL (
+         SELECT isfinite(t.at) AND t.at >= '0001-01-02 00:00:00+00'
+                AND t.at < '9999-12-31 00:00:00+00' AS at
+     ) AS readable
      WHERE t.job_id = %(job_id)s
     WINDOW w AS (ORDER BY t.seq)
 )

@@ -364,7 +364,9 @@ class Transition:
     reason: str | None
     attempt: int
     step: str | None
-    at: datetime
+    #: database time; None when the stored time cannot be read (a hand edit to infinity or
+    #: past year 9999; the integrity check names that row)
+    at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)

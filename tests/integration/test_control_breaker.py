@@ -369,3 +369,21 @@ def test_hand_written_sql_on_a_running_job_with_a_pending_cancel(store, fresh_ds
     assert (answer.changed, answer.status) == (True, "CANCELLED")
     assert store.job_get(job.job_id).control is None
     _chain_ok(store, job.job_id)
+
+
+@pytest.mark.parametrize("at", ["infinity", "-infinity", "10001-01-01 00:00:00+00"])
+def test_a_history_row_edited_to_an_unreadable_time_is_named(verbs, store, fresh_dsn, at):
+    job = claimed_job(store)
+    store.job_cancel(job.job_id, actor="alice")
+    with pytest.raises(ControlApplied):
+        store.job_checkpoint(job.lease, {"name": "first", "skipped": False, "response": {}})
+    _sql(
+        fresh_dsn,
+        "UPDATE workflow_run_transition SET at = %s::timestamptz WHERE job_id = %s AND seq = 2",
+        at,
+        job.job_id,
+    )
+    answer = verbs("job-history", {"jobId": str(job.job_id)})
+    assert answer["ok"] and answer["integrity"] != "ok" and answer["firstBadSeq"] == 2, answer
+    got = verbs("get-job", {"jobId": str(job.job_id)})
+    assert got["ok"] and got["job"]["status"] == "CANCELLED", got
