@@ -217,6 +217,6 @@ def _collect(
         for value in slots:
             if value is not None:
                 field.add().MergeFrom(value)
-    except Exception as exc:
+    except Exception as exc:  # protobuf's setters raise assorted types
         raise _fail(FailureKind.EDGE, step.name, f"fan-out collect rejected: {exc}") from exc
     return collected

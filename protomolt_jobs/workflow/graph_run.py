@@ -209,7 +209,7 @@ class _Run:
         """Hand one entry to ``on_checkpoint``; a failure there is the run's (store) failure."""
         try:
             self.on_checkpoint(entry)
-        except Exception as exc:
+        except Exception as exc:  # any observer failure fails the step
             raise _fail(
                 FailureKind.WORKFLOW,
                 step.name,
@@ -224,7 +224,7 @@ class _Run:
                 from protomolt_jobs.workflow.effects import stamp
 
                 stamp(entry, self.workflow, step, attempt=self.effects.attempt)
-        except Exception as exc:
+        except Exception as exc:  # protobuf/json rendering raises assorted types
             raise _fail(
                 FailureKind.WORKFLOW,
                 step.name,
@@ -345,7 +345,7 @@ class _Run:
         out = message_class(spec.target_type)()
         try:
             out.ParseFromString(answer.message.value)
-        except Exception as exc:
+        except Exception as exc:  # DecodeError or others from the protobuf runtime
             raise _fail(
                 FailureKind.WORKFLOW,
                 step.name,
@@ -535,7 +535,7 @@ def _settle(run: _Run) -> Completed:
             output_json = json_format.MessageToDict(
                 output, always_print_fields_with_no_presence=True, descriptor_pool=wf.pool
             )
-        except Exception as exc:
+        except Exception as exc:  # json_format raises assorted types
             raise _fail(
                 FailureKind.WORKFLOW, "output", f"failed to render the workflow output: {exc}"
             ) from exc

@@ -301,7 +301,7 @@ def _unpack_if_any(value: Any, parent: Message, fd: _d.FieldDescriptor, rule: st
         if not value.Unpack(out):
             raise ValueError(type_name)
         return out
-    except Exception as exc:
+    except Exception as exc:  # Unpack raises assorted types; one MappingError
         raise MappingError(
             f"Failed to unpack Any field '{fd.name}' (type url '{value.type_url}'); register the "
             f"type's descriptor with the DescriptorRegistry to unpack it (Rule: '{rule}')"

@@ -340,7 +340,7 @@ def _record(
         ) from exc
     try:
         on_checkpoint(entry)
-    except Exception as exc:
+    except Exception as exc:  # any observer failure fails the step
         raise _fail(
             FailureKind.WORKFLOW,
             step.name,
@@ -521,7 +521,7 @@ def _intent(effects: Any, step: Step, key: str) -> None:
         return
     try:
         effects.on_intent(step.name, key)
-    except Exception as exc:
+    except Exception as exc:  # any failure to record the intent fails the step
         raise _fail(
             FailureKind.WORKFLOW,
             step.name,

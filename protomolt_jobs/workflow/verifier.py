@@ -507,7 +507,7 @@ def check(obj: Any, runtime: Runtime) -> list[Finding]:
         ]
     try:
         return verify(workflow)
-    except Exception as exc:
+    except Exception as exc:  # a checker answers, whatever it is given
         log.warning(
             "workflow verification failed unexpectedly",
             exc_info=True,

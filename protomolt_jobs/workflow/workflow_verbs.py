@@ -153,7 +153,7 @@ class RunWorkflowAction:
             if exc.report is not None:
                 failed["report"] = exc.report
             return failed
-        except Exception as exc:
+        except Exception as exc:  # the verb answers with an error, never a 500
             log.exception(
                 "run-workflow failed",
                 extra={"action": "run_workflow_crashed", "workflow_name": workflow.name},
