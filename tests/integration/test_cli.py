@@ -278,6 +278,8 @@ def test_serve_without_a_dsn_runs_on_the_embedded_postgresql_and_stops_it(open_d
         pid = int((data / "pg" / "postmaster.pid").read_text().split()[0])
     finally:
         assert node.stop() == 0, node.stderr
+    # The library's own INFO lines (each pg_ctl command line and its output) stay out.
+    assert "Running commandline" not in node.stderr, node.stderr[:2000]
 
     def gone():
         try:
