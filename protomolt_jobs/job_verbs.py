@@ -814,6 +814,8 @@ def jobs_actions(backend: JobsBackend, runtime: Any) -> list[Any]:
 
 #: Longest operator reason kept (code points); longer is invalid-input.
 MAX_REASON_CHARS = 2000
+#: The latest resume time accepted (a day short of year 10000, whatever the session's zone).
+LATEST_AT = datetime(9999, 12, 30, tzinfo=UTC)
 #: Statuses retry-step accepts.
 RETRY_STEP_STATUSES = ("FAILED", "DEAD", "CANCELLED", "PAUSED", "COMPLETED")
 
@@ -1027,16 +1029,20 @@ def _rfc3339(input: dict[str, Any], field: str) -> datetime | None:
             f"(like 2026-01-01T22:00:00Z); got '{raw}'",
         )
     try:
-        moment.astimezone(UTC)
+        utc = moment.astimezone(UTC)
     except OverflowError:
         # Beyond the Python datetime range once in UTC: year 1 with a positive offset is in
-        # the past (which means now); 9999-12-31 with a negative one is after year 10000,
-        # which PostgreSQL would store but no reader (psycopg) can load back.
+        # the past (which means now); 9999-12-31 with a negative one is after year 10000.
         if moment.year <= 1:
             return None
+        utc = None
+    if utc is None or utc >= LATEST_AT:
+        # PostgreSQL would store it, but psycopg cannot load a time after year 9999 in the
+        # session's time zone (up to +14:00), so every later read of the row would fail.
         raise _invalid(
-            field, f"Field '{field}' must be no later than 9999-12-31T23:59:59Z; got '{raw}'"
-        ) from None
+            field,
+            f"Field '{field}' must be earlier than {iso_instant(LATEST_AT)}; got '{raw}'",
+        )
     return moment
 
 

@@ -86,7 +86,7 @@ import threading
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
 import psycopg
@@ -1226,10 +1226,14 @@ class JobStore:
         offset = None if at is None else at.utcoffset()
         if at is not None and (at.tzinfo is None or offset is None):
             raise ValueError("at: must be timezone-aware")
-        if at is not None and offset is not None and at.year >= 9999 and offset < timedelta(0):
-            # After year 10000 in UTC: stored, but psycopg cannot load it back (every read
-            # of the row would fail).
-            raise ValueError("at: must be no later than 9999-12-31T23:59:59Z")
+        if (
+            at is not None
+            and offset is not None
+            and at.replace(tzinfo=None) >= datetime(9999, 12, 30) + offset
+        ):
+            # Stored, but psycopg cannot load a time after year 9999 in the session's zone
+            # (up to +14:00): every later read of the row would fail.
+            raise ValueError("at: must be earlier than 9999-12-30T00:00:00Z")
         key = _uuid("job_id", job_id)
         _text("actor", actor)
         params = {
