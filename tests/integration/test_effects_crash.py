@@ -4,6 +4,7 @@ servers that count calls and record the idempotency key each call carried."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -317,3 +318,31 @@ def test_a_crash_right_after_the_intent_asks_the_probe_and_calls_once(store, fre
     assert services.metadata("Run")[0][KEY] == f"{job.job_id}:charge:0"
     kinds = [t.kind for t in store.job_history(job.job_id).transitions]
     assert kinds.count("intent") == 1, kinds  # the resumed run found it: no second intent
+
+
+def test_a_crash_after_the_intent_with_the_probe_unreachable_waits_as_recovery_required(
+    store, fresh_dsn, services
+):
+    """Killed after the intent; the verify probe's server cannot be reached: the run waits as
+    RECOVERY_REQUIRED naming the step (no retry loop, not DEAD), the step is never called."""
+    wf = charge_workflow(services.target, effect="external", verify=True)
+    wf["steps"][1]["verify"]["target"] = "127.0.0.1:9"  # discard port: nothing answers
+    job, b = crash_then_resume(store, fresh_dsn, services, wf, point="after_intent:charge")
+    try:
+        wait_for(lambda: store.job_get(job.job_id).status == "RECOVERY_REQUIRED", timeout_s=60)
+        row = store.job_get(job.job_id)
+        assert row.outstanding_step == "charge" and row.lease_owner is None
+        assert "verify probe failed" in row.error, row.error
+        attempt = row.attempt
+        # it stays there (no lease, no further attempt) for several leases while the worker
+        # keeps polling: a retry loop or a sweep would move it within one lease
+        deadline = time.monotonic() + 3 * _FAST["lease_seconds"]
+        while time.monotonic() < deadline:
+            now = store.job_get(job.job_id)
+            assert (now.status, now.attempt) == ("RECOVERY_REQUIRED", attempt)
+            assert b.alive()
+            time.sleep(0.2)
+    finally:
+        b.close()
+    assert services.calls("Run") == 0
+    assert event_types(store, job.job_id).count(("RECOVERY_REQUIRED", "charge")) == 1
