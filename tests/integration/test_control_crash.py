@@ -89,3 +89,50 @@ def test_sigkill_with_a_pending_request_is_settled_by_the_sweeper(store, fresh_d
         release.set()
         a.close()
         b.close()
+
+
+def test_pause_racing_completion_then_resume_calls_every_step_once(store, fresh_dsn, services):
+    """30 races (temporal#10239): a pause sent as the last step returns. Each job ends PAUSED
+    with every checkpoint (then a resume completes it without calling a step) or COMPLETED
+    with the pause refused naming COMPLETED; never RUNNING again, never a step twice."""
+    import random
+    import time
+
+    review_class = services.message_class("jobs.test.Review")
+    called = threading.Semaphore(0)
+
+    def review(request, context):
+        called.release()
+        time.sleep(random.uniform(0, 0.004))
+        return review_class(approved=True, note="auto-approved")
+
+    services.set_handler("Review", review)
+    jobs = []
+    with WorkerProcess(fresh_dsn, worker_id="proc-p", **{**_FAST, "worker_count": 1}) as w:
+        w.start()
+        for _ in range(30):
+            job = enqueue(store, seed_workflow(services.target, review="invoke"), {"text": "t"})
+            assert called.acquire(timeout=20), "the review step was never called"
+            answer = store.job_pause(job.job_id, actor="alice", reason="race")
+            final = wait_for(
+                lambda j=job.job_id: (
+                    (s := store.job_get(j).status) in ("COMPLETED", "PAUSED") and s
+                ),
+                timeout_s=20,
+            )
+            if final == "COMPLETED":
+                assert (answer.changed, answer.status) == (False, "COMPLETED"), answer
+            else:
+                assert answer.changed and answer.status in ("RUNNING", "PAUSED"), answer
+                assert store.job_resume(job.job_id, actor="alice").status == "QUEUED"
+            jobs.append((job.job_id, final))
+        for job_id, _ in jobs:
+            wait_for(lambda j=job_id: store.job_get(j).status == "COMPLETED", timeout_s=20)
+    assert services.calls("Review") == 30 and services.calls("Tokenize") == 30
+    for job_id, final in jobs:
+        types = [e for e, _ in event_types(store, job_id)]
+        assert types.count("COMPLETED") == 1, types
+        assert types.count("PAUSED") == (1 if final == "PAUSED" else 0), types
+        history = store.job_history(job_id)
+        assert history.first_bad_seq is None
+    print("race outcomes:", {f: sum(1 for _, x in jobs if x == f) for f in ("PAUSED", "COMPLETED")})
