@@ -209,6 +209,14 @@ UPDATE workflow_run
                                         FROM workflow_run AS w
                                        WHERE w.status = 'QUEUED' AND w.queue = served.queue
                                          AND w.run_after <= now()
+                                         AND NOT EXISTS (
+                                               -- A queue limited since this worker last
+                                               -- read the limits: never claimed past them
+                                               -- (job_claim_limited is the way in).
+                                               SELECT 1 FROM workflow_queue AS l
+                                                WHERE l.queue = served.queue
+                                                  AND (l.max_running IS NOT NULL
+                                                       OR l.max_starts_per_second IS NOT NULL))
                                        ORDER BY w.priority, w.fairness_pass, w.created_at,
                                                 w.job_id
                                          FOR UPDATE SKIP LOCKED
@@ -233,7 +241,13 @@ WITH head AS (
                           WHERE w.status = 'QUEUED' AND w.queue = served.queue
                             AND w.run_after <= now()
                             AND CASE WHEN NOT served.queue = ANY (%(limited)s::text[])
-                                     THEN TRUE
+                                     -- Limited since this worker last read the limits:
+                                     -- passed over until it knows (never past the cap).
+                                     THEN NOT EXISTS (
+                                              SELECT 1 FROM workflow_queue AS l
+                                               WHERE l.queue = served.queue
+                                                 AND (l.max_running IS NOT NULL
+                                                      OR l.max_starts_per_second IS NOT NULL))
                                      -- Serving other queues too: a limited queue whose row
                                      -- another claimer holds is passed over this time, so
                                      -- its claimers never queue up behind one another while

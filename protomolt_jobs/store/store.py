@@ -596,7 +596,9 @@ class JobStore:
         moves the queue's rate limiter on in the same statement. A limited queue that may not
         start never blocks the other served queues; when other queues are served too, a
         limited queue whose row another claimer holds is passed over (``SKIP LOCKED``) rather
-        than waited for. Unlimited queues take no lock.
+        than waited for. Unlimited queues take no lock. A served queue not in ``limited`` that
+        has a limits row (limited by another node since this worker read them) is passed over:
+        never claimed past its limits.
         Concurrent claimers never get the same row. Transaction: one, committed before the
         row's JSON is decoded, so an undecodable row is still claimed (and handed back with
         ``unreadable`` set) rather than rolled back to block every later claim. No event (a

@@ -179,6 +179,28 @@ def test_workers_claim_only_the_queues_they_serve(store, fresh_dsn):
     assert store.job_claim("w", 60, queues=["gpu", "default"]).job_id == cpu
 
 
+def test_a_queue_limited_after_a_worker_read_its_limits_is_not_claimed_past_its_cap(
+    store, fresh_dsn
+):
+    # A worker learns the limited queues at start and every 30 s; a node that limits a queue
+    # in between must not let the first worker exceed the cap meanwhile (limits are enforced
+    # in the database, whatever a worker believes).
+    bulk_insert(fresh_dsn, [{"queue": "gpu"} for _ in range(3)])
+    first = store.job_claim("w", 60, queues=["gpu"])
+    assert first is not None
+    store.queue_limits_sync({"gpu": {"max_running": 1}})
+    # The stale worker still says nothing is limited: it gets no second gpu job, by either
+    # claim statement, and other queues are still served.
+    (cpu,) = bulk_insert(fresh_dsn, [{}])
+    assert store.job_claim("w", 60, queues=["gpu"]) is None
+    assert store.job_claim("w", 60, queues=["gpu", "default"], limited=["other"]).job_id == cpu
+    assert store.job_claim("w", 60, queues=["gpu"], limited=["other"]) is None
+    # Knowing the limit, it claims through the permit: the slot frees when the first ends.
+    store.job_complete(first.lease, {}, "done")
+    assert store.job_claim("w", 60, queues=["gpu"], limited=["gpu"]) is not None
+    assert store.job_claim("w", 60, queues=["gpu"], limited=["gpu"]) is None
+
+
 def test_strict_priority_across_served_queues(store, fresh_dsn):
     bulk_insert(fresh_dsn, [{"queue": "default"} for _ in range(5)])
     (urgent_gpu,) = bulk_insert(fresh_dsn, [{"queue": "gpu", "priority": 1}])
