@@ -244,3 +244,33 @@ def test_a_start_rate_holds_over_ten_seconds_of_backlog(fresh_dsn, services):
         close_all(procs)
     in_window = [t for t in log.times("slow") if start <= t < start + 10.0]
     assert 45 <= len(in_window) <= 55, len(in_window)
+
+
+def test_a_capped_queues_slot_held_by_a_sigkilled_worker_is_freed_by_the_sweeper(
+    fresh_dsn, services, store
+):
+    # gpu: max_running = 1. The worker running the only gpu job is SIGKILLed mid-step: its
+    # row stays RUNNING (holding the slot) until its lease expires; the sweeper then requeues
+    # it, and a second worker runs it and the job behind it.
+    log = StartLog(services, seconds={"gpu": 1.0})
+    definition = one_step(services.target)
+    insert_jobs(fresh_dsn, definition, [{"text": f"gpu {i}", "queue": "gpu"} for i in range(2)])
+    keys = {**_FAST, "lease_seconds": 2, "queues": "gpu"}
+    keys["queue_limits"] = '{"gpu": {"max_running": 1}}'
+    doomed = WorkerProcess(fresh_dsn, worker_id="sched-doomed", **keys)
+    doomed.start()
+    try:
+        wait_for(lambda: log.count("gpu") >= 1, timeout_s=30, interval_s=0.02)
+        doomed.kill()
+    finally:
+        doomed.close()
+    (held,) = store.job_list(status="RUNNING", queue="gpu")
+    with WorkerProcess(fresh_dsn, worker_id="sched-heir", **keys):
+        wait_for(
+            lambda: len(store.job_list(status="COMPLETED", queue="gpu")) == 2,
+            timeout_s=60,
+            interval_s=0.2,
+        )
+    history = store.job_history(held.job_id).transitions
+    assert any(t.kind == "sweep" and t.actor == "sweeper" for t in history), history
+    assert store.job_get(held.job_id).attempt == 2
