@@ -1149,10 +1149,21 @@ class RetryStepAction(_ControlVerb):
             for c in job.checkpoints or []
             if not (isinstance(c, dict) and c.get("name") in dropped)
         ]
+        # An intent without a checkpoint is an external effect nothing proves (a run that was
+        # RECOVERY_REQUIRED, then cancelled): only the retried step's own is the operator's word
+        # (it is called again under a new generation); any other stays, so the run asks its
+        # probe (or waits as RECOVERY_REQUIRED) instead of calling it blindly.
+        proven = {c.get("name") for c in job.checkpoints or [] if isinstance(c, dict)}
+        intents = {
+            name: intent
+            for name, intent in (getattr(job, "effect_intents", None) or {}).items()
+            if name != step_name and name not in proven
+        }
         outcome = store.job_retry_step(
             job_id,
             step=step_name,
             checkpoints=kept,
+            intents=intents or None,
             expected_status=job.status,
             expected_history_seq=job.history_seq,
             actor=_actor(),

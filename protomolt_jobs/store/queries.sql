@@ -873,7 +873,7 @@ UPDATE workflow_run
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
 -- name: job_control_retry_step
--- description: retry-step: store the kept checkpoints (the caller drops the step's and its dependants'), QUEUED now with attempt 0, result/verdict/error cleared; only if the row is still as read (status and history_seq).
+-- description: retry-step: store the kept checkpoints (the caller drops the step's and its dependants') and the kept intents (the caller keeps every external step's intent whose effect nothing proves: it is not the retried step and has no checkpoint), QUEUED now with attempt 0, result/verdict/error cleared; only if the row is still as read (status and history_seq).
 UPDATE workflow_run
    SET status = 'QUEUED',
        checkpoints = %(checkpoints)s,
@@ -890,7 +890,7 @@ UPDATE workflow_run
        step_generations = coalesce(step_generations, '{}'::jsonb)
                           || jsonb_build_object(%(step)s::text,
                                                 coalesce((step_generations->>%(step)s::text)::int, 0) + 1),
-       effect_intents = NULL,
+       effect_intents = %(intents)s::jsonb,
        change_kind = 'retry-step',
        change_actor = %(actor)s,
        change_reason = %(reason)s,

@@ -1294,10 +1294,13 @@ class JobStore:
         expected_history_seq: int,
         actor: str,
         reason: str | None = None,
+        intents: dict[str, Any] | None = None,
     ) -> ControlOutcome:
         """Queue a FAILED, DEAD, CANCELLED, PAUSED or COMPLETED job again with only
         ``checkpoints`` kept (the caller dropped ``step``'s and its dependants'): attempt 0,
         result, verdict and error cleared; a REQUEUED event naming ``step``, NOTIFY.
+        ``intents`` become the row's external-step intents (None: none); the caller keeps the
+        intents of unproven effects, so the resumed run probes them instead of calling blindly.
 
         Optimistic: applies only while the row is still ``expected_status`` at
         ``expected_history_seq`` (nothing changed since the caller read it).
@@ -1314,6 +1317,7 @@ class JobStore:
             "job_id": key,
             "step": scrub_text(step),
             "checkpoints": _jsonb("checkpoints", checkpoints, list),
+            "intents": _jsonb("intents", intents, dict) if intents else None,
             "status": expected_status,
             "history_seq": int(expected_history_seq),
             "actor": scrub_text(actor),

@@ -346,3 +346,36 @@ def test_a_crash_after_the_intent_with_the_probe_unreachable_waits_as_recovery_r
         b.close()
     assert services.calls("Run") == 0
     assert event_types(store, job.job_id).count(("RECOVERY_REQUIRED", "charge")) == 1
+
+
+def test_cancel_then_retry_of_another_step_keeps_the_unproven_intent(
+    store, fresh_dsn, services, verbs
+):
+    """A RECOVERY_REQUIRED run is cancelled, then an operator retries a step other than the
+    unproven one: the intent of the external step must survive, so the resumed run does not
+    call it blindly (it waits as RECOVERY_REQUIRED again)."""
+    job, b = recovery_required(store, fresh_dsn, services)
+    try:
+        jid = str(job.job_id)
+        assert verbs("cancel-job", {"jobId": jid})["status"] == "CANCELLED"
+        assert store.job_get(job.job_id).effect_intents.get("charge") is not None
+        answer = verbs("retry-step", {"jobId": jid, "stepName": "finish"})
+        assert answer["ok"] is True, answer
+        assert store.job_get(job.job_id).effect_intents.get("charge") is not None
+        wait_for(
+            lambda: (
+                store.job_get(job.job_id).status
+                in ("RECOVERY_REQUIRED", "COMPLETED", "FAILED", "DEAD")
+            ),
+            timeout_s=60,
+        )
+        row = store.job_get(job.job_id)
+        assert (row.status, row.outstanding_step) == ("RECOVERY_REQUIRED", "charge")
+        # the operator's word on that step (retry-step charge) does call it, under a new key
+        assert verbs("cancel-job", {"jobId": jid})["status"] == "CANCELLED"
+        assert verbs("retry-step", {"jobId": jid, "stepName": "charge"})["ok"] is True
+        wait_for(lambda: store.job_get(job.job_id).status == "COMPLETED", timeout_s=60)
+    finally:
+        b.close()
+    keys = [m[KEY] for m in services.metadata("Run")]
+    assert keys == [f"{job.job_id}:charge:0", f"{job.job_id}:charge:1"], keys
