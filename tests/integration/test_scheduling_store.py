@@ -324,3 +324,55 @@ def test_the_default_keys_stamp_is_index_backed_and_takes_no_lock(store, fresh_d
         )
         assert "idx_workflow_run_fairness_tail" in plan, plan
         assert "Seq Scan on workflow_run" not in plan, plan
+
+
+def test_fifty_dedup_submits_racing_the_first_runs_completion_never_make_two_live_runs(store):
+    # While 50 submits with one dedupKey are in flight, the first run is claimed and completed
+    # as soon as it exists: every submit answers a run (created, or the live one), the key is
+    # held by at most one live run at any time, and nothing fails.
+    barrier = threading.Barrier(51)
+    outcomes: list = []
+    errors: list[BaseException] = []
+    completed: list = []
+
+    def submit() -> None:
+        try:
+            barrier.wait(timeout=30)
+            outcomes.append(store.job_insert(new_job(dedup_key="race")))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    def finish_the_first() -> None:
+        try:
+            barrier.wait(timeout=30)
+            for _ in range(2000):
+                job = store.job_claim("w", 60)
+                if job is not None:
+                    store.job_complete(job.lease, {}, "done")
+                    completed.append(job.job_id)
+                    return
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=submit) for _ in range(50)]
+    threads.append(threading.Thread(target=finish_the_first))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == []
+    assert len(outcomes) == 50 and len(completed) == 1
+    created = {o.job.job_id for o in outcomes if o.created}
+    assert completed[0] in created
+    # Every deduplicated answer names a run one of the submits created.
+    assert {o.job.job_id for o in outcomes if o.deduplicated} <= created
+    assert all(o.created != o.deduplicated for o in outcomes)
+    live = [
+        j
+        for j in store.job_list(limit=500)
+        if j.dedup_key == "race" and j.status in ("QUEUED", "RUNNING")
+    ]
+    assert len(live) <= 1
+    # Runs that hold the key one after another: created runs other than the completed one are
+    # at most one live run now (the others would have had to end, and nothing ended them).
+    assert len(created) <= 2
