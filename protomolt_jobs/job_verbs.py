@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import uuid
 from datetime import UTC, datetime
@@ -1012,17 +1013,26 @@ class ResumeJobAction(_ControlVerb):
         return _refused(job_id, outcome.status, "only a PAUSED job can be resumed")
 
 
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})", re.ASCII
+)
+
+
 def _rfc3339(input: dict[str, Any], field: str) -> datetime | None:
     raw = _optional_string(input, field)
     if raw is None or not raw.strip():
         return None
     text = raw.strip()
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        moment = None
-    # RFC 3339 needs the date, the time and an offset ("Z" or "+hh:mm").
-    if moment is None or "T" not in text.upper() or moment.tzinfo is None:
+    moment = None
+    # RFC 3339 (section 5.6): full date, "T", full time, an offset ("Z" or "+hh:mm"); "t" and
+    # "z" may be lower case. fromisoformat alone also takes ISO 8601 forms that are not RFC
+    # 3339 (week dates "2026-W01-1T...", basic "20260101T2200Z", no seconds).
+    if _RFC3339.fullmatch(text):
+        try:
+            moment = datetime.fromisoformat(text.upper())
+        except ValueError:
+            moment = None
+    if moment is None or moment.tzinfo is None:
         raise _invalid(
             field,
             f"Field '{field}' must be an RFC 3339 time with an offset "

@@ -89,7 +89,18 @@ def test_resume_at_beyond_year_9999_in_utc_is_invalid_input(verbs, store):
 
 
 @pytest.mark.parametrize(
-    "at", ["tomorrow", "2026-13-01T00:00:00Z", "2026-01-01T22:00:00", "2026-01-01", "", "\x00"]
+    "at",
+    [
+        "tomorrow",
+        "2026-13-01T00:00:00Z",
+        "2026-01-01T22:00:00",
+        "2026-01-01",
+        "",
+        "\x00",
+        "2026-W01-1T10:00:00Z",  # ISO 8601 week date, not RFC 3339 (was 2025-12-29)
+        "20260101T220000Z",  # ISO 8601 basic format
+        "2026-01-01T22:00Z",  # no seconds
+    ],
 )
 def test_resume_at_bad_values(verbs, store, at):
     job = queued_job(store)
@@ -106,6 +117,9 @@ def test_resume_at_bad_values(verbs, store, at):
 
 def test_resume_at_in_the_past_and_far_future(verbs, store):
     job = queued_job(store)
+    verbs("pause-job", {"jobId": str(job.job_id)})
+    answer = verbs("resume-job", {"jobId": str(job.job_id), "at": "2001-01-01t00:00:00z"})
+    assert answer["ok"] is True and answer["status"] == "QUEUED", answer  # RFC 3339 5.6 NOTE
     verbs("pause-job", {"jobId": str(job.job_id)})
     answer = verbs("resume-job", {"jobId": str(job.job_id), "at": "0001-01-01T00:00:00+14:00"})
     assert answer["ok"] is True and answer["status"] == "QUEUED", answer
