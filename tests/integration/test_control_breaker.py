@@ -403,3 +403,21 @@ def test_a_history_row_edited_to_an_unreadable_time_is_named(verbs, store, fresh
     assert answer["ok"] and answer["integrity"] != "ok" and answer["firstBadSeq"] == 2, answer
     got = verbs("get-job", {"jobId": str(job.job_id)})
     assert got["ok"] and got["job"]["status"] == "CANCELLED", got
+
+
+def test_the_report_of_a_job_cancelled_mid_run(verbs, store):
+    definition = seed_workflow("127.0.0.1:9", review="invoke")
+    names = [s["name"] for s in definition["steps"]]
+    job = claimed_job(store, workflow_definition=definition)
+    assert verbs("cancel-job", {"jobId": str(job.job_id), "reason": "enough"})["ok"]
+    with pytest.raises(ControlApplied):
+        store.job_checkpoint(job.lease, {"name": names[0], "skipped": False, "response": {}})
+    report = verbs("get-job", {"jobId": str(job.job_id)})["job"]["report"]
+    assert report["status"] == "CANCELLED"
+    steps = {s["name"]: s for s in report["steps"]}
+    assert steps[names[0]]["status"] == "succeeded", report
+    assert all(steps[n]["status"] != "succeeded" for n in names[1:]), report
+    assert [(a["kind"], a["actor"]) for a in report["operatorActions"]] == [
+        ("cancel-request", "alice"),
+        ("cancel", "alice"),
+    ], report
