@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -340,5 +341,58 @@ def test_with_the_database_gone_pages_and_forms_are_503_quickly(tmp_path, fresh_
             assert status == 503, (path, status)
             assert b"the jobs database cannot be reached" in body, path
             assert elapsed < 3.5, (path, elapsed)
+    finally:
+        surfaces.close()
+
+
+def test_malformed_query_values_and_html_in_job_fields(tmp_path, fresh_dsn):
+    """Malformed paging and filters show an invalid-input naming what was typed, never a 500;
+    HTML in a workflow name, a job's input, a cancel reason (the job's error) and in echoed
+    query values is escaped on every page; without the token no page shows a job."""
+    surfaces = start_node(node_environ(tmp_path, fresh_dsn, token=TOKEN))
+    evil = "<script>alert(1)</script>\"'><img src=x onerror=alert(2)>"
+    quoted = urllib.parse.quote(evil)
+    cookie = {"Cookie": f"protomolt_token={TOKEN}"}
+    try:
+        url = surfaces.http.url
+        wf = seed_workflow("127.0.0.1:9", review="invoke")
+        wf["name"] = "w-" + evil
+        job_id = _submit(url, wf, evil)
+        status, answer, _ = http(
+            "POST",
+            f"{url}/protomolt/actions/cancel-job",
+            {"jobId": job_id, "reason": evil},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
+        assert status == 200 and answer["ok"], answer
+        pages = [
+            f"/ui/?page={10**30}",
+            "/ui/?page=-5",
+            "/ui/?page=abc",
+            f"/ui/?status={quoted}",
+            f"/ui/?workflow={quoted}",
+            f"/ui/?queue={quoted}",
+            f"/ui/?after={quoted}",
+            f"/ui/jobs/{quoted}",
+            f"/ui/jobs/{job_id}",
+            "/ui/",
+            "/ui/inbox",
+        ]
+        for path in pages:
+            status, body, _ = http("GET", url + path, headers=cookie)
+            assert status in (200, 404), (path, status)
+            assert b"<script>alert" not in body and b"<img src=x" not in body, path
+        status, body, _ = http("GET", f"{url}/ui/?page={10**30}", headers=cookie)
+        assert b"invalid-input: &#39;page&#39; must be at most" in body, body[:3000]
+        status, body, _ = http("GET", f"{url}/ui/?status={quoted}", headers=cookie)
+        assert b"invalid-input: &#39;status&#39; must be one of" in body
+        status, body, _ = http("GET", f"{url}/ui/jobs/{job_id}", headers=cookie)
+        assert b"&lt;script&gt;alert(1)&lt;/script&gt;" in body  # shown, as text
+        for headers in ({}, {"Cookie": "protomolt_token=wrong"}, {"Cookie": "protomolt_token="}):
+            for path in ("/ui/", f"/ui/jobs/{job_id}", "/ui/inbox"):
+                status, body, _ = http("GET", url + path, headers=headers)
+                assert b"login-form" in body and job_id.encode() not in body, (headers, path)
+            status, _, _ = http("GET", f"{url}/metrics", headers=headers)
+            assert status == 401
     finally:
         surfaces.close()

@@ -53,6 +53,8 @@ _UNAVAILABLE = "unavailable:"
 TOKEN_COOKIE = "protomolt_token"
 #: Jobs per page.
 PAGE_SIZE = 50
+#: The last page whose offset PostgreSQL's bigint (list-jobs' ``offset``) holds.
+MAX_PAGE = (2**63 - 1) // PAGE_SIZE + 1
 #: Seconds between live refreshes of a page.
 REFRESH_S = 3
 STATUSES = (
@@ -261,6 +263,10 @@ class Dashboard:
             page = max(int(q.get("page", "1")), 1)
         except ValueError:
             page = 1
+        page_error = ""
+        if page > MAX_PAGE:  # the offset would not fit list-jobs' bigint: name what was typed
+            page_error = f"invalid-input: 'page' must be at most {MAX_PAGE}; got {page}"
+            page = 1
         envelope: dict[str, Any] = {"limit": PAGE_SIZE + 1, "offset": (page - 1) * PAGE_SIZE}
         if status:
             envelope["status"] = status
@@ -269,7 +275,8 @@ class Dashboard:
         if queue:
             envelope["queue"] = queue
         answer, error = await self._verb("list-jobs", envelope)
-        jobs = list(answer.get("jobs", []))
+        error = page_error or error
+        jobs = list(answer.get("jobs", [])) if not page_error else []
         more = len(jobs) > PAGE_SIZE
         jobs = jobs[:PAGE_SIZE]
         if after and not error:
