@@ -11,8 +11,10 @@ Model (at least once; consumers dedupe on ``event_id``):
   relay that is still waiting for its acks.
 - **Check.** Each payload is decoded as a ``WorkflowRunEvent`` and checked against the
   contract's rules in plain Python (``events.event_violations``; ``events.build_event``, the
-  only writer of payloads, already refuses to build a broken event, so no CEL is interpreted
-  here), and its ``job_id`` must equal the row's key. A
+  writer of stored payloads, already refuses to build a broken event, so no CEL is interpreted
+  here), and its ``job_id`` must equal the row's key. A row stored as columns (the
+  one-statement fenced writes, migration 0005) arrives with the bytes ``events.column_payload``
+  encoded when the store read it, and is checked the same way. A
   row that fails is a recorded failure (``outbox_mark_failed(event_id, "<rule>: ...")``),
   never a crash; the row's later events in the batch are held back.
 - **Publish.** The protobuf bytes, Confluent-framed unless ``jobs.events_wire = "raw"``
@@ -111,8 +113,9 @@ def is_lane_failure(err: KafkaError) -> bool:
 def check_payload(payload: bytes, kafka_key: str) -> str | None:
     """Decode and check one outbox payload before it is published.
 
-    ``events.build_event`` is the only writer of outbox payloads and refuses to build an event
-    that breaks the contract, so the relay does not run the contract's CEL rules again
+    ``events.build_event`` (stored payloads) and ``events.column_payload`` (rows stored as
+    columns) are our writers of outbox payloads, and our statements fill the columns with a
+    row's facts only, so the relay does not run the contract's CEL rules again
     (DESIGN.md section 17): it decodes the payload, runs the contract's rules in plain Python
     (:func:`protomolt_jobs.events.event_violations`, microseconds; the same rule ids as
     ``wire.validate_event``) and compares the job id with the row's key. A row that another
