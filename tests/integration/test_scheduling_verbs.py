@@ -176,3 +176,16 @@ def test_requeue_or_retry_of_an_ended_run_whose_dedup_key_is_taken_is_refused_na
     # Once the holder ends, the requeue goes through.
     verbs("cancel-job", {"jobId": second["jobId"]})
     assert verbs("requeue-job", {"jobId": first["jobId"]}) == {"ok": True, "status": "QUEUED"}
+
+
+def test_a_running_runs_dedup_key_is_held_until_its_cancel_is_applied(verbs):
+    first = submit(verbs, dedupKey="hourly")
+    job = verbs.store.job_claim("w", 60)
+    assert verbs("cancel-job", {"jobId": first["jobId"]})["status"] == "RUNNING"
+    # The cancel is only requested: the run is live, so the key still answers it.
+    held = submit(verbs, dedupKey="hourly")
+    assert held["deduplicated"] is True and held["jobId"] == first["jobId"]
+    # The worker's next boundary write applies it (CANCELLED): the key is free.
+    assert verbs.store.job_stop(job.lease) == "CANCELLED"
+    fresh = submit(verbs, dedupKey="hourly")
+    assert fresh["ok"] and "deduplicated" not in fresh and fresh["jobId"] != first["jobId"]
