@@ -222,6 +222,8 @@ def _verify(workflow: CompiledWorkflow) -> list[Finding]:
                 Finding(name, "validate", text)
                 for text in cel_check.declared_rule_findings(step.output_type)
             )
+        if step.verify is not None:
+            findings.extend(_verify_probe(name, step.verify, scope))
         scope[name] = step.output_type
     if workflow.output is not None:
         out = workflow.output
@@ -229,6 +231,28 @@ def _verify(workflow: CompiledWorkflow) -> list[Finding]:
             Finding("", "output", f.error)
             for f in _check_mapping("", "output", out.rules, out.cel_rules, scope, out.type)
         )
+    return findings
+
+
+def _verify_probe(name: str, v: Any, scope: Mapping[str, _d.Descriptor]) -> list[Finding]:
+    """An external step's ``verify`` probe, checked like a step: its mapping rules build the
+    probe method's request from the step's scope; ``found`` (boolean) and ``receipt`` read that
+    scope plus ``response`` (the probe's answer). A broken probe found only after a crash would
+    send every such run to RECOVERY_REQUIRED instead of deciding: refuse it at the door."""
+    findings = [
+        Finding(name, "verify", f"rules: {f.error}")
+        for f in _check_mapping(name, "verify", v.rules, v.cel_rules, scope, v.method.input_type)
+    ]
+    probe_scope = {**scope, "response": v.method.output_type}
+    activation = _trial_scope(probe_scope, None)
+    for key, text, boolean in (("found", v.found, True), ("receipt", v.receipt, False)):
+        if not text.strip():
+            continue
+        error = cel_check.type_error(text, probe_scope, None, boolean=boolean) or _check_cel(
+            text, activation, boolean=boolean
+        )
+        if error:
+            findings.append(Finding(name, "verify", f"{key}: {error} ({text})"))
     return findings
 
 

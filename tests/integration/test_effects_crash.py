@@ -379,3 +379,27 @@ def test_cancel_then_retry_of_another_step_keeps_the_unproven_intent(
         b.close()
     keys = [m[KEY] for m in services.metadata("Run")]
     assert keys == [f"{job.job_id}:charge:0", f"{job.job_id}:charge:1"], keys
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("found", "((", "found: Invalid CEL expression"),
+        ("found", "response.note", "found: a filter must be a boolean expression"),
+        ("found", "response.nope", "found:"),
+        ("receipt", "((", "receipt: Invalid CEL expression"),
+        ("rules", ["nope = input.text"], "rules: target: no field 'nope'"),
+    ],
+)
+def test_a_broken_verify_probe_is_refused_at_submit(store, services, verbs, key, value, said):
+    """A probe that could never decide (bad CEL, a non-boolean found, a rule for a field the
+    probe's request lacks) is refused at submit (invalid-definition naming the step), not found
+    out after a crash (where it would send the run to RECOVERY_REQUIRED); nothing is written."""
+    wf = charge_workflow(services.target, effect="external", verify=True)
+    wf["steps"][1]["verify"][key] = value
+    answer = verbs("submit-workflow", {"workflow": wf, "input": {"text": "pay"}})
+    assert answer["ok"] is False, answer
+    assert "[verify]" in answer["error"] and said in answer["error"], answer
+    assert store.job_claim("w-x", 5.0) is None
+    good = charge_workflow(services.target, effect="external", verify=True)
+    assert verbs("submit-workflow", {"workflow": good, "input": {"text": "pay"}})["ok"] is True
