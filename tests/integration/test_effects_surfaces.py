@@ -109,3 +109,76 @@ def test_only_the_step_the_run_waits_on_can_be_reconciled(store, http, capsys):
     assert "waits on step 'tokenize', not 'embed'" in answer["error"]
     row = store.job_get(jid)
     assert row.status == "RECOVERY_REQUIRED" and row.checkpoints == []
+
+
+def test_two_operators_reconciling_at_once_exactly_one_wins(store):
+    """Two reconcile-step calls on the same RECOVERY_REQUIRED run at the same moment (done and
+    not-done): exactly one changes the row; the other's answer is ok: false naming the status
+    the run is in now (no longer RECOVERY_REQUIRED); one transition, one checkpoint at most."""
+    import threading
+
+    runtime = Runtime()
+    backend = JobsBackend(configured=True)
+    backend.bind(store, Submitter(store, None, runtime, 3))
+    catalog = Catalog()
+    for action in jobs_actions(backend, runtime):
+        catalog.register(action)
+    for _ in range(3):  # a few rounds: the two calls interleave differently
+        jid = str(recovery_required(store))
+        barrier = threading.Barrier(2)
+        answers: dict[str, dict] = {}
+
+        def reconcile(outcome: str, jid: str = jid, barrier=barrier, answers=answers) -> None:
+            body = {"jobId": jid, "stepName": "tokenize", "outcome": outcome}
+            if outcome == "done":
+                body["response"] = {"ids": ["5"], "text": "a", "count": 1}
+            barrier.wait()
+            answers[outcome] = catalog.execute("reconcile-step", body)
+
+        threads = [threading.Thread(target=reconcile, args=(o,)) for o in ("done", "not-done")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        won = [o for o, a in answers.items() if a["ok"]]
+        assert len(won) == 1, answers
+        lost = answers[next(o for o in answers if o not in won)]
+        assert lost["ok"] is False and lost["status"] == "QUEUED", lost
+        row = store.job_get(jid)
+        assert row.status == "QUEUED"
+        assert len(row.checkpoints) == (1 if won == ["done"] else 0)
+        kinds = [t.kind for t in store.job_history(jid).transitions]
+        assert kinds.count("reconcile-step") == 1, kinds
+        # leave no QUEUED run for the next round's claim
+        assert catalog.execute("cancel-job", {"jobId": jid})["status"] == "CANCELLED"
+
+
+def test_cancel_of_a_recovery_required_run_and_verbs_after_it(store):
+    """cancel-job takes a RECOVERY_REQUIRED run (CANCELLED, no lease); reconcile-step and
+    migrate-checkpoint are then refused naming CANCELLED; retry-step after a reconcile is
+    refused while the run is QUEUED, naming the status."""
+    runtime = Runtime()
+    backend = JobsBackend(configured=True)
+    backend.bind(store, Submitter(store, None, runtime, 3))
+    catalog = Catalog()
+    for action in jobs_actions(backend, runtime):
+        catalog.register(action)
+    jid = str(recovery_required(store))
+    assert catalog.execute("cancel-job", {"jobId": jid, "reason": "give up"})["status"] == (
+        "CANCELLED"
+    )
+    row = store.job_get(jid)
+    assert row.status == "CANCELLED" and row.lease_owner is None
+    for verb, body in (
+        ("reconcile-step", {"outcome": "not-done"}),
+        ("migrate-checkpoint", {"action": "discard"}),
+    ):
+        answer = catalog.execute(verb, {"jobId": jid, "stepName": "tokenize", **body})
+        assert answer["ok"] is False and answer["status"] == "CANCELLED", answer
+        assert "accepts only a RECOVERY_REQUIRED run" in answer["error"]
+    other = str(recovery_required(store))
+    body = {"jobId": other, "stepName": "tokenize", "outcome": "not-done"}
+    assert catalog.execute("reconcile-step", body) == {"ok": True, "status": "QUEUED"}
+    answer = catalog.execute("retry-step", {"jobId": other, "stepName": "tokenize"})
+    assert answer["ok"] is False and answer["status"] == "QUEUED", answer
+    assert store.job_get(other).status == "QUEUED"
