@@ -606,26 +606,61 @@ SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
 -- ---------------------------------------------------------------------------------------------
 
 -- name: job_sweep_expired
--- description: a batch of RUNNING jobs past lease_until: QUEUED, or DEAD when attempt >= max_attempts.
+-- description: a batch of RUNNING jobs past lease_until: QUEUED, or when attempt >= max_attempts DEAD, unless an external step has an intent and no checkpoint (an effect nothing proves, issue #17): then RECOVERY_REQUIRED naming that step (outstanding_step), never a dead letter.
+WITH expired AS (
+  SELECT e.job_id,
+         CASE WHEN jsonb_typeof(e.effect_intents) = 'object' THEN
+           (SELECT k FROM jsonb_object_keys(e.effect_intents) AS k
+             WHERE NOT EXISTS (SELECT 1
+                                 FROM jsonb_array_elements(CASE WHEN jsonb_typeof(e.checkpoints) = 'array'
+                                                                THEN e.checkpoints
+                                                                ELSE '[]'::jsonb END) AS c
+                                WHERE c->>'name' = k)
+             ORDER BY k LIMIT 1)
+         END AS unproven
+    FROM workflow_run AS e
+   WHERE e.status = 'RUNNING' AND e.lease_until < now()
+   ORDER BY e.lease_until
+   LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED
+)
 UPDATE workflow_run AS w
-   SET status = CASE WHEN w.attempt >= w.max_attempts THEN 'DEAD' ELSE 'QUEUED' END,
+   SET status = CASE WHEN w.attempt < w.max_attempts THEN 'QUEUED'
+                     WHEN x.unproven IS NOT NULL THEN 'RECOVERY_REQUIRED'
+                     ELSE 'DEAD' END,
        error = CASE
-                 WHEN w.attempt >= w.max_attempts THEN
+                 WHEN w.attempt < w.max_attempts THEN w.error
+                 WHEN x.unproven IS NOT NULL THEN
+                   'lease expired after attempt ' || w.attempt || ' of ' || w.max_attempts
+                   || ' (worker ' || coalesce(w.lease_owner, '(unknown)')
+                   || ' stopped heartbeating); no attempts left, and step ''' || x.unproven
+                   || ''' has effect ''external'', an intent and no checkpoint: reconcile-step'
+                   || ' must say whether it happened'
+                 ELSE
                    'lease expired after attempt ' || w.attempt || ' of ' || w.max_attempts
                    || ' (worker ' || coalesce(w.lease_owner, '(unknown)')
                    || ' stopped heartbeating); no attempts left, the job is dead'
                    || coalesce('; previous error: ' || w.error, '')
-                 ELSE w.error
                END,
-       completed_at = CASE WHEN w.attempt >= w.max_attempts THEN now() END,
+       outstanding_step = CASE WHEN w.attempt >= w.max_attempts AND x.unproven IS NOT NULL
+                               THEN x.unproven ELSE w.outstanding_step END,
+       completed_at = CASE WHEN w.attempt >= w.max_attempts AND x.unproven IS NULL
+                           THEN now() END,
        run_after = CASE WHEN w.attempt >= w.max_attempts THEN w.run_after ELSE now() END,
        lease_owner = NULL,
        lease_token = NULL,
        lease_until = NULL,
        updated_at = now(),
-       change_kind = 'sweep',
+       change_kind = CASE WHEN w.attempt >= w.max_attempts AND x.unproven IS NOT NULL
+                          THEN 'recovery-required' ELSE 'sweep' END,
        change_actor = 'sweeper',
+       change_step = CASE WHEN w.attempt >= w.max_attempts AND x.unproven IS NOT NULL
+                          THEN x.unproven END,
        change_reason = CASE
+                         WHEN w.attempt >= w.max_attempts AND x.unproven IS NOT NULL THEN
+                           'lease expired after attempt ' || w.attempt || ' of ' || w.max_attempts
+                           || ' with no attempts left; step ''' || x.unproven
+                           || ''' has an intent and no checkpoint'
                          WHEN w.attempt >= w.max_attempts THEN
                            'lease expired after attempt ' || w.attempt || ' of ' || w.max_attempts
                            || ' (worker ' || coalesce(w.lease_owner, '(unknown)')
@@ -634,15 +669,12 @@ UPDATE workflow_run AS w
                          ELSE 'lease of worker ' || coalesce(w.lease_owner, '(unknown)')
                               || ' expired'
                        END
- WHERE w.job_id = ANY (ARRAY(SELECT e.job_id
-                               FROM workflow_run AS e
-                              WHERE e.status = 'RUNNING' AND e.lease_until < now()
-                              ORDER BY e.lease_until
-                              LIMIT %(limit)s
-                              FOR UPDATE SKIP LOCKED))
+  FROM expired AS x
+ WHERE w.job_id = x.job_id
    AND w.status = 'RUNNING'
    AND w.lease_until < now()
-RETURNING w.job_id, w.workflow_name, w.status, w.attempt, w.error, now() AS tx_now
+RETURNING w.job_id, w.workflow_name, w.status, w.attempt, w.error, w.outstanding_step,
+          now() AS tx_now
 
 -- name: job_budget_expired
 -- description: a batch of live runs past their budget deadline (deadline_at, stamped at insert from budget.deadline) whose budget.onExceeded is not pause end FAILED with a reason naming the budget, lease and parked step cleared (a worker still holding one loses it at its next fenced write).

@@ -952,8 +952,18 @@ class JobStore:
             dead = [r for r in rows if r["status"] == "DEAD"]
             for row in dead:
                 self._outbox_txn(conn, row, EventType.TYPE_DEAD, error=row["error"] or "")
+            # no attempts left with an unproven external effect (issue #17): not a dead letter
+            recovery = [r for r in rows if r["status"] == "RECOVERY_REQUIRED"]
+            for row in recovery:
+                self._outbox_txn(
+                    conn,
+                    row,
+                    EventType.TYPE_RECOVERY_REQUIRED,
+                    step=row["outstanding_step"] or "",
+                    error=row["error"] or "",
+                )
             controlled = [r for r in rows if self._control_event_txn(conn, r, "")]
-            requeued = len(rows) - len(dead) - len(controlled)
+            requeued = len(rows) - len(dead) - len(recovery) - len(controlled)
             if requeued:
                 _execute(conn, "job_notify", {})
         for row in dead:

@@ -403,3 +403,32 @@ def test_a_broken_verify_probe_is_refused_at_submit(store, services, verbs, key,
     assert store.job_claim("w-x", 5.0) is None
     good = charge_workflow(services.target, effect="external", verify=True)
     assert verbs("submit-workflow", {"workflow": good, "input": {"text": "pay"}})["ok"] is True
+
+
+def test_a_crash_after_the_intent_on_the_last_attempt_is_recovery_required_not_dead(
+    store, fresh_dsn, services
+):
+    """The worker dies after the intent on the job's last attempt: the sweeper finds the
+    lease expired with no attempts left. An unproven external effect is not a dead letter:
+    the run waits as RECOVERY_REQUIRED naming the step (one event), and the step is never
+    called."""
+    wf = charge_workflow(services.target, effect="external", verify=False)
+    job = enqueue(store, wf, {"text": "pay"}, max_attempts=1)
+    a = WorkerProcess(fresh_dsn, worker_id="proc-a", crash_at="after_intent:charge", **_FAST)
+    try:
+        a.start(wait_ready=False)
+        assert a.wait_exit(60) == CRASH_EXIT_CODE
+    finally:
+        a.close()
+    b = WorkerProcess(fresh_dsn, worker_id="proc-b", **_FAST)
+    b.start()
+    try:
+        wait_for(lambda: store.job_get(job.job_id).status != "RUNNING", timeout_s=60)
+    finally:
+        b.close()
+    row = store.job_get(job.job_id)
+    assert (row.status, row.outstanding_step) == ("RECOVERY_REQUIRED", "charge"), row.error
+    assert row.lease_owner is None and "no attempts left" in row.error
+    assert services.calls("Run") == 0
+    assert event_types(store, job.job_id).count(("RECOVERY_REQUIRED", "charge")) == 1
+    assert ("DEAD", "") not in event_types(store, job.job_id)
