@@ -27,7 +27,10 @@ For a claimed row the executor:
                                                output <type>"``, n counts every step)
    Parked(step)                                ``job_park`` (no lease, no permit after)
    retryable, ``attempt < max_attempts``       ``job_retry`` after ``base * 2^(attempt-1)``
-   retryable, ``attempt >= max_attempts``      ``job_dead`` with the error verbatim
+   retryable, ``attempt >= max_attempts``      ``job_dead`` with the error verbatim, or
+                                               ``job_recovery_required`` when the failing
+                                               step is external with an intent and no
+                                               checkpoint (its effect is unproven)
    VALIDATION (a verdict), GATE, MAPPING,      ``job_fail`` with ``"<KIND>: <message>"``
    WORKFLOW, EXTERNAL, other gRPC codes        and the failing step
    =========================================== ==========================================
@@ -651,6 +654,27 @@ class SegmentExecutor:
         self, job: Any, guard: LeaseGuard, detail: str, ctx: dict[str, Any], step: str = ""
     ) -> Settlement:
         if job.attempt >= job.max_attempts:
+            unproven = self._unproven_effect(job, step)
+            if unproven:
+                # an external step's call failed after its intent (a deadline, an unreachable
+                # server mid-call): it may have acted; with no attempt left to ask its probe,
+                # an operator must say (issue #17), never a dead letter
+                reason = (
+                    f"step '{step}' has effect 'external', an intent and no checkpoint, and its "
+                    f"call failed on the last attempt ({detail}): reconcile-step must say "
+                    "whether it happened"
+                )
+                return self._write(
+                    guard,
+                    ctx,
+                    Settlement.RECOVERY_REQUIRED,
+                    "job_recovery_required",
+                    "job needs recovery: a step's state cannot be proven",
+                    lambda: self._store.job_recovery_required(guard.lease, step, reason),
+                    step=step,
+                    error=reason,
+                    level=logging.WARNING,
+                )
             return self._write(
                 guard,
                 ctx,
@@ -673,6 +697,22 @@ class SegmentExecutor:
             error=detail,
             backoff_s=delay_s,
         )
+
+    def _unproven_effect(self, job: Any, step: str) -> bool:
+        """True when ``step`` has an intent in the row and no checkpoint (read once, on the
+        exhausted path only: a retry reads nothing more)."""
+        if not step:
+            return False
+        try:
+            row = self._store.job_get(job.job_id)
+        except Exception:  # cannot tell: the settlement below still applies
+            log.warning("could not read the row's intents", exc_info=True)
+            return False
+        intents = getattr(row, "effect_intents", None) or {}
+        if step not in intents:
+            return False
+        done = row.checkpoints if isinstance(row.checkpoints, list) else []
+        return not any(isinstance(c, dict) and c.get("name") == step for c in done)
 
     def _settle_budget(
         self,

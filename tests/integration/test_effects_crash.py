@@ -432,3 +432,30 @@ def test_a_crash_after_the_intent_on_the_last_attempt_is_recovery_required_not_d
     assert services.calls("Run") == 0
     assert event_types(store, job.job_id).count(("RECOVERY_REQUIRED", "charge")) == 1
     assert ("DEAD", "") not in event_types(store, job.job_id)
+
+
+def test_an_external_call_that_may_have_happened_on_the_last_attempt_is_not_dead(
+    store, fresh_dsn, services
+):
+    """The external step's call runs past its deadline (the server may have acted) on the
+    job's last attempt: the effect is unproven, so the run waits as RECOVERY_REQUIRED naming
+    the step, not DEAD."""
+    services.set_delay("Run", 1.5)
+    wf = charge_workflow(services.target, effect="external", verify=False)
+    wf["steps"][1]["deadlineMs"] = 300
+    job = enqueue(store, wf, {"text": "pay"}, max_attempts=1)
+    b = WorkerProcess(fresh_dsn, worker_id="proc-b", **_FAST)
+    b.start()
+    try:
+        wait_for(
+            lambda: store.job_get(job.job_id).status not in ("QUEUED", "RUNNING"), timeout_s=60
+        )
+    finally:
+        b.close()
+    row = store.job_get(job.job_id)
+    assert (row.status, row.outstanding_step) == ("RECOVERY_REQUIRED", "charge"), row.error
+    assert "call failed on the last attempt" in row.error and "DEADLINE" in row.error
+    assert row.lease_owner is None
+    assert services.calls("Run") == 1
+    assert event_types(store, job.job_id).count(("RECOVERY_REQUIRED", "charge")) == 1
+    assert "DEAD" not in [kind for kind, _ in event_types(store, job.job_id)]
