@@ -700,8 +700,16 @@ class SegmentExecutor:
 
     def _unproven_effect(self, job: Any, step: str) -> bool:
         """True when ``step`` has an intent in the row and no checkpoint (read once, on the
-        exhausted path only: a retry reads nothing more)."""
-        if not step:
+        exhausted path only, and only when the job's definition declares ``step`` external:
+        a workflow without effects settles with no statement more)."""
+        definition = getattr(job, "workflow_definition", None)
+        steps = definition.get("steps") if isinstance(definition, dict) else None
+        if not step or not isinstance(steps, list):
+            return False
+        if not any(
+            isinstance(s, dict) and s.get("name") == step and s.get("effect") == "external"
+            for s in steps
+        ):
             return False
         try:
             row = self._store.job_get(job.job_id)
