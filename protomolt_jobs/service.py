@@ -31,6 +31,7 @@ Jitter and backoff live here only: :func:`jittered` and :class:`Backoff`.
 
 from __future__ import annotations
 
+import abc
 import enum
 import logging
 import random
@@ -160,7 +161,7 @@ class InjectedFailure(RuntimeError):
     """Raised by :meth:`Service._checkpoint` after :meth:`Service.inject_failure` (tests)."""
 
 
-class Service:
+class Service(abc.ABC):
     """A named background duty in one daemon thread (see the module docstring).
 
     Subclasses set ``name`` and implement :meth:`_run`; optionally :meth:`_wake` (interrupt
@@ -328,10 +329,10 @@ class Service:
 
     # -- for subclasses ----------------------------------------------------------------------
 
+    @abc.abstractmethod
     def _run(self, stop: threading.Event) -> None:
         """The loop body: return once ``stop`` is set; raise on a defect (supervision
         restarts it). Call :meth:`_checkpoint` once per iteration."""
-        raise NotImplementedError
 
     def _wake(self) -> None:
         """Interrupt the loop's own waits (stop or an injected failure). Default: nothing
@@ -442,9 +443,9 @@ class PeriodicService(Service):
         self.interval_s = float(interval_s)
         self._retry = Backoff(self.retry_first_s, self.retry_cap_s)
 
+    @abc.abstractmethod
     def run_once(self) -> Any:
         """One pass; returns what the duty counts."""
-        raise NotImplementedError
 
     def _wait_before_first_pass(self) -> bool:
         """Whether the loop waits one interval before its first pass (the sweeper does)."""
