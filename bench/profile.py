@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="cProfile on thread CPU time (time.thread_time) instead of pyinstrument's wall",
     )
+    p.add_argument("--dump", help="with --cpu: also write the pstats file here (pstats.Stats)")
     args = p.parse_args(argv)
 
     from bench import ours
@@ -71,6 +72,8 @@ def main(argv: list[str] | None = None) -> None:
             engine.channels.close()
     if args.cpu:
         stats = pstats.Stats(profiler)
+        if args.dump:
+            stats.dump_stats(args.dump)
         stats.sort_stats("cumulative").print_stats(45)
         stats.sort_stats("tottime").print_stats(25)
     else:

@@ -19,12 +19,26 @@ _NAME = re.compile(r"^--\s*name:\s*([a-z][a-z0-9_]*)\s*$")
 _DESCRIPTION = re.compile(r"^--\s*description:\s*(.+?)\s*$")
 
 
+def _compact(sql: str) -> str:
+    """The SQL the server gets: whole-line ``--`` comments, blank lines and indentation dropped.
+
+    A query's text is its cache key twice over: psycopg caches the parsed form and prepares a
+    server-side statement only for texts of at most 4096 characters
+    (``psycopg._queries.MAX_CACHED_STATEMENT_LENGTH``); a longer one is re-split in Python and
+    re-parsed and re-planned by the server on every call. Comments at a line's end stay (they
+    may follow a string literal), so a block's line comments go on lines of their own.
+    """
+    lines = (line.strip() for line in sql.splitlines())
+    return "\n".join(line for line in lines if line and not line.startswith("--"))
+
+
 def parse_queries(text: str) -> tuple[dict[str, LiteralString], dict[str, str]]:
     """Split the text of a named-query file into its blocks.
 
     :param text: the file's contents.
     :returns: ``(queries, descriptions)``, both keyed by query name; each query is the block's
-        SQL without its header lines and without a trailing semicolon.
+        SQL without its header lines, whole-line comments, blank lines, indentation and
+        trailing semicolon (:func:`_compact`).
     :raises ValueError: on a duplicate name, a block without a description line, text before
         the first ``-- name:`` line, or an empty block; the message names the query.
     """
@@ -36,7 +50,7 @@ def parse_queries(text: str) -> tuple[dict[str, LiteralString], dict[str, str]]:
     def flush() -> None:
         if name is None:
             return
-        sql = "\n".join(body).strip().rstrip(";").strip()
+        sql = _compact("\n".join(body)).rstrip(";").strip()
         if not sql:
             raise ValueError(f"query {name!r} in queries.sql has no SQL")
         if name not in descriptions:
@@ -72,7 +86,7 @@ def _load() -> tuple[dict[str, LiteralString], dict[str, str]]:
 
 _queries, _descriptions = _load()
 
-#: Query name -> SQL text, as written in ``queries.sql``.
+#: Query name -> SQL text as sent: ``queries.sql``'s block, compacted (:func:`_compact`).
 QUERIES: MappingProxyType[str, LiteralString] = MappingProxyType(_queries)
 #: Query name -> its one-line description.
 DESCRIPTIONS: MappingProxyType[str, str] = MappingProxyType(_descriptions)

@@ -5,6 +5,9 @@ Real PostgreSQL."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import psycopg
 import pytest
 
@@ -186,3 +189,33 @@ def test_the_sweeper_settles_a_dead_workers_pending_cancel(store, fresh_dsn):
     assert event_types(store, job.job_id)[-1] == ("CANCELLED", "")
     last = store.job_history(job.job_id).transitions[-1]
     assert (last.kind, last.actor, last.prev_status) == ("cancel", "alice", "RUNNING")
+
+
+def test_the_hash_is_inlinable_and_still_the_documented_chain(store, fresh_dsn):
+    # Migration 0011: declared STABLE (its body's volatility) so the trigger inlines it instead
+    # of re-planning it through the SQL-function executor on every change. What it computes is
+    # unchanged: sha256(previous hash || the canonical JSON array of the fields), recomputed
+    # here in Python from the stored rows.
+    job = claimed_job(store)
+    store.job_checkpoint(job.lease, {"name": "first", "skipped": False, "response": {}})
+    with psycopg.connect(fresh_dsn, autocommit=True) as conn:
+        volatility = conn.execute(
+            "SELECT provolatile FROM pg_proc WHERE proname = 'workflow_run_transition_hash'"
+        ).fetchone()[0]
+        rows = conn.execute(
+            "SELECT job_id::text, seq, prev_status, new_status, kind, actor, reason, attempt,"
+            " step, (extract(epoch FROM at) * 1000000)::bigint, hash"
+            " FROM workflow_run_transition WHERE job_id = %s ORDER BY seq",
+            (job.job_id,),
+        ).fetchall()
+        head = conn.execute(
+            "SELECT history_head FROM workflow_run WHERE job_id = %s", (job.job_id,)
+        ).fetchone()[0]
+    assert volatility == "s"
+    assert [r[4] for r in rows] == ["submit", "claim", "checkpoint"]
+    prev = b""
+    for *fields, stored in rows:
+        canonical = json.dumps(fields, ensure_ascii=False).encode()
+        prev = hashlib.sha256(prev + canonical).digest()
+        assert bytes(stored) == prev
+    assert bytes(head) == prev

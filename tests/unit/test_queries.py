@@ -1,0 +1,47 @@
+"""The named queries as sent to the server: compact enough for psycopg to cache and prepare."""
+
+from __future__ import annotations
+
+import re
+
+from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH, MAX_CACHED_STATEMENT_PARAMS
+
+from protomolt_jobs.store.queries import QUERIES, parse_queries
+
+
+def test_every_query_is_short_enough_for_psycopg_to_cache_and_prepare():
+    # A longer text is re-split in Python and re-parsed and re-planned by the server on every
+    # call (job_insert was 4184 characters with its comments: about a third of a submit's CPU).
+    long = {
+        name: len(sql) for name, sql in QUERIES.items() if len(sql) > MAX_CACHED_STATEMENT_LENGTH
+    }
+    assert long == {}
+    many = {
+        name: n
+        for name, sql in QUERIES.items()
+        if (n := len(set(re.findall(r"%\((\w+)\)s", sql)))) > MAX_CACHED_STATEMENT_PARAMS
+    }
+    assert many == {}
+
+
+def test_comment_lines_blank_lines_and_indentation_are_not_sent():
+    text = """
+-- name: job_thing
+-- description: a thing
+-- a comment about the statement
+SELECT a,   -- keeps this one: it may follow a literal
+       '-- not a comment' AS b
+
+    -- another comment
+FROM t;
+"""
+    queries, descriptions = parse_queries(text)
+    assert descriptions == {"job_thing": "a thing"}
+    assert queries["job_thing"] == (
+        "SELECT a,   -- keeps this one: it may follow a literal\n'-- not a comment' AS b\nFROM t"
+    )
+
+
+def test_no_query_holds_a_whole_line_comment():
+    for name, sql in QUERIES.items():
+        assert not any(line.startswith("--") for line in sql.splitlines()), name
