@@ -80,6 +80,10 @@ class JobsConfig:
     relay_poll_interval_ms: int = 500
     #: Outbox rows the relay drains per pass.
     relay_batch_size: int = 500
+    #: After a pass that drained fewer rows than a batch, the relay waits this long before the
+    #: next one, so busy nodes publish in batches (a pass costs two transactions and a broker
+    #: round trip, whatever its size) instead of one pass per event. Seconds; 0: no wait.
+    relay_linger_seconds: float = 0.025
     #: Partitions and replication of topics the role creates at start.
     topic_partitions: int = 4
     topic_replication: int = 1
@@ -209,6 +213,7 @@ _SECONDS_LIMITS: dict[str, tuple[float | None, float]] = {
     "outbox_retention_seconds": (0.0, 3_650 * 86_400.0),
     "run_retention_seconds": (0.0, 3_650 * 86_400.0),
     "prune_interval_seconds": (None, 86_400.0),
+    "relay_linger_seconds": (0.0, 60.0),
 }
 _INT_KEYS = set(_INT_LIMITS)
 _FLOAT_KEYS = set(_SECONDS_LIMITS)

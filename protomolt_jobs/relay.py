@@ -148,7 +148,8 @@ class Relay(Service):
     :param store: the job store (``outbox_claim``, ``outbox_mark_published``,
         ``outbox_mark_failed``).
     :param config: the jobs configuration; ``kafka_bootstrap`` must be set. Uses
-        ``events_topic``, ``relay_batch_size`` and ``relay_poll_interval_ms``.
+        ``events_topic``, ``relay_batch_size``, ``relay_poll_interval_ms`` and
+        ``relay_linger_seconds``.
     :param producer_config: librdkafka settings merged over the defaults (e.g. a shorter
         ``message.timeout.ms`` in tests). ``enable.idempotence``, ``acks`` and
         ``partitioner`` cannot be overridden: ordering and interop depend on them.
@@ -214,6 +215,7 @@ class Relay(Service):
             "bootstrap": self._config.kafka_bootstrap,
             "batch": self._config.relay_batch_size,
             "idle_poll_ms": self._config.relay_poll_interval_ms,
+            "linger_s": self._config.relay_linger_seconds,
         }
 
     def _on_stopped(self) -> None:
@@ -438,6 +440,8 @@ class Relay(Service):
 
     def _run(self, stop: threading.Event) -> None:
         idle_s = self._config.relay_poll_interval_ms / 1000.0
+        linger_s = self._config.relay_linger_seconds
+        batch = self._config.relay_batch_size
         while not stop.is_set():
             self._checkpoint()
             try:
@@ -456,5 +460,10 @@ class Relay(Service):
                 continue
             self._retry.reset()
             self._progressed()
-            if published == 0 and self._sleep(idle_s):
+            if published == 0:
+                if self._sleep(idle_s):
+                    return
+            elif published < batch and linger_s > 0 and self._sleep(linger_s):
+                # A part batch: let events gather before the next pass (a full one goes on
+                # at once, the outbox is behind).
                 return

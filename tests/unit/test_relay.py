@@ -270,3 +270,49 @@ def test_an_unreachable_schema_registry_is_the_lanes_fault():
     # Nothing published, nothing recorded against the events: they are claimed again later.
     assert producer.sent == [] and store.published == [] and store.failed == []
     assert relay.lane_trouble
+
+
+def test_the_loop_lingers_after_a_part_batch_goes_on_after_a_full_one_and_idles_on_none():
+    # 3 + 3 + 2 rows with batches of 3: full, full, part, then empty passes.
+    store, producer = FakeStore([_row(i) for i in range(8)]), FakeProducer()
+    relay = _relay(
+        store, producer, relay_batch_size=3, relay_linger_seconds=0.04, relay_poll_interval_ms=700
+    )
+    waits: list[float] = []
+
+    def sleep(seconds):
+        waits.append(seconds)
+        if len(waits) == 3:
+            relay._stop.set()
+        return relay._stop.is_set()
+
+    relay._sleep = sleep
+    relay._run(relay._stop)
+    assert len(store.published) == 8
+    # no wait after the two full passes; the linger after the part batch; then idle polls
+    assert waits == [0.04, 0.7, 0.7]
+    assert len(store.claims) == 5
+
+
+def test_a_zero_linger_goes_straight_on_after_a_part_batch():
+    store, producer = FakeStore([_row(i) for i in range(2)]), FakeProducer()
+    relay = _relay(store, producer, relay_batch_size=3, relay_linger_seconds=0.0)
+    waits: list[float] = []
+
+    def sleep(seconds):
+        waits.append(seconds)
+        relay._stop.set()
+        return True
+
+    relay._sleep = sleep
+    relay._run(relay._stop)
+    assert len(store.published) == 2
+    assert waits == [0.5]  # the part pass did not wait; the empty pass after it idled
+    assert len(store.claims) == 2
+
+
+def test_the_linger_is_bounded_like_every_seconds_key():
+    with pytest.raises(ConfigError, match="relay_linger_seconds"):
+        JobsConfig.from_mapping({"relay_linger_seconds": -1})
+    assert JobsConfig.from_mapping({"relay_linger_seconds": 0}).relay_linger_seconds == 0.0
+    assert JobsConfig().relay_linger_seconds == 0.025
