@@ -29,6 +29,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="cProfile on thread CPU time (time.thread_time) instead of pyinstrument's wall",
     )
+    p.add_argument(
+        "--plain",
+        action="store_true",
+        help="no profiler: only the main thread's CPU per job (time.thread_time), for A/B runs",
+    )
     p.add_argument("--dump", help="with --cpu: also write the pstats file here (pstats.Stats)")
     args = p.parse_args(argv)
 
@@ -45,7 +50,9 @@ def main(argv: list[str] | None = None) -> None:
         engine.submit(definition, inputs[0])  # warm: parse, verify, channel
         engine.worker.run_once()
         try:
-            if args.cpu:
+            if args.plain:
+                profiler = None
+            elif args.cpu:
                 profiler = cProfile.Profile(time.thread_time)
                 profiler.enable()
             else:
@@ -62,7 +69,9 @@ def main(argv: list[str] | None = None) -> None:
                 done += 1
             total_s = time.perf_counter() - t0
             total_cpu = time.thread_time() - c0
-            if args.cpu:
+            if args.plain:
+                pass
+            elif args.cpu:
                 profiler.disable()
             else:
                 profiler.stop()
@@ -70,7 +79,9 @@ def main(argv: list[str] | None = None) -> None:
             engine.worker.stop(5.0)
             engine.store.close()
             engine.channels.close()
-    if args.cpu:
+    if args.plain:
+        pass
+    elif args.cpu:
         stats = pstats.Stats(profiler)
         if args.dump:
             stats.dump_stats(args.dump)
@@ -80,9 +91,10 @@ def main(argv: list[str] | None = None) -> None:
         print(profiler.output_text(unicode=True, color=False, show_all=False))
     print(
         f"main-thread CPU: submit {1000 * submit_cpu / args.n:.2f} ms/job, execute "
-        f"{1000 * (total_cpu - submit_cpu) / max(1, done):.2f} ms/job (under the profiler)"
+        f"{1000 * (total_cpu - submit_cpu) / max(1, done):.2f} ms/job"
+        + ("" if args.plain else " (under the profiler)")
     )
-    if args.html and not args.cpu:
+    if args.html and not args.cpu and not args.plain:
         with open(args.html, "w") as fh:
             fh.write(profiler.output_html())
     print(
