@@ -26,7 +26,7 @@ base where callers catch that)::
     +-- MappingError (ValueError)        workflow/mapping.py
     +-- CelCompileError (ValueError)     workflow/celenv.py
     +-- CelError (ValueError)            workflow/cel.py
-    +-- _Unrepresentable                 workflow/celenv.py: the fast CEL path cannot answer
+    +-- Unrepresentable                  workflow/celenv.py: the fast CEL path cannot answer
     +-- RuleError (ValueError)           workflow/validation.py
     +-- host/: UsageError, ActionFailed, NodeUnreachable (cli.py), DocumentRefused (parse.py),
         BodyFieldError (http_route.py), CorruptWorkflow (registry.py),

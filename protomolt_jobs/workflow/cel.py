@@ -34,6 +34,7 @@ from protomolt_jobs.workflow import celenv
 
 __all__ = [
     "CelError",
+    "bind_message",
     "compile_expression",
     "evaluate",
     "from_cel",
@@ -287,6 +288,162 @@ def message_to_cel(msg: Message) -> Any:
         else:
             out[name] = _scalar(fd, value)
     return celtypes.MapType(out)
+
+
+# -- messages -> cel-cpp's plain values, deferred ---------------------------------------------
+#
+# The plain form of message_to_cel(msg) (what celenv._plain makes of it), built straight from
+# the message by a per-type plan: a ~1 KB message costs about as much to convert to CEL values
+# as a whole step's expressions cost to evaluate, and cel-cpp needs only the plain form.
+
+_K_INT, _K_BOOL, _K_STR, _K_BYTES, _K_MSG, _K_OTHER = range(6)
+_M_ALWAYS, _M_PRESENCE, _M_REPEATED, _M_MAP = range(4)
+#: Well-known types message_to_cel converts specially, not field by field.
+_SPECIAL = {
+    "google.protobuf.Struct",
+    "google.protobuf.Value",
+    "google.protobuf.ListValue",
+    "google.protobuf.Timestamp",
+    "google.protobuf.Duration",
+    *_WRAPPERS,
+}
+#: Types whose CEL conversion can fail on a value (a Timestamp or Duration out of range).
+_FALLIBLE = {"google.protobuf.Timestamp", "google.protobuf.Duration"}
+
+
+def _kind(fd: _d.FieldDescriptor) -> int:
+    t = fd.type
+    if t in _INT_TYPES:
+        return _K_INT
+    if t == _FD.TYPE_BOOL:
+        return _K_BOOL
+    if t == _FD.TYPE_STRING:
+        return _K_STR
+    if t == _FD.TYPE_BYTES:
+        return _K_BYTES
+    if t in (_FD.TYPE_MESSAGE, _FD.TYPE_GROUP):
+        return _K_MSG
+    return _K_OTHER  # uint, double, float: cel-cpp would read them differently
+
+
+class _PlainPlan:
+    """How to read one message type into plain values; ``deferrable``: its CEL conversion
+    cannot fail (no Timestamp or Duration is reachable), so it may run late."""
+
+    __slots__ = ("deferrable", "descriptor", "fields", "special")
+
+    def __init__(self, descriptor: _d.Descriptor) -> None:
+        self.descriptor = descriptor
+        self.special = descriptor.full_name in _SPECIAL
+        #: (name, mode, kind): kind is (key kind, value kind) for a map
+        fields: list[tuple[str, int, Any]] = []
+        for fd in descriptor.fields:
+            if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+                entry = fd.message_type
+                kind = (_kind(entry.fields_by_name["key"]), _kind(entry.fields_by_name["value"]))
+                fields.append((fd.name, _M_MAP, kind))
+            elif fd.is_repeated:
+                fields.append((fd.name, _M_REPEATED, _kind(fd)))
+            elif fd.has_presence:
+                fields.append((fd.name, _M_PRESENCE, _kind(fd)))
+            else:
+                fields.append((fd.name, _M_ALWAYS, _kind(fd)))
+        self.fields = tuple(fields)
+        self.deferrable = not _reaches(descriptor, _FALLIBLE)
+
+
+def _reaches(descriptor: _d.Descriptor, names: set[str]) -> bool:
+    """Whether a message of ``descriptor`` can hold a message of one of ``names``."""
+    seen: set[str] = set()
+    stack = [descriptor]
+    while stack:
+        d = stack.pop()
+        if d.full_name in names:
+            return True
+        if d.full_name in seen:
+            continue
+        seen.add(d.full_name)
+        stack.extend(fd.message_type for fd in d.fields if fd.message_type is not None)
+    return False
+
+
+_plain_plans: dict[int, _PlainPlan] = {}
+_plain_plans_lock = threading.Lock()
+
+
+def _plain_plan(descriptor: _d.Descriptor) -> _PlainPlan:
+    plan = _plain_plans.get(id(descriptor))
+    # The plan holds its descriptor, so an id in the map is not recycled while it is there;
+    # the identity check is for the map being cleared and refilled between get and use.
+    if plan is not None and plan.descriptor is descriptor:
+        return plan
+    plan = _PlainPlan(descriptor)
+    with _plain_plans_lock:
+        if len(_plain_plans) > celenv.PROGRAM_CACHE_SIZE:
+            _plain_plans.clear()
+        _plain_plans[id(descriptor)] = plan
+    return plan
+
+
+def _plain_scalar(kind: int, value: Any) -> Any:
+    if kind == _K_STR:
+        if "\x00" in value:
+            raise celenv.Unrepresentable("string with NUL")  # cel-cpp reads C strings
+        return value
+    if kind == _K_INT or kind == _K_BOOL:
+        return value
+    if kind == _K_MSG:
+        return message_to_plain(value)
+    if kind == _K_BYTES:
+        if b"\x00" in value:
+            raise celenv.Unrepresentable("bytes with NUL")
+        return value
+    raise celenv.Unrepresentable("uint or double")
+
+
+def message_to_plain(msg: Message) -> dict[str, Any]:
+    """``message_to_cel(msg)`` as the plain values cel-cpp reads, without CEL values.
+
+    :raises celenv.Unrepresentable: the message holds a value cel-cpp could read differently
+        (a uint, a double, a NUL in a string, a well-known type): cel-python answers.
+    """
+    plan = _plain_plan(msg.DESCRIPTOR)
+    if plan.special:
+        full = plan.descriptor.full_name
+        if full in _WRAPPERS:
+            return _plain_scalar(_kind(plan.descriptor.fields_by_name["value"]), msg.value)
+        if full == "google.protobuf.Struct":
+            return celenv.json_plain(_struct_json(msg))
+        if full == "google.protobuf.Value":
+            return celenv.json_plain(_value_json(msg))
+        if full == "google.protobuf.ListValue":
+            return celenv.json_plain([_value_json(v) for v in msg.values])
+        raise celenv.Unrepresentable(full)  # a timestamp or duration
+    out: dict[str, Any] = {}
+    for name, mode, kind in plan.fields:
+        value = getattr(msg, name)
+        if mode == _M_ALWAYS:
+            out[name] = _plain_scalar(kind, value)
+        elif mode == _M_REPEATED:
+            out[name] = [_plain_scalar(kind, v) for v in value]
+        elif mode == _M_PRESENCE:
+            if msg.HasField(name):
+                out[name] = _plain_scalar(kind, value)
+        else:
+            kk, vk = kind
+            out[name] = {_plain_scalar(kk, k): _plain_scalar(vk, v) for k, v in value.items()}
+    return out
+
+
+def bind_message(msg: Message) -> Any:
+    """``msg`` as an activation value: a :class:`celenv.Deferred` (converted only if an
+    expression reads it, and only as the tier that answers needs it), or, for a type whose CEL
+    conversion can fail (it reaches a Timestamp or Duration), ``message_to_cel(msg)`` now, so
+    a failure surfaces where it always did.
+    """
+    if _plain_plan(msg.DESCRIPTOR).deferrable:
+        return celenv.Deferred(msg, message_to_cel, message_to_plain)
+    return message_to_cel(msg)
 
 
 def _value_json(v: Message) -> Any:

@@ -33,6 +33,12 @@ Two things of ``CompiledRunner`` itself are not usable as they are:
   cel-python's interpreter, which gives the verdict and the error text exactly as before.
   Failing evaluations are rare on the hot path (a gate or rule that errors fails the step);
   every successful one is compiled.
+
+**Deferred values.** An activation may bind a name to a :class:`Deferred` instead of a CEL
+value: its source (a message, a JSON document) is turned into cel-cpp's plain values, or into
+cel-python's CEL values, only when an expression reads the name and only in the form the tier
+that answers needs, once per Deferred. A workflow step binds every earlier message and
+``target``, and a ~1 KB message costs more to convert than the expression costs to evaluate.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -141,7 +148,7 @@ class Program:
             self._base = None
 
     def evaluate(self, activation: dict[str, Any]) -> Any:
-        """Evaluate over ``activation`` (names -> CEL values).
+        """Evaluate over ``activation`` (names -> CEL values or :class:`Deferred` values).
 
         :returns: the CEL value.
         :raises CELEvalError: as cel-python's interpreter does (it may also return one).
@@ -150,6 +157,7 @@ class Program:
             value = self._evaluate_fast(activation)
             if value is not _NO_ANSWER:
                 return value
+        activation = {n: v.cel() if type(v) is Deferred else v for n, v in activation.items()}
         if self._code is not None:
             g = _globals()
             act = self._base.clone()
@@ -185,8 +193,11 @@ class Program:
             return _NO_ANSWER
         expr, used = entry
         try:
-            data = {n: _plain(activation[n]) for n in used}
-        except _Unrepresentable:
+            data = {}
+            for n in used:
+                v = activation[n]
+                data[n] = v.plain() if type(v) is Deferred else _plain(v)
+        except Unrepresentable:
             return _NO_ANSWER
         return _from_cx(expr.eval(data=data))
 
@@ -226,8 +237,66 @@ _NO_ANSWER = object()
 _cx_envs: dict[tuple[tuple[str, ...], bool], Any] = {}
 
 
-class _Unrepresentable(ProtomoltJobsError):
-    """An activation value cel-cpp would read differently from cel-python (uint, time)."""
+class Unrepresentable(ProtomoltJobsError):
+    """An activation value cel-cpp would read differently from cel-python (uint, time): raised
+    by the plain conversions (a :class:`Deferred`'s ``to_plain`` too); cel-python answers."""
+
+
+_UNSET = object()
+
+
+class Deferred:
+    """An activation value converted on first use (see the module doc).
+
+    ``to_cel(source)`` must give the CEL value cel-python evaluates over; ``to_plain(source)``
+    the plain value cel-cpp reads the same way (``to_plain(s) == plain of to_cel(s)``), or
+    raise :class:`Unrepresentable`. Each runs at most once. ``to_cel`` runs only when
+    cel-python answers, so it must not fail where an eager conversion would have reported an
+    error earlier (callers defer only sources whose conversion cannot fail).
+
+    :param source: what is converted (a message, a JSON document).
+    """
+
+    __slots__ = ("_cel", "_plain", "_to_cel", "_to_plain", "source")
+
+    def __init__(
+        self, source: Any, to_cel: Callable[[Any], Any], to_plain: Callable[[Any], Any]
+    ) -> None:
+        self.source = source
+        self._to_cel = to_cel
+        self._to_plain = to_plain
+        self._cel: Any = _UNSET
+        self._plain: Any = _UNSET
+
+    def cel(self) -> Any:
+        """The CEL value (converted once)."""
+        value = self._cel
+        if value is _UNSET:
+            value = self._cel = self._to_cel(self.source)
+        return value
+
+    def plain(self) -> Any:
+        """The plain value for cel-cpp (converted once).
+
+        :raises Unrepresentable: cel-cpp could read it differently (every call).
+        """
+        value = self._plain
+        if value is _UNSET:
+            try:
+                value = self._to_plain(self.source)
+            except Unrepresentable:
+                self._plain = _NO_ANSWER
+                raise
+            self._plain = value
+        elif value is _NO_ANSWER:
+            raise Unrepresentable("not representable for cel-cpp")
+        return value
+
+
+def deferred_json(value: Any) -> Deferred:
+    """A JSON-shaped value (as :func:`to_cel` takes) bound lazily: :func:`to_cel` for
+    cel-python, :func:`json_plain` for cel-cpp."""
+    return Deferred(value, to_cel, json_plain)
 
 
 #: Texts cel-cpp could answer differently from cel-python 0.5: double or uint literals and
@@ -272,7 +341,7 @@ def _plain(value: Any) -> Any:
     if kind is celtypes.StringType or kind is str:
         if "\x00" in value:
             # cel-expr-python reads strings as C strings: "a\x00b" would be "a" there.
-            raise _Unrepresentable("string with NUL")
+            raise Unrepresentable("string with NUL")
         return str(value)
     if kind is celtypes.BoolType or kind is bool:
         return bool(value)
@@ -284,12 +353,42 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     if kind is celtypes.BytesType or kind is bytes:
         if b"\x00" in value:
-            raise _Unrepresentable("bytes with NUL")  # C strings there too, as above
+            raise Unrepresentable("bytes with NUL")  # C strings there too, as above
         return bytes(value)
     # Doubles (cel-cpp compares an int with a double where cel-python 0.5 fails: CEL's
     # heterogeneous numbers), uints (cel-cpp would read an int64), timestamps, durations,
     # types: cel-python answers.
-    raise _Unrepresentable(kind.__name__)
+    raise Unrepresentable(kind.__name__)
+
+
+def json_plain(value: Any) -> Any:
+    """The plain value of ``to_cel(value)`` for cel-cpp, built without CEL values (the same as
+    ``_plain(to_cel(value))``).
+
+    :raises Unrepresentable: a double, a NUL in a string or bytes, an int outside int64, or a
+        value :func:`to_cel` does not take (cel-python then converts and answers).
+    """
+    if isinstance(value, bytes | bytearray):
+        if b"\x00" in value:
+            raise Unrepresentable("bytes with NUL")
+        return bytes(value)
+    if isinstance(value, dict):
+        return {json_plain(k): json_plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_plain(v) for v in value]
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, float):
+        raise Unrepresentable("double")
+    if isinstance(value, int):
+        if not -(2**63) <= value < 2**63:
+            raise Unrepresentable("int out of range")  # to_cel raises; cel-python reports it
+        return int(value)
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise Unrepresentable("string with NUL")
+        return str(value)
+    raise Unrepresentable(type(value).__name__)
 
 
 def _from_cx(result: Any) -> Any:

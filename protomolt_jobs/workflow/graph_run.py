@@ -101,7 +101,8 @@ def _fail(kind: FailureKind, step: str, message: str, **kw: Any) -> WorkflowExec
 
 
 class _Values:
-    """A read-only scope for one step: name -> message, and CEL values built on demand."""
+    """A read-only scope for one step: name -> message, and activation values built on demand
+    (``cel.bind_message``)."""
 
     def __init__(self, values: dict[str, Message]) -> None:
         self.values = values
@@ -111,7 +112,7 @@ class _Values:
         if self._cel is None:
             from protomolt_jobs.workflow import cel as _cel
 
-            self._cel = {k: _cel.message_to_cel(v) for k, v in self.values.items()}
+            self._cel = {k: _cel.bind_message(v) for k, v in self.values.items()}
         return self._cel
 
 

@@ -733,12 +733,12 @@ def apply_text_rules(msg: Message, rules: Sequence[TextRule], scope: Mapping[str
 def apply_cel_rules(msg: Message, rules: Sequence[CelRule], scope_cel: Mapping[str, Any]) -> None:
     """Apply CEL rules in order; ``target`` is rebound to ``msg``'s current state per rule.
 
-    :param scope_cel: scope names -> CEL values (``cel.message_to_cel`` of each message).
+    :param scope_cel: scope names -> activation values (``cel.bind_message`` of each message).
     :raises MappingError: a failing filter, selector, conversion or fallback rule.
     """
     for rule in rules:
         activation = dict(scope_cel)
-        activation["target"] = _cel.message_to_cel(msg)
+        activation["target"] = _cel.bind_message(msg)
         try:
             if rule.filter.strip() and not _cel.evaluate_bool(rule.filter, activation):
                 continue

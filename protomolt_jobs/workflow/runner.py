@@ -101,7 +101,8 @@ def checkpoint_entry(
 
 
 class _Scope:
-    """Names bound so far (``input`` and each step) and their CEL values, built lazily."""
+    """Names bound so far (``input`` and each step) and their activation values, built lazily
+    (``cel.bind_message``: deferred, or CEL values when conversion can fail)."""
 
     def __init__(self, input_msg: Message) -> None:
         self.values: dict[str, Message] = {"input": input_msg}
@@ -114,7 +115,7 @@ class _Scope:
     def cel(self) -> dict[str, Any]:
         for name, value in self.values.items():
             if name not in self._cel:
-                self._cel[name] = _cel.message_to_cel(value)
+                self._cel[name] = _cel.bind_message(value)
         return self._cel
 
 
@@ -182,7 +183,7 @@ def _gate(step: Step, scope: _Scope) -> bool:
     assert step.input_type is not None
     try:
         activation = dict(scope.cel())
-        activation["target"] = _cel.message_to_cel(message_class(step.input_type)())
+        activation["target"] = _cel.bind_message(message_class(step.input_type)())
         return _cel.evaluate_bool(step.when, activation)
     except Exception as exc:  # CelError, or a bound value CEL cannot hold
         raise _fail(FailureKind.GATE, step.name, f"gate failed: {exc}") from exc
@@ -269,7 +270,7 @@ def _resume_external(
             [(fx.IDEMPOTENCY_HEADER, effects.key(step.name))],
         )
         activation = dict(scope.cel())
-        activation["response"] = _cel.message_to_cel(response)
+        activation["response"] = _cel.bind_message(response)
         found = _cel.evaluate_bool(v.found, activation)
         if not found:
             return None

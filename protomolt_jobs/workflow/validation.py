@@ -843,8 +843,10 @@ _TYPE_CHECKS: dict[int, Callable[..., None]] = {
 # --- CEL
 
 
-def _message_dict(msg: Message) -> celtypes.Value:
-    return celenv.to_cel(
+def _message_dict(msg: Message) -> celenv.Deferred:
+    # Deferred: cel-cpp reads the JSON document as it is; CEL values only if cel-python must
+    # answer (to_cel cannot fail on MessageToDict's output, so converting late is safe).
+    return celenv.deferred_json(
         json_format.MessageToDict(
             msg,
             preserving_proto_field_name=True,
@@ -917,7 +919,9 @@ def _eval_detail(exc: BaseException) -> str:
 _NOW = re.compile(r"\bnow\b")
 
 
-def _run_cel(rule: Any, this: celtypes.Value, path: str, out: list[Violation]) -> None:
+def _run_cel(
+    rule: Any, this: celtypes.Value | celenv.Deferred, path: str, out: list[Violation]
+) -> None:
     expression = rule.expression
     if not expression.strip():
         return

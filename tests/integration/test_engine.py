@@ -250,7 +250,9 @@ def test_a_bound_value_cel_cannot_hold_fails_the_gate_or_the_mapping(svc, runtim
     mapped = seed_workflow(svc.target, review="invoke")
     mapped["steps"][1]["celRules"] = [{"selector": "tokenize.text", "target": "text"}]
     mapped = compiled(runtime, mapped)
-    monkeypatch.setattr(cel_module, "message_to_cel", unrepresentable)
+    # Binding a message into the scope is where its conversion fails: bind_message converts a
+    # type that can fail (one reaching a Timestamp or Duration) at once (test_cel_deferred).
+    monkeypatch.setattr(cel_module, "bind_message", unrepresentable)
     err = failure(run, gated, {"text": TEXT}, runtime=runtime)
     assert (err.kind, err.step) == (FailureKind.GATE, "embed")
     assert err.message == "gate failed: timestamp out of range for datetime"
