@@ -368,6 +368,19 @@ def json_plain(value: Any) -> Any:
     :raises Unrepresentable: a double, a NUL in a string or bytes, an int outside int64, or a
         value :func:`to_cel` does not take (cel-python then converts and answers).
     """
+    kind = type(value)  # exact JSON types first (MessageToDict's output), isinstance below
+    if kind is str:
+        if "\x00" in value:
+            raise Unrepresentable("string with NUL")
+        return value
+    if kind is dict:
+        return {json_plain(k): json_plain(v) for k, v in value.items()}
+    if kind is list:
+        return [json_plain(v) for v in value]
+    if kind is bool or value is None:
+        return value
+    if kind is int and -(2**63) <= value < 2**63:
+        return value
     if isinstance(value, bytes | bytearray):
         if b"\x00" in value:
             raise Unrepresentable("bytes with NUL")
