@@ -211,3 +211,14 @@ def test_a_nul_inside_a_value_is_not_cut_short(value):
     activation = {"x": convert(value)}
     assert celenv.program("size(x)").evaluate(activation) == len(value)
     assert celenv.program("size(x) > 0").evaluate(activation)
+
+
+def test_results_are_read_by_kind_name_as_by_kind():
+    # _from_cx looks the common kinds up by name(); the names must be the kinds' own.
+    for name in celenv._FROM_CX_BY_NAME:
+        assert getattr(celenv._cx.Type, name).name() == name
+    for text, expected in (("1 + 2", 3), ("-(2 * 4611686018427387903) - 2", -(2**63))):
+        got = celenv.program(text)._evaluate_fast({})
+        assert type(got) is celtypes.IntType and got == celtypes.IntType(expected)
+    assert celenv.program("'a' + 'b'")._evaluate_fast({}) == celtypes.StringType("ab")
+    assert type(celenv.program("1 < 2")._evaluate_fast({})) is celtypes.BoolType
