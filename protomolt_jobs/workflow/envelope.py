@@ -906,15 +906,15 @@ def _parse(obj: Any, runtime: Runtime) -> CompiledWorkflow:
 def parse_workflow(obj: Any, runtime: Runtime) -> CompiledWorkflow:
     """Parse and resolve a workflow envelope.
 
-    Successful parses are cached on ``runtime`` by canonical JSON text, so a definition shared
-    by many jobs is compiled once.
+    Successful parses are cached on ``runtime`` by canonical JSON text (:func:`_cache_key`), so
+    a definition shared by many jobs is compiled once.
 
     :param obj: the envelope (a JSON object as a dict).
     :param runtime: the host's :class:`Runtime` (type pool for the ``type`` schema form).
     :returns: the :class:`CompiledWorkflow` (shared; treat as read-only).
     :raises WorkflowParseError: with the step (``""`` for the workflow) and the reference's text.
     """
-    key = canonical_text(obj)
+    key = _cache_key(obj)
     cache = runtime.cache
     if key is not None:
         hit = cache.get(key)
@@ -935,6 +935,22 @@ def parse_workflow(obj: Any, runtime: Runtime) -> CompiledWorkflow:
                 pass
         cache[key] = workflow
     return workflow
+
+
+def _cache_key(obj: Any) -> Any:
+    """A key equal for two definitions exactly when their :func:`canonical_text` is equal
+    (None when that is None), without serialising a ``descriptorSetBase64`` schema: a
+    descriptor set is tens of KB of base64, and JSON-escaping it cost more per job than
+    parsing the cached workflow saves. Such a definition keys as (canonical text of the rest,
+    the base64 string): JSON text of a string is injective, so nothing new compares equal.
+    """
+    schema = obj.get("schema") if isinstance(obj, dict) else None
+    if isinstance(schema, dict) and len(schema) == 1 and all(type(k) is str for k in obj):
+        b64 = schema.get("descriptorSetBase64")
+        if type(b64) is str:
+            rest = canonical_text({k: v for k, v in obj.items() if k != "schema"})
+            return None if rest is None else ("descriptorSetBase64", rest, b64)
+    return canonical_text(obj)
 
 
 def parse_input(

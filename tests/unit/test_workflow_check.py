@@ -378,6 +378,56 @@ def test_parse_is_cached_by_canonical_text(runtime):
     assert parse_workflow(reordered, runtime) is first
 
 
+def _other_descriptor_set(wf: dict[str, Any]) -> dict[str, Any]:
+    """``wf`` with one more (unused) file in its descriptor set: same types, other schema."""
+    import base64
+
+    from google.protobuf import descriptor_pb2
+
+    fds = descriptor_pb2.FileDescriptorSet.FromString(
+        base64.b64decode(wf["schema"]["descriptorSetBase64"])
+    )
+    fds.file.add(name="extra/unused.proto", package="extra.unused", syntax="proto3")
+    out = copy.deepcopy(wf)
+    out["schema"]["descriptorSetBase64"] = base64.b64encode(fds.SerializeToString()).decode()
+    return out
+
+
+def test_the_parse_cache_key_matches_exactly_when_the_canonical_text_does():
+    # The key leaves a descriptor set out of the JSON text (it is compared as the string).
+    from protomolt_jobs.workflow.envelope import _cache_key, canonical_text
+
+    wf = base()
+    assert set(wf["schema"]) == {"descriptorSetBase64"}
+    renamed = _with(lambda w: w.update(name="other"))
+    variants = [
+        wf,
+        json.loads(json.dumps(wf, sort_keys=True)),
+        _other_descriptor_set(wf),
+        renamed,
+        _with(lambda w: w.update(deadlineMs=1000)),
+        _with(lambda w: w.update(deadlineMs=1000.0)),
+        _with(lambda w: w["schema"].update(sources={})),  # two schema forms: not split
+        {k: v for k, v in wf.items() if k != "schema"},
+        {**wf, "schema": {"descriptorSetBase64": 5}},
+        {**wf, "when": {1, 2}},  # not JSON: never cached
+    ]
+    for a in variants:
+        for b in variants:
+            same_text = canonical_text(a) is not None and canonical_text(a) == canonical_text(b)
+            assert (_cache_key(a) is not None and _cache_key(a) == _cache_key(b)) == same_text
+    assert _cache_key(variants[-1]) is None
+
+
+def test_definitions_differing_only_in_their_descriptor_set_are_parsed_apart():
+    runtime = Runtime()
+    first = parse_workflow(base(), runtime)
+    other = parse_workflow(_other_descriptor_set(base()), runtime)
+    assert other is not first and other.pool is not first.pool
+    assert parse_workflow(_other_descriptor_set(base()), runtime) is other
+    assert parse_workflow(base(), runtime) is first
+
+
 # -- deadlineMs is strict ---------------------------------------------------------------------
 
 _DEADLINE_RULE = "must be a whole number of milliseconds from 0 (the default) to 86400000 (24 h)"
