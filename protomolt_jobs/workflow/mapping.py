@@ -707,6 +707,66 @@ def _with_rule(exc: MappingError, rule: str) -> MappingError:
     return MappingError(f"{text} (Rule: '{rule}')")
 
 
+# A rule ``field = name.field`` between two fields of the same scalar type (the common case)
+# reads and writes the same values through every step of resolve_source and write_path: no
+# conversion changes the value, and none can fail. Such rules copy directly; the plan is made
+# once per (rule, source type, target type).
+
+#: Scalar types a same-typed copy passes through _convert unchanged (not enums, bytes, floats).
+_COPYABLE = {_FD.TYPE_STRING, _FD.TYPE_BOOL} | _INT32 | _UINT32 | _INT64 | _UINT64
+_COPY_CACHE_SIZE = 4096
+_copies: dict[int, tuple[TextRule, _d.Descriptor, _d.Descriptor, Any]] = {}
+
+
+def _copy_plan(rule: TextRule, source: _d.Descriptor, target: _d.Descriptor) -> Any:
+    """``(source field, target field, repeated, has presence, default)`` or None."""
+    if STRUCT in (source.full_name, target.full_name):
+        return None
+    fs = source.fields_by_name.get(rule.source[1])  # type: ignore[index]
+    ft = target.fields_by_name.get(rule.target[0])
+    if fs is None or ft is None or fs.type != ft.type or fs.type not in _COPYABLE:
+        return None
+    if fs.is_repeated != ft.is_repeated:
+        return None
+    return (fs.name, ft.name, fs.is_repeated, fs.has_presence, fs.default_value)
+
+
+def _direct_copy(rule: TextRule, msg: Message, scope: Mapping[str, Message]) -> Any:
+    """The copy plan of ``rule`` into ``msg`` (see above), or None: the general path."""
+    src = rule.source
+    if rule.op != "assign" or len(rule.target) != 1 or type(src) is not tuple or len(src) != 2:
+        return None
+    source = scope.get(src[0])
+    if not isinstance(source, Message):
+        return None  # an unknown name (the general path says so) or not a message
+    sd, td = source.DESCRIPTOR, msg.DESCRIPTOR
+    entry = _copies.get(id(rule))
+    # The entry holds the rule and both descriptors, so their ids stay theirs while it lives.
+    if entry is not None and entry[0] is rule and entry[1] is sd and entry[2] is td:
+        return entry[3]
+    plan = _copy_plan(rule, sd, td)
+    if len(_copies) >= _COPY_CACHE_SIZE:
+        _copies.clear()
+    _copies[id(rule)] = (rule, sd, td, plan)
+    return plan
+
+
+def _copy(plan: Any, msg: Message, source: Message) -> None:
+    """What resolve_source + write_path do for a same-typed scalar copy."""
+    src_name, dst_name, repeated, presence, default = plan
+    value = getattr(source, src_name)
+    if repeated:
+        items = list(value)  # first: the source may be the target itself
+        container = getattr(msg, dst_name)
+        del container[:]
+        container.extend(items)
+    elif presence:
+        if source.HasField(src_name):
+            setattr(msg, dst_name, value)
+    elif value != default:  # implicit presence: the zero value reads as not set (skipped)
+        setattr(msg, dst_name, value)
+
+
 def apply_text_rules(msg: Message, rules: Sequence[TextRule], scope: Mapping[str, Message]) -> None:
     """Apply scoped text rules, in order, to ``msg`` (mutated in place).
 
@@ -715,6 +775,10 @@ def apply_text_rules(msg: Message, rules: Sequence[TextRule], scope: Mapping[str
     for rule in rules:
         if rule.error:
             raise MappingError(rule.error)
+        plan = _direct_copy(rule, msg, scope)
+        if plan is not None:
+            _copy(plan, msg, scope[rule.source[0]])  # type: ignore[index]
+            continue
         try:
             if rule.op == "clear":
                 clear_path(msg, rule.target)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 from celpy import celtypes
-from google.protobuf import descriptor_pb2, struct_pb2
+from google.protobuf import descriptor_pb2, message_factory, struct_pb2
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from protomolt_jobs.workflow import cel, mapping
 from tests.support.grpc_servers import message_class
+from tests.support.rich import Rich, rich_messages, rich_pool
 
 Text = message_class("jobs.test.Text")
 Tokens = message_class("jobs.test.Tokens")
@@ -272,3 +275,69 @@ def test_blank_and_invalid_expressions():
         cel.evaluate("nobody.here", {})
     assert "undeclared reference to 'nobody'" in str(info.value)
     assert "activation" not in str(info.value)  # cel-python's dump is trimmed
+
+
+# -- direct copies (same-typed scalar rules) ---------------------------------------------------
+
+_RICH_FIELDS = ["i32", "i64", "u32", "d", "b", "s", "raw", "color", "tags", "opt", "inner", "sv"]
+
+
+def _outcome(target, rules, scope, *, direct: bool):
+    saved = mapping._direct_copy
+    if not direct:
+        mapping._direct_copy = lambda *_: None
+    try:
+        parsed = [mapping.parse_text_rule(r) for r in rules]
+        mapping.apply_text_rules(target, parsed, scope)
+        return ("ok", target.SerializeToString(deterministic=True))
+    except mapping.MappingError as exc:
+        return ("error", str(exc), target.SerializeToString(deterministic=True))
+    finally:
+        mapping._direct_copy = saved
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    source=rich_messages(),
+    start=rich_messages(),
+    pairs=st.lists(
+        st.tuples(
+            st.sampled_from(_RICH_FIELDS),
+            st.sampled_from(_RICH_FIELDS),
+            st.sampled_from(["a", "self"]),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_direct_copies_do_what_the_general_path_does(source, start, pairs):
+    rules = [f"{dst} = {name}.{src}" for dst, src, name in pairs]
+    outcomes = []
+    for direct in (False, True):
+        target = Rich()
+        target.CopyFrom(start)  # set fields show whether a zero source skips the rule
+        outcomes.append(_outcome(target, rules, {"a": source, "self": target}, direct=direct))
+    assert outcomes[0] == outcomes[1], rules
+
+
+def test_direct_copy_plans_are_per_source_and_target_type():
+    rule = mapping.parse_text_rule("text = a.text")
+    # Text.text and Tokens.text are strings: a direct copy; Rich has no "text" field.
+    assert mapping._direct_copy(rule, Text(), {"a": Tokens(text="x")}) is not None
+    assert mapping._direct_copy(rule, Text(), {"a": Rich()}) is None
+    with pytest.raises(mapping.MappingError, match="Field 'text' not found in message 'Rich'"):
+        mapping.apply_text_rules(Text(), [rule], {"a": Rich()})
+    out = Text()
+    mapping.apply_text_rules(out, [rule], {"a": Tokens(text="y")})
+    assert out.text == "y"
+    # The same type name from another pool has its own descriptor, so its own plan.
+    copy_s = mapping.parse_text_rule("s = a.s")
+    other = message_factory.GetMessageClass(
+        rich_pool(extra_field=True).FindMessageTypeByName("t.Rich")
+    )
+    assert mapping._direct_copy(copy_s, Rich(), {"a": Rich()}) is not None
+    assert mapping._direct_copy(copy_s, other(), {"a": other()}) is not None
+    assert mapping._copies[id(copy_s)][1] is other.DESCRIPTOR
+    assert (
+        mapping._direct_copy(mapping.parse_text_rule("i32 = a.i64"), Rich(), {"a": Rich()}) is None
+    )
