@@ -496,28 +496,33 @@ class GetJobAction:
 _REPORTED = frozenset({"COMPLETED", "FAILED", "DEAD", "CANCELLED"})
 
 
+def _stored_graph(job: Any, runtime: Any) -> Any:
+    """The job's stored definition parsed, when it is a graph workflow; None for a sequential
+    one, without a runtime, or when the stored definition no longer parses (callers that only
+    add graph extras to an answer never fail because of it)."""
+    if runtime is None or not isinstance(job.workflow_definition, dict):
+        return None
+    from protomolt_jobs.workflow import WorkflowParseError, parse_workflow
+
+    try:
+        workflow = parse_workflow(job.workflow_definition, runtime)
+    except (WorkflowParseError, RecursionError):
+        return None
+    return workflow if workflow.graph else None
+
+
 def _graph_report(job: Any, runtime: Any) -> dict[str, Any] | None:
     """A finished graph run's final report (``graph.report_from_checkpoints``), else None.
 
     Sequential workflows have none here; a definition that no longer parses has none either
     (the read never fails because of it).
     """
-    if (
-        job.status not in _REPORTED
-        or not isinstance(job.workflow_definition, dict)
-        or runtime is None
-    ):
+    if job.status not in _REPORTED:
         return None
-    from protomolt_jobs.workflow import WorkflowParseError, parse_workflow
-    from protomolt_jobs.workflow.graph import report_from_checkpoints
-
-    try:
-        workflow = parse_workflow(job.workflow_definition, runtime)
-    except (WorkflowParseError, RecursionError):
+    workflow = _stored_graph(job, runtime)
+    if workflow is None:
         return None
-    if not workflow.graph:
-        return None
-    from protomolt_jobs.workflow.graph import main_steps
+    from protomolt_jobs.workflow.graph import main_steps, report_from_checkpoints
 
     out = report_from_checkpoints(workflow, job.checkpoints or [], job.status, job.error)
     # Taken out again by _report: the dependencies time and count each step (job_report).
@@ -1089,23 +1094,13 @@ def _graph_requeue_checkpoints(job: Any, submitter: Any) -> list[dict[str, Any]]
     (``graph.requeue_checkpoints``: a graph's failed entries are final on replay, so keeping
     them would fail the run again at once); None for anything else (checkpoints kept as
     they are)."""
-    runtime = getattr(submitter, "runtime", None)
-    if (
-        job is None
-        or job.status not in ("DEAD", "FAILED")
-        or runtime is None
-        or not isinstance(job.workflow_definition, dict)
-    ):
+    if job is None or job.status not in ("DEAD", "FAILED"):
         return None
-    from protomolt_jobs.workflow import WorkflowParseError, parse_workflow
+    workflow = _stored_graph(job, getattr(submitter, "runtime", None))
+    if workflow is None:
+        return None
     from protomolt_jobs.workflow.graph import requeue_checkpoints
 
-    try:
-        workflow = parse_workflow(job.workflow_definition, runtime)
-    except (WorkflowParseError, RecursionError):
-        return None
-    if not workflow.graph:
-        return None
     return requeue_checkpoints(workflow, job.checkpoints or [])
 
 
