@@ -417,6 +417,7 @@ def throughput(params: dict) -> dict:
         ready_and_wait()
         STATEMENTS.uncounted()  # this thread polls from here on
         statements0 = STATEMENTS.count
+        notifications0 = engine.worker.listener.notifications
         t0 = time.time()
         cpu0 = _cpu_s()
         children0 = _children_cpu_s()
@@ -445,6 +446,7 @@ def throughput(params: dict) -> dict:
                 )
             cpu_s = _cpu_s() - cpu0
             statements = STATEMENTS.count - statements0
+            notifications = engine.worker.listener.notifications - notifications0
             last, _ = conn.execute(last_q).fetchone()
             last_completed = conn.execute(
                 "SELECT extract(epoch FROM max(completed_at)) FROM workflow_run"
@@ -473,6 +475,13 @@ def throughput(params: dict) -> dict:
         # Counted in this process only: with worker processes the count would be partial.
         "statements_per_job": (
             round(statements / max(1, completed), 2)
+            if int(params.get("processes", 1)) == 1
+            else None
+        ),
+        # NOTIFYs this process's listener read: each is a transaction of its own on the server
+        # (PostgreSQL reads a notification into an idle session in one), inside tx/job.
+        "notifications_per_job": (
+            round(notifications / max(1, completed), 2)
             if int(params.get("processes", 1)) == 1
             else None
         ),

@@ -80,6 +80,11 @@ def rows(results: dict) -> list[dict]:
                     ("jobs_per_s", "jobs/s", "higher"),
                     ("tx_per_job", "transactions/job", "lower"),
                     ("statements_per_job", "statements/job (client count)", "lower"),
+                    (
+                        "notifications_per_job",
+                        "of the transactions/job: NOTIFY reads by the listener",
+                        "",
+                    ),
                     ("cpu_ms_per_job_run", "CPU ms/job, worker+relay", "lower"),
                     ("cpu_ms_per_job", "CPU ms/job, with submitting", "lower"),
                     # What was subtracted (times the run's duration) to get transactions/job.

@@ -159,6 +159,7 @@ def _throughput_run(label: str, system: str, params: dict, opts: Options) -> dic
         "cpu_ms_per_job",
         "cpu_ms_per_job_run",
         "statements_per_job",
+        "notifications_per_job",
         "checks",
         "relay",
     ):

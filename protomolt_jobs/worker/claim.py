@@ -178,6 +178,10 @@ class Listener(Service):
         self.connects = 0
         #: Set while a LISTEN connection is established.
         self.listening = threading.Event()
+        #: Notifications received so far. PostgreSQL reads each one into an idle listening
+        #: session in a transaction of its own, so each also counts as one commit of this
+        #: database (the benchmark reports them within its transactions per job).
+        self.notifications = 0
 
     def run_once(self, conn: Any, timeout_s: float = _LISTEN_SLICE_S) -> int:
         """Wait up to ``timeout_s`` on ``conn`` for notifications and ring for each.
@@ -187,6 +191,7 @@ class Listener(Service):
         received = 0
         for _ in conn.notifies(timeout=timeout_s):
             received += 1
+            self.notifications += 1
             self._doorbell.ring(1)
             if self._stop.is_set():
                 break
