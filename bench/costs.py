@@ -23,7 +23,8 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _backend_cpu_s(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
