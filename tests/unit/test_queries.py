@@ -45,3 +45,18 @@ FROM t;
 def test_no_query_holds_a_whole_line_comment():
     for name, sql in QUERIES.items():
         assert not any(line.startswith("--") for line in sql.splitlines()), name
+
+
+def test_no_string_literal_spans_lines_so_compacting_cannot_change_one():
+    # _compact strips each line's indentation and drops lines starting with "--": inside a
+    # literal that spans lines either would change the literal. Every SQL line of the file
+    # (comments aside) must close the literals it opens.
+    from importlib import resources
+
+    text = resources.files("protomolt_jobs.store").joinpath("queries.sql").read_text("utf-8")
+    open_literals = [
+        n
+        for n, line in enumerate(text.splitlines(), 1)
+        if not line.lstrip().startswith("--") and line.split("--")[0].count("'") % 2
+    ]
+    assert open_literals == []
