@@ -81,6 +81,7 @@ def rich_pool(extra_field: bool = False) -> descriptor_pool.DescriptorPool:
         )
     _field(rich, "pick_s", 19, FP.TYPE_STRING, oneof_index=0)
     _field(rich, "pick_inner", 20, FP.TYPE_MESSAGE, type_name=".t.Inner", oneof_index=0)
+    _field(rich, "two_words", 22, FP.TYPE_INT64)  # JSON name "twoWords"
     if extra_field:
         _field(rich, "extra", 21, FP.TYPE_STRING)
     timed = f.message_type.add(name="WithTime")
