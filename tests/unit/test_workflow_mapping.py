@@ -290,8 +290,8 @@ def _outcome(target, rules, scope, *, direct: bool):
         parsed = [mapping.parse_text_rule(r) for r in rules]
         mapping.apply_text_rules(target, parsed, scope)
         return ("ok", target.SerializeToString(deterministic=True))
-    except mapping.MappingError as exc:
-        return ("error", str(exc), target.SerializeToString(deterministic=True))
+    except Exception as exc:  # noqa: BLE001 - MappingError, or protobuf's own ValueError
+        return ("error", type(exc).__name__, str(exc), target.SerializeToString(deterministic=True))
     finally:
         mapping._direct_copy = saved
 
