@@ -627,6 +627,10 @@ class JobStore:
             "queues": served,
         }
         query = "job_claim"
+        if len(served) == 1:
+            # The same claim with a plan PostgreSQL keeps (queries._derive_one_queue_claim).
+            query = "job_claim_one_queue"
+            params["queue"] = served[0]
         if limits:
             query = "job_claim_limited"
             params["limited"] = limits

@@ -139,10 +139,12 @@ def test_claim_and_sweep_plans_use_indexes_with_many_terminal_rows(store, fresh_
             return "\n".join(r[0] for r in rows)
 
         claim = plan("job_claim", {"worker_id": "w", "lease_s": 30.0, "queues": ["default"]})
+        one = plan("job_claim_one_queue", {"worker_id": "w", "lease_s": 30.0, "queue": "default"})
         sweep = plan("job_sweep_expired", {"limit": 500})
-    for text in (claim, sweep):
+    for text in (claim, one, sweep):
         assert "Seq Scan on workflow_run" not in text, text
     assert "idx_workflow_run_claim" in claim, claim
+    assert "idx_workflow_run_claim" in one, one
     assert "idx_workflow_run_sweep" in sweep, sweep
     # the plans work: the claim finds one of the 100 queued rows
     job = store.job_claim("w", 30)
@@ -152,3 +154,34 @@ def test_claim_and_sweep_plans_use_indexes_with_many_terminal_rows(store, fresh_
 def test_claimed_job_factory_yields_a_lease(store):
     job = claimed_job(store, worker_id="fac")
     assert job.lease.owner == "fac"
+
+
+def test_a_one_queue_claim_is_planned_once_and_kept(fresh_dsn):
+    # PostgreSQL re-planned the list-of-queues claim on every call (its generic plan, with
+    # unnest of a parameter estimated at 10 queues, never won); the one-queue form is planned
+    # generically after psycopg prepares it and the server's first custom plans.
+    one_conn = JobStore.open(fresh_dsn, max_size=1)
+    try:
+        for i in range(14):
+            queued_job(one_conn)
+        claimed = [one_conn.job_claim("w", 60) for _ in range(14)]
+        assert all(job is not None for job in claimed)
+        assert len({job.job_id for job in claimed}) == 14
+        with one_conn.pool.connection() as conn:
+            plans = conn.execute(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                " WHERE statement LIKE 'UPDATE workflow_run%%SET status = ''RUNNING''%%'"
+            ).fetchall()
+    finally:
+        one_conn.close()
+    assert len(plans) == 1, plans
+    generic, custom = plans[0]
+    assert generic >= 1 and custom <= 5, plans
+
+
+def test_a_worker_of_several_queues_claims_from_each(store):
+    a = queued_job(store, queue="a")
+    b = queued_job(store, queue="b")
+    got = {store.job_claim("w", 60, queues=["a", "b"]).job_id for _ in range(2)}
+    assert got == {a.job_id, b.job_id}
+    assert store.job_claim("w", 60, queues=["a", "b"]) is None
