@@ -1071,6 +1071,15 @@ def parse_input(
             ignore_unknown_fields=ignore_unknown_fields,
             descriptor_pool=workflow.pool,
         )
-    except (json_format.ParseError, ValueError, TypeError, AttributeError, RecursionError) as exc:
+    except (
+        json_format.ParseError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        RecursionError,
+        # upb raises SystemError for an enum value given as a lone surrogate ("\ud800"),
+        # which JSON can carry: still the input's fault, never an internal error.
+        SystemError,
+    ) as exc:
         raise WorkflowParseError("", f"'input' is not valid proto3 JSON for {full}: {exc}") from exc
     return msg

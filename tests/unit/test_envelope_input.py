@@ -82,3 +82,12 @@ def test_plans_are_per_type():
     from google.protobuf import struct_pb2
 
     assert envelope._input_plan(struct_pb2.Struct.DESCRIPTOR) is None
+
+
+def test_an_enum_named_by_a_lone_surrogate_is_refused_as_input():
+    # upb's lookup of the enum name raises SystemError; the submit door must still answer
+    # invalid-input naming 'input' (found by the helper that built the direct path).
+    for direct in (True, False):
+        outcome = _parse({"color": "\ud800"}, direct=direct, ignore_unknown=False)
+        assert outcome[0] == "error", outcome
+        assert outcome[1].startswith("'input' is not valid proto3 JSON for"), outcome
