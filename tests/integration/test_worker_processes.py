@@ -3,6 +3,7 @@ each claiming work with its own pool and listener, stopped cleanly by one SIGTER
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -11,12 +12,24 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 
 from protomolt_jobs.store import JobStore
 from tests.support.grpc_servers import TestServices, seed_workflow
 from tests.support.worker_proc import REPO_ROOT, enqueue, wait_for
+
+# Bounds of the waits below, seconds. Each failing wait ends the test, and together they stay
+# well inside pytest-timeout's 300 s even on a loaded CI machine.
+READY_S = 60.0  # the supervisor's own bound on its children's ready lines is 60 s too
+IN_FLIGHT_S = 60.0
+COMPLETED_S = 30.0
+# The supervisor gives its children 60 s after SIGTERM (then SIGKILLs them); a child with
+# nothing in flight stops in about a second.
+EXIT_S = 75.0
 
 
 @pytest.fixture(scope="module")
@@ -38,17 +51,59 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_two_processes_both_claim_work_and_stop_cleanly(fresh_dsn, services):
-    services.reset()
-    both_in_flight = threading.Barrier(2, timeout=60)
+def _tail(path: Path, lines: int = 60) -> str:
+    """The last ``lines`` lines of the processes' stderr, for failure messages."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return f"(no log: {exc})"
+    return "--- supervisor and worker logs (tail) ---\n" + "\n".join(text.splitlines()[-lines:])
 
-    def embed_waits_for_the_other(request, context):
-        # Each process runs one job at a time (worker_count=1): two calls in flight at once
-        # means both processes claimed a job.
-        both_in_flight.wait()
+
+def _read_ready(proc: subprocess.Popen[str], log_path: Path) -> dict[str, Any]:
+    """The supervisor's ready line, waited for at most READY_S."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + READY_S
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(
+                f"the supervisor printed no ready line within {READY_S:g}s "
+                f"(exit status {proc.poll()})\n{_tail(log_path)}"
+            )
+        readable, _, _ = select.select([proc.stdout], [], [], min(remaining, 0.5))
+        if readable:
+            break
+    # The ready line is written and flushed whole; EOF means the supervisor exited.
+    line = proc.stdout.readline()
+    if not line:
+        raise AssertionError(
+            f"the supervisor exited (status {proc.wait(10)}) before its ready line\n"
+            f"{_tail(log_path)}"
+        )
+    return json.loads(line)
+
+
+def test_two_processes_both_claim_work_and_stop_cleanly(fresh_dsn, services, tmp_path):
+    services.reset()
+    # Each process runs one job at a time (worker_count=1): two Embed calls in flight at once
+    # means both processes claimed a job. Each call is held until the test has looked at both
+    # jobs, so the state asserted cannot end before it is seen (a barrier let the calls go at
+    # once, and a poll of the store could miss the few milliseconds before the jobs completed).
+    held: list[str] = []
+    held_lock = threading.Lock()
+    release = threading.Event()
+
+    def embed_held(request, context):
+        with held_lock:
+            held.append(request.text)
+        # Bounded, so a test stuck elsewhere does not tie up server threads forever (the test
+        # sets ``release`` on every way out).
+        if not release.wait(IN_FLIGHT_S + COMPLETED_S):
+            context.abort(grpc.StatusCode.ABORTED, "the test never released this Embed call")
         return services._do_embed(request, context)
 
-    services.set_handler("Embed", embed_waits_for_the_other)
+    services.set_handler("Embed", embed_held)
     store = JobStore.open(fresh_dsn, max_size=2)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROTOMOLT_")}
     env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -60,47 +115,89 @@ def test_two_processes_both_claim_work_and_stop_cleanly(fresh_dsn, services):
         "pool_max_size": 3,
     }.items():
         argv += ["--set", f"{key}={value}"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, cwd=str(REPO_ROOT))
+    # The supervisor and its children (which inherit its stderr and its process group) log to
+    # one file that failure messages quote. Its own session lets the cleanup below kill the
+    # children too: SIGKILL to the supervisor alone leaves them running, orphaned, for the
+    # rest of the test session.
+    log_path = tmp_path / "workers.log"
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            text=True,
+            env=env,
+            cwd=str(REPO_ROOT),
+            start_new_session=True,
+        )
+    jobs: list[Any] = []
+
+    def state() -> str:
+        rows = [store.job_get(j.job_id) for j in jobs]
+        described = ", ".join(
+            f"{(r.input or {}).get('text')}: {r.status} owner={r.lease_owner} attempt={r.attempt}"
+            + (f" error={r.error!r}" if r.error else "")
+            for r in rows
+        )
+        with held_lock:
+            calls = sorted(held)
+        return f"Embed calls seen: {calls}; jobs: {described}\n{_tail(log_path)}"
+
     try:
-        readable, _, _ = select.select([proc.stdout], [], [], 60)
-        assert readable, "the supervisor printed no ready line"
-        ready = json.loads(proc.stdout.readline())
+        ready = _read_ready(proc, log_path)
         assert ready["event"] == "ready" and ready["processes"] == 2
         pids = ready["pids"]
         assert len(set(pids)) == 2 and proc.pid not in pids
 
-        jobs = [
-            enqueue(store, seed_workflow(services.target, review="invoke"), {"text": f"t{i}"})
-            for i in range(2)
-        ]
+        # A budget far above the waits: a call held while the other process claims must not
+        # hit its deadline (the job would go into retry backoff and the test would not say why).
+        workflow = seed_workflow(services.target, review="invoke", deadline_ms=120_000)
+        jobs += [enqueue(store, workflow, {"text": f"t{i}"}) for i in range(2)]
+
         # Both in flight at once, leased by the two processes (distinct worker ids).
-        owners = wait_for(
-            lambda: (
-                {
-                    r.lease_owner
-                    for r in (store.job_get(j.job_id) for j in jobs)
-                    if r.status == "RUNNING" and services.calls("Embed") >= 2
-                }
-                == {"multi-0", "multi-1"}
-            ),
-            timeout_s=60,
+        wait_for(
+            lambda: len(list(held)) >= 2,
+            timeout_s=IN_FLIGHT_S,
+            what=lambda: f"both jobs' Embed calls in flight at once; {state()}",
         )
-        assert owners
+        rows = [store.job_get(j.job_id) for j in jobs]
+        assert sorted(held) == ["t0", "t1"], state()
+        assert [r.status for r in rows] == ["RUNNING", "RUNNING"], state()
+        assert {r.lease_owner for r in rows} == {"multi-0", "multi-1"}, state()
+        release.set()
+
         wait_for(
             lambda: all(store.job_get(j.job_id).status == "COMPLETED" for j in jobs),
-            timeout_s=60,
+            timeout_s=COMPLETED_S,
+            what=lambda: f"both jobs COMPLETED after the Embed calls were released; {state()}",
         )
 
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
-        deadline = time.monotonic() + 10
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not any(_alive(p) for p in pids), "a worker process outlived its supervisor"
+        try:
+            status = proc.wait(EXIT_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"the supervisor did not exit within {EXIT_S:g}s of SIGTERM\n{_tail(log_path)}"
+            ) from None
+        assert status == 0, f"supervisor exit status {status}\n{_tail(log_path)}"
+        wait_for(
+            lambda: not any(_alive(p) for p in pids),
+            timeout_s=10,
+            interval_s=0.05,
+            what=lambda: (
+                f"the worker processes to end with their supervisor; alive: "
+                f"{[p for p in pids if _alive(p)]}\n{_tail(log_path)}"
+            ),
+        )
     finally:
+        release.set()
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+        # Whatever is left of the group (children of a supervisor that did not stop them).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.stdout is not None
         proc.stdout.close()
         store.close()
         services.reset()

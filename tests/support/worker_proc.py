@@ -172,9 +172,13 @@ class WorkerProcess:
 # -- helpers the worker tests share ----------------------------------------------------------
 
 
-def wait_for(condition: Any, timeout_s: float = 20.0, interval_s: float = 0.02) -> Any:
+def wait_for(
+    condition: Any, timeout_s: float = 20.0, interval_s: float = 0.02, *, what: Any = ""
+) -> Any:
     """Poll ``condition()`` until it returns a truthy value; return that value.
 
+    :param what: what is awaited, for the failure message: a string, or a callable returning
+        one (called once, on failure, so it can describe the state the wait ended in).
     :raises AssertionError: when it stays falsy for ``timeout_s`` seconds.
     """
     deadline = time.monotonic() + timeout_s
@@ -183,7 +187,8 @@ def wait_for(condition: Any, timeout_s: float = 20.0, interval_s: float = 0.02) 
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(f"condition not met within {timeout_s}s: {condition}")
+            described = what() if callable(what) else what
+            raise AssertionError(f"condition not met within {timeout_s}s: {described or condition}")
         time.sleep(interval_s)
 
 
