@@ -19,13 +19,16 @@ stdout, so a parent process can wait for it.
 ``--processes N`` (N > 1) makes this process a supervisor of N such worker processes
 (:mod:`protomolt_jobs.worker.processes`: each its own pool, listener and claim loops; the
 first one runs the sweeper); it prints ``{"event": "ready", "processes": N, "pids": [...],
-"pid": ...}`` once all of them are ready, and SIGTERM/SIGINT stops them all.
+"pid": ...}`` once all of them are ready, and SIGTERM/SIGINT stops them all. A child whose
+supervisor dies without stopping it (SIGKILL) notices within half a second (its parent
+changes) and stops as if it had been sent SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -90,6 +93,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         default=1,
         help="run N worker processes under this one (each with its own pool and listener)",
     )
+    parser.add_argument(
+        "--supervisor-pid",
+        type=int,
+        default=None,
+        help="(set by --processes) stop gracefully once this process is no longer the parent",
+    )
     args = parser.parse_args(argv)
     try:
         config = JobsConfig.from_mapping(_settings(environ, args))
@@ -132,7 +141,15 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             flush=True,
         )
         while not stop.wait(0.5):
-            pass
+            if args.supervisor_pid is not None and os.getppid() != args.supervisor_pid:
+                # The supervisor died without stopping us (SIGKILL, OOM): nobody would ever
+                # send the SIGTERM, so stop as if it had (in-flight jobs finish or go back).
+                logging.getLogger("protomolt_jobs.worker").warning(
+                    "the supervisor (pid %d) is gone; stopping",
+                    args.supervisor_pid,
+                    extra={"action": "worker_orphaned", "worker_id": config.worker_id},
+                )
+                break
     finally:
         app.close()
         channels.close()

@@ -75,6 +75,8 @@ class WorkerProcesses:
     def argv(self, i: int) -> list[str]:
         """Child ``i``'s command line."""
         argv = [sys.executable, "-m", "protomolt_jobs.worker", *self._args]
+        # The child stops on its own if this process dies without stopping it.
+        argv += ["--supervisor-pid", str(os.getpid())]
         if self._worker_id:
             argv += ["--set", f"worker_id={self._worker_id}-{i}"]
         if i > 0 and "--no-sweeper" not in argv:

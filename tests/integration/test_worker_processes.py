@@ -201,3 +201,48 @@ def test_two_processes_both_claim_work_and_stop_cleanly(fresh_dsn, services, tmp
         proc.stdout.close()
         store.close()
         services.reset()
+
+
+def test_workers_stop_on_their_own_when_the_supervisor_is_killed(fresh_dsn, tmp_path):
+    # A SIGKILLed supervisor sends no SIGTERM: each child notices its parent changed (it was
+    # started with --supervisor-pid) and stops gracefully instead of running orphaned.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROTOMOLT_")}
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    argv = [sys.executable, "-m", "protomolt_jobs.worker", "--processes", "2", "--dsn", fresh_dsn]
+    argv += ["--set", "worker_count=1", "--set", "pool_max_size=2"]
+    log_path = tmp_path / "workers.log"
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            text=True,
+            env=env,
+            cwd=str(REPO_ROOT),
+            start_new_session=True,
+        )
+    try:
+        pids = _read_ready(proc, log_path)["pids"]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        proc.kill()
+        proc.wait(10)
+        wait_for(
+            lambda: not any(_alive(p) for p in pids),
+            timeout_s=30,
+            interval_s=0.05,
+            what=lambda: (
+                f"the workers to stop after their supervisor was killed; alive: "
+                f"{[p for p in pids if _alive(p)]}\n{_tail(log_path)}"
+            ),
+        )
+        assert log_path.read_text(errors="replace").count("is gone; stopping") == 2, _tail(
+            log_path
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.stdout is not None
+        proc.stdout.close()
