@@ -404,7 +404,7 @@ def test_an_uncontrolled_three_step_job_runs_no_more_statements(services, store,
             setattr(store_module, name, original)
     assert store.job_get(job.job_id).status == "COMPLETED"
     assert dict(counts) == {
-        "job_claim": 1,
+        "job_claim_one_queue": 1,  # job_claim for a worker of one queue (a plan kept)
         "job_checkpoint": 2,
         "job_complete_with_checkpoint": 1,
     }
