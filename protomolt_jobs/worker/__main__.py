@@ -75,7 +75,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     """
     environ = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(
-        prog="python -m protomolt_jobs.worker", description=__doc__.split("\n")[0]
+        prog="python -m protomolt_jobs.worker",
+        description=__doc__.split("\n")[0],
+        # No abbreviations: "--proc 2" would pass _without_processes to every child, each of
+        # which would then supervise children of its own, without end.
+        allow_abbrev=False,
     )
     parser.add_argument("--dsn", help="PostgreSQL connection string (jobs.dsn)")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="a [jobs] key")
