@@ -1077,6 +1077,7 @@ def parse_input(
         TypeError,
         AttributeError,
         RecursionError,
+        OverflowError,  # an integer too large for a double field (float(10**400))
         # upb raises SystemError for an enum value given as a lone surrogate ("\ud800"),
         # which JSON can carry: still the input's fault, never an internal error.
         SystemError,
