@@ -21,6 +21,7 @@ shared with the worker process and the benchmark). This module imports nothing f
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Mapping
@@ -95,9 +96,14 @@ class JobsModule:
         skip = {"dsn", "worker_id", "kafka_bootstrap", "request_topic"}
         argv = ["--dsn", str(jobs.dsn), "--no-sweeper"]
         for key, value in settings.items():
-            if key in skip or isinstance(value, dict | list):
+            if key in skip:
                 continue
-            text = str(value).lower() if isinstance(value, bool) else str(value)
+            if isinstance(value, dict | list | tuple):
+                # queues, queue_limits, fairness_weights: JSON, which the child's --set reads
+                # for these keys (a child serving "default" instead would claim another queue).
+                text = json.dumps(value)
+            else:
+                text = str(value).lower() if isinstance(value, bool) else str(value)
             argv += ["--set", f"{key}={text}"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PROTOMOLT_JOBS_")}
         group = WorkerProcesses(count, args=argv, worker_id=f"{jobs.worker_id}-w", env=env)

@@ -235,9 +235,7 @@ def test_workers_stop_on_their_own_when_the_supervisor_is_killed(fresh_dsn, tmp_
                 f"{[p for p in pids if _alive(p)]}\n{_tail(log_path)}"
             ),
         )
-        assert log_path.read_text(errors="replace").count("is gone; stopping") == 2, _tail(
-            log_path
-        )
+        assert log_path.read_text(errors="replace").count("is gone; stopping") == 2, _tail(log_path)
     finally:
         if proc.poll() is None:
             proc.kill()
