@@ -146,7 +146,7 @@ class Heartbeat(Service):
         with self._cond:
             # No wake-up: the loop's current wait ends at most a beat interval after it began,
             # never later than this guard's first beat (now + interval), so waking it for
-            # every claim would only re-scan the guards (a third of a job's thread switches).
+            # every claim would only cost a thread switch and a scan of every guard.
             self._guards[id(guard)] = guard
         return guard
 
