@@ -13,7 +13,7 @@ import logging
 from typing import Any, ClassVar, Protocol
 
 from protomolt_jobs.errors import InternalError, InvalidInput
-from protomolt_jobs.input_rules import invalid, proto_json_path
+from protomolt_jobs.input_rules import check_json, invalid, proto_json_path
 from protomolt_jobs.workflow.envelope import parse_input, parse_workflow
 from protomolt_jobs.workflow.runner import run
 from protomolt_jobs.workflow.types import (
@@ -121,6 +121,9 @@ class RunWorkflowAction:
         input = _require_object(input, self.name, ("workflow", "workflowName", "input"))
         if "input" not in input or not isinstance(input.get("input"), dict):
             raise InvalidInput("'input' must be a JSON object", {"field": "input"})
+        # The rule submit-workflow applies (input_rules): no NaN or infinite numbers, no
+        # integers beyond 2**53, no NUL or lone surrogates, no nesting past the limit.
+        check_json("input", input["input"])
         definition, refusal = _resolve(input, self.repository)
         if refusal is not None:
             return refusal

@@ -76,3 +76,28 @@ def test_odd_inputs_at_the_doors(node, services, verb):
             if b2.get("ok") is not False and b2.get("status"):
                 bad.append((short, "row written", str(b2)[:200]))
     assert bad == []
+
+
+@pytest.mark.parametrize(
+    "raw_input",
+    [
+        '{"meta": {"a": NaN}}',
+        '{"meta": {"a": -Infinity}}',
+        '{"meta": {"a": 123456789012345678901234567890}}',
+        '{"meta": {"a": ' + "1" * 400 + "}}",
+        '{"text": "a\\u0000b"}',
+    ],
+)
+def test_run_workflow_refuses_what_submit_workflow_refuses(node, services, raw_input):
+    # One input rule for every door (input_rules.py): run-workflow used to run a Struct
+    # holding NaN or an integer beyond 2**53 that submit-workflow refuses.
+    wf = json.dumps(seed_workflow(services.target, review="invoke"))
+    answers = {}
+    for verb in ("submit-workflow", "run-workflow"):
+        raw = f'{{"workflow": {wf}, "input": {raw_input}}}'.encode()
+        status, body, _ = http("POST", f"{node.actions_url}/{verb}", raw=raw, timeout=30)
+        answers[verb] = (status, body.get("error"), (body.get("details") or {}).get("field"))
+    assert answers == {
+        "submit-workflow": (400, "invalid-input", "input"),
+        "run-workflow": (400, "invalid-input", "input"),
+    }, answers
