@@ -203,8 +203,10 @@ def _supervise(
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        pids = group.start()
+        pids = group.start(abort=stop)
     except RuntimeError as exc:
+        if stop.is_set():
+            return 0  # SIGTERM/SIGINT while the children started: they are stopped
         print(f"error: {exc}", file=sys.stderr)
         return 1
     try:

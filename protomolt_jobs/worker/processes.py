@@ -83,12 +83,16 @@ class WorkerProcesses:
             argv.append("--no-sweeper")
         return argv
 
-    def start(self, ready_timeout_s: float = 60.0) -> list[int]:
+    def start(
+        self, ready_timeout_s: float = 60.0, *, abort: threading.Event | None = None
+    ) -> list[int]:
         """Start every child and wait for their ready lines; then supervise them.
 
+        :param abort: when set while the children start (the supervisor got SIGTERM), stop
+            waiting for them: they are stopped and RuntimeError is raised at once.
         :returns: the children's pids.
-        :raises RuntimeError: a child exited or stayed silent past ``ready_timeout_s`` (the
-            others are stopped first).
+        :raises RuntimeError: a child exited or stayed silent past ``ready_timeout_s``, or
+            ``abort`` was set (the others are stopped first).
         """
         self._stop.clear()
         try:
@@ -96,7 +100,7 @@ class WorkerProcesses:
                 self._spawn(i)
             deadline = time.monotonic() + ready_timeout_s
             for i in range(self.count):
-                self._await_ready(i, deadline)
+                self._await_ready(i, deadline, abort)
         except BaseException:  # stop what started, re-raised
             self.stop(10.0)
             raise
@@ -121,6 +125,8 @@ class WorkerProcesses:
         monitor = self._monitor
         if monitor is not None and monitor is not threading.current_thread():
             monitor.join(5.0)
+        # Taken under the lock _spawn holds while it starts a child and that refuses once
+        # _stop is set: a restart racing this stop is either in the list or never started.
         with self._lock:
             procs = [p for p in self._procs if p is not None]
         for p in procs:
@@ -145,17 +151,25 @@ class WorkerProcesses:
     # -- internals ---------------------------------------------------------------------------
 
     def _spawn(self, i: int) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            self.argv(i), stdout=subprocess.PIPE, text=True, env=self._env, start_new_session=False
-        )
         with self._lock:
+            if self._stop.is_set():
+                raise RuntimeError(f"worker process {i} not started: the group is stopping")
+            proc = subprocess.Popen(
+                self.argv(i),
+                stdout=subprocess.PIPE,
+                text=True,
+                env=self._env,
+                start_new_session=False,
+            )
             self._procs[i] = proc
         return proc
 
-    def _await_ready(self, i: int, deadline: float) -> None:
+    def _await_ready(self, i: int, deadline: float, abort: threading.Event | None = None) -> None:
         proc = self._procs[i]
         assert proc is not None and proc.stdout is not None
         while True:
+            if abort is not None and abort.is_set():
+                raise RuntimeError(f"stopped while worker process {i} was starting")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise RuntimeError(f"worker process {i} (pid {proc.pid}) not ready in time")
@@ -197,8 +211,10 @@ class WorkerProcesses:
                     return
                 try:
                     self._spawn(i)
-                    self._await_ready(i, time.monotonic() + 60.0)
+                    self._await_ready(i, time.monotonic() + 60.0, self._stop)
                 except (OSError, RuntimeError) as exc:
+                    if self._stop.is_set():
+                        return
                     log.warning(
                         "worker process %d did not restart: %s",
                         i,

@@ -244,3 +244,71 @@ def test_workers_stop_on_their_own_when_the_supervisor_is_killed(fresh_dsn, tmp_
             os.killpg(proc.pid, signal.SIGKILL)
         assert proc.stdout is not None
         proc.stdout.close()
+
+
+def test_a_sigterm_while_the_workers_start_stops_the_supervisor_at_once(tmp_path):
+    # The children hang in their first connection (a listener that never answers, and a
+    # 120 s connect timeout), so the supervisor is still waiting for their ready lines when
+    # SIGTERM comes: it stops them and exits 0 instead of waiting out its 60 s.
+    import socket
+
+    mute = socket.socket()
+    mute.bind(("127.0.0.1", 0))
+    mute.listen(16)  # never accepted: the handshake completes, the server never speaks
+    dsn = f"postgresql://postgres@127.0.0.1:{mute.getsockname()[1]}/none"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROTOMOLT_")}
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    argv = [sys.executable, "-m", "protomolt_jobs.worker", "--processes", "2", "--dsn", dsn]
+    argv += ["--set", "connect_timeout_seconds=120"]
+    log_path = tmp_path / "workers.log"
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            text=True,
+            env=env,
+            cwd=str(REPO_ROOT),
+            start_new_session=True,
+        )
+    try:
+
+        def children() -> list[int]:
+            try:
+                with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as fh:
+                    return [int(p) for p in fh.read().split()]
+            except OSError:
+                return []
+
+        # Both children started (and are stuck connecting): the supervisor is in its wait.
+        wait_for(
+            lambda: len(children()) == 2,
+            timeout_s=30,
+            interval_s=0.05,
+            what=lambda: f"two worker children; have {children()}\n{_tail(log_path)}",
+        )
+        pids = children()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            status = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"the supervisor did not stop within 30 s of SIGTERM while starting\n"
+                f"{_tail(log_path)}"
+            ) from None
+        assert status == 0, f"exit status {status}\n{_tail(log_path)}"
+        wait_for(
+            lambda: not any(_alive(p) for p in pids),
+            timeout_s=15,
+            interval_s=0.05,
+            what=lambda: f"the children to end; alive {[p for p in pids if _alive(p)]}",
+        )
+    finally:
+        mute.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.stdout is not None
+        proc.stdout.close()

@@ -429,3 +429,16 @@ def test_worker_process_entry_refuses_bad_configuration(capsys):
     env = {"PROTOMOLT_JOBS_DSN": "postgresql://x/y", crashpoints.ENV_VAR: "nowhere"}
     assert main([], environ=env) == 2
     assert crashpoints.ENV_VAR in capsys.readouterr().err
+
+
+def test_a_stopping_process_group_starts_no_child():
+    # stop() takes its list of children under the lock _spawn holds while it starts one, and
+    # _spawn refuses once stopping: a restart racing a stop never leaves a child behind.
+    from protomolt_jobs.worker.processes import WorkerProcesses
+
+    group = WorkerProcesses(1, args=["--dsn", "postgresql://127.0.0.1:1/none"])
+    group._stop.set()
+    with pytest.raises(RuntimeError, match="stopping"):
+        group._spawn(0)
+    assert group.pids == []
+    assert group.stop(1.0) is True
