@@ -108,8 +108,7 @@ def test_pause_racing_completion_then_resume_calls_every_step_once(store, fresh_
 
     services.set_handler("Review", review)
     jobs = []
-    with WorkerProcess(fresh_dsn, worker_id="proc-p", **{**_FAST, "worker_count": 1}) as w:
-        w.start()
+    with WorkerProcess(fresh_dsn, worker_id="proc-p", **{**_FAST, "worker_count": 1}):
         for _ in range(30):
             job = enqueue(store, seed_workflow(services.target, review="invoke"), {"text": "t"})
             assert called.acquire(timeout=20), "the review step was never called"

@@ -30,8 +30,7 @@ def _run_to_dead(store, dsn, log_format: str) -> tuple[str, str]:
     worker = WorkerProcess(
         dsn, worker_id=f"logs-{log_format}", log_format=log_format, backoff_base_seconds=0.1
     )
-    with worker:
-        worker.start()
+    with worker:  # started by the with (a second start() left the first process running)
         wait_for(lambda: store.job_get(job.job_id).status == "DEAD", timeout_s=60)
         assert worker.terminate() == 0
         return str(job.job_id), worker.logs()

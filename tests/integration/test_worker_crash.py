@@ -142,3 +142,14 @@ def test_a_job_that_crashes_its_worker_every_attempt_ends_dead(store, fresh_dsn,
     finally:
         for p in procs:
             p.close()
+
+
+def test_a_worker_process_is_never_started_twice(fresh_dsn):
+    # `with WorkerProcess(...) as w: w.start()` used to start a second process and lose the
+    # first, which then ran orphaned for the rest of the suite (retrying a dropped database).
+    with WorkerProcess(fresh_dsn, worker_id="twice", **_FAST) as w:
+        first = w.proc
+        with pytest.raises(RuntimeError, match="already running"):
+            w.start()
+        assert w.proc is first and w.alive()
+    assert first is not None and first.poll() is not None

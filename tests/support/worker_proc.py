@@ -62,8 +62,12 @@ class WorkerProcess:
         """Start the process and (unless ``wait_ready`` is false: a process armed to crash at
         once may never print it) wait for its ready line.
 
-        :raises RuntimeError: when it exits or stays silent past ``ready_timeout_s``.
+        :raises RuntimeError: when it exits or stays silent past ``ready_timeout_s``, or when
+            this process is still running (a second start would lose track of it: the first
+            would outlive the test, orphaned, and load the rest of the suite).
         """
+        if self.alive():
+            raise RuntimeError(f"worker {self.worker_id} is already running (pid {self.pid})")
         env = {k: v for k, v in os.environ.items() if not k.startswith("PROTOMOLT_")}
         env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         if self.crash_at:
