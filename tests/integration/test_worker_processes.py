@@ -84,6 +84,41 @@ def _read_ready(proc: subprocess.Popen[str], log_path: Path) -> dict[str, Any]:
     return json.loads(line)
 
 
+def _start_supervisor(dsn: str, settings: dict[str, Any], log_path: Path) -> subprocess.Popen[str]:
+    """``python -m protomolt_jobs.worker --processes 2`` with ``settings`` as ``--set`` keys.
+
+    The supervisor and its children (which inherit its stderr and its process group) log to
+    ``log_path``, which failure messages quote. Its own session lets :func:`_end_supervisor`
+    kill the children too: SIGKILL to the supervisor alone would leave them running.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROTOMOLT_")}
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    argv = [sys.executable, "-m", "protomolt_jobs.worker", "--processes", "2", "--dsn", dsn]
+    for key, value in settings.items():
+        argv += ["--set", f"{key}={value}"]
+    with open(log_path, "w") as log_file:
+        return subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            text=True,
+            env=env,
+            cwd=str(REPO_ROOT),
+            start_new_session=True,
+        )
+
+
+def _end_supervisor(proc: subprocess.Popen[str]) -> None:
+    """Kill what is left of the supervisor's process group and close its pipe."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.stdout is not None
+    proc.stdout.close()
+
+
 def test_two_processes_both_claim_work_and_stop_cleanly(fresh_dsn, services, tmp_path):
     services.reset()
     # Each process runs one job at a time (worker_count=1): two Embed calls in flight at once
@@ -105,31 +140,9 @@ def test_two_processes_both_claim_work_and_stop_cleanly(fresh_dsn, services, tmp
 
     services.set_handler("Embed", embed_held)
     store = JobStore.open(fresh_dsn, max_size=2)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROTOMOLT_")}
-    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    argv = [sys.executable, "-m", "protomolt_jobs.worker", "--processes", "2", "--dsn", fresh_dsn]
-    for key, value in {
-        "worker_id": "multi",
-        "worker_count": 1,
-        "poll_interval_ms": 200,
-        "pool_max_size": 3,
-    }.items():
-        argv += ["--set", f"{key}={value}"]
-    # The supervisor and its children (which inherit its stderr and its process group) log to
-    # one file that failure messages quote. Its own session lets the cleanup below kill the
-    # children too: SIGKILL to the supervisor alone leaves them running, orphaned, for the
-    # rest of the test session.
     log_path = tmp_path / "workers.log"
-    with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=log_file,
-            text=True,
-            env=env,
-            cwd=str(REPO_ROOT),
-            start_new_session=True,
-        )
+    settings = {"worker_id": "multi", "worker_count": 1, "poll_interval_ms": 200}
+    proc = _start_supervisor(fresh_dsn, {**settings, "pool_max_size": 3}, log_path)
     jobs: list[Any] = []
 
     def state() -> str:
@@ -191,14 +204,7 @@ def test_two_processes_both_claim_work_and_stop_cleanly(fresh_dsn, services, tmp
         )
     finally:
         release.set()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        # Whatever is left of the group (children of a supervisor that did not stop them).
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        assert proc.stdout is not None
-        proc.stdout.close()
+        _end_supervisor(proc)
         store.close()
         services.reset()
 
@@ -206,21 +212,8 @@ def test_two_processes_both_claim_work_and_stop_cleanly(fresh_dsn, services, tmp
 def test_workers_stop_on_their_own_when_the_supervisor_is_killed(fresh_dsn, tmp_path):
     # A SIGKILLed supervisor sends no SIGTERM: each child notices its parent changed (it was
     # started with --supervisor-pid) and stops gracefully instead of running orphaned.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROTOMOLT_")}
-    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    argv = [sys.executable, "-m", "protomolt_jobs.worker", "--processes", "2", "--dsn", fresh_dsn]
-    argv += ["--set", "worker_count=1", "--set", "pool_max_size=2"]
     log_path = tmp_path / "workers.log"
-    with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=log_file,
-            text=True,
-            env=env,
-            cwd=str(REPO_ROOT),
-            start_new_session=True,
-        )
+    proc = _start_supervisor(fresh_dsn, {"worker_count": 1, "pool_max_size": 2}, log_path)
     try:
         pids = _read_ready(proc, log_path)["pids"]
         assert len(pids) == 2 and all(_alive(p) for p in pids)
@@ -237,13 +230,7 @@ def test_workers_stop_on_their_own_when_the_supervisor_is_killed(fresh_dsn, tmp_
         )
         assert log_path.read_text(errors="replace").count("is gone; stopping") == 2, _tail(log_path)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        assert proc.stdout is not None
-        proc.stdout.close()
+        _end_supervisor(proc)
 
 
 def test_a_sigterm_while_the_workers_start_stops_the_supervisor_at_once(tmp_path):
@@ -256,21 +243,8 @@ def test_a_sigterm_while_the_workers_start_stops_the_supervisor_at_once(tmp_path
     mute.bind(("127.0.0.1", 0))
     mute.listen(16)  # never accepted: the handshake completes, the server never speaks
     dsn = f"postgresql://postgres@127.0.0.1:{mute.getsockname()[1]}/none"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROTOMOLT_")}
-    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    argv = [sys.executable, "-m", "protomolt_jobs.worker", "--processes", "2", "--dsn", dsn]
-    argv += ["--set", "connect_timeout_seconds=120"]
     log_path = tmp_path / "workers.log"
-    with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=log_file,
-            text=True,
-            env=env,
-            cwd=str(REPO_ROOT),
-            start_new_session=True,
-        )
+    proc = _start_supervisor(dsn, {"connect_timeout_seconds": 120}, log_path)
     try:
 
         def children() -> list[int]:
@@ -305,10 +279,4 @@ def test_a_sigterm_while_the_workers_start_stops_the_supervisor_at_once(tmp_path
         )
     finally:
         mute.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        assert proc.stdout is not None
-        proc.stdout.close()
+        _end_supervisor(proc)
