@@ -19,7 +19,7 @@ def test_a_child_never_becomes_a_supervisor_again(monkeypatch, spelling):
         def __init__(self, count, *, args, worker_id, env):
             captured["argv"] = real(count, args=args, worker_id=worker_id, env=env).argv(1)
 
-        def start(self):
+        def start(self, ready_timeout_s=60.0, *, abort=None):
             raise RuntimeError("not started in this test")
 
     monkeypatch.setattr(processes, "WorkerProcesses", FakeGroup)
