@@ -23,6 +23,14 @@ Wake-up model (DESIGN 5: pickup in milliseconds, not the poll interval):
   loop (16 loops used to poll 32 times a second at the 500 ms default).
 - The listener reconnects with a capped exponential backoff. Notifications sent while it
   was disconnected are lost, so after every (re)connect it rings every loop once.
+- Only an idle worker listens (DESIGN 5: "idle workers LISTEN"). Once every loop has been
+  busy for :data:`UNLISTEN_AFTER_S`, the listener sends ``UNLISTEN``: a busy loop claims
+  again as soon as its job ends, so notifications would only wake nobody, and PostgreSQL
+  reads each one into an idle listening session in a transaction of its own (one commit
+  per job per worker process under load). The first loop to go idle again wakes the
+  listener, which sends ``LISTEN`` and then rings every idle loop once: a job committed
+  between that loop's empty claim and the ``LISTEN`` is found by the claim after it, and
+  every later one is announced.
 
 Ringing is cheap and a spurious ring costs one empty claim; tokens are capped at the
 number of loops so a burst of notifications cannot queue up a burst of empty claims.
@@ -32,6 +40,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import select
 import threading
 import time
 from collections.abc import Callable
@@ -43,13 +53,25 @@ from psycopg import sql
 from protomolt_jobs.errors import StoreError
 from protomolt_jobs.service import Backoff, PeriodicService, Service
 
-__all__ = ["BACKLOG_S", "CHANNEL", "ClaimLoop", "Doorbell", "Listener", "Poller", "backlogged"]
+__all__ = [
+    "BACKLOG_S",
+    "CHANNEL",
+    "UNLISTEN_AFTER_S",
+    "ClaimLoop",
+    "Doorbell",
+    "Listener",
+    "Poller",
+    "backlogged",
+]
 
 #: The NOTIFY channel enqueue and requeue announce on.
 CHANNEL = "protomolt_jobs"
 
 #: A claimed job that waited at least this long (seconds, database time) signals a backlog.
 BACKLOG_S = 0.05
+
+#: Every claim loop busy (none waiting on the doorbell) this long, seconds: stop listening.
+UNLISTEN_AFTER_S = 0.5
 
 # Listener reconnect backoff, seconds: first retry, cap.
 _RECONNECT_FIRST_S = 0.1
@@ -70,12 +92,31 @@ class Doorbell:
         self._tokens = 0
         self._closed = False
         self._waiting = 0
+        # monotonic time since which no thread has waited (every loop busy)
+        self._busy_since = time.monotonic()
+        self._on_idle: Callable[[], None] | None = None
 
     @property
     def waiting(self) -> int:
         """Threads blocked in :meth:`wait` right now (tests wait on it, not on a sleep)."""
         with self._cond:
             return self._waiting
+
+    def busy_for(self) -> float:
+        """Seconds since a thread last waited in :meth:`wait` (0.0 while one waits)."""
+        with self._cond:
+            if self._waiting:
+                return 0.0
+            return time.monotonic() - self._busy_since
+
+    def watch_idle(self, hook: Callable[[], None] | None) -> None:
+        """Call ``hook()`` whenever the first thread starts to wait (no waiter -> one).
+
+        The hook runs in the waiting thread with the doorbell's lock held: it must only
+        signal (the listener writes one byte to a pipe), never block or touch the doorbell.
+        """
+        with self._cond:
+            self._on_idle = hook
 
     def ring(self, n: int = 1) -> None:
         """Add ``n`` tokens (capped) and wake as many waiters."""
@@ -117,10 +158,14 @@ class Doorbell:
                     if remaining <= 0:
                         return False
                 self._waiting += 1
+                if self._waiting == 1 and self._on_idle is not None:
+                    self._on_idle()
                 try:
                     self._cond.wait(remaining)
                 finally:
                     self._waiting -= 1
+                    if not self._waiting:
+                        self._busy_since = time.monotonic()
             return False
 
 
@@ -158,44 +203,107 @@ class Listener(Service):
 
     A lost connection is retried with a capped exponential backoff (health shows
     BACKING_OFF meanwhile); the first connect happens in the thread, so a database that is
-    down does not block the worker's start.
+    down does not block the worker's start. While every loop is busy the listener stops
+    listening (``UNLISTEN`` after :data:`UNLISTEN_AFTER_S`) and listens again when a loop
+    goes idle (see the module doc).
 
     :param dsn: libpq connection string.
-    :param doorbell: rung once per notification, ``ring_all`` after each (re)connect.
+    :param doorbell: rung once per notification, ``ring_all`` after each (re)connect, once
+        per idle loop after each ``LISTEN`` that follows an ``UNLISTEN``.
     :param worker_id: for log records.
+    :param unlisten_after_s: seconds every loop must have been busy before ``UNLISTEN``
+        (None: never; the listener then listens for as long as it is connected).
     """
 
     name = "listener"
 
-    def __init__(self, dsn: str, *, doorbell: Doorbell, worker_id: str) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        doorbell: Doorbell,
+        worker_id: str,
+        unlisten_after_s: float | None = UNLISTEN_AFTER_S,
+    ) -> None:
         if not dsn:
             raise ValueError("the listener needs a dsn (jobs.dsn)")
         super().__init__(worker_id=worker_id)
         self._dsn = dsn
         self._doorbell = doorbell
+        self._unlisten_after_s = unlisten_after_s
         self._reconnect = Backoff(_RECONNECT_FIRST_S, _RECONNECT_CAP_S)
+        # The self-pipe an idle loop writes to while the listener does not listen; it
+        # exists while the listener thread runs (guarded by _wake_lock).
+        self._wake_lock = threading.Lock()
+        self._pipe: tuple[int, int] | None = None
         #: Connections made so far (tests watch reconnects through it).
         self.connects = 0
-        #: Set while a LISTEN connection is established.
+        #: Set while ``LISTEN`` is in effect on an established connection.
         self.listening = threading.Event()
         #: Notifications received so far. PostgreSQL reads each one into an idle listening
         #: session in a transaction of its own, so each also counts as one commit of this
         #: database (the benchmark reports them within its transactions per job).
         self.notifications = 0
+        #: ``UNLISTEN``s sent because every loop was busy (tests and the benchmark read it).
+        self.unlistens = 0
 
     def run_once(self, conn: Any, timeout_s: float = _LISTEN_SLICE_S) -> int:
-        """Wait up to ``timeout_s`` on ``conn`` for notifications and ring for each.
+        """Wait up to ``timeout_s`` on ``conn`` for notifications (or an idle loop's wake-up),
+        ring once for each, then ``UNLISTEN`` or ``LISTEN`` as the loops' state asks.
 
         :returns: the number of notifications received.
+        :raises psycopg.Error: when the connection fails.
         """
+        wake = self._pipe
+        poll = select.poll()  # not select.select: a busy process may hold fds past 1024
+        poll.register(conn.fileno(), select.POLLIN)
+        if wake is not None:
+            poll.register(wake[0], select.POLLIN)
+        ready = poll.poll(max(0.0, timeout_s) * 1000.0)
+        if wake is not None and any(fd == wake[0] for fd, _ in ready):
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake[0], 512)
+        # Also drains what psycopg kept from the last (UN)LISTEN's reply.
         received = 0
-        for _ in conn.notifies(timeout=timeout_s):
+        for _ in conn.notifies(timeout=0):
             received += 1
             self.notifications += 1
             self._doorbell.ring(1)
-            if self._stop.is_set():
-                break
+        self._follow_loops(conn)
         return received
+
+    def _follow_loops(self, conn: Any) -> None:
+        if self._unlisten_after_s is None:
+            return
+        if self.listening.is_set():
+            if self._doorbell.busy_for() < self._unlisten_after_s:
+                return
+            conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(CHANNEL)))
+            self.listening.clear()
+            self.unlistens += 1
+            # A loop that went idle just before the flag changed did not write to the pipe.
+            if not self._doorbell.waiting:
+                return
+        elif not self._doorbell.waiting:
+            return
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+        self.listening.set()
+        # A job committed between an idle loop's empty claim and this LISTEN was announced
+        # to nobody: every idle loop claims once more.
+        self._doorbell.ring(max(1, self._doorbell.waiting))
+
+    def _loop_idle(self) -> None:
+        # Runs in a claim loop under the doorbell's lock (Doorbell.watch_idle): one byte
+        # wakes the listener while it does not listen; nothing to do while it does.
+        if not self.listening.is_set():
+            self._wake()
+
+    def _wake(self) -> None:
+        # Stop, an injected failure or an idle loop: end the listener's select at once.
+        with self._wake_lock:
+            if self._pipe is not None:
+                with contextlib.suppress(BlockingIOError):
+                    os.write(self._pipe[1], b"\0")
 
     def _connect(self) -> Any:
         conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=5)
@@ -207,6 +315,22 @@ class Listener(Service):
         return conn
 
     def _run(self, stop: threading.Event) -> None:
+        wake = os.pipe()
+        for fd in wake:
+            os.set_blocking(fd, False)
+        with self._wake_lock:
+            self._pipe = wake
+        self._doorbell.watch_idle(self._loop_idle)
+        try:
+            self._listen(stop)
+        finally:
+            self._doorbell.watch_idle(None)
+            with self._wake_lock:
+                self._pipe = None
+                for fd in wake:
+                    os.close(fd)
+
+    def _listen(self, stop: threading.Event) -> None:
         while not stop.is_set():
             self._checkpoint()
             conn = None

@@ -11,6 +11,7 @@ import pytest
 
 from protomolt_jobs.store import JobStore
 from protomolt_jobs.worker import Sweeper, Worker
+from protomolt_jobs.worker.claim import Doorbell, Listener
 from protomolt_jobs.workflow import Runtime
 from tests.support.grpc_servers import METHODS, TestServices, seed_workflow
 from tests.support.worker_proc import enqueue, event_types, jobs_config, wait_for
@@ -115,6 +116,71 @@ def test_an_idle_worker_polls_once_per_interval_not_once_per_loop(store, fresh_d
         worker.stop()
     # ~1 claim per 100 ms for the whole worker; 8 loops polling each would make ~120.
     assert 5 <= idle <= 2 * elapsed / 0.1 + 4, idle
+
+
+def _notify(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("NOTIFY protomolt_jobs")
+
+
+def test_listener_unlistens_while_every_loop_is_busy_and_listens_again_for_an_idle_one(
+    fresh_dsn,
+):
+    bell = Doorbell(2)
+    listener = Listener(fresh_dsn, doorbell=bell, worker_id="w", unlisten_after_s=0.2)
+    listener.start()
+    try:
+        # No loop waits on the doorbell: every loop is busy, so the listener stops listening.
+        wait_for(lambda: listener.unlistens == 1)
+        assert not listener.listening.is_set()
+        while bell.wait(0):  # drop the connect's ring_all tokens
+            pass
+        _notify(fresh_dsn)  # committed after the UNLISTEN: nobody hears it
+        # A loop goes idle: the listener listens again and rings it for one more claim.
+        woke: list[bool] = []
+        loop = threading.Thread(target=lambda: woke.append(bell.wait(10.0)))
+        loop.start()
+        loop.join(10)
+        assert woke == [True]
+        assert listener.listening.is_set()
+        assert listener.notifications == 0, "the NOTIFY sent while unlistened was delivered"
+        _notify(fresh_dsn)  # listening again: heard and rung
+        wait_for(lambda: listener.notifications == 1)
+        assert bell.wait(5.0) is True
+        # Busy again (nobody waits): a second UNLISTEN.
+        wait_for(lambda: listener.unlistens == 2)
+    finally:
+        assert listener.stop() is True
+
+
+def test_a_job_submitted_while_every_loop_is_busy_runs_without_a_poll(store, fresh_dsn, services):
+    release = threading.Event()
+    default = services._do_tokenize
+
+    def held(request, context):
+        release.wait(30)  # the step's work: held until the test has submitted the second job
+        return default(request, context)
+
+    services.set_handler("Tokenize", held)
+    # one loop, a 30 s poll: only the listener's hand-over can explain a prompt pickup
+    worker = _worker(store, fresh_dsn, worker_count=1, poll_interval_ms=30_000)
+    worker.start()
+    try:
+        wait_for(worker.listener.listening.is_set)
+        first = enqueue(store, seed_workflow(services.target), {"text": "held"})
+        wait_for(lambda: worker.listener.unlistens >= 1)  # the only loop is busy
+        heard = worker.listener.notifications
+        second = enqueue(store, seed_workflow(services.target), {"text": "while busy"})
+        release.set()
+        for job in (first, second):
+            wait_for(lambda job=job: store.job_get(job.job_id).status == "WAITING", timeout_s=10)
+        assert worker.listener.notifications == heard  # the second job was not announced
+        # The loop is idle again: listening, and a new job is picked up by its NOTIFY.
+        wait_for(worker.listener.listening.is_set)
+        third = enqueue(store, seed_workflow(services.target), {"text": "idle again"})
+        wait_for(lambda: store.job_get(third.job_id).status == "WAITING", timeout_s=10)
+    finally:
+        worker.stop()
 
 
 def test_a_backoff_that_passes_is_picked_up_by_the_poller(store, fresh_dsn, services):

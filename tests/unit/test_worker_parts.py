@@ -100,6 +100,32 @@ def test_doorbell_wait_without_timeout_returns_on_ring_or_close():
     assert sorted(results) == [False, True]
 
 
+def test_doorbell_tells_how_long_every_loop_has_been_busy_and_calls_the_idle_hook_once():
+    bell = Doorbell(2)
+    idle_calls: list[int] = []
+    bell.watch_idle(lambda: idle_calls.append(bell._waiting))
+    assert _poll(lambda: bell.busy_for() > 0.01)  # nobody has waited since it was made
+    results: list[bool] = []
+    threads = [threading.Thread(target=lambda: results.append(bell.wait(None))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    assert _poll(lambda: bell.waiting == 2)
+    assert bell.busy_for() == 0.0  # a loop waits: not busy
+    assert idle_calls == [1]  # called when the first waiter came, not for the second
+    bell.ring(2)
+    for t in threads:
+        t.join(5)
+    assert results == [True, True]
+    assert bell.waiting == 0 and bell.busy_for() < 1.0
+    bell.watch_idle(None)
+    t = threading.Thread(target=lambda: bell.wait(5.0))
+    t.start()
+    assert _poll(lambda: bell.waiting == 1)
+    bell.ring()
+    t.join(5)
+    assert idle_calls == [1]  # the hook was removed
+
+
 def test_poller_rings_once_per_interval_and_stops():
     bell = Doorbell(16)
     poller = Poller(doorbell=bell, interval_s=0.05, worker_id="w")
