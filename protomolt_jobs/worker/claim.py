@@ -139,6 +139,7 @@ class Doorbell:
         with self._cond:
             self._closed = False
             self._tokens = 0
+            self._busy_since = time.monotonic()
 
     def wait(self, timeout_s: float | None) -> bool:
         """Wait for a token for at most ``timeout_s`` seconds (None: until a ring or close).
@@ -230,7 +231,9 @@ class Listener(Service):
         super().__init__(worker_id=worker_id)
         self._dsn = dsn
         self._doorbell = doorbell
-        self._unlisten_after_s = unlisten_after_s
+        #: Seconds every loop must have been busy before ``UNLISTEN`` (None: never); may be
+        #: changed before :meth:`start`.
+        self.unlisten_after_s = unlisten_after_s
         self._reconnect = Backoff(_RECONNECT_FIRST_S, _RECONNECT_CAP_S)
         # The self-pipe an idle loop writes to while the listener does not listen; it
         # exists while the listener thread runs (guarded by _wake_lock).
@@ -273,10 +276,10 @@ class Listener(Service):
         return received
 
     def _follow_loops(self, conn: Any) -> None:
-        if self._unlisten_after_s is None:
+        if self.unlisten_after_s is None:
             return
         if self.listening.is_set():
-            if self._doorbell.busy_for() < self._unlisten_after_s:
+            if self._doorbell.busy_for() < self.unlisten_after_s:
                 return
             conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(CHANNEL)))
             self.listening.clear()

@@ -3,6 +3,7 @@ stress. Real PostgreSQL and real gRPC test servers on loopback."""
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 
@@ -21,13 +22,6 @@ from tests.support.worker_proc import enqueue, event_types, jobs_config, wait_fo
 def svc():
     with TestServices(max_workers=320) as services:
         yield services
-
-
-@pytest.fixture
-def services(svc):
-    svc.reset()
-    yield svc
-    svc.reset()
 
 
 @pytest.fixture
@@ -179,6 +173,38 @@ def test_a_job_submitted_while_every_loop_is_busy_runs_without_a_poll(store, fre
         wait_for(worker.listener.listening.is_set)
         third = enqueue(store, seed_workflow(services.target), {"text": "idle again"})
         wait_for(lambda: store.job_get(third.job_id).status == "WAITING", timeout_s=10)
+    finally:
+        worker.stop()
+
+
+def test_bursts_while_loops_turn_busy_and_idle_are_all_picked_up_without_a_poll(
+    store, fresh_dsn, services
+):
+    default = services._do_tokenize
+
+    def working(request, context):
+        time.sleep(0.05)  # the step's work: keeps a loop busy for a moment
+        return default(request, context)
+
+    services.set_handler("Tokenize", working)
+    # a 30 s poll: a lost wake-up would leave a job QUEUED far past the wait below
+    worker = _worker(store, fresh_dsn, worker_count=2, poll_interval_ms=30_000)
+    worker.listener.unlisten_after_s = 0.02  # turn LISTEN off and on as often as it can
+    worker.start()
+    rng = random.Random(14)
+    jobs = []
+    try:
+        wait_for(worker.listener.listening.is_set)
+        for _ in range(8):
+            for _ in range(rng.randint(1, 4)):
+                jobs.append(enqueue(store, seed_workflow(services.target), {"text": "burst"}))
+            # gaps around the step's length and the unlisten delay: loops go idle in between
+            time.sleep(rng.choice([0.0, 0.03, 0.08, 0.2]))
+        wait_for(
+            lambda: all(store.job_get(j.job_id).status == "WAITING" for j in jobs),
+            timeout_s=15,
+        )
+        assert worker.listener.unlistens >= 1  # the bursts did turn the listener off
     finally:
         worker.stop()
 
