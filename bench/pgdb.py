@@ -123,14 +123,16 @@ class XactCounter:
 
 
 def relation_sizes(dsn: str, tables: list[str]) -> list[dict]:
-    """Heap, index and total size (bytes), live and dead tuples of each existing table."""
+    """Heap, index and total size (bytes), live and dead tuples, updates and the share of them
+    that were HOT (heap-only: no index entry written) of each existing table."""
     out = []
     with psycopg.connect(dsn, autocommit=True) as conn:
         for table in tables:
             row = conn.execute(
                 "SELECT pg_relation_size(c.oid), pg_indexes_size(c.oid), "
                 "pg_total_relation_size(c.oid), coalesce(s.n_live_tup, 0), "
-                "coalesce(s.n_dead_tup, 0) FROM pg_class c "
+                "coalesce(s.n_dead_tup, 0), coalesce(s.n_tup_upd, 0), "
+                "coalesce(s.n_tup_hot_upd, 0) FROM pg_class c "
                 "LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid "
                 "WHERE c.oid = to_regclass(%(t)s)",
                 {"t": table},
@@ -144,6 +146,8 @@ def relation_sizes(dsn: str, tables: list[str]) -> list[dict]:
                         "total_bytes": row[2],
                         "live_tuples": row[3],
                         "dead_tuples": row[4],
+                        "updates": row[5],
+                        "hot_updates": row[6],
                     }
                 )
     return out

@@ -178,11 +178,11 @@ def rows(results: dict) -> list[dict]:
                 out.append(
                     {
                         "metric": f"after throughput W={w}: {s['table']} total MiB "
-                        f"(index MiB, dead tuples)",
+                        f"(index MiB, dead tuples, HOT share of updates)",
                         "better": "",
                         "system": r["system"],
                         "text": f"{s['total_bytes'] / 2**20:.1f} ({s['index_bytes'] / 2**20:.1f}, "
-                        f"{s['dead_tuples']})",
+                        f"{s['dead_tuples']}, {_hot_share(s)})",
                         "ours": None,
                         "peers": {},
                     }
@@ -290,3 +290,9 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _hot_share(sizes: dict) -> str:
+    """HOT updates as a share of all updates (``-`` when there were none or not read)."""
+    updates = sizes.get("updates") or 0
+    return f"{100 * (sizes.get('hot_updates') or 0) / updates:.0f} % HOT" if updates else "-"

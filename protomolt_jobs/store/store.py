@@ -626,17 +626,18 @@ class JobStore:
             "lease_s": float(lease_s),
             "queues": served,
         }
-        query = "job_claim"
-        if len(served) == 1:
-            # The same claim with a plan PostgreSQL keeps (queries._derive_one_queue_claim).
-            query = "job_claim_one_queue"
-            params["queue"] = served[0]
         if limits:
             query = "job_claim_limited"
             params["limited"] = limits
             # With other queues to go on to, a limited queue busy with another claimer is
             # passed over instead of waited for.
             params["skip_busy"] = len(served) > len(limits)
+        elif len(served) == 1:
+            # The same claim with a plan PostgreSQL keeps (queries._derive_one_queue_claim).
+            query = "job_claim_one_queue"
+            params["queue"] = served[0]
+        else:
+            query = "job_claim"
         with self._connection() as conn:
             row = _one(conn, query, params)
         return JobRecord.from_row(row) if row else None

@@ -19,23 +19,10 @@ from protomolt_jobs.store import JobStore
 from protomolt_jobs.submitter import Submitter
 from protomolt_jobs.worker import Sweeper, Worker
 from protomolt_jobs.workflow import Runtime
-from tests.support.grpc_servers import TestServices, seed_workflow
+from tests.support.grpc_servers import seed_workflow
 from tests.support.worker_proc import event_types, jobs_config, wait_for
 
 INPUT = {"text": "hello brave world"}
-
-
-@pytest.fixture(scope="module")
-def svc():
-    with TestServices() as services:
-        yield services
-
-
-@pytest.fixture
-def services(svc):
-    svc.reset()
-    yield svc
-    svc.reset()
 
 
 @pytest.fixture

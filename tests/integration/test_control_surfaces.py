@@ -17,19 +17,11 @@ from protomolt_jobs.host.http_route import ActionsHttpServer, principal_of
 from protomolt_jobs.host.nodeconfig import ConfigError, NodeConfig
 from protomolt_jobs.job_verbs import JobsBackend, jobs_actions
 from protomolt_jobs.pb.ai.pipestream.proto.service.v1 import protomolt_service_pb2 as pb
-from protomolt_jobs.store import JobStore
 from protomolt_jobs.submitter import Submitter
 from protomolt_jobs.workflow import Runtime
 from tests.support.factories import claimed_job, queued_job
 
 TOKENS = {"alice": "alice-secret", "bob": "bob-secret"}
-
-
-@pytest.fixture
-def store(fresh_dsn):
-    s = JobStore.open(fresh_dsn, max_size=4)
-    yield s
-    s.close()
 
 
 @pytest.fixture

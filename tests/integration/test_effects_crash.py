@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from protomolt_jobs.store import JobStore
 from tests.support.grpc_servers import TestServices, message_class, schema_for
 from tests.support.worker_proc import (
     CRASH_EXIT_CODE,
@@ -28,26 +27,6 @@ _FAST = {
     "pool_max_size": 4,
 }
 KEY = "x-protomolt-idempotency-key"
-
-
-@pytest.fixture(scope="module")
-def svc():
-    with TestServices() as services:
-        yield services
-
-
-@pytest.fixture
-def services(svc):
-    svc.reset()
-    yield svc
-    svc.reset()
-
-
-@pytest.fixture
-def store(fresh_dsn):
-    s = JobStore.open(fresh_dsn, max_size=2)
-    yield s
-    s.close()
 
 
 def charge_workflow(target: str, *, effect: str | None, verify: bool) -> dict[str, Any]:

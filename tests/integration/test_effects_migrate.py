@@ -10,32 +10,11 @@ from google.protobuf import descriptor_pb2, descriptor_pool
 
 from protomolt_jobs.host.catalog import Caller, Catalog
 from protomolt_jobs.job_verbs import JobsBackend, jobs_actions
-from protomolt_jobs.store import JobStore
 from protomolt_jobs.submitter import Submitter
 from protomolt_jobs.worker import Worker
 from protomolt_jobs.workflow import Runtime
-from tests.support.grpc_servers import TEST_PROTO_PATH, TestServices, descriptor_set, seed_workflow
+from tests.support.grpc_servers import TEST_PROTO_PATH, descriptor_set, seed_workflow
 from tests.support.worker_proc import enqueue, jobs_config
-
-
-@pytest.fixture(scope="module")
-def svc():
-    with TestServices() as services:
-        yield services
-
-
-@pytest.fixture
-def services(svc):
-    svc.reset()
-    yield svc
-    svc.reset()
-
-
-@pytest.fixture
-def store(fresh_dsn):
-    s = JobStore.open(fresh_dsn, max_size=4)
-    yield s
-    s.close()
 
 
 def pool(change=None) -> descriptor_pool.DescriptorPool:

@@ -17,20 +17,6 @@ from protomolt_jobs.workflow import (
     run_segment,
 )
 from tests.support.graphs import batch, fan_out, graph, step
-from tests.support.grpc_servers import TestServices
-
-
-@pytest.fixture(scope="module")
-def svc():
-    with TestServices() as services:
-        yield services
-
-
-@pytest.fixture
-def services(svc):
-    svc.reset()
-    yield svc
-    svc.reset()
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,11 @@
 from __future__ import annotations
 
 import grpc
-import pytest
 
-from protomolt_jobs.store import JobStore
 from protomolt_jobs.worker import Settlement, Worker
 from protomolt_jobs.workflow import Runtime
 from tests.support.graphs import diamond, graph, step
-from tests.support.grpc_servers import TestServices, seed_workflow
+from tests.support.grpc_servers import seed_workflow
 from tests.support.worker_proc import (
     CRASH_EXIT_CODE,
     WorkerProcess,
@@ -31,26 +29,6 @@ _WRITES = (
     "job_retry",
     "job_dead",
 )
-
-
-@pytest.fixture(scope="module")
-def svc():
-    with TestServices() as services:
-        yield services
-
-
-@pytest.fixture
-def services(svc):
-    svc.reset()
-    yield svc
-    svc.reset()
-
-
-@pytest.fixture
-def store(fresh_dsn):
-    s = JobStore.open(fresh_dsn, max_size=4)
-    yield s
-    s.close()
 
 
 def _count_transactions(store) -> list[str]:

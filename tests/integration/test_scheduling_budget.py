@@ -7,10 +7,9 @@ import time
 
 import pytest
 
-from protomolt_jobs.store import JobStore
 from protomolt_jobs.submitter import Submitter
 from protomolt_jobs.workflow.types import Runtime
-from tests.support.grpc_servers import TestServices, schema_for
+from tests.support.grpc_servers import schema_for
 from tests.support.worker_proc import WorkerProcess, wait_for
 
 _FAST = {
@@ -20,26 +19,6 @@ _FAST = {
     "worker_count": 2,
     "pool_max_size": 4,
 }
-
-
-@pytest.fixture(scope="module")
-def svc():
-    with TestServices() as services:
-        yield services
-
-
-@pytest.fixture
-def services(svc):
-    svc.reset()
-    yield svc
-    svc.reset()
-
-
-@pytest.fixture
-def store(fresh_dsn):
-    s = JobStore.open(fresh_dsn, max_size=4)
-    yield s
-    s.close()
 
 
 @pytest.fixture

@@ -14,10 +14,8 @@ import time
 import uuid
 
 import psycopg
-import pytest
 from psycopg.types.json import Jsonb
 
-from protomolt_jobs.store import JobStore
 from protomolt_jobs.store.queries import QUERIES
 from tests.support.grpc_servers import TestServices, schema_for
 from tests.support.worker_proc import WorkerProcess, wait_for
@@ -69,26 +67,6 @@ class StartLog:
     def times(self, word: str) -> list[float]:
         with self.lock:
             return [at for at, t in self.starts if t.split()[0] == word]
-
-
-@pytest.fixture(scope="module")
-def svc():
-    with TestServices() as services:
-        yield services
-
-
-@pytest.fixture
-def services(svc):
-    svc.reset()
-    yield svc
-    svc.reset()
-
-
-@pytest.fixture
-def store(fresh_dsn):
-    s = JobStore.open(fresh_dsn, max_size=4)
-    yield s
-    s.close()
 
 
 def one_step(target: str) -> dict:

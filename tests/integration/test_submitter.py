@@ -6,20 +6,12 @@ import uuid
 
 import pytest
 
-from protomolt_jobs.store.store import JobStore
 from protomolt_jobs.submitter import REASONS, Submitter
 from protomolt_jobs.workflow.types import Runtime
 from tests.support.grpc_servers import seed_workflow
 from tests.support.roles import MemoryRepository
 
 TARGET = "127.0.0.1:1"  # never called: nothing runs here
-
-
-@pytest.fixture
-def store(fresh_dsn):
-    s = JobStore.open(fresh_dsn, max_size=2)
-    yield s
-    s.close()
 
 
 @pytest.fixture

@@ -6,19 +6,10 @@ from __future__ import annotations
 import logging
 
 import psycopg
-import pytest
 
-from protomolt_jobs.store import JobStore
 from protomolt_jobs.worker import Sweeper
 from tests.support.factories import queued_job
 from tests.support.worker_proc import jobs_config, wait_for
-
-
-@pytest.fixture
-def store(fresh_dsn):
-    s = JobStore.open(fresh_dsn, max_size=2)
-    yield s
-    s.close()
 
 
 def _expire(dsn, job_id):

@@ -12,16 +12,8 @@ import psycopg
 import pytest
 
 from protomolt_jobs.errors import ControlApplied
-from protomolt_jobs.store import JobStore
 from tests.support.factories import claimed_job, queued_job
 from tests.support.worker_proc import event_types
-
-
-@pytest.fixture
-def store(fresh_dsn):
-    s = JobStore.open(fresh_dsn, max_size=4)
-    yield s
-    s.close()
 
 
 def _sql(dsn, query, *params):

@@ -8,8 +8,7 @@ import threading
 
 import pytest
 
-from protomolt_jobs.store import JobStore
-from tests.support.grpc_servers import TestServices, seed_workflow
+from tests.support.grpc_servers import seed_workflow
 from tests.support.worker_proc import (
     CRASH_EXIT_CODE,
     WorkerProcess,
@@ -26,26 +25,6 @@ _FAST = {
     "worker_count": 2,
     "pool_max_size": 4,
 }
-
-
-@pytest.fixture(scope="module")
-def svc():
-    with TestServices() as services:
-        yield services
-
-
-@pytest.fixture
-def services(svc):
-    svc.reset()
-    yield svc
-    svc.reset()
-
-
-@pytest.fixture
-def store(fresh_dsn):
-    s = JobStore.open(fresh_dsn, max_size=2)
-    yield s
-    s.close()
 
 
 def test_sigkill_mid_step_resumes_at_the_first_missing_checkpoint(store, fresh_dsn, services):

@@ -11,31 +11,10 @@ import grpc
 import psycopg
 import pytest
 
-from protomolt_jobs.store import JobStore
 from protomolt_jobs.worker import Settlement, Sweeper, Worker
 from protomolt_jobs.workflow import Runtime
-from tests.support.grpc_servers import BoxServer, TestServices, expected_tokens, seed_workflow
+from tests.support.grpc_servers import BoxServer, expected_tokens, seed_workflow
 from tests.support.worker_proc import enqueue, event_types, events, jobs_config, wait_for
-
-
-@pytest.fixture(scope="module")
-def svc():
-    with TestServices() as services:
-        yield services
-
-
-@pytest.fixture
-def services(svc):
-    svc.reset()
-    yield svc
-    svc.reset()
-
-
-@pytest.fixture
-def store(fresh_dsn):
-    s = JobStore.open(fresh_dsn, max_size=4)
-    yield s
-    s.close()
 
 
 def _worker(store, dsn, **overrides):
