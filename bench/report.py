@@ -34,6 +34,12 @@ def _fmt(v: float | None, unit: str = "") -> str:
     return f"{v:g}{unit}"
 
 
+def _hot_share(sizes: dict) -> str:
+    """HOT updates as a share of all updates (``-`` when there were none or not read)."""
+    updates = sizes.get("updates") or 0
+    return f"{100 * (sizes.get('hot_updates') or 0) / updates:.0f} % HOT" if updates else "-"
+
+
 def rows(results: dict) -> list[dict]:
     """Flatten scenario results into ``{metric, better, ours, peers: {name: value}}`` rows."""
     out: list[dict] = []
@@ -290,9 +296,3 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-
-
-def _hot_share(sizes: dict) -> str:
-    """HOT updates as a share of all updates (``-`` when there were none or not read)."""
-    updates = sizes.get("updates") or 0
-    return f"{100 * (sizes.get('hot_updates') or 0) / updates:.0f} % HOT" if updates else "-"

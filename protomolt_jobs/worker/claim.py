@@ -24,7 +24,8 @@ Wake-up model (DESIGN 5: pickup in milliseconds, not the poll interval):
 - The listener reconnects with a capped exponential backoff. Notifications sent while it
   was disconnected are lost, so after every (re)connect it rings every loop once.
 - Only an idle worker listens (DESIGN 5: "idle workers LISTEN"). Once every loop has been
-  busy for :data:`UNLISTEN_AFTER_S`, the listener sends ``UNLISTEN``: a busy loop claims
+  busy for :data:`UNLISTEN_AFTER_S`, or :data:`UNLISTEN_AFTER_NOTIFIES` notifications came
+  while every loop was busy (a burst), the listener sends ``UNLISTEN``: a busy loop claims
   again as soon as its job ends, so notifications would only wake nobody, and PostgreSQL
   reads each one into an idle listening session in a transaction of its own (one commit
   per job per worker process under load). The first loop to go idle again wakes the
@@ -56,6 +57,7 @@ from protomolt_jobs.service import Backoff, PeriodicService, Service
 __all__ = [
     "BACKLOG_S",
     "CHANNEL",
+    "UNLISTEN_AFTER_NOTIFIES",
     "UNLISTEN_AFTER_S",
     "ClaimLoop",
     "Doorbell",
@@ -72,6 +74,10 @@ BACKLOG_S = 0.05
 
 #: Every claim loop busy (none waiting on the doorbell) this long, seconds: stop listening.
 UNLISTEN_AFTER_S = 0.5
+
+#: Notifications received while every claim loop was busy that also stop listening at once:
+#: more than an ``UNLISTEN``, a ``LISTEN`` and a claim cost when a loop is idle again.
+UNLISTEN_AFTER_NOTIFIES = 4
 
 # Listener reconnect backoff, seconds: first retry, cap.
 _RECONNECT_FIRST_S = 0.1
@@ -205,7 +211,8 @@ class Listener(Service):
     A lost connection is retried with a capped exponential backoff (health shows
     BACKING_OFF meanwhile); the first connect happens in the thread, so a database that is
     down does not block the worker's start. While every loop is busy the listener stops
-    listening (``UNLISTEN`` after :data:`UNLISTEN_AFTER_S`) and listens again when a loop
+    listening (``UNLISTEN`` after :data:`UNLISTEN_AFTER_S`, or after
+    :data:`UNLISTEN_AFTER_NOTIFIES` unanswered notifications) and listens again when a loop
     goes idle (see the module doc).
 
     :param dsn: libpq connection string.
@@ -249,6 +256,8 @@ class Listener(Service):
         self.notifications = 0
         #: ``UNLISTEN``s sent because every loop was busy (tests and the benchmark read it).
         self.unlistens = 0
+        # Notifications received since a loop last waited on the doorbell (none could answer).
+        self._unanswered = 0
 
     def run_once(self, conn: Any, timeout_s: float = _LISTEN_SLICE_S) -> int:
         """Wait up to ``timeout_s`` on ``conn`` for notifications (or an idle loop's wake-up),
@@ -272,6 +281,10 @@ class Listener(Service):
             received += 1
             self.notifications += 1
             self._doorbell.ring(1)
+        if self._doorbell.waiting:
+            self._unanswered = 0
+        else:
+            self._unanswered += received
         self._follow_loops(conn)
         return received
 
@@ -279,11 +292,15 @@ class Listener(Service):
         if self.unlisten_after_s is None:
             return
         if self.listening.is_set():
-            if self._doorbell.busy_for() < self.unlisten_after_s:
+            busy_s = self._doorbell.busy_for()
+            if not busy_s or (
+                busy_s < self.unlisten_after_s and self._unanswered < UNLISTEN_AFTER_NOTIFIES
+            ):
                 return
             conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(CHANNEL)))
             self.listening.clear()
             self.unlistens += 1
+            self._unanswered = 0
             # A loop that went idle just before the flag changed did not write to the pipe.
             if not self._doorbell.waiting:
                 return

@@ -12,7 +12,7 @@ import pytest
 
 from protomolt_jobs.store import JobStore
 from protomolt_jobs.worker import Sweeper, Worker
-from protomolt_jobs.worker.claim import Doorbell, Listener
+from protomolt_jobs.worker.claim import UNLISTEN_AFTER_NOTIFIES, Doorbell, Listener
 from protomolt_jobs.workflow import Runtime
 from tests.support.grpc_servers import METHODS, TestServices, seed_workflow
 from tests.support.worker_proc import enqueue, event_types, jobs_config, wait_for
@@ -143,6 +143,24 @@ def test_listener_unlistens_while_every_loop_is_busy_and_listens_again_for_an_id
         assert bell.wait(5.0) is True
         # Busy again (nobody waits): a second UNLISTEN.
         wait_for(lambda: listener.unlistens == 2)
+    finally:
+        assert listener.stop() is True
+
+
+def test_a_burst_of_unanswered_notifications_stops_listening_before_the_delay(fresh_dsn):
+    bell = Doorbell(1)
+    # a delay no test waits for: only the count of unanswered notifications can stop it
+    listener = Listener(fresh_dsn, doorbell=bell, worker_id="w", unlisten_after_s=600)
+    listener.start()
+    try:
+        wait_for(listener.listening.is_set)
+        for _ in range(UNLISTEN_AFTER_NOTIFIES - 1):
+            _notify(fresh_dsn)
+        wait_for(lambda: listener.notifications == UNLISTEN_AFTER_NOTIFIES - 1)
+        assert listener.unlistens == 0 and listener.listening.is_set()
+        _notify(fresh_dsn)  # the one that makes the burst: nobody waits, so UNLISTEN
+        wait_for(lambda: listener.unlistens == 1)
+        assert not listener.listening.is_set()
     finally:
         assert listener.stop() is True
 
