@@ -211,6 +211,8 @@ def test_several_workers_on_one_database_lose_no_wake_up(store, fresh_dsn, servi
     finally:
         for w in workers:
             assert w.stop() is True
+    # the kills and injected failures did make the listeners reconnect
+    assert sum(w.listener.connects for w in workers) >= 3 + 4
     assert sum(w.listener.unlistens for w in workers) >= 1
     assert not defects()
 
@@ -628,3 +630,62 @@ def test_two_processes_unlisten_while_busy_and_lose_no_wake_up(fresh_dsn, servic
         release.set()
         _end_supervisor(proc)
         store.close()
+
+
+# -- 4. everything at once ---------------------------------------------------------------------
+
+
+def _count_not_parked(dsn, jobs):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT count(*) FROM workflow_run WHERE job_id = ANY(%s) AND status <> 'WAITING'",
+            ([j.job_id for j in jobs],),
+        ).fetchone()[0]
+
+
+def test_fleet_with_churn_killed_connections_and_injected_failures_loses_no_job(
+    store, fresh_dsn, services
+):
+    """Three workers of four loops (unlisten delays 0, 1 ms and the default), steps of 0-30 ms,
+    bursts of up to 12 jobs, listener sessions killed and listener failures injected along
+    the way; a 30 s poll: every job parks well before a poll could have found it."""
+    default = services._do_tokenize
+
+    def tokenize(request, context):
+        time.sleep(int(request.text) / 1000.0)
+        return default(request, context)
+
+    services.set_handler("Tokenize", tokenize)
+    workers = [_worker(store, fresh_dsn, worker_count=4, worker_id=f"f{i}") for i in range(3)]
+    workers[0].listener.unlisten_after_s = 0.0
+    workers[1].listener.unlisten_after_s = 0.001
+    for w in workers:
+        w.start()
+    rng = random.Random(21)
+    jobs: list = []
+    try:
+        for w in workers:
+            wait_for(w.listener.listening.is_set)
+        for round_ in range(40):
+            for _ in range(rng.randint(1, 12)):
+                ms = rng.choice([0, 0, 1, 5, 30])
+                jobs.append(enqueue(store, seed_workflow(services.target), {"text": str(ms)}))
+            if round_ % 10 == 3:
+                _terminate(fresh_dsn, _listener_backend_pids(fresh_dsn)[:1])
+            if round_ % 10 == 7:
+                rng.choice(workers).listener.inject_failure()
+            time.sleep(rng.choice([0.0, 0.002, 0.01, 0.04, 0.1]))
+        wait_for(
+            lambda: _count_not_parked(fresh_dsn, jobs) == 0,
+            timeout_s=20,
+            what=lambda: (
+                f"not parked: {_count_not_parked(fresh_dsn, jobs)}; "
+                + _state(store, [], *workers)()
+            ),
+        )
+    finally:
+        for w in workers:
+            assert w.stop() is True
+    # the kills and injected failures did make the listeners reconnect
+    assert sum(w.listener.connects for w in workers) >= 3 + 4
+    assert sum(w.listener.unlistens for w in workers) >= 1
