@@ -31,7 +31,9 @@ Wake-up model (DESIGN 5: pickup in milliseconds, not the poll interval):
   per job per worker process under load). The first loop to go idle again wakes the
   listener, which sends ``LISTEN`` and then rings every idle loop once: a job committed
   between that loop's empty claim and the ``LISTEN`` is found by the claim after it, and
-  every later one is announced.
+  every later one is announced. A loop whose claim began before the ``LISTEN`` and ended
+  after it (busy when the idle loops were rung) claims once more instead of waiting
+  (:meth:`Doorbell.relistened`): its claim may have missed such a job too.
 
 Ringing is cheap and a spurious ring costs one empty claim; tokens are capped at the
 number of loops so a burst of notifications cannot queue up a burst of empty claims.
@@ -101,6 +103,8 @@ class Doorbell:
         # monotonic time since which no thread has waited (every loop busy)
         self._busy_since = time.monotonic()
         self._on_idle: Callable[[], None] | None = None
+        # LISTENs that followed an UNLISTEN so far (see relistened)
+        self._listens = 0
 
     @property
     def waiting(self) -> int:
@@ -130,6 +134,24 @@ class Doorbell:
             self._tokens = min(self.capacity, self._tokens + max(0, n))
             self._cond.notify(n)
 
+    def listens(self) -> int:
+        """LISTENs after an UNLISTEN so far: a loop reads it before its claim and passes it to
+        :meth:`wait` (``since``)."""
+        with self._cond:
+            return self._listens
+
+    def relistened(self) -> None:
+        """A ``LISTEN`` that followed an ``UNLISTEN`` is in effect: ring every waiting loop
+        once, and make a loop whose claim began before it (it still claims, or is about to
+        wait with an older ``since``) claim once more instead of waiting. Jobs committed
+        before the ``LISTEN`` were announced to nobody; a claim that began before it may have
+        missed them."""
+        with self._cond:
+            self._listens += 1
+            n = max(1, self._waiting)
+            self._tokens = min(self.capacity, self._tokens + n)
+            self._cond.notify(n)
+
     def ring_all(self) -> None:
         """Wake every loop once (after a listener (re)connect)."""
         self.ring(self.capacity)
@@ -147,13 +169,18 @@ class Doorbell:
             self._tokens = 0
             self._busy_since = time.monotonic()
 
-    def wait(self, timeout_s: float | None) -> bool:
+    def wait(self, timeout_s: float | None, since: int | None = None) -> bool:
         """Wait for a token for at most ``timeout_s`` seconds (None: until a ring or close).
 
-        :returns: True when woken by a ring (a token was taken), False on timeout or close.
+        :param since: :meth:`listens` as read before the caller's last claim: when a
+            ``LISTEN`` came since, return True at once (claim again; no token is taken).
+        :returns: True when woken by a ring (a token was taken) or a ``LISTEN`` since
+            ``since``, False on timeout or close.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
+            if since is not None and since != self._listens and not self._closed:
+                return True
             while not self._closed:
                 if self._tokens > 0:
                     self._tokens -= 1
@@ -309,8 +336,9 @@ class Listener(Service):
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
         self.listening.set()
         # A job committed between an idle loop's empty claim and this LISTEN was announced
-        # to nobody: every idle loop claims once more.
-        self._doorbell.ring(max(1, self._doorbell.waiting))
+        # to nobody: every idle loop claims once more, and so does a loop whose claim began
+        # before the LISTEN and ends after it (not yet idle, so not rung).
+        self._doorbell.relistened()
 
     def _loop_idle(self) -> None:
         # Runs in a claim loop under the doorbell's lock (Doorbell.watch_idle): one byte
@@ -480,6 +508,8 @@ class ClaimLoop(Service):
     def _run(self, stop: threading.Event) -> None:
         while not (stop.is_set() or self._stopping.is_set()):
             self._checkpoint()
+            # read before the claim: a LISTEN after it makes the wait below claim once more
+            listens = self._doorbell.listens()
             try:
                 claimed = self.run_once()
             except StoreError as exc:
@@ -498,4 +528,4 @@ class ClaimLoop(Service):
                 continue
             # No timeout: the poller rings once per poll interval for the whole worker.
             self._continuing = False
-            self._doorbell.wait(None)
+            self._doorbell.wait(None, since=listens)

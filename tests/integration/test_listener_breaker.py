@@ -688,3 +688,111 @@ def test_fleet_with_churn_killed_connections_and_injected_failures_loses_no_job(
     # the kills and injected failures did make the listeners reconnect
     assert sum(w.listener.connects for w in workers) >= 3 + 4
     assert sum(w.listener.unlistens for w in workers) >= 1
+
+
+# -- 5. a claim that straddles the LISTEN ------------------------------------------------------
+
+
+def test_a_loop_whose_claim_straddles_the_listen_claims_once_more(fresh_dsn):
+    """Two loops, both busy (UNLISTEN). Loop B starts its claim (snapshot: nothing queued);
+    loop A goes idle, which makes the listener LISTEN; two jobs commit just before that
+    LISTEN (no NOTIFY reaches anyone); the listener rings the one idle loop (A); B's claim
+    returns empty after the ring. A runs J1 (a long step); J2 must not wait for J1 (or a
+    poll) while B sits idle: B claims once more because a LISTEN came during its claim.
+
+    The interleaving is forced with fake claims and a listener hook; the listener, the
+    doorbell and the claim loops are the real ones."""
+    import collections
+    import datetime
+    import types
+
+    from protomolt_jobs.worker.claim import ClaimLoop
+
+    t = datetime.datetime(2026, 1, 1)
+
+    def job(name):  # waited no time in the queue: no backlog baton
+        return types.SimpleNamespace(name=name, created_at=t, run_after=t, updated_at=t)
+
+    bell = Doorbell(2)
+    lock = threading.Lock()
+    queue: collections.deque = collections.deque()
+    claimed: dict[str, tuple[str, float]] = {}
+    a_done, b_done, committed, end = (threading.Event() for _ in range(4))
+    calls = {"a": 0, "b": 0}
+
+    class _Listener(Listener):
+        def _follow_loops(self, conn):
+            if (
+                not self.listening.is_set()
+                and self._doorbell.waiting
+                and a_done.is_set()
+                and not committed.is_set()
+            ):
+                with lock:  # committed between the UNLISTEN and this LISTEN: announced to nobody
+                    queue.extend([job("J1"), job("J2")])
+                committed.set()
+            return super()._follow_loops(conn)
+
+    listener = _Listener(fresh_dsn, doorbell=bell, worker_id="w", unlisten_after_s=0.0)
+
+    def pop(who):
+        with lock:
+            if queue:
+                j = queue.popleft()
+                claimed[j.name] = (who, time.monotonic())
+                return j
+        return None
+
+    def claim_a():
+        calls["a"] += 1
+        if calls["a"] == 1:
+            return job("a1")
+        if calls["a"] == 2:
+            return None  # A's empty claim: A goes idle and wakes the listener
+        return pop("A")
+
+    def claim_b():
+        calls["b"] += 1
+        if calls["b"] == 1:
+            return job("b1")
+        if calls["b"] == 2:
+            # B's claim began while unlistened, before the jobs committed ...
+            a_done.set()
+            wait_for(lambda: committed.is_set() and listener.listening.is_set(), interval_s=0.0005)
+            time.sleep(0.05)  # ... and ends after the listener rang the idle loop (A)
+            return None
+        return pop("B")
+
+    def execute(j):
+        if j.name == "a1":
+            a_done.wait(10)
+        elif j.name == "b1":
+            b_done.wait(10)
+        else:
+            end.wait(3)  # a long step
+
+    stopping = threading.Event()
+    loops = [
+        ClaimLoop(claim=c, execute=execute, doorbell=bell, stopping=stopping, name=n, worker_id="w")
+        for c, n in ((claim_a, "claim_loop_0"), (claim_b, "claim_loop_1"))
+    ]
+    listener.start()
+    for loop in loops:
+        loop.start()
+    try:
+        wait_for(lambda: listener.unlistens >= 1 and not listener.listening.is_set())
+        while bell.wait(0):  # the connect's ring_all tokens
+            pass
+        b_done.set()
+        wait_for(lambda: "J1" in claimed)
+        started = claimed["J1"][1]
+        wait_for(lambda: "J2" in claimed, timeout_s=5)
+        assert claimed["J2"][1] - started < 1.0, claimed  # not after J1's 3 s step
+        assert {claimed["J1"][0], claimed["J2"][0]} == {"A", "B"}, claimed
+    finally:
+        end.set()
+        stopping.set()
+        bell.close()
+        for loop in loops:
+            loop.stop()
+        assert listener.stop() is True

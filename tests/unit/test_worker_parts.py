@@ -126,6 +126,23 @@ def test_doorbell_tells_how_long_every_loop_has_been_busy_and_calls_the_idle_hoo
     assert idle_calls == [1]  # the hook was removed
 
 
+def test_doorbell_relistened_rings_the_waiters_and_sends_a_straddling_claim_back():
+    bell = Doorbell(2)
+    before = bell.listens()  # a loop reads it before its claim
+    results: list[bool] = []
+    waiter = threading.Thread(target=lambda: results.append(bell.wait(5.0)))
+    waiter.start()
+    assert _poll(lambda: bell.waiting == 1)
+    bell.relistened()  # a LISTEN after an UNLISTEN
+    waiter.join(5)
+    assert results == [True]  # the idle loop was rung
+    # the loop whose claim began before the LISTEN claims again at once, taking no token
+    assert bell.wait(5.0, since=before) is True
+    assert bell.wait(0.05, since=bell.listens()) is False  # no LISTEN since: it waits
+    bell.close()
+    assert bell.wait(5.0, since=before) is False  # closed: no more claims
+
+
 def test_poller_rings_once_per_interval_and_stops():
     bell = Doorbell(16)
     poller = Poller(doorbell=bell, interval_s=0.05, worker_id="w")
