@@ -759,8 +759,8 @@ def test_a_loop_whose_claim_straddles_the_listen_claims_once_more(fresh_dsn):
             # B's claim began while unlistened, before the jobs committed ...
             a_done.set()
             wait_for(lambda: committed.is_set() and listener.listening.is_set(), interval_s=0.0005)
-            time.sleep(0.05)  # ... and ends after the listener rang the idle loop (A)
-            return None
+            wait_for(lambda: "J1" in claimed, interval_s=0.0005)  # ... and ends after the
+            return None  # listener rang the idle loop (A), which took J1
         return pop("B")
 
     def execute(j):
