@@ -265,8 +265,8 @@ class Listener(Service):
         super().__init__(worker_id=worker_id)
         self._dsn = dsn
         self._doorbell = doorbell
-        #: Seconds every loop must have been busy before ``UNLISTEN`` (None: never); may be
-        #: changed before :meth:`start`.
+        #: Seconds every loop must have been busy before ``UNLISTEN`` (None: never; set while
+        #: not listening, the listener listens again at its next pass).
         self.unlisten_after_s = unlisten_after_s
         self._reconnect = Backoff(_RECONNECT_FIRST_S, _RECONNECT_CAP_S)
         # The self-pipe an idle loop writes to while the listener does not listen; it
@@ -316,9 +316,9 @@ class Listener(Service):
         return received
 
     def _follow_loops(self, conn: Any) -> None:
-        if self.unlisten_after_s is None:
-            return
         if self.listening.is_set():
+            if self.unlisten_after_s is None:
+                return
             busy_s = self._doorbell.busy_for()
             if not busy_s or (
                 busy_s < self.unlisten_after_s and self._unanswered < UNLISTEN_AFTER_NOTIFIES
@@ -331,7 +331,7 @@ class Listener(Service):
             # A loop that went idle just before the flag changed did not write to the pipe.
             if not self._doorbell.waiting:
                 return
-        elif not self._doorbell.waiting:
+        elif not self._doorbell.waiting and self.unlisten_after_s is not None:
             return
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
         self.listening.set()

@@ -165,6 +165,21 @@ def test_a_burst_of_unanswered_notifications_stops_listening_before_the_delay(fr
         assert listener.stop() is True
 
 
+def test_turning_the_unlisten_rule_off_while_not_listening_listens_again(fresh_dsn):
+    bell = Doorbell(1)
+    listener = Listener(fresh_dsn, doorbell=bell, worker_id="w", unlisten_after_s=0.05)
+    listener.start()
+    try:
+        wait_for(lambda: listener.unlistens == 1)  # no loop waits: every loop is busy
+        listener.unlisten_after_s = None  # found by the breaker: it stayed unlistened for good
+        wait_for(listener.listening.is_set)
+        _notify(fresh_dsn)
+        wait_for(lambda: listener.notifications == 1)
+        assert listener.unlistens == 1
+    finally:
+        assert listener.stop() is True
+
+
 def test_a_job_submitted_while_every_loop_is_busy_runs_without_a_poll(store, fresh_dsn, services):
     release = threading.Event()
     default = services._do_tokenize
