@@ -17,11 +17,9 @@ import psycopg
 import pytest
 
 from protomolt_jobs.store import JobStore
-from protomolt_jobs.worker import Worker
 from protomolt_jobs.worker.claim import Doorbell, Listener
-from protomolt_jobs.workflow import Runtime
 from tests.support.grpc_servers import TestServices, seed_workflow
-from tests.support.worker_proc import enqueue, jobs_config, wait_for
+from tests.support.worker_proc import enqueue, in_process_worker, wait_for
 
 POLL_MS = 30_000
 
@@ -41,7 +39,7 @@ def store(fresh_dsn):
 
 def _worker(store, dsn, **overrides):
     overrides.setdefault("poll_interval_ms", POLL_MS)
-    return Worker(store, runtime=Runtime(), config=jobs_config(dsn, **overrides), dsn=dsn)
+    return in_process_worker(store, dsn, **overrides)
 
 
 def _queued(store, jobs):

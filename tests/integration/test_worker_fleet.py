@@ -11,11 +11,10 @@ import psycopg
 import pytest
 
 from protomolt_jobs.store import JobStore
-from protomolt_jobs.worker import Sweeper, Worker
+from protomolt_jobs.worker import Sweeper
 from protomolt_jobs.worker.claim import UNLISTEN_AFTER_NOTIFIES, Doorbell, Listener
-from protomolt_jobs.workflow import Runtime
 from tests.support.grpc_servers import METHODS, TestServices, seed_workflow
-from tests.support.worker_proc import enqueue, event_types, jobs_config, wait_for
+from tests.support.worker_proc import enqueue, event_types, in_process_worker, jobs_config, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +28,6 @@ def store(fresh_dsn):
     s = JobStore.open(fresh_dsn, max_size=10)
     yield s
     s.close()
-
-
-def _worker(store, dsn, **overrides):
-    return Worker(store, runtime=Runtime(), config=jobs_config(dsn, **overrides), dsn=dsn)
 
 
 def _our_threads() -> list[str]:
@@ -72,7 +67,7 @@ class _Concurrency:
 
 def test_pickup_follows_notify_not_the_poll_interval(store, fresh_dsn, services):
     # a 30 s poll: only the NOTIFY can explain a pickup within a few seconds
-    worker = _worker(store, fresh_dsn, poll_interval_ms=30_000)
+    worker = in_process_worker(store, fresh_dsn, poll_interval_ms=30_000)
     worker.start()
     try:
         wait_for(worker.listener.listening.is_set)
@@ -94,7 +89,7 @@ def test_an_idle_worker_polls_once_per_interval_not_once_per_loop(store, fresh_d
         return real_claim(*args, **kwargs)
 
     store.job_claim = counted
-    worker = _worker(store, fresh_dsn, worker_count=8, poll_interval_ms=100)
+    worker = in_process_worker(store, fresh_dsn, worker_count=8, poll_interval_ms=100)
     worker.start()
     try:
         wait_for(worker.listener.listening.is_set)
@@ -190,7 +185,7 @@ def test_a_job_submitted_while_every_loop_is_busy_runs_without_a_poll(store, fre
 
     services.set_handler("Tokenize", held)
     # one loop, a 30 s poll: only the listener's hand-over can explain a prompt pickup
-    worker = _worker(store, fresh_dsn, worker_count=1, poll_interval_ms=30_000)
+    worker = in_process_worker(store, fresh_dsn, worker_count=1, poll_interval_ms=30_000)
     worker.start()
     try:
         wait_for(worker.listener.listening.is_set)
@@ -221,7 +216,7 @@ def test_bursts_while_loops_turn_busy_and_idle_are_all_picked_up_without_a_poll(
 
     services.set_handler("Tokenize", working)
     # a 30 s poll: a lost wake-up would leave a job QUEUED far past the wait below
-    worker = _worker(store, fresh_dsn, worker_count=2, poll_interval_ms=30_000)
+    worker = in_process_worker(store, fresh_dsn, worker_count=2, poll_interval_ms=30_000)
     worker.listener.unlisten_after_s = 0.02  # turn LISTEN off and on as often as it can
     worker.start()
     rng = random.Random(14)
@@ -247,7 +242,7 @@ def test_a_backoff_that_passes_is_picked_up_by_the_poller(store, fresh_dsn, serv
     claimed = store.job_claim("someone-else", 30)
     assert claimed is not None and claimed.job_id == job.job_id
     store.job_retry(claimed.lease, 0.5, "GRPC: gRPC UNAVAILABLE from x: down")
-    worker = _worker(store, fresh_dsn, worker_count=4, poll_interval_ms=100)
+    worker = in_process_worker(store, fresh_dsn, worker_count=4, poll_interval_ms=100)
     worker.start()
     try:
         # The retry's NOTIFY fires before run_after passes; only the poller announces it.
@@ -257,7 +252,7 @@ def test_a_backoff_that_passes_is_picked_up_by_the_poller(store, fresh_dsn, serv
 
 
 def test_listener_reconnects_and_polls_after_a_killed_connection(store, fresh_dsn, services):
-    worker = _worker(store, fresh_dsn, poll_interval_ms=30_000)
+    worker = in_process_worker(store, fresh_dsn, poll_interval_ms=30_000)
     worker.start()
     try:
         wait_for(worker.listener.listening.is_set)
@@ -278,8 +273,8 @@ def test_a_step_three_times_longer_than_the_lease_completes_once(store, fresh_ds
     lease_s = 1.0
     services.set_delay("Tokenize", 3 * lease_s + 0.3)
     job = enqueue(store, seed_workflow(services.target, review="invoke"), {"text": "slow step"})
-    w1 = _worker(store, fresh_dsn, worker_id="w1", lease_seconds=lease_s)
-    w2 = _worker(store, fresh_dsn, worker_id="w2", lease_seconds=lease_s)
+    w1 = in_process_worker(store, fresh_dsn, worker_id="w1", lease_seconds=lease_s)
+    w2 = in_process_worker(store, fresh_dsn, worker_id="w2", lease_seconds=lease_s)
     sweeper = Sweeper(store, config=jobs_config(fresh_dsn, sweep_interval_ms=50))
     w1.start()
     try:
@@ -305,7 +300,7 @@ def test_per_target_cap_bounds_concurrent_calls_from_one_worker(store, fresh_dsn
         enqueue(store, seed_workflow(services.target, review="invoke"), {"text": f"job {i}"})
         for i in range(20)
     ]
-    worker = _worker(store, fresh_dsn, worker_count=8, max_concurrent_per_target=2)
+    worker = in_process_worker(store, fresh_dsn, worker_count=8, max_concurrent_per_target=2)
     worker.start()
     try:
         wait_for(
@@ -339,7 +334,7 @@ def test_256_jobs_in_flight_in_one_worker_with_a_pool_of_10(fresh_dsn, services)
     services.set_handler("Tokenize", tokenize)
     workflow = seed_workflow(services.target)
     jobs = [enqueue(store, workflow, {"text": f"w{i}"}) for i in range(n)]
-    worker = _worker(
+    worker = in_process_worker(
         store,
         fresh_dsn,
         worker_count=n,
@@ -381,7 +376,7 @@ def test_graceful_stop_releases_what_outlives_the_grace_and_gives_back_the_attem
 ):
     services.set_delay("Embed", 3.0)
     job = enqueue(store, seed_workflow(services.target, review="invoke"), {"text": "stop me"})
-    worker = _worker(store, fresh_dsn, lease_seconds=30)
+    worker = in_process_worker(store, fresh_dsn, lease_seconds=30)
     worker.start()
     wait_for(lambda: services.calls("Embed") == 1)
     t0 = time.monotonic()
@@ -407,7 +402,7 @@ def test_graceful_stop_releases_what_outlives_the_grace_and_gives_back_the_attem
     assert row.status == "QUEUED" and [c["name"] for c in row.checkpoints] == ["tokenize"]
     # another worker resumes at embed and completes with attempt 1
     services.set_delay("Embed", 0)
-    w2 = _worker(store, fresh_dsn, worker_id="w2")
+    w2 = in_process_worker(store, fresh_dsn, worker_id="w2")
     w2.start()
     try:
         wait_for(lambda: store.job_get(job.job_id).status == "COMPLETED", timeout_s=20)
@@ -420,7 +415,7 @@ def test_graceful_stop_releases_what_outlives_the_grace_and_gives_back_the_attem
 def test_graceful_stop_lets_a_segment_finish_within_the_grace(store, fresh_dsn, services):
     services.set_delay("Embed", 0.5)
     job = enqueue(store, seed_workflow(services.target, review="invoke"), {"text": "finish me"})
-    worker = _worker(store, fresh_dsn, lease_seconds=30)
+    worker = in_process_worker(store, fresh_dsn, lease_seconds=30)
     worker.start()
     wait_for(lambda: services.calls("Embed") == 1)
     worker.stop(timeout_s=10)
@@ -431,17 +426,17 @@ def test_graceful_stop_lets_a_segment_finish_within_the_grace(store, fresh_dsn, 
 
 def test_start_stop_stress(store, fresh_dsn, services):
     baseline = set(_our_threads())
-    never_started = _worker(store, fresh_dsn)
+    never_started = in_process_worker(store, fresh_dsn)
     never_started.stop()
     never_started.stop()
-    worker = _worker(store, fresh_dsn, worker_count=4)
+    worker = in_process_worker(store, fresh_dsn, worker_count=4)
     for _ in range(15):
         worker.start()
         worker.start()
         worker.stop(timeout_s=1)
     worker.stop()
     for _ in range(5):
-        w = _worker(store, fresh_dsn, worker_count=3)
+        w = in_process_worker(store, fresh_dsn, worker_count=3)
         w.start()
         w.stop(timeout_s=1)
         w.stop()
@@ -460,7 +455,7 @@ def test_a_job_waiting_for_a_permit_keeps_its_lease(store, fresh_dsn, services):
     lease_s = 1.0
     services.set_delay("Tokenize", 2.5 * lease_s)
     first = enqueue(store, seed_workflow(services.target), {"text": "holds the permit"})
-    worker = _worker(
+    worker = in_process_worker(
         store, fresh_dsn, worker_count=2, max_concurrent_per_target=1, lease_seconds=lease_s
     )
     sweeper = Sweeper(store, config=jobs_config(fresh_dsn, sweep_interval_ms=50))

@@ -14,11 +14,14 @@ import pytest
 from protomolt_jobs.worker import Settlement, Sweeper, Worker
 from protomolt_jobs.workflow import Runtime
 from tests.support.grpc_servers import BoxServer, expected_tokens, seed_workflow
-from tests.support.worker_proc import enqueue, event_types, events, jobs_config, wait_for
-
-
-def _worker(store, dsn, **overrides):
-    return Worker(store, runtime=Runtime(), config=jobs_config(dsn, **overrides), dsn=dsn)
+from tests.support.worker_proc import (
+    enqueue,
+    event_types,
+    events,
+    in_process_worker,
+    jobs_config,
+    wait_for,
+)
 
 
 def _sql(dsn, query, *params):
@@ -32,7 +35,7 @@ def test_seed_scenario_retry_replay_park_complete(store, fresh_dsn, services):
     job = enqueue(store, workflow, {"text": "hello brave world"})
     services.fail_next("Embed", 1, grpc.StatusCode.UNAVAILABLE, "model loading")
     # a 1 s backoff base: long enough to observe the job waiting out its run_after
-    worker = _worker(store, fresh_dsn, backoff_base_seconds=1.0)
+    worker = in_process_worker(store, fresh_dsn, backoff_base_seconds=1.0)
     try:
         # attempt 1: tokenize checkpoints, embed answers UNAVAILABLE -> QUEUED with backoff
         assert worker.run_once() is True
@@ -96,7 +99,7 @@ def test_retries_exhausted_go_dead_with_the_last_error_verbatim(store, fresh_dsn
     workflow = seed_workflow(services.target)
     job = enqueue(store, workflow, {"text": "a b"}, max_attempts=3)
     services.fail_next("Tokenize", 100, grpc.StatusCode.RESOURCE_EXHAUSTED, "quota spent")
-    worker = _worker(store, fresh_dsn, backoff_base_seconds=0.05)
+    worker = in_process_worker(store, fresh_dsn, backoff_base_seconds=0.05)
     sweeper = Sweeper(store, config=jobs_config(fresh_dsn))
     try:
         outcomes = []
@@ -126,7 +129,7 @@ def test_validation_failure_is_a_verdict_with_the_violations(store, fresh_dsn, s
     # Embedding.values min_items = 1, and the embed step declares validate: true
     workflow = seed_workflow(services.target)
     job = enqueue(store, workflow, {"text": ""})
-    worker = _worker(store, fresh_dsn)
+    worker = in_process_worker(store, fresh_dsn)
     try:
         assert worker.run_once() is True
         row = store.job_get(job.job_id)
@@ -147,7 +150,7 @@ def test_validation_failure_is_a_verdict_with_the_violations(store, fresh_dsn, s
 
 def test_a_non_retryable_grpc_code_fails_loud(store, fresh_dsn, services):
     job = enqueue(store, seed_workflow(services.target), {"text": "x", "fail": True})
-    worker = _worker(store, fresh_dsn)
+    worker = in_process_worker(store, fresh_dsn)
     try:
         assert worker.run_once() is True
         row = store.job_get(job.job_id)
@@ -167,7 +170,7 @@ def test_unparseable_snapshot_and_bad_input_fail_with_the_reference_texts(
     bad_method["steps"][0]["method"] = "jobs.test.Tokenizer/Nope"
     j1 = enqueue(store, bad_method, {"text": "x"})
     j2 = enqueue(store, seed_workflow(services.target), {"text": 5, "nosuchfield": 1})
-    worker = _worker(store, fresh_dsn)
+    worker = in_process_worker(store, fresh_dsn)
     try:
         assert worker.run_once() and worker.run_once()
         r1, r2 = store.job_get(j1.job_id), store.job_get(j2.job_id)
@@ -185,7 +188,7 @@ def test_unparseable_snapshot_and_bad_input_fail_with_the_reference_texts(
 def test_lost_lease_abandons_the_run_and_writes_nothing(store, fresh_dsn, services, caplog):
     job = enqueue(store, seed_workflow(services.target), {"text": "one two"})
     services.set_delay("Tokenize", 1.0)
-    worker = _worker(store, fresh_dsn, lease_seconds=30)
+    worker = in_process_worker(store, fresh_dsn, lease_seconds=30)
     caplog.set_level(logging.INFO, logger="protomolt_jobs")
     result: list[bool] = []
     t = threading.Thread(target=lambda: result.append(worker.run_once()))
@@ -214,7 +217,7 @@ def test_lost_lease_abandons_the_run_and_writes_nothing(store, fresh_dsn, servic
 
 def test_settle_outcome_enum_names_what_was_written(store, fresh_dsn, services):
     job = enqueue(store, seed_workflow(services.target, review="invoke"), {"text": "a b c"})
-    worker = _worker(store, fresh_dsn)
+    worker = in_process_worker(store, fresh_dsn)
     try:
         claimed = store.job_claim("test-worker", 5)
         assert claimed.job_id == job.job_id
@@ -237,7 +240,7 @@ def test_the_last_steps_checkpoint_commits_with_the_completion(store, fresh_dsn,
             return _real(*args, **kwargs)
 
         setattr(store, name, counted)
-    worker = _worker(store, fresh_dsn)
+    worker = in_process_worker(store, fresh_dsn)
     try:
         claimed = store.job_claim("test-worker", 5)
         worker.heartbeat.start()
@@ -272,7 +275,7 @@ def test_a_response_whose_any_cannot_be_rendered_fails_once_without_a_retry(stor
     with BoxServer() as boxes:
         boxes.packed_type = "jobs.anytest.Missing"
         job = enqueue(store, boxes.workflow(), {"word": "hi"})
-        worker = _worker(store, fresh_dsn, backoff_base_seconds=0.05)
+        worker = in_process_worker(store, fresh_dsn, backoff_base_seconds=0.05)
         try:
             assert worker.run_once() is True
             row = _settled_once(store, job.job_id, "FAILED")
@@ -386,7 +389,7 @@ def test_a_stored_deadline_that_is_not_sane_fails_the_job_once(
     workflow = seed_workflow(services.target)
     workflow["deadlineMs"] = deadline
     job = enqueue(store, workflow, {"text": "a b"})
-    worker = _worker(store, fresh_dsn, backoff_base_seconds=0.05)
+    worker = in_process_worker(store, fresh_dsn, backoff_base_seconds=0.05)
     try:
         assert worker.run_once() is True
         row = _settled_once(store, job.job_id, "FAILED")
@@ -407,7 +410,7 @@ def test_stored_checkpoints_that_are_not_an_array_fail_the_job(store, fresh_dsn,
         "UPDATE workflow_run SET checkpoints = '5'::jsonb WHERE job_id = %s RETURNING 1",
         job.job_id,
     )
-    worker = _worker(store, fresh_dsn)
+    worker = in_process_worker(store, fresh_dsn)
     try:
         assert worker.run_once() is True
         row = store.job_get(job.job_id)
@@ -421,7 +424,7 @@ def test_stored_checkpoints_that_are_not_an_array_fail_the_job(store, fresh_dsn,
 
 def test_the_stored_input_error_names_the_input_once(store, fresh_dsn, services):
     job = enqueue(store, seed_workflow(services.target), {"text": ["not", "a", "string"]})
-    worker = _worker(store, fresh_dsn)
+    worker = in_process_worker(store, fresh_dsn)
     try:
         assert worker.run_once() is True
         row = store.job_get(job.job_id)
@@ -437,7 +440,7 @@ def test_the_stored_input_error_names_the_input_once(store, fresh_dsn, services)
 def test_a_settled_job_never_logs_a_lost_lease(store, fresh_dsn, services, caplog):
     """A heartbeat racing the settling write finds the row settled: not a lost lease."""
     caplog.set_level(logging.DEBUG, logger="protomolt_jobs")
-    worker = _worker(store, fresh_dsn, lease_seconds=0.3)
+    worker = in_process_worker(store, fresh_dsn, lease_seconds=0.3)
     services.set_delay("Tokenize", 0.25)  # a beat is due while the job runs and settles
     jobs = [
         enqueue(store, seed_workflow(services.target, review="invoke"), {"text": "a b"})

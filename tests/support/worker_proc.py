@@ -253,3 +253,12 @@ def jobs_config(dsn: str, **overrides: Any) -> Any:
     }
     values.update(overrides)
     return JobsConfig(**values)
+
+
+def in_process_worker(store: Any, dsn: str, **overrides: Any) -> Any:
+    """A :class:`Worker` in this process on ``store``, configured by :func:`jobs_config`
+    (``overrides`` are its keys); not started."""
+    from protomolt_jobs.worker import Worker
+    from protomolt_jobs.workflow import Runtime
+
+    return Worker(store, runtime=Runtime(), config=jobs_config(dsn, **overrides), dsn=dsn)
