@@ -4,7 +4,7 @@
   memory storage), on a free loopback port, stopped on exit (LIBRARIES.md section 1).
 - :func:`relay_alone`: ``jobs`` x 5 outbox rows (a three-step job's ACCEPTED, three
   STEP_CHECKPOINTs, COMPLETED, each built by ``events.build_event``) written in one COPY, then
-  one :class:`protomolt_jobs.relay.Relay` drains them to the broker; events/s from the first
+  one :class:`protomolt_jobs.kafka.relay.Relay` drains them to the broker; events/s from the first
   claim to the last mark, CPU per event of this process (the relay and librdkafka's threads).
   The rows of one job are handed out one per pass (per-job order), so a pass carries up to
   ``relay_batch_size`` different jobs.
@@ -99,7 +99,7 @@ class Broker:
 
 def fill_outbox(dsn: str, jobs: int) -> int:
     """Write ``jobs`` x :data:`EVENTS_PER_JOB` PENDING outbox rows in one COPY; returns rows."""
-    from protomolt_jobs.events import build_event
+    from protomolt_jobs.store.events import build_event
 
     now = datetime.now(UTC)
     plan = [
@@ -137,10 +137,10 @@ def fill_outbox(dsn: str, jobs: int) -> int:
 def relay_alone(dsn: str, bootstrap: str, *, jobs: int, batch: int = 100) -> dict:
     """Drain ``jobs`` x 5 PENDING rows with one relay; events/s and CPU ms per event."""
     from protomolt_jobs.config import JobsConfig
-    from protomolt_jobs.relay import Relay
+    from protomolt_jobs.kafka.relay import Relay
+    from protomolt_jobs.kafka.topics import ensure_topics
     from protomolt_jobs.store import JobStore
     from protomolt_jobs.store.migrate import migrate
-    from protomolt_jobs.topics import ensure_topics
 
     migrate(dsn)
     config = JobsConfig(

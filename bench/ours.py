@@ -4,7 +4,7 @@ Runs only inside a :mod:`bench.child` process (one system per process), except :
 which the parent calls directly (it starts no worker).
 
 - throughput: N jobs of a three-step workflow (three no-op unary gRPC calls to the loopback
-  server) submitted through :class:`protomolt_jobs.submitter.Submitter` from 4 threads, while a
+  server) submitted through :class:`protomolt_jobs.runs.submitter.Submitter` from 4 threads, while a
   :class:`protomolt_jobs.worker.Worker` with ``worker_count=W`` and a
   :class:`~protomolt_jobs.worker.Sweeper` run; first submit -> last ``completed_at``.
 - latency: one one-step job at a time; a bench-only trigger stamps each status change with

@@ -25,15 +25,15 @@ from typing import Any
 
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import StoreError
-from protomolt_jobs.pruner import Pruner
-from protomolt_jobs.relay import Relay
-from protomolt_jobs.request_consumer import RequestConsumer
+from protomolt_jobs.kafka.relay import Relay
+from protomolt_jobs.kafka.request_consumer import RequestConsumer
+from protomolt_jobs.kafka.topics import ensure_topics
+from protomolt_jobs.maintenance.pruner import Pruner
+from protomolt_jobs.maintenance.sweeper import Sweeper
+from protomolt_jobs.runs.submitter import Submitter
 from protomolt_jobs.service import Startable
 from protomolt_jobs.store.migrate import migrate
 from protomolt_jobs.store.store import JobStore
-from protomolt_jobs.submitter import Submitter
-from protomolt_jobs.topics import ensure_topics
-from protomolt_jobs.worker.sweeper import Sweeper
 from protomolt_jobs.worker.worker import Worker
 
 __all__ = ["DatabaseProbe", "JobsApp", "Lanes"]

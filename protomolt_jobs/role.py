@@ -29,7 +29,6 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2
 
-from protomolt_jobs import metrics
 from protomolt_jobs.app import JobsApp
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import StoreError
@@ -37,15 +36,17 @@ from protomolt_jobs.hooks.contract import (
     Action,
     ComposerError,
     FileDescriptorContribution,
+    JobViews,
     TypePool,
     WireContext,
     WorkflowRepository,
 )
 from protomolt_jobs.hooks.hookspecs import hookimpl
-from protomolt_jobs.job_inspector import JobInspector
-from protomolt_jobs.job_verbs import JobsBackend, jobs_actions
+from protomolt_jobs.runs.inspector import JobInspector
+from protomolt_jobs.telemetry import metrics
+from protomolt_jobs.verbs.jobs import JobsBackend, jobs_actions
+from protomolt_jobs.verbs.workflow import CheckWorkflowAction, RunWorkflowAction
 from protomolt_jobs.workflow.types import Runtime
-from protomolt_jobs.workflow.workflow_verbs import CheckWorkflowAction, RunWorkflowAction
 
 __all__ = ["ROLE", "JobsModule", "JobsMount", "protomolt_role_module"]
 
@@ -157,7 +158,7 @@ class JobsModule:
             metrics.StoreCollector(_StoreView(mount), mount.components_running),
         )
         # Read-only job views for an operator surface (the dashboard); changes go through verbs.
-        ctx.contributions.contribute(JobInspector, JobInspector(lambda: mount.store, runtime))
+        ctx.contributions.contribute(JobViews, JobInspector(lambda: mount.store, runtime))
         return mount
 
 

@@ -111,6 +111,34 @@ class WorkflowRepository(Protocol):
     def put(self, name: str, definition: dict[str, Any]) -> None: ...
 
 
+@runtime_checkable
+class JobViews(Protocol):
+    """Read-only views of one job for operator surfaces (the dashboard, the demo), contributed
+    by the jobs role under this kind. Every *change* still goes through the catalog verbs.
+
+    - ``step_names(job_id)``: the snapshotted definition's step names in definition order.
+    - ``step_graph(job_id)``: a graph workflow's steps with what each waits for (``[]`` for a
+      sequential one).
+    - ``answer_type(job_id, step_name)``: the protobuf message descriptor ``complete-step``
+      must send for that step, or None.
+    - ``statuses(job_ids)``: job summaries (camelCase dicts), read without payloads.
+    - ``events(job_id)``: the job's outbox rows in order, each with ``seq``, ``event_type``,
+      ``status``, ``created_at`` and a decoded ``detail`` dict.
+
+    Each raises the role's store error when its store is unavailable.
+    """
+
+    def step_names(self, job_id: str) -> list[str]: ...
+
+    def step_graph(self, job_id: str) -> list[dict[str, Any]]: ...
+
+    def answer_type(self, job_id: str, step_name: str) -> Any: ...
+
+    def statuses(self, job_ids: list[str]) -> list[dict[str, Any]]: ...
+
+    def events(self, job_id: str) -> list[Any]: ...
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class FileDescriptorContribution:
     """A serialized ``google.protobuf.FileDescriptorProto`` for the node's type pool.

@@ -57,18 +57,18 @@ def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfa
     :returns: the running surfaces; :meth:`NodeSurfaces.close` stops everything.
     :raises Exception: whatever failed to start; what had started is closed first.
     """
+    from protomolt_jobs.hooks.contract import JobViews
     from protomolt_jobs.host import dashboard
     from protomolt_jobs.host.grpc_service import ProtoMoltGrpcServer
     from protomolt_jobs.host.http_route import ActionsHttpServer, HttpRoute, readiness
     from protomolt_jobs.host.metrics_route import METRICS_PATH, metrics_route
-    from protomolt_jobs.job_inspector import JobInspector
-    from protomolt_jobs.metrics import StoreCollector
+    from protomolt_jobs.telemetry.metrics import StoreCollector
 
     metrics_public = bool(getattr(config, "metrics_public", False))
     http = grpc_server = None
     try:
         if getattr(config, "otlp_endpoint", None):
-            from protomolt_jobs import tracing
+            from protomolt_jobs.telemetry import tracing
 
             tracing.configure(config.otlp_endpoint)
         node.start()
@@ -82,7 +82,7 @@ def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfa
             extra=[
                 metrics_route(node.contributions.all(StoreCollector)),
                 dashboard.dashboard_mount(
-                    node.catalog, node.contributions.first(JobInspector), config.api_token
+                    node.catalog, node.contributions.first(JobViews), config.api_token
                 ),
             ],
             public=lambda path: (

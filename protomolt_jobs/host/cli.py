@@ -48,8 +48,8 @@ from protomolt_jobs.host.boot import (
     start_surfaces,
 )
 from protomolt_jobs.host.boot import install_stop_signals as _install_stop_signals
-from protomolt_jobs.logs import FORMATS
-from protomolt_jobs.logs import configure as configure_logging
+from protomolt_jobs.telemetry.logs import FORMATS
+from protomolt_jobs.telemetry.logs import configure as configure_logging
 
 __all__ = ["NodeSurfaces", "main", "start_surfaces"]
 

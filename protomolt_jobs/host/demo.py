@@ -525,12 +525,11 @@ def run_demo(
     from rich.table import Table
 
     from protomolt_jobs.config import ConfigError
-    from protomolt_jobs.hooks.contract import ComposerError, WorkflowRepository
+    from protomolt_jobs.hooks.contract import ComposerError, JobViews, WorkflowRepository
     from protomolt_jobs.host.boot import STOP_SIGNALS, load_config, start_surfaces
     from protomolt_jobs.host.composer import compose
     from protomolt_jobs.host.demo_services import DemoServices, demo_workflow
     from protomolt_jobs.host.embedded_pg import EmbeddedPostgresError
-    from protomolt_jobs.job_inspector import JobInspector
 
     console = console or Console()
     source = Path(path) if path is not None else samples_dir()
@@ -627,7 +626,7 @@ def run_demo(
             )
             return doc, job_id, answer
 
-        inspector = node.contributions.first(JobInspector)
+        inspector = node.contributions.first(JobViews)
         tracker = _Tracker(node.catalog, set(), inspector)
 
         def approve(job_id: str) -> None:

@@ -1,6 +1,6 @@
 """``GET /metrics``: the Prometheus text exposition of the process and the node's roles.
 
-The host serves the route; roles contribute :class:`~protomolt_jobs.metrics.StoreCollector`
+The host serves the route; roles contribute :class:`~protomolt_jobs.telemetry.metrics.StoreCollector`
 values (the jobs role's run counts, outbox backlog and component health), registered here in a
 registry of the node's own, so two nodes in one process never share a collector. The route sits
 behind the API token unless ``node.metrics_public`` is true.
@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from protomolt_jobs import metrics
+from protomolt_jobs.telemetry import metrics
 
 __all__ = ["METRICS_PATH", "metrics_route"]
 

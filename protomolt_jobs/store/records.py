@@ -315,7 +315,7 @@ class OutboxRow:
         if values["payload"] is None:
             # A row written as columns (migration 0005, the one-statement fenced writes):
             # its bytes are encoded here, when the row is read to be published or shown.
-            from protomolt_jobs.events import column_payload
+            from protomolt_jobs.store.events import column_payload
 
             values["payload"] = column_payload(row)
         else:

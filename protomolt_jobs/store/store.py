@@ -101,7 +101,7 @@ from protomolt_jobs.errors import (
     StoreError,
     StoreUnavailable,
 )
-from protomolt_jobs.events import MAX_ERROR_CHARS, EventType, build_event
+from protomolt_jobs.store.events import MAX_ERROR_CHARS, EventType, build_event
 from protomolt_jobs.store.queries import QUERIES
 from protomolt_jobs.store.records import (
     JOB_STATUSES,

@@ -1,15 +1,14 @@
 """The worker fleet: claim loops woken by LISTEN, heartbeats, per-target permits, the segment
-executor and its settlement, and the lease sweeper.
+executor and its settlement.
 
 - :class:`Worker` (``worker.py``): the claim loops, listener, heartbeat and permits of one
   process, with the graceful stop.
-- :class:`Sweeper` (``sweeper.py``): expired leases back to QUEUED, or DEAD.
+- The lease sweeper lives in :mod:`protomolt_jobs.maintenance.sweeper`.
 
 Threads, not asyncio: see ``docs/worker.md``.
 """
 
 from protomolt_jobs.worker.execute import Settlement
-from protomolt_jobs.worker.sweeper import Sweeper
 from protomolt_jobs.worker.worker import Worker
 
-__all__ = ["Settlement", "Sweeper", "Worker"]
+__all__ = ["Settlement", "Worker"]

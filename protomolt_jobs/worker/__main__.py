@@ -41,8 +41,8 @@ from protomolt_jobs import crashpoints
 from protomolt_jobs.app import JobsApp, Lanes
 from protomolt_jobs.config import ConfigError, JobsConfig
 from protomolt_jobs.errors import StoreError
-from protomolt_jobs.logs import FORMATS
-from protomolt_jobs.logs import configure as configure_logging
+from protomolt_jobs.telemetry.logs import FORMATS
+from protomolt_jobs.telemetry.logs import configure as configure_logging
 from protomolt_jobs.workflow import Runtime
 
 _ENV_PREFIX = "PROTOMOLT_JOBS_"

@@ -62,8 +62,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import grpc
-
 from protomolt_jobs import crashpoints
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import ControlApplied, LeaseLost, ProtomoltJobsError, StoreError
@@ -71,18 +69,9 @@ from protomolt_jobs.worker.budget import BudgetExceeded, CostMeter
 from protomolt_jobs.worker.heartbeat import Heartbeat, LeaseGuard
 from protomolt_jobs.worker.permits import PermitCancelled, TargetPermits
 
-__all__ = ["RETRYABLE_CODES", "SegmentExecutor", "Settlement", "backoff_s"]
+__all__ = ["SegmentExecutor", "Settlement", "backoff_s"]
 
 log = logging.getLogger("protomolt_jobs.worker")
-
-#: gRPC codes that send a job back to QUEUED (with backoff) rather than failing it.
-RETRYABLE_CODES = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-    }
-)
 
 # The exponent is capped (as upstream) so a huge max_attempts cannot overflow the backoff.
 _MAX_BACKOFF_EXPONENT = 20
@@ -641,12 +630,7 @@ class SegmentExecutor:
     ) -> Settlement:
         kind = getattr(exc.kind, "value", str(exc.kind))
         detail = f"{kind}: {_message(exc)}"
-        retryable = (
-            kind == "DEADLINE"
-            or (kind == "GRPC" and exc.code in RETRYABLE_CODES)
-            or bool(getattr(exc, "store_failure", False))
-        )
-        if retryable:
+        if exc.retryable:
             return self._settle_retryable(job, guard, detail, ctx, exc.step or "")
         return self._settle_fail(guard, exc.step or "", detail, ctx)
 

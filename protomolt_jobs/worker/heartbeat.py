@@ -31,9 +31,9 @@ import threading
 import time
 from typing import Any
 
-from protomolt_jobs import metrics
 from protomolt_jobs.errors import LeaseLost, StoreError
 from protomolt_jobs.service import Service
+from protomolt_jobs.telemetry import metrics
 
 __all__ = ["Heartbeat", "LeaseGuard"]
 

@@ -27,10 +27,10 @@ import threading
 import time
 from typing import Any
 
-from protomolt_jobs import metrics, tracing
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import StoreError
 from protomolt_jobs.service import ServiceHealth, ServiceState
+from protomolt_jobs.telemetry import metrics, tracing
 from protomolt_jobs.worker.claim import ClaimLoop, Doorbell, Listener, Poller
 from protomolt_jobs.worker.execute import SegmentExecutor
 from protomolt_jobs.worker.heartbeat import Heartbeat

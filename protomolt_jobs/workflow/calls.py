@@ -17,7 +17,7 @@ from typing import Any, Self
 import grpc
 from google.protobuf.message import Message
 
-from protomolt_jobs import metrics, tracing
+from protomolt_jobs.telemetry import metrics, tracing
 from protomolt_jobs.workflow.envelope import message_class
 from protomolt_jobs.workflow.types import FailureKind, Runtime, Step, WorkflowExecutionError
 

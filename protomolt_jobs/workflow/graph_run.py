@@ -68,32 +68,14 @@ from protomolt_jobs.workflow.types import (
     WorkflowExecutionError,
 )
 
-__all__ = ["RETRYABLE_CODES", "run_compensation", "run_graph"]
+__all__ = ["run_compensation", "run_graph"]
 
 log = logging.getLogger("protomolt_jobs.workflow")
 
-#: gRPC codes a job retries (the worker's rule, repeated here so the engine knows which
-#: failures must not be checkpointed as final).
 #: The structured-generation lane's method (proto/ai/pipestream/proto/jobs/v1/structured.proto).
 GENERATE_METHOD = "/ai.pipestream.proto.jobs.v1.StructuredGenerator/Generate"
 
-RETRYABLE_CODES = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-    }
-)
 _DRIFT = "the workflow definition changed under the job"
-
-
-def retryable(exc: WorkflowExecutionError) -> bool:
-    """True for a failure the job retries rather than judges."""
-    return (
-        exc.kind is FailureKind.DEADLINE
-        or (exc.kind is FailureKind.GRPC and exc.code in RETRYABLE_CODES)
-        or exc.store_failure
-    )
 
 
 def _fail(kind: FailureKind, step: str, message: str, **kw: Any) -> WorkflowExecutionError:
@@ -507,7 +489,7 @@ def _start_ready(
 def _failure(run: _Run, step: Step, exc: WorkflowExecutionError) -> None:
     """A step failed: checkpoint it unless a retry should call it again (then raise)."""
     handled = step.name in g.handled_failures(run.workflow)
-    if retryable(exc) and not handled:
+    if exc.retryable and not handled:
         raise exc
     run.failed(step, exc)
 
@@ -578,7 +560,7 @@ def _compensate(run: _Run) -> None:
         try:
             response = run.execute(comp, dict(run.values))
         except WorkflowExecutionError as exc:
-            if retryable(exc):
+            if exc.retryable:
                 raise  # the job retries; the compensation runs on the next attempt
             run.failed(comp, exc)
             continue

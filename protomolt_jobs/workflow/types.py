@@ -91,6 +91,17 @@ class WorkflowParseError(ProtomoltJobsError, ValueError):
         self.message = message
 
 
+#: gRPC codes whose failure a job retries rather than judges (see
+#: :attr:`WorkflowExecutionError.retryable`).
+RETRYABLE_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
+
+
 class WorkflowExecutionError(ProtomoltJobsError):
     """A run failed at a step.
 
@@ -118,6 +129,18 @@ class WorkflowExecutionError(ProtomoltJobsError):
         self.store_failure = store_failure
         #: graph workflows: the final report of the failed run (see ``graph.report``).
         self.report: dict[str, Any] | None = None
+
+    @property
+    def retryable(self) -> bool:
+        """True for a failure a job retries (with backoff, up to its attempts) rather than
+        judges: a DEADLINE, a GRPC failure whose code is in :data:`RETRYABLE_CODES`, or a
+        checkpoint that may not have persisted (``store_failure``). The engine's one
+        classification: the worker's retry policy and the graph scheduler both ask it."""
+        return (
+            self.kind is FailureKind.DEADLINE
+            or (self.kind is FailureKind.GRPC and self.code in RETRYABLE_CODES)
+            or self.store_failure
+        )
 
     @property
     def detail(self) -> str:

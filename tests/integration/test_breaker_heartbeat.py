@@ -6,9 +6,9 @@ import time
 
 import pytest
 
+from protomolt_jobs.maintenance.sweeper import Sweeper
 from protomolt_jobs.store import JobStore
 from protomolt_jobs.worker import Worker
-from protomolt_jobs.worker.sweeper import Sweeper
 from protomolt_jobs.workflow import Runtime
 from tests.support.graphs import graph, step
 from tests.support.grpc_servers import TestServices

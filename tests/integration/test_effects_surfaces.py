@@ -10,8 +10,8 @@ import pytest
 from protomolt_jobs.host.catalog import Catalog
 from protomolt_jobs.host.cli import main
 from protomolt_jobs.host.http_route import ActionsHttpServer
-from protomolt_jobs.job_verbs import JobsBackend, jobs_actions
-from protomolt_jobs.submitter import Submitter
+from protomolt_jobs.runs.submitter import Submitter
+from protomolt_jobs.verbs.jobs import JobsBackend, jobs_actions
 from protomolt_jobs.workflow import Runtime
 from tests.support.grpc_servers import seed_workflow
 from tests.support.worker_proc import enqueue, event_types

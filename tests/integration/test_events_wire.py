@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from protomolt_jobs.config import JobsConfig
-from protomolt_jobs.relay import Relay
+from protomolt_jobs.kafka.relay import Relay
 from protomolt_jobs.store import JobStore
 from tests.integration.test_role import boot, wait_for, write_config
 from tests.support.factories import new_job

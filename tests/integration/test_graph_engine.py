@@ -322,7 +322,7 @@ def test_a_generator_that_cannot_be_reached_is_a_structured_failure():
 
 
 def test_run_workflow_answers_a_graphs_report(services, runtime):
-    from protomolt_jobs.workflow.workflow_verbs import RunWorkflowAction
+    from protomolt_jobs.verbs.workflow import RunWorkflowAction
 
     t = services.target
     wf = graph(

@@ -19,6 +19,7 @@ import grpc
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from protomolt_jobs.verbs.workflow import CheckWorkflowAction
 from protomolt_jobs.workflow import (
     Parked,
     Runtime,
@@ -26,7 +27,6 @@ from protomolt_jobs.workflow import (
     parse_workflow,
     run_segment,
 )
-from protomolt_jobs.workflow.workflow_verbs import CheckWorkflowAction
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "workflows.md"
 _BLOCK = re.compile(

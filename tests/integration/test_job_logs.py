@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from protomolt_jobs.logs import JsonFormatter, TextFormatter
 from protomolt_jobs.store import JobStore
+from protomolt_jobs.telemetry.logs import JsonFormatter, TextFormatter
 from tests.support.grpc_servers import seed_workflow
 from tests.support.worker_proc import WorkerProcess, enqueue, wait_for
 

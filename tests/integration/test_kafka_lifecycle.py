@@ -10,11 +10,11 @@ import pytest
 from google.protobuf import struct_pb2
 
 from protomolt_jobs.config import JobsConfig
-from protomolt_jobs.relay import Relay
-from protomolt_jobs.request_consumer import RequestConsumer
+from protomolt_jobs.kafka.relay import Relay
+from protomolt_jobs.kafka.request_consumer import RequestConsumer
+from protomolt_jobs.kafka.wire import WorkflowRunRequest
+from protomolt_jobs.runs.submitter import Submitter
 from protomolt_jobs.store import JobStore
-from protomolt_jobs.submitter import Submitter
-from protomolt_jobs.wire import WorkflowRunRequest
 from protomolt_jobs.workflow import Runtime
 from tests.support.broker import Broker
 from tests.support.factories import new_job

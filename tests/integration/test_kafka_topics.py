@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from protomolt_jobs.config import ConfigError, JobsConfig
-from protomolt_jobs.topics import ensure_topics, wanted_topics
+from protomolt_jobs.kafka.topics import ensure_topics, wanted_topics
 from tests.support.kafka import partitions_of, unique_topic
 
 

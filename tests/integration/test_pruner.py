@@ -14,7 +14,7 @@ import pytest
 
 from protomolt_jobs.app import JobsApp
 from protomolt_jobs.config import JobsConfig
-from protomolt_jobs.pruner import PENDING_WARN_ROWS, Pruner
+from protomolt_jobs.maintenance.pruner import PENDING_WARN_ROWS, Pruner
 from protomolt_jobs.store import JobStore
 from protomolt_jobs.workflow import Runtime
 from tests.support.factories import queued_job

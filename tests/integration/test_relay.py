@@ -19,11 +19,11 @@ import pytest
 
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.crashpoints import CRASH_EXIT_CODE
-from protomolt_jobs.events import OutboxEvent, build_event
-from protomolt_jobs.framing import unframe
-from protomolt_jobs.relay import Relay
+from protomolt_jobs.kafka.framing import unframe
+from protomolt_jobs.kafka.relay import Relay
+from protomolt_jobs.kafka.wire import EventType, WorkflowRunEvent, validate_event
 from protomolt_jobs.store import JobStore
-from protomolt_jobs.wire import EventType, WorkflowRunEvent, validate_event
+from protomolt_jobs.store.events import OutboxEvent, build_event
 from tests.support.factories import new_job
 from tests.support.kafka import TopicReader, create_topic, unique_topic, wait_for
 
@@ -176,7 +176,8 @@ def test_two_relays_never_publish_the_same_row(fresh_dsn, store, broker):
 
 _CRASHING_RELAY = """
 import sys
-from protomolt_jobs import crashpoints, relay
+from protomolt_jobs import crashpoints
+from protomolt_jobs.kafka import relay
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.store import JobStore
 dsn, bootstrap, topic = sys.argv[1:4]

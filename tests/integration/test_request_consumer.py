@@ -15,14 +15,14 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from google.protobuf import struct_pb2
 
-from protomolt_jobs import request_consumer
-from protomolt_jobs import wire as contract
 from protomolt_jobs.config import CONSUMER_GROUP, JobsConfig
 from protomolt_jobs.crashpoints import CRASH_EXIT_CODE
-from protomolt_jobs.request_consumer import RequestConsumer
+from protomolt_jobs.kafka import request_consumer
+from protomolt_jobs.kafka import wire as contract
+from protomolt_jobs.kafka.request_consumer import RequestConsumer
+from protomolt_jobs.kafka.wire import WorkflowRunRequest
+from protomolt_jobs.runs.submitter import Submitter
 from protomolt_jobs.store import JobStore
-from protomolt_jobs.submitter import Submitter
-from protomolt_jobs.wire import WorkflowRunRequest
 from protomolt_jobs.workflow import Runtime
 from tests.support.broker import Broker
 from tests.support.grpc_servers import seed_workflow
@@ -168,10 +168,10 @@ def test_bad_records_are_rejected_and_the_next_valid_one_is_processed(
 _CRASHING_CONSUMER = """
 import sys, time
 from protomolt_jobs import crashpoints
-from protomolt_jobs import request_consumer as requests
+from protomolt_jobs.kafka import request_consumer as requests
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.store import JobStore
-from protomolt_jobs.submitter import Submitter
+from protomolt_jobs.runs.submitter import Submitter
 from protomolt_jobs.workflow import Runtime
 from tests.support.grpc_servers import seed_workflow
 from tests.support.roles import MemoryRepository
@@ -351,7 +351,7 @@ def test_a_misspelt_input_field_is_an_invalid_input_reject_naming_it(
 def test_wrongly_framed_records_are_rejects_and_the_next_records_run(
     fresh_dsn, store, broker, topic, consumer
 ):
-    from protomolt_jobs.framing import frame
+    from protomolt_jobs.kafka.framing import frame
 
     body = request(str(uuid.uuid4()))
     bad = [

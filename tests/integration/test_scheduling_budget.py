@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from protomolt_jobs.submitter import Submitter
+from protomolt_jobs.runs.submitter import Submitter
 from protomolt_jobs.workflow.types import Runtime
 from tests.support.grpc_servers import schema_for
 from tests.support.worker_proc import WorkerProcess, wait_for

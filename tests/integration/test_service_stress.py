@@ -8,13 +8,14 @@ import threading
 import pytest
 
 from protomolt_jobs.config import JobsConfig
-from protomolt_jobs.pruner import Pruner
-from protomolt_jobs.relay import Relay
-from protomolt_jobs.request_consumer import RequestConsumer
+from protomolt_jobs.kafka.relay import Relay
+from protomolt_jobs.kafka.request_consumer import RequestConsumer
+from protomolt_jobs.maintenance.pruner import Pruner
+from protomolt_jobs.maintenance.sweeper import Sweeper
+from protomolt_jobs.runs.submitter import Submitter
 from protomolt_jobs.service import ServiceState
 from protomolt_jobs.store import JobStore
-from protomolt_jobs.submitter import Submitter
-from protomolt_jobs.worker import Sweeper, Worker
+from protomolt_jobs.worker import Worker
 from protomolt_jobs.worker.claim import ClaimLoop, Doorbell, Listener, Poller
 from protomolt_jobs.worker.heartbeat import Heartbeat
 from protomolt_jobs.workflow import Runtime

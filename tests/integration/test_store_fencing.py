@@ -9,8 +9,8 @@ import psycopg
 import pytest
 
 from protomolt_jobs.errors import LeaseLost, StoreError
+from protomolt_jobs.kafka.wire import EventType, WorkflowRunEvent, validate_event
 from protomolt_jobs.store import JobStore, Lease, ParkedStepCompleted, SweepResult
-from protomolt_jobs.wire import EventType, WorkflowRunEvent, validate_event
 from tests.support.factories import claimed_job, queued_job
 
 

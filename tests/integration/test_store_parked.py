@@ -10,8 +10,8 @@ import psycopg
 import pytest
 
 from protomolt_jobs.errors import NotFound
+from protomolt_jobs.kafka.wire import WorkflowRunEvent
 from protomolt_jobs.store import AlreadyDone, JobStore, ParkedStepCompleted, WrongState
-from protomolt_jobs.wire import WorkflowRunEvent
 from tests.support.factories import claimed_job, dead_job, parked_job, queued_job
 
 

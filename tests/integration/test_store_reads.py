@@ -8,8 +8,8 @@ import psycopg
 import pytest
 
 from protomolt_jobs.errors import StoreError
+from protomolt_jobs.kafka.wire import WorkflowRunEvent, validate_event
 from protomolt_jobs.store import JobStore, NewJob
-from protomolt_jobs.wire import WorkflowRunEvent, validate_event
 from tests.support.factories import new_job, queued_job
 
 

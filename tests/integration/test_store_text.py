@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from protomolt_jobs.kafka.wire import WorkflowRunEvent
 from protomolt_jobs.store import JobStore, ParkedStepCompleted
-from protomolt_jobs.wire import WorkflowRunEvent
 from tests.support.factories import claimed_job, new_job, parked_job
 
 R = "\ufffd"

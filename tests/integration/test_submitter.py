@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from protomolt_jobs.submitter import REASONS, Submitter
+from protomolt_jobs.runs.submitter import REASONS, Submitter
 from protomolt_jobs.workflow.types import Runtime
 from tests.support.grpc_servers import seed_workflow
 from tests.support.roles import MemoryRepository

@@ -7,7 +7,7 @@ import logging
 
 import psycopg
 
-from protomolt_jobs.worker import Sweeper
+from protomolt_jobs.maintenance.sweeper import Sweeper
 from tests.support.factories import queued_job
 from tests.support.worker_proc import jobs_config, wait_for
 

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from protomolt_jobs import tracing
+from protomolt_jobs.telemetry import tracing
 from tests.support.grpc_servers import TestServices, seed_workflow
 from tests.support.node import http, node_environ, start_node, wait_for
 

@@ -10,8 +10,8 @@ import time
 import psycopg
 import pytest
 
+from protomolt_jobs.maintenance.sweeper import Sweeper
 from protomolt_jobs.store import JobStore
-from protomolt_jobs.worker import Sweeper
 from protomolt_jobs.worker.claim import UNLISTEN_AFTER_NOTIFIES, Doorbell, Listener
 from tests.support.grpc_servers import METHODS, TestServices, seed_workflow
 from tests.support.worker_proc import enqueue, event_types, in_process_worker, jobs_config, wait_for

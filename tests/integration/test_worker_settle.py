@@ -11,7 +11,8 @@ import grpc
 import psycopg
 import pytest
 
-from protomolt_jobs.worker import Settlement, Sweeper, Worker
+from protomolt_jobs.maintenance.sweeper import Sweeper
+from protomolt_jobs.worker import Settlement, Worker
 from protomolt_jobs.workflow import Runtime
 from tests.support.grpc_servers import BoxServer, expected_tokens, seed_workflow
 from tests.support.worker_proc import (

@@ -7,12 +7,12 @@ import pytest
 from google.protobuf import descriptor_pool
 
 from protomolt_jobs.errors import InvalidInput
-from protomolt_jobs.workflow import Runtime
-from protomolt_jobs.workflow.workflow_verbs import (
+from protomolt_jobs.verbs.workflow import (
     NO_REPOSITORY,
     CheckWorkflowAction,
     RunWorkflowAction,
 )
+from protomolt_jobs.workflow import Runtime
 from tests.support.grpc_servers import TestServices, descriptor_set, seed_workflow
 
 

@@ -5,7 +5,7 @@
   of their own, so our generated classes are not what decodes our bytes.
 - :func:`confluent_deserialize`: what a Confluent-framed protobuf deserializer does with a
   record value (magic byte 0, 4-byte big-endian schema id, zigzag-varint message-index array,
-  protobuf), written from the documented wire format, not from ``protomolt_jobs.framing``.
+  protobuf), written from the documented wire format, not from ``protomolt_jobs.kafka.framing``.
 """
 
 from __future__ import annotations

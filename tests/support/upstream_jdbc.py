@@ -79,7 +79,7 @@ class JavaWorker:
 
     def insert(self, workflow: dict[str, Any], input: dict[str, Any], name: str) -> str:
         """``insert(job, accepted event)`` in one transaction, as upstream's submit does."""
-        from protomolt_jobs.wire import EventType, WorkflowRunEvent
+        from protomolt_jobs.kafka.wire import EventType, WorkflowRunEvent
 
         job_id = str(uuid.uuid4())
         when = now()

@@ -218,7 +218,7 @@ def enqueue(store: Any, workflow: dict, input: dict, *, max_attempts: int = 3) -
 
 def event_types(store: Any, job_id: Any) -> list[tuple[str, str]]:
     """The job's outbox rows as ``(event_type, step)`` in commit order."""
-    from protomolt_jobs.wire import WorkflowRunEvent
+    from protomolt_jobs.kafka.wire import WorkflowRunEvent
 
     out = []
     for row in store.outbox_for_job(job_id):
@@ -229,7 +229,7 @@ def event_types(store: Any, job_id: Any) -> list[tuple[str, str]]:
 
 def events(store: Any, job_id: Any) -> list[Any]:
     """The job's outbox payloads decoded as ``WorkflowRunEvent``, in commit order."""
-    from protomolt_jobs.wire import WorkflowRunEvent
+    from protomolt_jobs.kafka.wire import WorkflowRunEvent
 
     return [WorkflowRunEvent.FromString(r.payload) for r in store.outbox_for_job(job_id)]
 

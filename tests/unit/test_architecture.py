@@ -1,9 +1,11 @@
-"""The architecture's never-arrows (DESIGN.md section 16) hold, and breaking one fails.
+"""The architecture's rules (DESIGN.md sections 16 and 18) hold, and breaking one fails.
 
-lint-imports reads the contracts in pyproject.toml. These tests run it on the tree, check the
-"hooks imports nothing of ours" contract forbids every other module of the package (a new
-module must not slip past it), and run it on a temporary copy where the store imports the
-engine: that copy must fail.
+lint-imports reads the contracts in pyproject.toml: one ``layers`` contract over the whole
+package plus a few narrow ones. These tests run it on the tree, check that every top-level
+entry of the package sits in a layer (a new module must not slip past the contract), run it on
+a temporary copy where the store imports the engine (that copy must fail), and walk the
+package's imports themselves (function-level ones included) for circles and for ``_private``
+names taken from another module.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import tomllib
 from pathlib import Path
 
 import protomolt_jobs
+from tests.support import imports
 
 ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
@@ -44,14 +47,19 @@ def test_the_tree_keeps_every_contract():
     assert "0 broken" in result.stdout
 
 
-def test_the_hooks_contract_forbids_every_other_module_of_ours():
-    top = {
-        f"protomolt_jobs.{m.name}"
-        for m in pkgutil.iter_modules(protomolt_jobs.__path__)
-        if m.name != "hooks" and not m.name.startswith("_")
-    }
-    listed = set(_contracts()["hooks-is-the-contract-only"]["forbidden_modules"])
-    assert top <= listed, f"add to the contract: {sorted(top - listed)}"
+def test_every_top_level_entry_sits_in_exactly_one_layer():
+    top = {m.name for m in pkgutil.iter_modules(protomolt_jobs.__path__) if m.name[0] != "_"}
+    layered = [
+        name.strip() for layer in _contracts()["layers"]["layers"] for name in layer.split("|")
+    ]
+    assert sorted(top - set(layered)) == [], "add these to the layers contract"
+    assert sorted(set(layered) - top) == [], "the layers contract names modules that are gone"
+    assert len(layered) == len(set(layered)), "a module sits in two layers"
+
+
+def test_the_package_root_holds_at_most_ten_modules():
+    root = [m.name for m in pkgutil.iter_modules(protomolt_jobs.__path__) if not m.ispkg]
+    assert len(root) + 1 <= 10, root  # + __init__
 
 
 def test_a_store_that_imports_the_engine_fails(tmp_path):
@@ -67,4 +75,53 @@ def test_a_store_that_imports_the_engine_fails(tmp_path):
     records.write_text(records.read_text() + "\nimport protomolt_jobs.workflow.types  # breaks\n")
     result = _lint(copy)
     assert result.returncode != 0
-    assert "The store never imports the engine or the host BROKEN" in result.stdout
+    assert "protomolt_jobs.store is not allowed to import protomolt_jobs.workflow" in result.stdout
+
+
+def test_a_host_that_imports_the_role_fails(tmp_path):
+    copy = tmp_path / "tree"
+    copy.mkdir()
+    shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
+    shutil.copytree(
+        ROOT / "protomolt_jobs",
+        copy / "protomolt_jobs",
+        ignore=shutil.ignore_patterns("__pycache__", "_migrations"),
+    )
+    cli = copy / "protomolt_jobs" / "host" / "catalog.py"
+    cli.write_text(cli.read_text() + "\nimport protomolt_jobs.runs.inspector  # breaks\n")
+    result = _lint(copy)
+    assert result.returncode != 0
+    assert "The host imports no part of the jobs role" in result.stdout
+    assert "BROKEN" in result.stdout
+
+
+def test_the_walk_sees_a_function_level_circle(tmp_path):
+    """The import walk itself: a circle hidden in a function is found, a private import too."""
+    pkg = tmp_path / imports.PACKAGE
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from protomolt_jobs.b import thing\n")
+    (pkg / "b.py").write_text("def thing():\n    from protomolt_jobs.a import _hidden\n")
+    walked = imports.edges(tmp_path)
+    assert imports.cycles(walked) == [["protomolt_jobs.a", "protomolt_jobs.b"]]
+    assert imports.private_imports(walked) == [
+        "protomolt_jobs.b -> protomolt_jobs.a: _hidden (line 2)"
+    ]
+
+
+def test_importing_the_store_loads_no_engine_grpc_or_cel():
+    code = (
+        "import sys, protomolt_jobs.store, protomolt_jobs.store.store;"
+        "bad = [m for m in sys.modules if m.startswith(('protomolt_jobs.workflow', 'grpc',"
+        " 'celpy', 'cel_expr'))];"
+        "print(bad); raise SystemExit(1 if bad else 0)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

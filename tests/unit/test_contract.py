@@ -7,7 +7,7 @@ import uuid
 import pytest
 from google.protobuf import descriptor_pool, message_factory, struct_pb2, timestamp_pb2
 
-from protomolt_jobs.wire import (
+from protomolt_jobs.kafka.wire import (
     EventType,
     WorkflowRunEvent,
     WorkflowRunRequest,

@@ -18,7 +18,7 @@ from google.protobuf import (
     unknown_fields,
 )
 
-from protomolt_jobs.wire import EventType, WorkflowRunEvent, WorkflowRunRequest
+from protomolt_jobs.kafka.wire import EventType, WorkflowRunEvent, WorkflowRunRequest
 from tests.support.upstream import (
     UPSTREAM_EVENT,
     UPSTREAM_REQUEST,

@@ -7,8 +7,13 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from protomolt_jobs.events import build_event, column_payload, event_type_name, event_violations
-from protomolt_jobs.wire import EventType, WorkflowRunEvent, validate_event
+from protomolt_jobs.kafka.wire import EventType, WorkflowRunEvent, validate_event
+from protomolt_jobs.store.events import (
+    build_event,
+    column_payload,
+    event_type_name,
+    event_violations,
+)
 
 WHEN = datetime(2026, 3, 1, 12, 30, 45, 123456, tzinfo=UTC)
 

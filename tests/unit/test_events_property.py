@@ -23,14 +23,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protomolt_jobs.events import (
+from protomolt_jobs.kafka.wire import EventType, WorkflowRunEvent, validate_event
+from protomolt_jobs.store.events import (
     MAX_ERROR_CHARS,
     MAX_NAME_CHARS,
     MAX_VERDICT_CHARS,
     build_event,
     event_violations,
 )
-from protomolt_jobs.wire import EventType, WorkflowRunEvent, validate_event
 
 #: Every event type the contract defines (new types after TYPE_DEAD are included as added).
 TYPES = [v for v in EventType.values() if v != EventType.TYPE_UNSPECIFIED]

@@ -1,4 +1,4 @@
-"""Confluent wire framing (protomolt_jobs.framing) byte by byte, and the registry lookup
+"""Confluent wire framing (protomolt_jobs.kafka.framing) byte by byte, and the registry lookup
 against a stub registry on loopback (the integration tier has no Schema Registry)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from protomolt_jobs.config import ConfigError, JobsConfig
-from protomolt_jobs.framing import EventFraming, RegistryError, frame, unframe
+from protomolt_jobs.kafka.framing import EventFraming, RegistryError, frame, unframe
 
 
 def test_event_and_request_frames_are_upstreams_bytes():

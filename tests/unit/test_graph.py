@@ -8,11 +8,11 @@ import itertools
 import pytest
 
 from protomolt_jobs.errors import InvalidInput
+from protomolt_jobs.verbs.workflow import CheckWorkflowAction
 from protomolt_jobs.workflow import Runtime, WorkflowParseError, check, parse_workflow
 from protomolt_jobs.workflow import graph as g
 from protomolt_jobs.workflow.envelope import MAX_GRAPH_STEPS
 from protomolt_jobs.workflow.types import Dependency
-from protomolt_jobs.workflow.workflow_verbs import CheckWorkflowAction
 from tests.support.graphs import diamond, graph, step
 from tests.support.grpc_servers import seed_workflow
 

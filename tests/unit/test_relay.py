@@ -14,10 +14,10 @@ from confluent_kafka import KafkaError
 
 from protomolt_jobs.config import ConfigError, JobsConfig
 from protomolt_jobs.crashpoints import arm
-from protomolt_jobs.events import build_event
-from protomolt_jobs.relay import Relay, check_payload, is_lane_failure
+from protomolt_jobs.kafka.relay import Relay, check_payload, is_lane_failure
+from protomolt_jobs.kafka.wire import EventType, WorkflowRunEvent
+from protomolt_jobs.store.events import build_event
 from protomolt_jobs.store.records import OutboxRow
-from protomolt_jobs.wire import EventType, WorkflowRunEvent
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 #: A delivery report that never arrives. (Never compare a KafkaError with a str: its C

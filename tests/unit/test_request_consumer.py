@@ -13,8 +13,8 @@ from google.protobuf import struct_pb2
 from protomolt_jobs.config import ConfigError, JobsConfig
 from protomolt_jobs.crashpoints import arm
 from protomolt_jobs.errors import StoreError
-from protomolt_jobs.request_consumer import RequestConsumer, decode_request
-from protomolt_jobs.wire import WorkflowRunRequest
+from protomolt_jobs.kafka.request_consumer import RequestConsumer, decode_request
+from protomolt_jobs.kafka.wire import WorkflowRunRequest
 
 
 def _request(job_id: str | None = None, name: str = "wf", input: dict | None = None) -> bytes:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from protomolt_jobs import scheduling
 from protomolt_jobs.config import ConfigError, JobsConfig
 from protomolt_jobs.host.nodeconfig import NodeConfig
+from protomolt_jobs.runs import scheduling
 from protomolt_jobs.worker.budget import BudgetExceeded, CostMeter
 
 

@@ -15,10 +15,10 @@ import pytest
 from protomolt_jobs import crashpoints
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import LeaseLost, StoreError
+from protomolt_jobs.maintenance.sweeper import Sweeper
 from protomolt_jobs.worker.claim import ClaimLoop, Doorbell, Poller, backlogged
 from protomolt_jobs.worker.execute import backoff_s
 from protomolt_jobs.worker.heartbeat import Heartbeat
-from protomolt_jobs.worker.sweeper import Sweeper
 
 
 @dataclass(frozen=True)

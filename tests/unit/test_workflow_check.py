@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protomolt_jobs.errors import InvalidInput
+from protomolt_jobs.verbs.workflow import CheckWorkflowAction, RunWorkflowAction
 from protomolt_jobs.workflow import Runtime, WorkflowParseError, check, parse_workflow, verify
 from protomolt_jobs.workflow.types import DEFAULT_DEADLINE_MS
-from protomolt_jobs.workflow.workflow_verbs import CheckWorkflowAction, RunWorkflowAction
 from tests.support.grpc_servers import seed_workflow
 
 TARGET = "127.0.0.1:9"  # never called: nothing here runs a step

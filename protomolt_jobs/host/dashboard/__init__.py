@@ -15,7 +15,7 @@ no build step, nothing fetched from a CDN):
 Every read and every change goes through the catalog verbs (``list-jobs``, ``get-job``,
 ``complete-step``, and the operator verbs when mounted), so the dashboard validates exactly
 like the API: bad input shows the verb's ``invalid-input`` message on the page, never a 500.
-Only what no verb returns is read through the role's :class:`~protomolt_jobs.job_inspector.JobInspector`
+Only what no verb returns is read through the role's :class:`~protomolt_jobs.runs.inspector.JobInspector`
 (the events, the step list, the answer type of a parked step).
 
 Live updates: pages poll themselves (``static/dashboard.js``) every few seconds and replace the

@@ -48,14 +48,15 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
-from protomolt_jobs import crashpoints, scheduling
+from protomolt_jobs import crashpoints
 from protomolt_jobs.config import CONSUMER_GROUP, ConfigError, JobsConfig
 from protomolt_jobs.errors import InvalidInput, StoreError
-from protomolt_jobs.framing import REQUEST_INDEX_PATH, unframe
 from protomolt_jobs.input_rules import check_json, check_text
+from protomolt_jobs.kafka.framing import REQUEST_INDEX_PATH, unframe
+from protomolt_jobs.kafka.wire import WorkflowRunRequest, validate_request
+from protomolt_jobs.runs import scheduling
 from protomolt_jobs.service import Service
 from protomolt_jobs.store.records import NewJob
-from protomolt_jobs.wire import WorkflowRunRequest, validate_request
 
 __all__ = [
     "FAIL_AT_BIRTH_REASONS",
@@ -131,7 +132,7 @@ class RequestConsumer(Service):
     """Reads ``config.effective_request_topic`` and submits each record (see the module doc).
 
     :param store: the job store (``job_insert``, ``reject_insert``).
-    :param submitter: a :class:`~protomolt_jobs.submitter.Submitter`.
+    :param submitter: a :class:`~protomolt_jobs.runs.submitter.Submitter`.
     :param config: the jobs configuration; ``kafka_bootstrap`` must be set.
     :param consumer_config: librdkafka settings merged over the defaults (tests use it to
         shorten timeouts); ``group.id`` and ``enable.auto.commit`` cannot be overridden.

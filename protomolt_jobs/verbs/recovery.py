@@ -22,7 +22,7 @@ import logging
 from typing import Any
 
 from protomolt_jobs.errors import JobCorrupt
-from protomolt_jobs.job_verbs import (
+from protomolt_jobs.verbs.jobs import (
     CompleteStepAction,
     JobsBackend,
     _actor,

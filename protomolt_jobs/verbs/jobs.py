@@ -34,6 +34,8 @@ from protomolt_jobs.input_rules import MAX_JSON_DEPTH, MAX_JSON_INT, proto_json_
 from protomolt_jobs.input_rules import check_json as _check_json
 from protomolt_jobs.input_rules import check_text as _check_text
 from protomolt_jobs.input_rules import invalid as _input_invalid
+from protomolt_jobs.runs.report import iso_instant
+from protomolt_jobs.runs.submitter import Submitter, parse_job_id
 from protomolt_jobs.store.records import (
     JOB_STATUSES,
     TERMINAL_STATUSES,
@@ -41,7 +43,6 @@ from protomolt_jobs.store.records import (
     ParkedStepCompleted,
     WrongState,
 )
-from protomolt_jobs.submitter import Submitter, parse_job_id
 
 __all__ = [
     "MAX_JSON_DEPTH",
@@ -196,21 +197,6 @@ def _job_id(raw: str) -> uuid.UUID:
 # --------------------------------------------------------------------------------------
 
 
-def iso_instant(moment: datetime | None) -> str | None:
-    """ISO-8601 UTC with a ``Z``, fractions in groups of 3 only as needed (Java
-    ``Instant.toString``): ``2026-01-01T00:00:00Z``, ``...00:00:00.120Z``."""
-    if moment is None:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    moment = moment.astimezone(UTC)
-    text = moment.strftime("%Y-%m-%dT%H:%M:%S")
-    micros = moment.microsecond
-    if micros:
-        text += f".{micros // 1000:03d}" if micros % 1000 == 0 else f".{micros:06d}"
-    return text + "Z"
-
-
 def job_json(job: Any, *, full: bool) -> dict[str, Any]:
     """A job row as the verbs show it (camelCase, nulls omitted).
 
@@ -262,8 +248,8 @@ def job_json(job: Any, *, full: bool) -> dict[str, Any]:
 
 
 def _report(store: Any, job: Any, runtime: Any) -> dict[str, Any]:
-    """The final report of a terminal job (:mod:`protomolt_jobs.job_report`)."""
-    from protomolt_jobs.job_report import report_json
+    """The final report of a terminal job (:mod:`protomolt_jobs.runs.report`)."""
+    from protomolt_jobs.runs.report import report_json
 
     history = store.job_history(job.job_id)
     transitions = history.transitions if history is not None else ()
@@ -402,7 +388,7 @@ class SubmitWorkflowAction:
 def _scheduling_fields(input: dict[str, Any]) -> dict[str, Any]:
     """``priority``, ``queue``, ``fairnessKey``, ``dedupKey`` as the submitter's keywords
     (None when absent); a malformed one is invalid-input naming it."""
-    from protomolt_jobs import scheduling
+    from protomolt_jobs.runs import scheduling
 
     out: dict[str, Any] = {}
     try:
@@ -465,7 +451,7 @@ class GetJobAction:
 
     def execute(self, input: dict[str, Any]) -> dict[str, Any]:
         """:returns: ``{ok: true, job}`` or ``{ok: false, error: "no workflow run <id>"}``; a
-            finished run's ``job`` carries ``report`` (:mod:`protomolt_jobs.job_report`):
+            finished run's ``job`` carries ``report`` (:mod:`protomolt_jobs.runs.report`):
             ``{"status", "steps": [{"name", "status", "reason"?}], "claims", "attempts",
             "durationsMs", "operatorActions"}``, plus ``"completionOrder", "criterion"`` for a
             graph run (whose steps are the graph's own account).
@@ -1244,7 +1230,7 @@ class JobHistoryAction:
         :raises Unavailable: no database configured.
         :raises InvalidInput: a malformed ``jobId``.
         """
-        from protomolt_jobs.job_report import history_json
+        from protomolt_jobs.runs.report import history_json
 
         store, _ = self.backend.require()
         _only_known(self.name, input, self.fields)
@@ -1257,8 +1243,8 @@ class JobHistoryAction:
 
 def control_actions(backend: JobsBackend, runtime: Any) -> list[Any]:
     """The operator verbs over one backend, in manifest order (with the recovery verbs of
-    step effects, :mod:`protomolt_jobs.effect_verbs`, after retry-step)."""
-    from protomolt_jobs.effect_verbs import effect_actions
+    step effects, :mod:`protomolt_jobs.verbs.recovery`, after retry-step)."""
+    from protomolt_jobs.verbs.recovery import effect_actions
 
     return [
         CancelJobAction(backend),

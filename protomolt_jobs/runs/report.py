@@ -27,7 +27,7 @@ target's permits) show the wait in their duration; the checkpoints stay exact.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 __all__ = ["OPERATOR_KINDS", "history_json", "report_json", "transition_json"]
@@ -52,9 +52,22 @@ OPERATOR_KINDS = frozenset(
 _CHECKPOINT_KINDS = frozenset({"checkpoint", "complete", "complete-step", "cancel", "pause"})
 
 
-def _iso(moment: datetime) -> str:
-    from protomolt_jobs.job_verbs import iso_instant
+def iso_instant(moment: datetime | None) -> str | None:
+    """ISO-8601 UTC with a ``Z``, fractions in groups of 3 only as needed (Java
+    ``Instant.toString``): ``2026-01-01T00:00:00Z``, ``...00:00:00.120Z``."""
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    moment = moment.astimezone(UTC)
+    text = moment.strftime("%Y-%m-%dT%H:%M:%S")
+    micros = moment.microsecond
+    if micros:
+        text += f".{micros // 1000:03d}" if micros % 1000 == 0 else f".{micros:06d}"
+    return text + "Z"
 
+
+def _iso(moment: datetime) -> str:
     return iso_instant(moment) or ""
 
 

@@ -18,7 +18,7 @@ Model (at least once; consumers dedupe on ``event_id``):
   row that fails is a recorded failure (``outbox_mark_failed(event_id, "<rule>: ...")``),
   never a crash; the row's later events in the batch are held back.
 - **Publish.** The protobuf bytes, Confluent-framed unless ``jobs.events_wire = "raw"``
-  (:mod:`protomolt_jobs.framing`), go to ``config.events_topic`` keyed by the job id, with
+  (:mod:`protomolt_jobs.kafka.framing`), go to ``config.events_topic`` keyed by the job id, with
   an idempotent ``acks=all`` producer and the ``murmur2_random`` partitioner (the partition a
   Java client picks for the same key). The whole batch is produced, then the relay waits for
   every delivery report.
@@ -48,12 +48,14 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 from google.protobuf.message import DecodeError
 
-from protomolt_jobs import crashpoints, metrics
+from protomolt_jobs import crashpoints
 from protomolt_jobs.config import ConfigError, JobsConfig
 from protomolt_jobs.errors import StoreError
-from protomolt_jobs.events import WorkflowRunEvent, event_violations
-from protomolt_jobs.framing import EventFraming, RegistryError
+from protomolt_jobs.kafka.framing import EventFraming, RegistryError
+from protomolt_jobs.pb.ai.pipestream.proto.jobs.v1.jobs_pb2 import WorkflowRunEvent
 from protomolt_jobs.service import Backoff, Service
+from protomolt_jobs.store.events import event_violations
+from protomolt_jobs.telemetry import metrics
 
 __all__ = [
     "Relay",
@@ -117,7 +119,7 @@ def check_payload(payload: bytes, kafka_key: str) -> str | None:
     columns) are our writers of outbox payloads, and our statements fill the columns with a
     row's facts only, so the relay does not run the contract's CEL rules again
     (DESIGN.md section 17): it decodes the payload, runs the contract's rules in plain Python
-    (:func:`protomolt_jobs.events.event_violations`, microseconds; the same rule ids as
+    (:func:`protomolt_jobs.store.events.event_violations`, microseconds; the same rule ids as
     ``wire.validate_event``) and compares the job id with the row's key. A row that another
     writer (a hand-written INSERT, a restored dump) made unpublishable is still caught and
     dead-lettered.

@@ -319,7 +319,7 @@ def column_payload(row: Mapping[str, Any]) -> bytes:
     created_at = row["created_at"]
     if created_at.tzinfo is None:
         created_at = created_at.replace(tzinfo=UTC)
-    return _message(
+    payload: bytes = _message(
         event_id=str(row["event_id"]),
         job_id=str(row["kafka_key"] or ""),
         workflow_name=row["workflow_name"],
@@ -331,3 +331,4 @@ def column_payload(row: Mapping[str, Any]) -> bytes:
         verdict=row["verdict"],
         error=row["error"],
     ).SerializeToString()
+    return payload

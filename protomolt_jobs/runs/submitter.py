@@ -8,7 +8,7 @@ Checks run in the reference's order (upstream ``WorkflowRunSubmitter``):
 3. parse the definition (the engine's ``parse_workflow``);
 4. verify it (the engine's ``verify``);
 5. check the input against the workflow's ``inputType`` (the engine's ``parse_input``);
-6. resolve the scheduling fields and the budget (:mod:`~protomolt_jobs.scheduling`): a
+6. resolve the scheduling fields and the budget (:mod:`~protomolt_jobs.runs.scheduling`): a
    submitted value that is malformed is ``invalid-input``, a workflow's own ``scheduling`` or
    ``budget`` that is malformed is ``invalid-definition``, both naming the field;
 7. take the job id (a uuid) or mint a uuid4;
@@ -30,10 +30,10 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from protomolt_jobs import tracing
 from protomolt_jobs.hooks.contract import WorkflowRepository
 from protomolt_jobs.input_rules import proto_json_path
 from protomolt_jobs.store.records import NewJob
+from protomolt_jobs.telemetry import tracing
 
 __all__ = ["REASONS", "SubmitOutcome", "Submitter", "parse_job_id"]
 
@@ -249,7 +249,7 @@ class Submitter:
                 "invalid-input", message, field="input", path=proto_json_path(said) or ""
             )
         # 6. Scheduling and budget.
-        from protomolt_jobs import scheduling
+        from protomolt_jobs.runs import scheduling
 
         submitted = {
             "priority": priority,

@@ -1,0 +1,1 @@
+"""Background upkeep of the store: the lease sweeper (``sweeper``) and the pruner (``pruner``)."""

@@ -1,0 +1,1 @@
+"""The jobs role's catalog actions (verbs), on one shared base."""
