@@ -1,0 +1,115 @@
+"""One loader for a stored run's definition: every door that reads a job's snapshotted workflow
+(the worker's claim path, the verbs, the report, the inspector) reads it here.
+
+A job row snapshots the definition it was submitted with (``workflow_definition``, a JSON object
+in a ``jsonb`` column). :meth:`StoredRun.load` turns it into the parsed workflow, or raises one
+exception, :class:`SnapshotError`, whose ``kind`` says what was wrong:
+
+================ ===========================================================================
+kind             the stored definition ...
+================ ===========================================================================
+``unreadable``   is JSON text that does not decode (a ``jsonb`` string holding broken JSON)
+``not-object``   is not a JSON object (None when the store could not read the column, a list,
+                 a number, ...); ``found`` names the Python type
+``parse``        does not parse (``WorkflowParseError``, or nesting deep enough for a
+                 ``RecursionError``); ``step`` names the step when the engine did
+``verify``       parses but the verifier has findings (only with ``verify=True``); ``step`` is
+                 the first finding's step
+================ ===========================================================================
+
+Each caller maps the error explicitly, because each door answers differently: the worker fails
+the run (``WORKFLOW: ...``), a verb that must act on the definition answers ``job-corrupt``, a
+read that only adds extras to an answer leaves them out.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from protomolt_jobs.errors import ProtomoltJobsError
+from protomolt_jobs.workflow.envelope import parse_workflow
+from protomolt_jobs.workflow.types import CompiledWorkflow, Runtime, WorkflowParseError
+from protomolt_jobs.workflow.verifier import verify
+
+__all__ = ["SnapshotError", "StoredRun"]
+
+
+class SnapshotError(ProtomoltJobsError):
+    """A job's stored definition cannot be used.
+
+    :ivar kind: ``unreadable``, ``not-object``, ``parse`` or ``verify`` (module docstring).
+    :ivar step: the step the problem is about, ``""`` when none.
+    :ivar detail: the problem in words, without a kind prefix (the engine's own message for
+        ``parse``; ``"(n finding[s]); [kind] step: error ..."`` for ``verify``).
+    :ivar found: for ``not-object``, the Python type name of what the column held.
+    """
+
+    def __init__(self, kind: str, detail: str, *, step: str = "", found: str = "") -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.step = step
+        self.detail = detail
+        self.found = found
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """A job's snapshotted definition, decoded and parsed.
+
+    :ivar definition: the stored JSON object.
+    :ivar workflow: the parsed workflow (``workflow.graph`` tells a graph run from a sequential
+        one).
+    """
+
+    definition: dict[str, Any]
+    workflow: CompiledWorkflow
+
+    @classmethod
+    def load(cls, job: Any, runtime: Runtime, *, verified: bool = False) -> StoredRun:
+        """Decode and parse ``job.workflow_definition`` against ``runtime``'s type pool.
+
+        :param job: anything with a ``workflow_definition`` attribute (a ``JobRecord``).
+        :param runtime: the engine's runtime (type pool, channels).
+        :param verified: also run the verifier; findings raise ``SnapshotError("verify")``.
+        :raises SnapshotError: the definition is unreadable, not an object, does not parse, or
+            (with ``verified``) does not verify.
+        """
+        definition = decode_definition(getattr(job, "workflow_definition", None))
+        try:
+            workflow = parse_workflow(definition, runtime)
+        except WorkflowParseError as exc:
+            step = getattr(exc, "step", "") or ""
+            raise SnapshotError("parse", _message(exc), step=step) from exc
+        except RecursionError as exc:
+            raise SnapshotError("parse", "the definition is nested too deeply") from exc
+        if verified:
+            findings = verify(workflow)
+            if findings:
+                n = len(findings)
+                listed = "".join(f"; [{f.kind}] {f.step}: {f.error}" for f in findings)
+                noun = "finding" if n == 1 else "findings"
+                raise SnapshotError("verify", f"({n} {noun}){listed}", step=findings[0].step or "")
+        return cls(definition, workflow)
+
+
+def decode_definition(raw: Any) -> dict[str, Any]:
+    """The stored definition as a JSON object (JSON text is decoded first).
+
+    :raises SnapshotError: ``unreadable`` (text that is not JSON) or ``not-object``.
+    """
+    if isinstance(raw, (str, bytes, bytearray)):
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise SnapshotError("unreadable", str(exc)) from exc
+    if not isinstance(raw, dict):
+        raise SnapshotError(
+            "not-object", "the stored definition is not a JSON object", found=type(raw).__name__
+        )
+    return raw
+
+
+def _message(exc: BaseException) -> str:
+    return str(getattr(exc, "message", None) or exc)
