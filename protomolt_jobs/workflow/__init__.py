@@ -12,13 +12,8 @@ It knows nothing of jobs, the store or Kafka (docs/internals.md). The public sur
 """
 
 from protomolt_jobs.workflow.envelope import parse_input, parse_workflow
-from protomolt_jobs.workflow.runner import (
-    CANNOT_PARK,
-    checkpoint_entry,
-    next_target,
-    run,
-    run_segment,
-)
+from protomolt_jobs.workflow.runner import CANNOT_PARK, next_target, run, run_segment
+from protomolt_jobs.workflow.step_run import checkpoint_entry
 from protomolt_jobs.workflow.types import (
     DEFAULT_DEADLINE_MS,
     CompiledWorkflow,

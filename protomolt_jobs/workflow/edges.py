@@ -13,6 +13,9 @@ left out. The outputs that succeeded are collected in index order into ``collect
 
 ``projectTo`` needs projection annotations this engine does not read: the verifier refuses it
 (``projection target X declares no projection sources``), so no run reaches a projection.
+
+The calls go through the graph run the step belongs to, seen here only as :class:`StepCalls`
+(``graph_run`` passes its run state); the request is built and checked by ``step_run``.
 """
 
 from __future__ import annotations
@@ -20,27 +23,51 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextvars
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+import grpc
 from google.protobuf.message import Message
 
-from protomolt_jobs.workflow import runner as _r
 from protomolt_jobs.workflow.envelope import message_class
+from protomolt_jobs.workflow.step_run import Scope, build_message, fail, validate_response
 from protomolt_jobs.workflow.types import FailureKind, Step, WorkflowExecutionError
 
-if TYPE_CHECKING:
-    from protomolt_jobs.workflow.graph_run import _Run
+__all__ = ["StepCalls", "branch_id", "execute_edge"]
 
-__all__ = ["branch_id", "execute_edge"]
+
+class StepCalls(Protocol):
+    """What an edge step needs of the graph run it belongs to: the segment's budget, channels,
+    per-target permits and structured generator (all thread-safe: branches run on a pool)."""
+
+    def call_ms(self, step: Step) -> int:
+        """The call deadline in ms from what is left of the segment's budget.
+
+        :raises WorkflowExecutionError: DEADLINE when nothing is left.
+        """
+        ...
+
+    def channel(self, step: Step) -> grpc.Channel:
+        """The segment's channel to ``step``'s target."""
+        ...
+
+    def call(self, step: Step, request: Message, call_ms: int, channel: grpc.Channel) -> Message:
+        """Call ``step``'s method under its target's permit.
+
+        :raises WorkflowExecutionError: GRPC (with its code) or DEADLINE.
+        """
+        ...
+
+    def generate(self, step: Step, grounding: Message | None) -> Message:
+        """Ask the structured generator for ``step``'s target type, grounded on ``grounding``.
+
+        :raises WorkflowExecutionError: STRUCTURED, DEADLINE or WORKFLOW.
+        """
+        ...
 
 
 def branch_id(step: str, index: int) -> str:
     """``<step>#<index>``, upstream's branch name."""
     return f"{step}#{index}"
-
-
-def _fail(kind: FailureKind, step: str, message: str, **kw: Any) -> WorkflowExecutionError:
-    return WorkflowExecutionError(kind, step, message, **kw)
 
 
 def _items(produced: Message, path: str) -> list[Message]:
@@ -68,32 +95,31 @@ def _validation_summary(msg: Message) -> str:
     return summarize(violations) if violations else ""
 
 
-def execute_edge(run: _Run, step: Step, scope: dict[str, Message]) -> Message:
+def execute_edge(run: StepCalls, step: Step, scope: dict[str, Message]) -> Message:
     """Run an edge step (with or without fan-out) on the calling pool thread.
 
+    :param scope: name -> message of the run so far (``input`` and the ended steps).
     :raises WorkflowExecutionError: EDGE, MAPPING, VALIDATION, DEADLINE, GRPC as upstream.
     """
-    from protomolt_jobs.workflow.graph_run import _Values
-
     edge = step.edge
     assert edge is not None
     restricted: dict[str, Message] = {}
     for source in edge.sources:
         if source not in scope:
-            raise _fail(
+            raise fail(
                 FailureKind.EDGE,
                 step.name,
                 f"edge source '{source}' is not 'input' or a prior step",
             )
         restricted[source] = scope[source]
-    produced = _r._build(
-        edge.produce_type, edge.rules, edge.cel_rules, _Values(restricted), step.name
+    produced = build_message(
+        edge.produce_type, edge.rules, edge.cel_rules, Scope(restricted), step.name
     )
     if step.fan_out is None:
         if edge.validate:
             summary = _validation_summary(produced)
             if summary:
-                raise _fail(
+                raise fail(
                     FailureKind.VALIDATION,
                     step.name,
                     f"edge value failed validation before the step executed: {summary}",
@@ -103,20 +129,20 @@ def execute_edge(run: _Run, step: Step, scope: dict[str, Message]) -> Message:
         call_ms = run.call_ms(step)
         response = run.call(step, produced, call_ms, run.channel(step))
         if step.validate:
-            _r._validate(step, response)
+            validate_response(step, response)
         return response
     return _fan_out(run, step, produced)
 
 
-def _fan_out(run: _Run, step: Step, produced: Message) -> Message:
+def _fan_out(run: StepCalls, step: Step, produced: Message) -> Message:
     fan, edge = step.fan_out, step.edge
     assert fan is not None and edge is not None
     try:
         items = _items(produced, fan.items)
     except ValueError as exc:
-        raise _fail(FailureKind.EDGE, step.name, f"fan-out items path rejected: {exc}") from exc
+        raise fail(FailureKind.EDGE, step.name, f"fan-out items path rejected: {exc}") from exc
     if len(items) > fan.max_items:
-        raise _fail(
+        raise fail(
             FailureKind.EDGE,
             step.name,
             f"fan-out produced {len(items)} items, over the max_items cap of {fan.max_items}",
@@ -130,7 +156,7 @@ def _fan_out(run: _Run, step: Step, produced: Message) -> Message:
         for i, item in enumerate(items):
             summary = _validation_summary(item)
             if summary:
-                failures[i] = _fail(
+                failures[i] = fail(
                     FailureKind.VALIDATION,
                     step.name,
                     f"branch value failed validation: {summary}",
@@ -156,7 +182,7 @@ def _fan_out(run: _Run, step: Step, produced: Message) -> Message:
                 except WorkflowExecutionError as exc:
                     if exc.kind is not FailureKind.STRUCTURED:
                         raise
-                    raise _fail(
+                    raise fail(
                         FailureKind.STRUCTURED,
                         step.name,
                         f"structured generation failed at branch '{branch_id(step.name, i)}'",
@@ -167,7 +193,7 @@ def _fan_out(run: _Run, step: Step, produced: Message) -> Message:
             if step.validate:
                 summary = _validation_summary(response)
                 if summary:
-                    raise _fail(
+                    raise fail(
                         FailureKind.VALIDATION,
                         step.name,
                         f"branch response failed validation: {summary}",
@@ -218,5 +244,5 @@ def _collect(
             if value is not None:
                 field.add().MergeFrom(value)
     except Exception as exc:  # protobuf's setters raise assorted types
-        raise _fail(FailureKind.EDGE, step.name, f"fan-out collect rejected: {exc}") from exc
+        raise fail(FailureKind.EDGE, step.name, f"fan-out collect rejected: {exc}") from exc
     return collected

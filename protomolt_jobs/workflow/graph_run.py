@@ -1,8 +1,9 @@
 """Running a graph workflow inside one segment (one claimed run): ready steps in parallel.
 
 :func:`run_graph` is what ``runner.run_segment`` calls for a workflow with ``graph`` set. The
-decisions (what may start, what is skipped and why, how the run ends) are ``graph``'s; this
-module executes them:
+decisions (what may start, what is skipped and why, how the run ends) are ``graph``'s, and how
+one step is built, gated, checked and checkpointed is ``step_run``'s; this module executes
+them:
 
 1. **Replay** the stored checkpoints, keyed by step name (they are in completion order): a
    succeeded entry binds its response (parsed strictly as the step's output type), a skipped
@@ -43,21 +44,33 @@ import concurrent.futures as cf
 import contextlib
 import contextvars
 import dataclasses
-import logging
-import math
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from protomolt_jobs.workflow import edges
+from protomolt_jobs.workflow import effects as fx
 from protomolt_jobs.workflow import graph as g
-from protomolt_jobs.workflow import runner as _r
 from protomolt_jobs.workflow.calls import SegmentChannels, call_unary
 from protomolt_jobs.workflow.envelope import message_class
+from protomolt_jobs.workflow.step_run import (
+    DRIFT,
+    Scope,
+    build_message,
+    call_budget_ms,
+    check_fingerprint,
+    deliver_checkpoint,
+    fail,
+    gate_open,
+    render_checkpoint,
+    replay,
+    validate_response,
+    workflow_output,
+)
 from protomolt_jobs.workflow.types import (
     CompiledWorkflow,
     Completed,
@@ -70,32 +83,8 @@ from protomolt_jobs.workflow.types import (
 
 __all__ = ["run_compensation", "run_graph"]
 
-log = logging.getLogger("protomolt_jobs.workflow")
-
 #: The structured-generation lane's method (proto/ai/pipestream/proto/jobs/v1/structured.proto).
 GENERATE_METHOD = "/ai.pipestream.proto.jobs.v1.StructuredGenerator/Generate"
-
-_DRIFT = "the workflow definition changed under the job"
-
-
-def _fail(kind: FailureKind, step: str, message: str, **kw: Any) -> WorkflowExecutionError:
-    return WorkflowExecutionError(kind, step, message, **kw)
-
-
-class _Values:
-    """A read-only scope for one step: name -> message, and activation values built on demand
-    (``cel.bind_message``)."""
-
-    def __init__(self, values: dict[str, Message]) -> None:
-        self.values = values
-        self._cel: dict[str, Any] | None = None
-
-    def cel(self) -> dict[str, Any]:
-        if self._cel is None:
-            from protomolt_jobs.workflow import cel as _cel
-
-            self._cel = {k: _cel.bind_message(v) for k, v in self.values.items()}
-        return self._cel
 
 
 def failed_entry(step: str, exc: WorkflowExecutionError) -> dict[str, Any]:
@@ -152,23 +141,23 @@ class _Run:
         seen: set[str] = set()
         for i, entry in enumerate(prior):
             if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-                raise _fail(
+                raise fail(
                     FailureKind.WORKFLOW,
                     "",
-                    f"checkpoint {i} is not a {{name, skipped, response}} object; {_DRIFT}",
+                    f"checkpoint {i} is not a {{name, skipped, response}} object; {DRIFT}",
                 )
             name = entry["name"]
             step = self.workflow.step(name)
             if step is None or step.output_type is None:
-                raise _fail(
+                raise fail(
                     FailureKind.WORKFLOW,
                     name,
                     f"checkpoint {i} names step '{name}', which the workflow does not have; "
-                    f"{_DRIFT}",
+                    f"{DRIFT}",
                 )
             if name in seen:
-                raise _fail(
-                    FailureKind.WORKFLOW, name, f"checkpoint {i} repeats step '{name}'; {_DRIFT}"
+                raise fail(
+                    FailureKind.WORKFLOW, name, f"checkpoint {i} repeats step '{name}'; {DRIFT}"
                 )
             seen.add(name)
             if "failed" in entry:
@@ -177,8 +166,8 @@ class _Run:
                 self.errors[name] = exc
                 self.state.ended(name, g.FAILED, exc.message)
                 continue
-            _r._check_fingerprint(self.workflow, step, entry)
-            replayed = _r._replay(self.workflow, i, step, entry)
+            check_fingerprint(self.workflow, step, entry)
+            replayed = replay(self.workflow, i, step, entry)
             if replayed is None:
                 self.values[name] = message_class(step.output_type)()
                 self.state.ended(name, g.SKIPPED, str(entry.get("reason", "")))
@@ -190,29 +179,10 @@ class _Run:
 
     def record(self, step: Step, entry: dict[str, Any]) -> None:
         """Hand one entry to ``on_checkpoint``; a failure there is the run's (store) failure."""
-        try:
-            self.on_checkpoint(entry)
-        except Exception as exc:  # any observer failure fails the step
-            raise _fail(
-                FailureKind.WORKFLOW,
-                step.name,
-                f"checkpoint observer failed; the step's response may not have persisted: {exc}",
-                store_failure=True,
-            ) from exc
+        deliver_checkpoint(self.on_checkpoint, step, entry)
 
     def succeeded(self, step: Step, response: Message) -> None:
-        try:
-            entry = _r.checkpoint_entry(step.name, response, self.workflow.pool)
-            if self.effects is not None:
-                from protomolt_jobs.workflow.effects import stamp
-
-                stamp(entry, self.workflow, step, attempt=self.effects.attempt)
-        except Exception as exc:  # protobuf/json rendering raises assorted types
-            raise _fail(
-                FailureKind.WORKFLOW,
-                step.name,
-                f"could not render the checkpoint for '{step.name}' as JSON: {exc}",
-            ) from exc
+        entry = render_checkpoint(self.workflow, step, response, self.effects)
         self.values[step.name] = response
         self.record(step, entry)
         self.state.ended(step.name, g.SUCCEEDED)
@@ -237,12 +207,8 @@ class _Run:
             return self.channels.channel(step)
 
     def call_ms(self, step: Step) -> int:
-        remaining_ms = math.floor((self.deadline - time.monotonic()) * 1000)
-        if remaining_ms <= 0:
-            raise _fail(
-                FailureKind.DEADLINE, step.name, "workflow deadline exhausted before the step ran"
-            )
-        return min(step.deadline_ms, remaining_ms) if step.deadline_ms > 0 else remaining_ms
+        """``step``'s call deadline (ms) from what is left of the segment's budget."""
+        return call_budget_ms(step, self.deadline)
 
     def call(self, step: Step, request: Message, call_ms: int, channel: grpc.Channel) -> Message:
         permit = self.call_permit(step.target) if self.call_permit else contextlib.nullcontext()
@@ -252,23 +218,21 @@ class _Run:
     def metadata(self, step: Step) -> list[tuple[str, str]] | None:
         if self.effects is None:
             return None
-        from protomolt_jobs.workflow.effects import IDEMPOTENCY_HEADER
-
-        return [(IDEMPOTENCY_HEADER, self.effects.key(step.name))]
+        return [(fx.IDEMPOTENCY_HEADER, self.effects.key(step.name))]
 
     def execute(self, step: Step, scope: dict[str, Message]) -> Message:
         """Run one step (on a pool thread): its result, or a WorkflowExecutionError."""
         if step.edge is not None:
-            from protomolt_jobs.workflow import edges
-
             return edges.execute_edge(self, step, scope)
         if step.structured is not None:
             return self.generate(step, None)
-        request = _r._build(step.input_type, step.rules, step.cel_rules, _Values(scope), step.name)
+        request = build_message(
+            step.input_type, step.rules, step.cel_rules, Scope(scope), step.name
+        )
         call_ms = self.call_ms(step)
         response = self.call(step, request, call_ms, self.channel(step))
         if step.validate:
-            _r._validate(step, response)
+            validate_response(step, response)
         return response
 
     def generate(self, step: Step, grounding: Message | None) -> Message:
@@ -287,7 +251,7 @@ class _Run:
         assert spec is not None
         target = self.runtime.structured_generator
         if not target:
-            raise _fail(
+            raise fail(
                 FailureKind.STRUCTURED,
                 step.name,
                 f"structured step '{step.name}' needs a StructuredGenerator; this runner was "
@@ -316,20 +280,20 @@ class _Run:
             code = exc.code() if callable(getattr(exc, "code", None)) else None
             details = exc.details() if callable(getattr(exc, "details", None)) else None
             name = code.name if code is not None else "UNKNOWN"
-            raise _fail(
+            raise fail(
                 FailureKind.STRUCTURED,
                 step.name,
                 f"structured generation failed: gRPC {name} from {target}: {details or 'null'}",
             ) from exc
         except ValueError as exc:  # a closed channel
-            raise _fail(
+            raise fail(
                 FailureKind.STRUCTURED, step.name, f"structured generation failed: {exc}"
             ) from exc
         out = message_class(spec.target_type)()
         try:
             out.ParseFromString(answer.message.value)
         except Exception as exc:  # DecodeError or others from the protobuf runtime
-            raise _fail(
+            raise fail(
                 FailureKind.WORKFLOW,
                 step.name,
                 "the coordinator's packed output does not parse as the step's target type",
@@ -338,7 +302,7 @@ class _Run:
 
     def gate(self, step: Step) -> bool:
         """``when`` of a step about to start (on the scheduling thread)."""
-        return _r._gate(step, _Values(dict(self.values)))  # type: ignore[arg-type]
+        return gate_open(step, Scope(dict(self.values)))
 
 
 def run_graph(
@@ -507,21 +471,9 @@ def _settle(run: _Run) -> Completed:
     state = run.state
     completed, sentence = state.verdict()
     if completed:
-        wf = run.workflow
-        if wf.output is not None:
-            out = wf.output
-            output = _r._build(out.type, out.rules, out.cel_rules, _Values(run.values), "output")
-        else:
-            last = [n for n in state.order if state.outcomes.get(n) == g.SUCCEEDED]
-            output = run.values[last[-1]] if last else run.values["input"]
-        try:
-            output_json = json_format.MessageToDict(
-                output, always_print_fields_with_no_presence=True, descriptor_pool=wf.pool
-            )
-        except Exception as exc:  # json_format raises assorted types
-            raise _fail(
-                FailureKind.WORKFLOW, "output", f"failed to render the workflow output: {exc}"
-            ) from exc
+        succeeded = [n for n in state.order if state.outcomes.get(n) == g.SUCCEEDED]
+        last = run.values[succeeded[-1]] if succeeded else run.values["input"]
+        output, output_json = workflow_output(run.workflow, Scope(run.values), last)
         return Completed(
             output=output,
             output_json=output_json,
@@ -540,7 +492,7 @@ def _settle(run: _Run) -> Completed:
         req = next(
             (n for n in g.required(run.workflow) if state.outcomes.get(n) != g.SUCCEEDED), ""
         )
-        error = _fail(FailureKind.WORKFLOW, req, f"completion criterion not met: {sentence}")
+        error = fail(FailureKind.WORKFLOW, req, f"completion criterion not met: {sentence}")
     error.report = g.report(state, False, sentence)
     raise error
 

@@ -1,0 +1,276 @@
+"""Running a sequential workflow inside one segment: the steps in order, one at a time.
+
+:func:`run_steps` is what ``runner.run_segment`` calls for a workflow without ``graph``. It
+replays a checkpoint prefix, then runs the remaining steps in order (reference sections 3
+and 6):
+
+1. **Replay** ``prior[i]`` for step ``i``: the entry must name step ``i`` and its stored
+   response must parse as the step's current output type (strictly: an unknown field is drift).
+   Either mismatch is a WORKFLOW failure with the reference's text (upstream 4.4). Replayed
+   steps call nothing and are not handed to ``on_checkpoint`` again.
+2. **External** step (``completion: "external"``): stop with :class:`Parked`.
+3. **Gate** (``when``): false binds the default instance of the output type and records a
+   skipped checkpoint. ``target`` is bound to an empty request, so a gate that reads it (the
+   verifier allows it) behaves the same at run time.
+4. **Request**: text rules then CEL rules over the scope; **budget**: what is left of the
+   segment's ``deadlineMs`` (it restarts every segment), <= 0 is DEADLINE before any call;
+   the call deadline is ``min(step deadlineMs, remaining)``.
+5. **Call**, optional **validation** of the response, **bind** into the scope, **checkpoint**
+   (``on_checkpoint`` gets ``{"name", "skipped", "response"?}`` before the next step starts; if it
+   raises, the run fails as WORKFLOW with ``store_failure=True``). A response that cannot be
+   rendered as proto3 JSON (an ``Any`` whose type the workflow's pool does not know) is a
+   WORKFLOW failure that is not a store failure: calling the service again cannot fix it.
+
+With an ``effects.EffectContext`` every call carries its idempotency key, and an ``external``
+step's intent is recorded before its call; a resumed segment that finds an intent and no
+checkpoint asks the step's ``verify`` probe instead of calling it blindly.
+
+The result is the output mapping, or else the last executed response (a gated-off step, live or
+replayed, does not replace it; upstream lets a replayed skip replace it, reference gap 3).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf.message import Message
+
+from protomolt_jobs.workflow import cel as _cel
+from protomolt_jobs.workflow import effects as fx
+from protomolt_jobs.workflow.calls import SegmentChannels, call_unary
+from protomolt_jobs.workflow.envelope import message_class
+from protomolt_jobs.workflow.step_run import (
+    RecoveryStop,
+    Scope,
+    build_message,
+    call_budget_ms,
+    check_fingerprint,
+    deliver_checkpoint,
+    discard_checkpoint,
+    fail,
+    gate_open,
+    render_checkpoint,
+    replay,
+    validate_response,
+    workflow_output,
+)
+from protomolt_jobs.workflow.types import (
+    EFFECT_EXTERNAL,
+    CompiledWorkflow,
+    Completed,
+    FailureKind,
+    Parked,
+    RecoveryRequired,
+    Runtime,
+    Step,
+)
+
+__all__ = ["run_steps"]
+
+
+def run_steps(
+    workflow: CompiledWorkflow,
+    input_msg: Message,
+    prior: list[dict[str, Any]],
+    on_checkpoint: Callable[[dict[str, Any]], None],
+    *,
+    runtime: Runtime,
+    effects: Any = None,
+) -> Completed | Parked:
+    """Replay ``prior`` and run the rest of a sequential workflow (see the module docstring).
+
+    :param prior: stored checkpoint entries, a prefix of the steps (the caller checked that
+        it is a list no longer than the steps).
+    :param on_checkpoint: called with each new entry as its step lands
+        (``step_run.discard_checkpoint``: nothing is rendered).
+    :param effects: the job's ``effects.EffectContext``, or None.
+    :returns: :class:`Completed` (``steps``: ``{"name", "skipped"}`` per step) or
+        :class:`Parked` at the first external step not yet checkpointed.
+    :raises WorkflowExecutionError: the step's failure (kind, step, message, code for GRPC).
+    :raises RecoveryStop: a stored fingerprint changed, or an external step's state cannot be
+        proven.
+    """
+    steps = workflow.steps
+    deadline = time.monotonic() + workflow.deadline_ms / 1000.0
+    scope = Scope({"input": input_msg})
+    outcomes: list[dict[str, Any]] = []
+    last: Message = input_msg
+    with SegmentChannels(runtime) as channels:
+        for i, step in enumerate(steps):
+            if step.unsupported or step.output_type is None:
+                raise fail(
+                    FailureKind.WORKFLOW,
+                    step.name,
+                    f"step '{step.name}' uses {', '.join(step.unsupported) or 'no method'}, which "
+                    "this engine does not run; verify the workflow first",
+                )
+            if i < len(prior):
+                check_fingerprint(workflow, step, prior[i])
+                replayed = replay(workflow, i, step, prior[i])
+                skipped = replayed is None
+                value = message_class(step.output_type)() if replayed is None else replayed
+                scope.bind(step.name, value)
+                outcomes.append({"name": step.name, "skipped": skipped})
+                if not skipped:
+                    last = value
+                continue
+            if step.external:
+                return Parked(step.name)
+            if step.when.strip() and not gate_open(step, scope):
+                scope.bind(step.name, message_class(step.output_type)())
+                outcomes.append({"name": step.name, "skipped": True})
+                _record(on_checkpoint, workflow, step, None, effects)
+                continue
+            request = build_message(step.input_type, step.rules, step.cel_rules, scope, step.name)
+            call_ms = call_budget_ms(step, deadline)
+            metadata = None
+            receipt = None
+            found = None
+            if effects is not None:
+                key = effects.key(step.name)
+                metadata = [(fx.IDEMPOTENCY_HEADER, key)]
+                if step.effect == EFFECT_EXTERNAL:
+                    if step.name in effects.intents:
+                        found = _resume_external(workflow, step, scope, channels, effects, call_ms)
+                    else:
+                        _intent(effects, step, key)
+                    receipt = {"idempotencyKey": key}
+            if found is not None:
+                response, receipt = found
+            else:
+                response = call_unary(
+                    channels.channel(step), step, request, call_ms / 1000.0, metadata
+                )
+                if step.validate:
+                    validate_response(step, response)
+            scope.bind(step.name, response)
+            outcomes.append({"name": step.name, "skipped": False})
+            _record(
+                on_checkpoint,
+                workflow,
+                step,
+                response,
+                effects,
+                request=request,
+                receipt=receipt,
+            )
+            last = response
+    output, output_json = workflow_output(workflow, scope, last)
+    return Completed(
+        output=output,
+        output_json=output_json,
+        output_type=output.DESCRIPTOR.full_name,
+        steps=outcomes,
+    )
+
+
+def _record(
+    on_checkpoint: Callable[[dict[str, Any]], None],
+    workflow: CompiledWorkflow,
+    step: Step,
+    response: Message | None,
+    effects: Any,
+    *,
+    request: Message | None = None,
+    receipt: Any = None,
+) -> None:
+    if on_checkpoint is discard_checkpoint:
+        return  # synchronous run: nothing is stored, so nothing needs rendering
+    entry = render_checkpoint(workflow, step, response, effects, request=request, receipt=receipt)
+    deliver_checkpoint(on_checkpoint, step, entry)
+
+
+def _intent(effects: Any, step: Step, key: str) -> None:
+    """Store the intent of an external step before its call (a failure: the step is not
+    called and the run is retried like a failed checkpoint write)."""
+    if effects.on_intent is None:
+        return
+    try:
+        effects.on_intent(step.name, key)
+    except Exception as exc:  # any failure to record the intent fails the step
+        raise fail(
+            FailureKind.WORKFLOW,
+            step.name,
+            f"could not record the intent of external step '{step.name}': {exc}",
+            store_failure=True,
+        ) from exc
+
+
+def _resume_external(
+    workflow: CompiledWorkflow,
+    step: Step,
+    scope: Scope,
+    channels: SegmentChannels,
+    effects: Any,
+    call_ms: int,
+) -> tuple[Message, Any] | None:
+    """An external step with an intent and no checkpoint: ask its ``verify`` probe.
+
+    :returns: ``(response to bind, receipt)`` when the probe finds the effect; None when it
+        finds nothing (the step is called).
+    :raises RecoveryStop: no ``verify``, or the probe could not tell (it failed).
+    """
+    v = step.verify
+    if v is None:
+        raise RecoveryStop(
+            RecoveryRequired(
+                step.name,
+                f"step '{step.name}' has effect 'external', an intent and no checkpoint, and no "
+                "'verify' probe: reconcile-step must say whether it happened",
+            )
+        )
+    probe = fx.probe_step(step)
+    try:
+        request = build_message(v.method.input_type, v.rules, v.cel_rules, scope, step.name)
+        response = call_unary(
+            channels.channel(probe),
+            probe,
+            request,
+            call_ms / 1000.0,
+            [(fx.IDEMPOTENCY_HEADER, effects.key(step.name))],
+        )
+        activation = dict(scope.cel())
+        activation["response"] = _cel.bind_message(response)
+        found = _cel.evaluate_bool(v.found, activation)
+        if not found:
+            return None
+        if v.receipt.strip():
+            receipt = _cel_json(_cel.evaluate(v.receipt, activation))
+        else:
+            receipt = fx.response_json(response, workflow.pool)
+    except Exception as exc:  # a failed call, mapping or CEL: the probe cannot tell
+        message = getattr(exc, "message", None) or str(exc)
+        raise RecoveryStop(
+            RecoveryRequired(
+                step.name,
+                f"step '{step.name}' has an intent and no checkpoint, and its verify probe "
+                f"failed: {message}",
+            )
+        ) from exc
+    assert step.output_type is not None
+    if v.method.output_type.full_name == step.output_type.full_name:
+        bound: Message = response
+    else:
+        bound = message_class(step.output_type)()
+    return bound, receipt
+
+
+def _cel_json(value: Any) -> Any:
+    """A CEL result as JSON (maps, lists, scalars; anything else as its text)."""
+    from celpy import celtypes
+
+    if value is None:
+        return None
+    if isinstance(value, celtypes.BoolType | bool):
+        return bool(value)
+    if isinstance(value, celtypes.IntType | celtypes.UintType | int):
+        return int(value)
+    if isinstance(value, celtypes.DoubleType | float):
+        return float(value)
+    if isinstance(value, celtypes.MapType | dict):
+        return {str(k): _cel_json(v) for k, v in value.items()}
+    if isinstance(value, celtypes.ListType | list | tuple):
+        return [_cel_json(v) for v in value]
+    return str(value)
