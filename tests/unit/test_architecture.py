@@ -3,9 +3,9 @@
 lint-imports reads the contracts in pyproject.toml: one ``layers`` contract over the whole
 package plus a few narrow ones. These tests run it on the tree, check that every top-level
 entry of the package sits in a layer (a new module must not slip past the contract), run it on
-a temporary copy where the store imports the engine (that copy must fail), and walk the
-package's imports themselves (function-level ones included) for circles and for ``_private``
-names taken from another module.
+temporary copies where the store imports the engine, the host a role module, or one runner
+the other (each copy must fail), and walk the package's imports themselves (function-level
+ones included) for circles and for ``_private`` names taken from another module.
 """
 
 from __future__ import annotations
@@ -93,6 +93,24 @@ def test_a_host_that_imports_the_role_fails(tmp_path):
     assert result.returncode != 0
     assert "The host imports no part of the jobs role" in result.stdout
     assert "BROKEN" in result.stdout
+
+
+def test_a_runner_that_imports_the_other_runner_fails(tmp_path):
+    copy = tmp_path / "tree"
+    copy.mkdir()
+    shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
+    shutil.copytree(
+        ROOT / "protomolt_jobs",
+        copy / "protomolt_jobs",
+        ignore=shutil.ignore_patterns("__pycache__", "_migrations"),
+    )
+    graph_run = copy / "protomolt_jobs" / "workflow" / "graph_run.py"
+    graph_run.write_text(
+        graph_run.read_text() + "\nimport protomolt_jobs.workflow.sequential_run  # breaks\n"
+    )
+    result = _lint(copy)
+    assert result.returncode != 0
+    assert "Runners share step code; none imports another BROKEN" in result.stdout
 
 
 def test_the_walk_sees_a_function_level_circle(tmp_path):
