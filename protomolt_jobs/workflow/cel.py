@@ -204,7 +204,8 @@ _INT_TYPES = {
     _FD.TYPE_ENUM,
 }
 _UINT_TYPES = {_FD.TYPE_UINT32, _FD.TYPE_UINT64, _FD.TYPE_FIXED32, _FD.TYPE_FIXED64}
-_WRAPPERS = {
+#: The well-known wrapper types (``google.protobuf.*Value``): CEL reads them as their value or null.
+WRAPPERS = {
     "google.protobuf.DoubleValue",
     "google.protobuf.FloatValue",
     "google.protobuf.Int64Value",
@@ -261,7 +262,7 @@ def message_to_cel(msg: Message) -> Any:
         return json_to_cel(_value_json(msg))
     if full == "google.protobuf.ListValue":
         return json_to_cel([_value_json(v) for v in msg.values])
-    if full in _WRAPPERS:
+    if full in WRAPPERS:
         return _scalar(desc.fields_by_name["value"], msg.value)
     if full == "google.protobuf.Timestamp":
         ts = datetime.datetime.fromtimestamp(msg.seconds, tz=datetime.UTC) + datetime.timedelta(
@@ -305,7 +306,7 @@ _SPECIAL = {
     "google.protobuf.ListValue",
     "google.protobuf.Timestamp",
     "google.protobuf.Duration",
-    *_WRAPPERS,
+    *WRAPPERS,
 }
 #: Types whose CEL conversion can fail on a value (a Timestamp or Duration out of range).
 _FALLIBLE = {"google.protobuf.Timestamp", "google.protobuf.Duration"}
@@ -410,7 +411,7 @@ def message_to_plain(msg: Message) -> dict[str, Any]:
     plan = _plain_plan(msg.DESCRIPTOR)
     if plan.special:
         full = plan.descriptor.full_name
-        if full in _WRAPPERS:
+        if full in WRAPPERS:
             return _plain_scalar(_kind(plan.descriptor.fields_by_name["value"]), msg.value)
         if full == "google.protobuf.Struct":
             return celenv.json_plain(_struct_json(msg))

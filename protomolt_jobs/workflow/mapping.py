@@ -538,7 +538,7 @@ def _convert_message(value: Any, fd: _d.FieldDescriptor, rule: str) -> Message:
             out.update(_to_json_value(value))
             return out
         return _struct_into(value, out, fd)
-    if full in _cel._WRAPPERS and value is not None and not isinstance(value, list):
+    if full in _cel.WRAPPERS and value is not None and not isinstance(value, list):
         inner = mt.fields_by_name["value"]
         out.value = _convert(value, inner, rule)
         return out
@@ -988,8 +988,8 @@ def check_text_rule(
     s_msg = sfd.type == _FD.TYPE_MESSAGE and not _is_map(sfd)
     t_msg = tfd.type == _FD.TYPE_MESSAGE and not _is_map(tfd)
     if s_msg != t_msg:
-        absorbing = t_msg and tfd.message_type.full_name in _OPAQUE | set(_cel._WRAPPERS)
-        source_opaque = s_msg and sfd.message_type.full_name in {VALUE} | set(_cel._WRAPPERS)
+        absorbing = t_msg and tfd.message_type.full_name in _OPAQUE | set(_cel.WRAPPERS)
+        source_opaque = s_msg and sfd.message_type.full_name in {VALUE} | set(_cel.WRAPPERS)
         if not absorbing and not source_opaque:
             return (
                 f"cannot convert between message and scalar "

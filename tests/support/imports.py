@@ -71,6 +71,37 @@ def edges(root: Path) -> list[Edge]:
     return [e for e in found if e.importer != e.imported]
 
 
+def private_attributes(root: Path) -> list[str]:
+    """``importer -> module: name`` for every ``alias._private`` read through a module bound by
+    an import (``from protomolt_jobs.workflow import cel as _cel`` then ``_cel._WRAPPERS``)."""
+    mods = modules(root)
+    out: list[str] = []
+    for name, path in mods.items():
+        tree = ast.parse(path.read_text(), str(path))
+        bound: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.asname and alias.name in mods:
+                        bound[alias.asname] = alias.name
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE):
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    if sub in mods:
+                        bound[alias.asname or alias.name] = sub
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in bound
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and bound[node.value.id] != name
+            ):
+                out.append(f"{name} -> {bound[node.value.id]}: {node.attr} (line {node.lineno})")
+    return out
+
+
 def _known(dotted: str, mods: dict[str, Path]) -> str | None:
     while dotted:
         if dotted in mods:
