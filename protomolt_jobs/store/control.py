@@ -377,21 +377,14 @@ class ControlMixin(db.Database):
                 f"entry.name: must be the completed step {step!r}; got {entry['name']!r}"
             )
         entry_json = checks.jsonb("entry", entry, dict)
-        step = scrub_text(step)
-        with self._connection() as conn, conn.transaction():
-            refusal = self._parked_gate_txn(conn, key, step)
-            if refusal is not None:
-                return refusal
-            row = db.one(
-                conn,
-                "job_complete_parked",
-                {"job_id": key, "step": step, "entry": entry_json, "actor": scrub_text(actor)},
-            )
-            if row is None:  # pragma: no cover - the row lock makes the gate authoritative
-                raise StoreError(f"job {key} changed under its row lock")
-            self._outbox_txn(conn, row, EventType.TYPE_STEP_CHECKPOINT, step=step)
-            db.execute(conn, "job_notify", {})
-        return ParkedStepCompleted()
+        return self._parked_write(
+            "job_complete_parked",
+            key,
+            scrub_text(step),
+            {"entry": entry_json, "actor": scrub_text(actor)},
+            EventType.TYPE_STEP_CHECKPOINT,
+            notify=True,
+        )
 
     @db.translated
     def job_fail_parked(
@@ -411,20 +404,39 @@ class ControlMixin(db.Database):
         key = checks.uuid("job_id", job_id)
         checks.text("step", step)
         checks.text("error", error)
-        step = scrub_text(step)
         error = scrub_text(error)
+        return self._parked_write(
+            "job_fail_parked",
+            key,
+            scrub_text(step),
+            {"error": error, "actor": scrub_text(actor)},
+            EventType.TYPE_FAILED,
+            error=error,
+        )
+
+    def _parked_write(
+        self,
+        query: str,
+        key: uuid.UUID,
+        step: str,
+        params: dict[str, Any],
+        event: int,
+        *,
+        error: str = "",
+        notify: bool = False,
+    ) -> ParkedCompletion:
+        """The parked gate and, when it lets the run through, ``query`` (with ``job_id`` and
+        ``step``) and its ``event``, then ``NOTIFY`` when ``notify``: one transaction."""
         with self._connection() as conn, conn.transaction():
             refusal = self._parked_gate_txn(conn, key, step)
             if refusal is not None:
                 return refusal
-            row = db.one(
-                conn,
-                "job_fail_parked",
-                {"job_id": key, "step": step, "error": error, "actor": scrub_text(actor)},
-            )
+            row = db.one(conn, query, {"job_id": key, "step": step, **params})
             if row is None:  # pragma: no cover - the row lock makes the gate authoritative
                 raise StoreError(f"job {key} changed under its row lock")
-            self._outbox_txn(conn, row, EventType.TYPE_FAILED, step=step, error=error)
+            self._outbox_txn(conn, row, event, step=step, error=error)
+            if notify:
+                db.execute(conn, "job_notify", {})
         return ParkedStepCompleted()
 
     def _parked_gate_txn(

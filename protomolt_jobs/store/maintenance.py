@@ -187,13 +187,7 @@ class MaintenanceMixin(db.Database):
         :raises ValueError: for a non-positive retention or limit.
         :raises StoreError: on a database failure.
         """
-        checks.positive_seconds("retention_s", retention_s)
-        checks.positive_int("limit", limit)
-        with self._connection() as conn:
-            cur = db.execute(
-                conn, "outbox_prune_published", {"retention_s": retention_s, "limit": limit}
-            )
-            return cur.rowcount
+        return self._prune_batch("outbox_prune_published", retention_s, limit)
 
     @db.translated
     def job_prune_terminal(self, retention_s: float, limit: int = PRUNE_BATCH_DEFAULT) -> int:
@@ -212,13 +206,7 @@ class MaintenanceMixin(db.Database):
         :raises ValueError: for a non-positive retention or limit.
         :raises StoreError: on a database failure.
         """
-        checks.positive_seconds("retention_s", retention_s)
-        checks.positive_int("limit", limit)
-        with self._connection() as conn:
-            cur = db.execute(
-                conn, "job_prune_terminal", {"retention_s": retention_s, "limit": limit}
-            )
-            return cur.rowcount
+        return self._prune_batch("job_prune_terminal", retention_s, limit)
 
     @db.translated
     def job_prune_cancelled(self, retention_s: float, limit: int = PRUNE_BATCH_DEFAULT) -> int:
@@ -232,10 +220,13 @@ class MaintenanceMixin(db.Database):
         :raises ValueError: for a non-positive retention or limit.
         :raises StoreError: on a database failure.
         """
+        return self._prune_batch("job_prune_cancelled", retention_s, limit)
+
+    def _prune_batch(self, query: str, retention_s: float, limit: int) -> int:
+        """One pruning ``DELETE`` (``query``) of up to ``limit`` rows older than
+        ``retention_s`` seconds, in autocommit: :returns: the rows deleted."""
         checks.positive_seconds("retention_s", retention_s)
         checks.positive_int("limit", limit)
         with self._connection() as conn:
-            cur = db.execute(
-                conn, "job_prune_cancelled", {"retention_s": retention_s, "limit": limit}
-            )
+            cur = db.execute(conn, query, {"retention_s": retention_s, "limit": limit})
             return cur.rowcount

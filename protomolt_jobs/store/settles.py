@@ -43,12 +43,9 @@ class SettlesMixin(db.Database):
         """
         step = scrub_text(checks.entry_name(entry))
         entry_json = checks.jsonb("entry", entry, dict)
-        with self._connection() as conn:
-            row = db.fenced(conn, "job_checkpoint", lease, {"entry": entry_json, "step": step})
-        if row["status"] != "RUNNING":
-            raise ControlApplied(
-                lease.job_id, lease.owner, lease.attempt, "job_checkpoint", row["status"]
-            )
+        status = self._fenced_status("job_checkpoint", lease, {"entry": entry_json, "step": step})
+        if status != "RUNNING":
+            raise ControlApplied(lease.job_id, lease.owner, lease.attempt, "job_checkpoint", status)
 
     @db.translated
     def job_compensate(self, lease: Lease, entry: dict[str, Any]) -> None:
@@ -86,10 +83,7 @@ class SettlesMixin(db.Database):
         :raises StoreError: on a database failure.
         """
         checks.text("step", step)
-        step = scrub_text(step)
-        with self._connection() as conn:
-            row = db.fenced(conn, "job_park", lease, {"step": step})
-        return str(row["status"])
+        return self._fenced_status("job_park", lease, {"step": scrub_text(step)})
 
     @db.translated
     def job_complete(
@@ -134,9 +128,7 @@ class SettlesMixin(db.Database):
             params["entry"] = checks.jsonb("final_entry", final_entry, dict)
             params["step"] = step
         query = "job_complete" if final_entry is None else "job_complete_with_checkpoint"
-        with self._connection() as conn:
-            row = db.fenced(conn, query, lease, params)
-        return str(row["status"])
+        return self._fenced_status(query, lease, params)
 
     @db.translated
     def job_fail(self, lease: Lease, error: str, step: str = "") -> str:
@@ -152,12 +144,7 @@ class SettlesMixin(db.Database):
         :raises ValueError: for a blank error.
         :raises StoreError: on a database failure.
         """
-        checks.text("error", error)
-        error = scrub_text(error)
-        step = scrub_text(step or "")
-        with self._connection() as conn:
-            row = db.fenced(conn, "job_fail", lease, {"error": error, "step": step})
-        return str(row["status"])
+        return self._fenced_end("job_fail", lease, error, step)
 
     @db.translated
     def job_retry(self, lease: Lease, backoff_s: float, error: str) -> datetime:
@@ -199,12 +186,7 @@ class SettlesMixin(db.Database):
         :raises ValueError: for a blank error.
         :raises StoreError: on a database failure.
         """
-        checks.text("error", error)
-        error = scrub_text(error)
-        step = scrub_text(step or "")
-        with self._connection() as conn:
-            row = db.fenced(conn, "job_dead", lease, {"error": error, "step": step})
-        return str(row["status"])
+        return self._fenced_end("job_dead", lease, error, step)
 
     @db.translated
     def job_release(self, lease: Lease) -> None:
@@ -218,8 +200,7 @@ class SettlesMixin(db.Database):
         :raises LeaseLost: when the fence matches no row (nothing changed).
         :raises StoreError: on a database failure.
         """
-        with self._connection() as conn:
-            db.fenced(conn, "job_release", lease, {})
+        self._fenced_status("job_release", lease, {})
 
     @db.translated
     def job_budget_pause(self, lease: Lease, error: str, step: str = "") -> str:
@@ -258,10 +239,7 @@ class SettlesMixin(db.Database):
         :raises LeaseLost: when the fence matches no row.
         :raises StoreError: on a database failure.
         """
-        with self._connection() as conn, conn.transaction():
-            row = db.fenced(conn, "job_stop", lease, {})
-            self._control_event_txn(conn, row, "")
-        return str(row["status"])
+        return self._fenced_boundary("job_stop", lease, {}, "")
 
     @db.translated
     def job_intent(self, lease: Lease, step: str, intent: dict[str, Any]) -> None:
@@ -279,13 +257,9 @@ class SettlesMixin(db.Database):
         checks.text("step", step)
         step = scrub_text(step)
         params = {"step": step, "intent": checks.jsonb("intent", intent, dict)}
-        with self._connection() as conn, conn.transaction():
-            row = db.fenced(conn, "job_intent", lease, params)
-            self._control_event_txn(conn, row, step)
-        if row["status"] != "RUNNING":
-            raise ControlApplied(
-                lease.job_id, lease.owner, lease.attempt, "job_intent", row["status"]
-            )
+        status = self._fenced_boundary("job_intent", lease, params, step)
+        if status != "RUNNING":
+            raise ControlApplied(lease.job_id, lease.owner, lease.attempt, "job_intent", status)
 
     @db.translated
     def job_recovery_required(self, lease: Lease, step: str, reason: str) -> str:
@@ -308,4 +282,29 @@ class SettlesMixin(db.Database):
                 self._outbox_txn(
                     conn, row, EventType.TYPE_RECOVERY_REQUIRED, step=step, error=reason
                 )
+        return str(row["status"])
+
+    # -- the shapes the writes above share --------------------------------------------------
+
+    def _fenced_status(self, query: str, lease: Lease, params: dict[str, Any]) -> str:
+        """One fenced statement in autocommit: the write and the outbox rows it derives from
+        the status the row ends in. :returns: that status."""
+        with self._connection() as conn:
+            row = db.fenced(conn, query, lease, params)
+        return str(row["status"])
+
+    def _fenced_end(self, query: str, lease: Lease, error: str, step: str) -> str:
+        """:meth:`_fenced_status` for a write that ends the run with ``error`` (not blank) on
+        ``step`` ("" for none): FAILED, DEAD."""
+        checks.text("error", error)
+        params = {"error": scrub_text(error), "step": scrub_text(step or "")}
+        return self._fenced_status(query, lease, params)
+
+    def _fenced_boundary(self, query: str, lease: Lease, params: dict[str, Any], step: str) -> str:
+        """A fenced boundary write with no event of its own, in one transaction with the
+        CANCELLED or PAUSED event of a pending request the trigger applied (naming ``step``).
+        :returns: the status after (RUNNING when no request was pending)."""
+        with self._connection() as conn, conn.transaction():
+            row = db.fenced(conn, query, lease, params)
+            self._control_event_txn(conn, row, step)
         return str(row["status"])
