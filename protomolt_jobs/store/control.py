@@ -1,10 +1,10 @@
 """Operator writes about a job, by id (the verbs): cancel, pause, resume, requeue, retry-step,
 recover, and the parked gate (complete or fail a step a run waits on).
 
-None of them holds a lease. Each is one conditional statement under the row lock, with its
-event in the same transaction, so a control write racing the worker's own write has exactly one
-outcome; a write that changes nothing answers with the row as it is (``ControlOutcome`` with
-``changed`` false, or ``AlreadyDone`` / ``WrongState`` at the parked gate).
+None of them holds a lease. Each is one transaction: a conditional write under the row lock
+and its event, so a control write racing the worker's own write has exactly one outcome; a
+write that changes nothing answers with the row as it is (``ControlOutcome`` with ``changed``
+false, or ``AlreadyDone`` / ``WrongState`` at the parked gate).
 """
 
 from __future__ import annotations
@@ -269,6 +269,8 @@ class ControlMixin(db.Database):
         reason: str | None,
         extra: dict[str, Any] | None = None,
     ) -> ControlOutcome:
+        """Cancel, pause and requeue: one conditional write (``query``, with ``extra``
+        parameters) and the event of what it did; the row as it is when it did nothing."""
         key = checks.uuid("job_id", job_id)
         checks.text("actor", actor)
         reason = scrub_text(reason) if reason else None

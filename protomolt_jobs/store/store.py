@@ -122,8 +122,9 @@ class JobStore(
 ):
     """The durable store of jobs and their outbox, over a psycopg connection pool.
 
-    Open one with :meth:`open` (or construct it on an open pool); every public method is one
-    transaction and raises :class:`~protomolt_jobs.errors.StoreError` on a database failure.
+    Open one with :meth:`open` (or construct it on an open pool). Each method's docstring gives
+    its SQL and its transaction; a database failure is raised as
+    :class:`~protomolt_jobs.errors.StoreError`.
 
     :param pool: an open ``psycopg_pool.ConnectionPool``; the store closes it in :meth:`close`.
     :param connect_timeout_s: how long a call waits for a healthy connection before it raises
