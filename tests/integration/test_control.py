@@ -364,7 +364,7 @@ def test_an_uncontrolled_three_step_job_runs_no_more_statements(services, store,
     fenced writes, issue 14; 8 before it)."""
     import collections
 
-    from protomolt_jobs.store import store as store_module
+    from protomolt_jobs.store import db as store_module
     from tests.support.worker_proc import enqueue
 
     workflow = seed_workflow(services.target, review="invoke")
@@ -374,7 +374,7 @@ def test_an_uncontrolled_three_step_job_runs_no_more_statements(services, store,
     assert worker.run_once() is True  # warm-up: the worker's own first-call reads
     job = enqueue(store, workflow, INPUT)
     counts: collections.Counter[str] = collections.Counter()
-    originals = {name: getattr(store_module, name) for name in ("_execute", "_one", "_rows")}
+    originals = {name: getattr(store_module, name) for name in ("execute", "one", "rows")}
 
     def counting(original):
         def run(conn, name, params):

@@ -106,9 +106,9 @@ class TestTheRaceAfterTheLook:
 
     @pytest.fixture(autouse=True)
     def blind(self, monkeypatch):
-        import protomolt_jobs.store.store as store_module
+        import protomolt_jobs.store.db as store_module
 
-        monkeypatch.setattr(store_module, "_server_gone", lambda conn: False)
+        monkeypatch.setattr(store_module, "server_gone", lambda conn: False)
 
     def test_a_read_runs_once_more_on_a_fresh_connection(self, one_conn_store, fresh_dsn):
         job = queued_job(one_conn_store)

@@ -1,0 +1,119 @@
+"""Argument checks of the store's methods: programming errors of the caller, raised before any
+SQL runs, each message naming the field (``"step: must be a non-blank string; got ''"``).
+
+:func:`jsonb` also makes a JSON value storable: it serialises it once, scrubbing what
+PostgreSQL refuses (:mod:`~.scrub`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+from uuid import UUID
+
+from psycopg.types.json import Jsonb
+
+from protomolt_jobs.store.scrub import needs_scrub, scrub_json
+
+__all__ = [
+    "entry_name",
+    "jsonb",
+    "non_negative_int",
+    "non_negative_seconds",
+    "positive_int",
+    "positive_seconds",
+    "text",
+    "uuid",
+]
+
+
+def uuid(field: str, value: Any) -> UUID:
+    """``value`` as a UUID (a UUID, or its text).
+
+    :raises ValueError: anything else.
+    """
+    if isinstance(value, UUID):
+        return value
+    if isinstance(value, str):
+        try:
+            return UUID(value)
+        except ValueError:
+            pass
+    raise ValueError(f"{field}: must be a UUID; got {value!r}")
+
+
+def text(field: str, value: Any) -> None:
+    """:raises ValueError: unless ``value`` is a string with a non-blank character."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{field}: must be a non-blank string; got {value!r}")
+
+
+def positive_int(field: str, value: Any) -> None:
+    """:raises ValueError: unless ``value`` is an integer > 0 (a bool is not)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{field}: must be a positive integer; got {value!r}")
+
+
+def non_negative_int(field: str, value: Any) -> None:
+    """:raises ValueError: unless ``value`` is an integer >= 0 (a bool is not)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{field}: must be an integer >= 0; got {value!r}")
+
+
+def positive_seconds(field: str, value: Any) -> None:
+    """:raises ValueError: unless ``value`` is a finite number of seconds > 0."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{field}: must be a positive number of seconds; got {value!r}")
+
+
+def non_negative_seconds(field: str, value: Any) -> None:
+    """:raises ValueError: unless ``value`` is a finite number of seconds >= 0."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ValueError(f"{field}: must be a number of seconds >= 0; got {value!r}")
+
+
+def entry_name(entry: Any) -> str:
+    """The ``name`` of a checkpoint entry.
+
+    :raises TypeError: when ``entry`` is not a JSON object (a dict).
+    :raises ValueError: when its ``name`` is not a non-blank string.
+    """
+    if not isinstance(entry, dict):
+        raise TypeError(f"entry: must be a JSON object; got {type(entry).__name__}")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"entry.name: must be a non-blank string; got {name!r}")
+    return name
+
+
+def jsonb(field: str, value: Any, kind: type) -> Jsonb:
+    """``value`` as a ``jsonb`` parameter, serialised now, so a value JSON cannot hold fails
+    here with the field's name; strings and keys PostgreSQL refuses (NUL, lone surrogates) are
+    scrubbed to U+FFFD first.
+
+    :param kind: the JSON type ``value`` must be (``dict`` or ``list``).
+    :raises TypeError: when ``value`` is not a ``kind``.
+    :raises ValueError: when it cannot be JSON (NaN, a foreign type, nested too deeply).
+    """
+    if not isinstance(value, kind):
+        raise TypeError(f"{field}: must be a JSON {kind.__name__}; got {type(value).__name__}")
+    try:
+        encoded = json.dumps(value, allow_nan=False)
+        if needs_scrub(encoded):
+            encoded = json.dumps(scrub_json(value), allow_nan=False)
+    except RecursionError:
+        raise ValueError(f"{field}: not representable as JSON: nested too deeply") from None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{field}: not representable as JSON: {exc}") from None
+    return Jsonb(value, dumps=lambda _obj: encoded)
