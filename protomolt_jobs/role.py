@@ -44,8 +44,12 @@ from protomolt_jobs.hooks.contract import (
 from protomolt_jobs.hooks.hookspecs import hookimpl
 from protomolt_jobs.runs.inspector import JobInspector
 from protomolt_jobs.telemetry import metrics
-from protomolt_jobs.verbs.jobs import JobsBackend, jobs_actions
-from protomolt_jobs.verbs.workflow import CheckWorkflowAction, RunWorkflowAction
+from protomolt_jobs.verbs import (
+    CheckWorkflowAction,
+    JobsBackend,
+    RunWorkflowAction,
+    jobs_actions,
+)
 from protomolt_jobs.workflow.types import Runtime
 
 __all__ = ["ROLE", "JobsModule", "JobsMount", "protomolt_role_module"]

@@ -17,6 +17,8 @@ from google.protobuf.message import DecodeError
 
 from protomolt_jobs.errors import StoreError
 from protomolt_jobs.pb.ai.pipestream.proto.jobs.v1.jobs_pb2 import WorkflowRunEvent
+from protomolt_jobs.runs.stored_run import SnapshotError, StoredRun
+from protomolt_jobs.workflow.types import ON_SUCCESS
 
 __all__ = ["JobEvent", "JobInspector"]
 
@@ -58,18 +60,25 @@ class JobInspector:
             raise StoreError("the jobs store is not open")
         return store
 
+    def _stored(self, job_id: str) -> StoredRun | None:
+        """The job's stored run; None when the job does not exist or its definition cannot be
+        used (these views only add to what the verbs answer, so they never fail for it)."""
+        job = self._open().job_get(job_id)
+        if job is None:
+            return None
+        try:
+            return StoredRun.load(job, self._runtime)
+        except SnapshotError:
+            return None
+
     def step_names(self, job_id: str) -> list[str]:
         """The names of the steps of the job's snapshotted definition, in definition order
-        (empty when the job or its definition cannot be read).
+        (empty when the job does not exist or its definition cannot be read or does not parse).
 
         :raises StoreError: the store is unavailable.
         """
-        job = self._open().job_get(job_id)
-        definition = getattr(job, "workflow_definition", None) if job is not None else None
-        steps = definition.get("steps") if isinstance(definition, dict) else None
-        if not isinstance(steps, list):
-            return []
-        return [s["name"] for s in steps if isinstance(s, dict) and isinstance(s.get("name"), str)]
+        stored = self._stored(job_id)
+        return stored.step_names() if stored is not None else []
 
     def step_graph(self, job_id: str) -> list[dict[str, Any]]:
         """The steps of a *graph* workflow with what each waits for:
@@ -78,17 +87,8 @@ class JobInspector:
 
         :raises StoreError: the store is unavailable.
         """
-        from protomolt_jobs.workflow.envelope import parse_workflow
-        from protomolt_jobs.workflow.types import ON_SUCCESS, WorkflowParseError
-
-        job = self._open().job_get(job_id)
-        if job is None or not isinstance(job.workflow_definition, dict):
-            return []
-        try:
-            workflow = parse_workflow(job.workflow_definition, self._runtime)
-        except WorkflowParseError:
-            return []
-        if not getattr(workflow, "graph", False):
+        stored = self._stored(job_id)
+        if stored is None or not stored.workflow.graph:
             return []
         return [
             {
@@ -98,7 +98,7 @@ class JobInspector:
                     for d in getattr(step, "depends", ())
                 ],
             }
-            for step in workflow.steps
+            for step in stored.workflow.steps
         ]
 
     def answer_type(self, job_id: str, step_name: str) -> _d.Descriptor | None:
@@ -107,17 +107,10 @@ class JobInspector:
 
         :raises StoreError: the store is unavailable.
         """
-        from protomolt_jobs.workflow.envelope import parse_workflow
-        from protomolt_jobs.workflow.types import WorkflowParseError
-
-        job = self._open().job_get(job_id)
-        if job is None or not isinstance(job.workflow_definition, dict):
+        stored = self._stored(job_id)
+        if stored is None:
             return None
-        try:
-            workflow = parse_workflow(job.workflow_definition, self._runtime)
-        except WorkflowParseError:
-            return None
-        for step in workflow.steps:
+        for step in stored.workflow.steps:
             if step.name == step_name and step.method is not None:
                 return step.method.output_type
         return None

@@ -30,6 +30,7 @@ from typing import Any
 
 from protomolt_jobs.errors import ProtomoltJobsError
 from protomolt_jobs.workflow.envelope import parse_workflow
+from protomolt_jobs.workflow.graph import ancestors
 from protomolt_jobs.workflow.types import CompiledWorkflow, Runtime, WorkflowParseError
 from protomolt_jobs.workflow.verifier import verify
 
@@ -93,6 +94,25 @@ class StoredRun:
                 raise SnapshotError("verify", f"({n} {noun}){listed}", step=findings[0].step or "")
         return cls(definition, workflow)
 
+    def step_names(self) -> list[str]:
+        """The workflow's step names in definition order (compensation steps included)."""
+        return [s.name for s in self.workflow.steps]
+
+    def dependants(self) -> dict[str, set[str]]:
+        """For each step, the steps that depend on it, transitively: in a graph workflow the
+        steps it is an ancestor of; in a sequential one every later step (each step reads what
+        the earlier ones produced). Dropping a step's checkpoint must drop theirs too."""
+        order = self.step_names()
+        out: dict[str, set[str]] = {name: set() for name in order}
+        if not self.workflow.graph:
+            for i, name in enumerate(order):
+                out[name] = set(order[i + 1 :])
+            return out
+        for name, before in ancestors(self.workflow).items():
+            for upstream in before:
+                out.setdefault(upstream, set()).add(name)
+        return out
+
 
 def decode_definition(raw: Any) -> dict[str, Any]:
     """The stored definition as a JSON object (JSON text is decoded first).
@@ -102,8 +122,8 @@ def decode_definition(raw: Any) -> dict[str, Any]:
     if isinstance(raw, (str, bytes, bytearray)):
         try:
             raw = json.loads(raw)
-        except ValueError as exc:
-            raise SnapshotError("unreadable", str(exc)) from exc
+        except (ValueError, RecursionError) as exc:  # broken, or nested past the decoder
+            raise SnapshotError("unreadable", str(exc) or type(exc).__name__) from exc
     if not isinstance(raw, dict):
         raise SnapshotError(
             "not-object", "the stored definition is not a JSON object", found=type(raw).__name__

@@ -1,1 +1,85 @@
-"""The jobs role's catalog actions (verbs), on one shared base."""
+"""The jobs role's catalog actions (verbs), on one shared base.
+
+===================== ======================================================================
+module                verbs
+===================== ======================================================================
+:mod:`.submit`        ``submit-workflow``
+:mod:`.read`          ``get-job``, ``list-jobs``, ``job-history``
+:mod:`.complete`      ``complete-step``
+:mod:`.control`       ``cancel-job``, ``pause-job``, ``resume-job``, ``retry-step``,
+                      ``requeue-job``
+:mod:`.recovery`      ``reconcile-step``, ``migrate-checkpoint``
+:mod:`.workflow`      ``run-workflow``, ``check-workflow`` (the engine's; no store)
+===================== ======================================================================
+
+:mod:`.base` holds what every verb shares (the backend, the verb classes, field readers,
+answers); :mod:`.responses` turns a supplied response into a checkpoint entry. No verb module
+imports another (import-linter contract ``verbs-on-one-base``). :func:`jobs_actions` gives the
+job verbs in manifest order; the role adds ``run-workflow`` and ``check-workflow`` after them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from protomolt_jobs.verbs.base import NOT_CONFIGURED, NOT_RUNNING, JobsBackend, Verb
+from protomolt_jobs.verbs.complete import CompleteStepAction
+from protomolt_jobs.verbs.control import (
+    CancelJobAction,
+    PauseJobAction,
+    RequeueJobAction,
+    ResumeJobAction,
+    RetryStepAction,
+)
+from protomolt_jobs.verbs.read import GetJobAction, JobHistoryAction, ListJobsAction
+from protomolt_jobs.verbs.recovery import MigrateCheckpointAction, ReconcileStepAction
+from protomolt_jobs.verbs.submit import SOURCE_RULE, SubmitWorkflowAction
+from protomolt_jobs.verbs.workflow import CheckWorkflowAction, RunWorkflowAction
+
+__all__ = [
+    "NOT_CONFIGURED",
+    "NOT_RUNNING",
+    "SOURCE_RULE",
+    "CancelJobAction",
+    "CheckWorkflowAction",
+    "CompleteStepAction",
+    "GetJobAction",
+    "JobHistoryAction",
+    "JobsBackend",
+    "ListJobsAction",
+    "MigrateCheckpointAction",
+    "PauseJobAction",
+    "ReconcileStepAction",
+    "RequeueJobAction",
+    "ResumeJobAction",
+    "RetryStepAction",
+    "RunWorkflowAction",
+    "SubmitWorkflowAction",
+    "Verb",
+    "jobs_actions",
+]
+
+
+def jobs_actions(backend: JobsBackend, runtime: Any) -> list[Verb]:
+    """The job verbs over one backend, in manifest order: the four of the reference
+    (submit-workflow, get-job, list-jobs, complete-step), then the operator verbs (cancel-job,
+    pause-job, resume-job, retry-step, the recovery verbs of step effects, requeue-job) and
+    job-history.
+
+    :param backend: the role's late-bound store and submitter.
+    :param runtime: the engine's runtime (type pool) for reading stored definitions.
+    """
+    return [
+        SubmitWorkflowAction(backend),
+        GetJobAction(backend, runtime),
+        ListJobsAction(backend),
+        CompleteStepAction(backend, runtime),
+        CancelJobAction(backend),
+        PauseJobAction(backend),
+        ResumeJobAction(backend),
+        RetryStepAction(backend, runtime),
+        ReconcileStepAction(backend, runtime),
+        MigrateCheckpointAction(backend, runtime),
+        RequeueJobAction(backend),
+        JobHistoryAction(backend),
+    ]

@@ -18,82 +18,51 @@ queue the run, and are recorded in the transition log with the caller's principa
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-from protomolt_jobs.errors import JobCorrupt
-from protomolt_jobs.verbs.jobs import (
-    CompleteStepAction,
+from google.protobuf import json_format
+
+from protomolt_jobs.runs.stored_run import StoredRun
+from protomolt_jobs.verbs.base import (
+    ControlVerb,
     JobsBackend,
-    _actor,
-    _control_schema,
-    _ControlVerb,
-    _invalid,
-    _not_found,
-    _refused,
-    _require_string,
-    _step_graph,
+    actor,
+    control_schema,
+    invalid,
+    not_found,
+    refused,
+    require_string,
+    unreadable_row,
 )
+from protomolt_jobs.verbs.responses import operator_checkpoint, resolve_step
+from protomolt_jobs.workflow.effects import refresh
+from protomolt_jobs.workflow.envelope import message_class
 
-__all__ = ["MigrateCheckpointAction", "ReconcileStepAction", "effect_actions"]
+__all__ = ["RECOVERY_REQUIRED", "MigrateCheckpointAction", "ReconcileStepAction"]
 
-log = logging.getLogger("protomolt_jobs.verbs")
-
+#: The one status the recovery verbs accept.
 RECOVERY_REQUIRED = "RECOVERY_REQUIRED"
 
 
-class _RecoveryVerb(_ControlVerb):
-    #: The verb's name (set by each subclass).
-    name: str
-
+class _RecoveryVerb(ControlVerb):
     def __init__(self, backend: JobsBackend, runtime: Any) -> None:
         super().__init__(backend)
         self.runtime = runtime
-        # the step resolution and response parsing of complete-step, shared
-        self._complete = CompleteStepAction(backend, runtime)
 
     def _load(self, store: Any, job_id: Any, input: dict[str, Any]) -> tuple[str, Any]:
-        step_name = _require_string(input, "stepName")
+        step_name = require_string(input, "stepName")
         return step_name, store.job_get(job_id)
 
     def _gate(self, job_id: Any, job: Any) -> dict[str, Any] | None:
         if job is None:
-            return _not_found(job_id)
+            return not_found(job_id)
         if job.status != RECOVERY_REQUIRED:
-            return _refused(
+            return refused(
                 job_id, job.status, f"{self.name} accepts only a {RECOVERY_REQUIRED} run"
             )
         if getattr(job, "unreadable", None):
-            raise JobCorrupt(
-                f"job {job_id} has stored JSON that cannot be read: {job.unreadable}",
-                {"jobId": str(job_id), "status": job.status},
-            )
+            raise unreadable_row(job)
         return None
-
-    def _entry(self, compiled: Any, step: Any, response: Any) -> dict[str, Any]:
-        """The checkpoint entry of an operator-given ``response`` (invalid-input when it is not
-        proto3 JSON of the step's output type or breaks its declared rules)."""
-        from protomolt_jobs.workflow import checkpoint_entry
-        from protomolt_jobs.workflow.effects import stamp
-
-        if not isinstance(response, dict):
-            raise _invalid("response", "Field 'response' must be a JSON object")
-        message = self._complete._parse_response(step, response)
-        if step.validate:
-            from protomolt_jobs.workflow.validation import summarize, validate_message
-
-            violations = validate_message(message)
-            if violations:
-                raise _invalid("response", f"'response' failed validation: {summarize(violations)}")
-        try:
-            entry = checkpoint_entry(step.name, message, compiled.pool)
-        except Exception as exc:  # caller input: invalid-input, never a 500
-            raise _invalid(
-                "response",
-                f"'response' cannot be rendered as proto3 JSON of "
-                f"{step.output_type.full_name}: {exc}",
-            ) from exc
-        return stamp(entry, compiled, step)
 
     def _recover(
         self,
@@ -112,7 +81,7 @@ class _RecoveryVerb(_ControlVerb):
             intents=intents,
             expected_history_seq=job.history_seq,
             kind=kind,
-            actor=_actor(),
+            actor=actor(),
             reason=reason,
         )
         self._log(job.job_id, outcome.status, reason)
@@ -133,7 +102,7 @@ class ReconcileStepAction(_RecoveryVerb):
 
     def __init__(self, backend: JobsBackend, runtime: Any) -> None:
         super().__init__(backend, runtime)
-        self.input_schema = _control_schema(
+        self.input_schema = control_schema(
             {
                 "stepName": {"type": "string"},
                 "outcome": {"type": "string", "enum": ["done", "not-done"]},
@@ -154,18 +123,18 @@ class ReconcileStepAction(_RecoveryVerb):
         :raises JobCorrupt: the job's stored definition or checkpoints cannot be read.
         """
         store, job_id, reason = self._begin(input)
-        outcome_text = _require_string(input, "outcome")
+        outcome_text = require_string(input, "outcome")
         if outcome_text not in ("done", "not-done"):
-            raise _invalid("outcome", "Field 'outcome' must be 'done' or 'not-done'")
+            raise invalid("outcome", "Field 'outcome' must be 'done' or 'not-done'")
         if outcome_text == "not-done" and input.get("response") is not None:
-            raise _invalid("response", "Field 'response' is only for outcome 'done'")
+            raise invalid("response", "Field 'response' is only for outcome 'done'")
         if outcome_text == "done" and input.get("response") is None:
-            raise _invalid("response", "Field 'response' is required for outcome 'done'")
+            raise invalid("response", "Field 'response' is required for outcome 'done'")
         step_name, job = self._load(store, job_id, input)
-        refused = self._gate(job_id, job)
-        if refused is not None:
-            return refused
-        compiled, step = self._complete._resolve_step(job, step_name)
+        gated = self._gate(job_id, job)
+        if gated is not None:
+            return gated
+        stored, step = resolve_step(job, step_name, self.runtime)
         checkpoints = [c for c in job.checkpoints or [] if isinstance(c, dict)]
         if job.outstanding_step and job.outstanding_step != step_name:
             # a checkpoint for another step would land out of order (a sequential run
@@ -187,15 +156,15 @@ class ReconcileStepAction(_RecoveryVerb):
         intents = dict(job.effect_intents or {})
         intents.pop(step_name, None)
         if outcome_text == "done":
-            entry = self._entry(compiled, step, input["response"])
-            entry["receipt"] = {"reconciledBy": _actor()}
+            entry = operator_checkpoint(stored, step, input["response"])
+            entry["receipt"] = {"reconciledBy": actor()}
             checkpoints.append(entry)
         answer = self._recover(
             store, job, step_name, checkpoints, intents or None, "reconcile-step", reason
         )
         if answer.changed:
             return {"ok": True, "status": "QUEUED"}
-        return _refused(
+        return refused(
             job_id, answer.status, "it changed while the reconciliation was prepared; read it again"
         )
 
@@ -216,7 +185,7 @@ class MigrateCheckpointAction(_RecoveryVerb):
 
     def __init__(self, backend: JobsBackend, runtime: Any) -> None:
         super().__init__(backend, runtime)
-        self.input_schema = _control_schema(
+        self.input_schema = control_schema(
             {
                 "stepName": {"type": "string"},
                 "action": {"type": "string", "enum": ["keep", "discard", "replace"]},
@@ -238,38 +207,35 @@ class MigrateCheckpointAction(_RecoveryVerb):
         :raises JobCorrupt: the job's stored definition or checkpoints cannot be read.
         """
         store, job_id, reason = self._begin(input)
-        action = _require_string(input, "action")
+        action = require_string(input, "action")
         if action not in ("keep", "discard", "replace"):
-            raise _invalid("action", "Field 'action' must be 'keep', 'discard' or 'replace'")
+            raise invalid("action", "Field 'action' must be 'keep', 'discard' or 'replace'")
         if action != "replace" and input.get("response") is not None:
-            raise _invalid("response", "Field 'response' is only for action 'replace'")
+            raise invalid("response", "Field 'response' is only for action 'replace'")
         if action == "replace" and input.get("response") is None:
-            raise _invalid("response", "Field 'response' is required for action 'replace'")
+            raise invalid("response", "Field 'response' is required for action 'replace'")
         step_name, job = self._load(store, job_id, input)
-        refused = self._gate(job_id, job)
-        if refused is not None:
-            return refused
-        compiled, step = self._complete._resolve_step(job, step_name)
+        gated = self._gate(job_id, job)
+        if gated is not None:
+            return gated
+        stored, step = resolve_step(job, step_name, self.runtime)
         checkpoints = [c for c in job.checkpoints or [] if isinstance(c, dict)]
         index = next((i for i, c in enumerate(checkpoints) if c.get("name") == step_name), None)
         if index is None:
-            raise _invalid("stepName", f"step '{step_name}' has no checkpoint to migrate")
+            raise invalid("stepName", f"step '{step_name}' has no checkpoint to migrate")
         old = checkpoints[index]
         body: dict[str, Any] = {"ok": True, "status": "QUEUED"}
         if action == "discard":
-            order, dependants = _step_graph(job, self.runtime)
-            dropped = {step_name, *dependants.get(step_name, ())}
+            dropped = {step_name, *stored.dependants().get(step_name, ())}
             checkpoints = [c for c in checkpoints if c.get("name") not in dropped]
-            body["dropped"] = [n for n in order if n in dropped]
+            body["dropped"] = [n for n in stored.step_names() if n in dropped]
         elif action == "keep":
-            problem = _keep_problem(compiled, step, old)
+            problem = _keep_problem(stored, step, old)
             if problem is not None:
                 return {"ok": False, "status": job.status, "error": problem}
-            from protomolt_jobs.workflow.effects import refresh
-
-            checkpoints[index] = refresh(old, compiled, step)
+            checkpoints[index] = refresh(old, stored.workflow, step)
         else:
-            entry = self._entry(compiled, step, input["response"])
+            entry = operator_checkpoint(stored, step, input["response"])
             for field in ("attempt", "receipt"):
                 if field in old:
                     entry.setdefault(field, old[field])
@@ -285,26 +251,22 @@ class MigrateCheckpointAction(_RecoveryVerb):
         )
         if answer.changed:
             return body
-        return _refused(
+        return refused(
             job_id, answer.status, "it changed while the migration was prepared; read it again"
         )
 
 
-def _keep_problem(compiled: Any, step: Any, entry: dict[str, Any]) -> str | None:
+def _keep_problem(stored: StoredRun, step: Any, entry: dict[str, Any]) -> str | None:
     """Why the stored response cannot be kept under the current output type, or None."""
     if entry.get("skipped") is True:
         return None
-    from google.protobuf import json_format
-
-    from protomolt_jobs.workflow.envelope import message_class
-
     response = entry.get("response")
     type_name = step.output_type.full_name
     if not isinstance(response, dict):
         return f"the checkpoint of step '{step.name}' holds no response object to keep"
     try:
         json_format.ParseDict(
-            response, message_class(step.output_type)(), descriptor_pool=compiled.pool
+            response, message_class(step.output_type)(), descriptor_pool=stored.workflow.pool
         )
     except (json_format.ParseError, TypeError, ValueError, OverflowError, KeyError) as exc:
         return (
@@ -312,8 +274,3 @@ def _keep_problem(compiled: Any, step: Any, entry: dict[str, Any]) -> str | None
             "use discard (run the step again) or replace (give the response)"
         )
     return None
-
-
-def effect_actions(backend: JobsBackend, runtime: Any) -> list[Any]:
-    """The recovery verbs over one backend, in manifest order."""
-    return [ReconcileStepAction(backend, runtime), MigrateCheckpointAction(backend, runtime)]

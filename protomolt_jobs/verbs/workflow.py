@@ -10,18 +10,23 @@ found, does not parse, does not verify or fails while running is an answer with 
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 from protomolt_jobs.errors import InternalError, InvalidInput
 from protomolt_jobs.input_rules import check_json, invalid, proto_json_path
-from protomolt_jobs.workflow.envelope import parse_input, parse_workflow
-from protomolt_jobs.workflow.runner import run
-from protomolt_jobs.workflow.types import (
+from protomolt_jobs.verbs.base import Verb, only_known
+from protomolt_jobs.workflow import (
     Runtime,
     WorkflowExecutionError,
     WorkflowParseError,
+    check,
+    parse_input,
+    parse_workflow,
+    run,
+    verify,
 )
-from protomolt_jobs.workflow.verifier import check, verify
+from protomolt_jobs.workflow.envelope import MAX_GRAPH_STEPS
+from protomolt_jobs.workflow.graph import simulate
 
 __all__ = ["NO_REPOSITORY", "CheckWorkflowAction", "RunWorkflowAction"]
 
@@ -40,13 +45,7 @@ class _Repository(Protocol):
 def _require_object(input: Any, verb: str, known: tuple[str, ...]) -> dict[str, Any]:
     if not isinstance(input, dict):
         raise InvalidInput("the input must be a JSON object", {"field": ""})
-    for key in input:
-        if key not in known:
-            # ascii(): the name is echoed, and a lone surrogate in it must not break a reply.
-            name = ascii(str(key))[1:-1]
-            raise InvalidInput(
-                f"Unknown field '{name}'; {verb} accepts: {', '.join(known)}", {"field": name}
-            )
+    only_known(verb, input, known)
     return input
 
 
@@ -80,7 +79,7 @@ def _resolve(
     return definition, None
 
 
-class RunWorkflowAction:
+class RunWorkflowAction(Verb):
     """``run-workflow``: run a workflow synchronously and answer with its output.
 
     Input ``{"workflow": {...} | "workflowName": "...", "input": {...}}``; answer
@@ -94,20 +93,21 @@ class RunWorkflowAction:
         "inline 'workflow' or a stored 'workflowName', and the 'input' object."
     )
     scope = "workflow-run"
-    input_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "properties": {
-            "workflow": {"type": "object", "description": "the workflow envelope"},
-            "workflowName": {"type": "string", "description": "a stored workflow's name"},
-            "input": {"type": "object", "description": "proto3 JSON of the input type"},
-        },
-        "required": ["input"],
-        "additionalProperties": False,
-    }
+    fields = ("workflow", "workflowName", "input")
 
     def __init__(self, runtime: Runtime, repository: _Repository | None = None) -> None:
         self.runtime = runtime
         self.repository = repository
+        self.input_schema = {
+            "type": "object",
+            "properties": {
+                "workflow": {"type": "object", "description": "the workflow envelope"},
+                "workflowName": {"type": "string", "description": "a stored workflow's name"},
+                "input": {"type": "object", "description": "proto3 JSON of the input type"},
+            },
+            "required": ["input"],
+            "additionalProperties": False,
+        }
 
     def execute(self, input: dict[str, Any]) -> dict[str, Any]:
         """Run the workflow.
@@ -118,7 +118,7 @@ class RunWorkflowAction:
             other than ``workflow``, ``workflowName``, ``input``.
         :raises InternalError: the engine failed unexpectedly.
         """
-        input = _require_object(input, self.name, ("workflow", "workflowName", "input"))
+        input = _require_object(input, self.name, self.fields)
         if "input" not in input or not isinstance(input.get("input"), dict):
             raise InvalidInput("'input' must be a JSON object", {"field": "input"})
         # The rule submit-workflow applies (input_rules): no NaN or infinite numbers, no
@@ -173,7 +173,7 @@ class RunWorkflowAction:
         return answer
 
 
-class CheckWorkflowAction:
+class CheckWorkflowAction(Verb):
     """``check-workflow``: parse and verify a workflow without running it.
 
     Input ``{"workflow": {...}}`` (or ``{"workflowName": "..."}``); answer
@@ -187,23 +187,24 @@ class CheckWorkflowAction:
         "list its findings without calling anything."
     )
     scope = "schema-read"
-    input_schema: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "properties": {
-            "workflow": {"type": "object", "description": "the workflow envelope"},
-            "workflowName": {"type": "string", "description": "a stored workflow's name"},
-            "simulate": {
-                "type": "boolean",
-                "description": "also say, for every step, what runs, what is skipped and how "
-                "the run ends if that step fails",
-            },
-        },
-        "additionalProperties": False,
-    }
+    fields = ("workflow", "workflowName", "simulate")
 
     def __init__(self, runtime: Runtime, repository: _Repository | None = None) -> None:
         self.runtime = runtime
         self.repository = repository
+        self.input_schema = {
+            "type": "object",
+            "properties": {
+                "workflow": {"type": "object", "description": "the workflow envelope"},
+                "workflowName": {"type": "string", "description": "a stored workflow's name"},
+                "simulate": {
+                    "type": "boolean",
+                    "description": "also say, for every step, what runs, what is skipped and "
+                    "how the run ends if that step fails",
+                },
+            },
+            "additionalProperties": False,
+        }
 
     def execute(self, input: dict[str, Any]) -> dict[str, Any]:
         """Check the workflow; with ``"simulate": true`` a workflow without findings also gets
@@ -213,9 +214,9 @@ class CheckWorkflowAction:
         :raises InvalidInput: the input is not an object, ``workflowName`` is not a string, a
             field other than ``workflow``, ``workflowName``, ``simulate``.
         """
-        input = _require_object(input, self.name, ("workflow", "workflowName", "simulate"))
-        simulate = input.get("simulate", False)
-        if not isinstance(simulate, bool):
+        input = _require_object(input, self.name, self.fields)
+        simulated = input.get("simulate", False)
+        if not isinstance(simulated, bool):
             raise InvalidInput("'simulate' must be a boolean", {"field": "simulate"})
         if "workflow" not in input and "workflowName" in input:
             definition, refusal = _resolve(input, self.repository)
@@ -231,10 +232,7 @@ class CheckWorkflowAction:
         else:
             findings = [f.to_json() for f in check(definition, self.runtime)]
         answer: dict[str, Any] = {"ok": not findings, "findings": findings}
-        if simulate and not findings:
-            from protomolt_jobs.workflow.envelope import MAX_GRAPH_STEPS
-            from protomolt_jobs.workflow.graph import simulate as _simulate
-
+        if simulated and not findings:
             compiled = parse_workflow(definition, self.runtime)
             if len(compiled.steps) > MAX_GRAPH_STEPS:
                 raise InvalidInput(
@@ -242,5 +240,5 @@ class CheckWorkflowAction:
                     f"has {len(compiled.steps)}",
                     {"field": "simulate"},
                 )
-            answer["simulation"] = _simulate(compiled)
+            answer["simulation"] = simulate(compiled)
         return answer

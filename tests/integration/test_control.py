@@ -17,7 +17,7 @@ from protomolt_jobs.host.catalog import Caller, Catalog
 from protomolt_jobs.maintenance.sweeper import Sweeper
 from protomolt_jobs.runs.submitter import Submitter
 from protomolt_jobs.store import JobStore
-from protomolt_jobs.verbs.jobs import JobsBackend, jobs_actions
+from protomolt_jobs.verbs import JobsBackend, jobs_actions
 from protomolt_jobs.worker import Worker
 from protomolt_jobs.workflow import Runtime
 from tests.support.grpc_servers import seed_workflow

@@ -13,7 +13,7 @@ from protomolt_jobs.errors import ControlApplied, InvalidInput
 from protomolt_jobs.host.catalog import Caller, Catalog
 from protomolt_jobs.runs.submitter import Submitter
 from protomolt_jobs.store import JobStore
-from protomolt_jobs.verbs.jobs import JobsBackend, jobs_actions
+from protomolt_jobs.verbs import JobsBackend, jobs_actions
 from protomolt_jobs.workflow import Runtime
 from tests.support.factories import claimed_job, dead_job, failed_job, parked_job, queued_job
 from tests.support.grpc_servers import seed_workflow

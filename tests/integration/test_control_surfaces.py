@@ -17,7 +17,7 @@ from protomolt_jobs.host.http_route import ActionsHttpServer, principal_of
 from protomolt_jobs.host.nodeconfig import ConfigError, NodeConfig
 from protomolt_jobs.pb.ai.pipestream.proto.service.v1 import protomolt_service_pb2 as pb
 from protomolt_jobs.runs.submitter import Submitter
-from protomolt_jobs.verbs.jobs import JobsBackend, jobs_actions
+from protomolt_jobs.verbs import JobsBackend, jobs_actions
 from protomolt_jobs.workflow import Runtime
 from tests.support.factories import claimed_job, queued_job
 

@@ -174,7 +174,7 @@ def test_idempotent_step_is_called_again_with_the_same_key(store, fresh_dsn, ser
 def verbs(store):
     from protomolt_jobs.host.catalog import Caller, Catalog
     from protomolt_jobs.runs.submitter import Submitter
-    from protomolt_jobs.verbs.jobs import JobsBackend, jobs_actions
+    from protomolt_jobs.verbs import JobsBackend, jobs_actions
     from protomolt_jobs.workflow import Runtime
 
     runtime = Runtime()

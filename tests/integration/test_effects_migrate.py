@@ -10,7 +10,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool
 
 from protomolt_jobs.host.catalog import Caller, Catalog
 from protomolt_jobs.runs.submitter import Submitter
-from protomolt_jobs.verbs.jobs import JobsBackend, jobs_actions
+from protomolt_jobs.verbs import JobsBackend, jobs_actions
 from protomolt_jobs.worker import Worker
 from protomolt_jobs.workflow import Runtime
 from tests.support.grpc_servers import TEST_PROTO_PATH, descriptor_set, seed_workflow

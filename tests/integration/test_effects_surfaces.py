@@ -11,7 +11,7 @@ from protomolt_jobs.host.catalog import Catalog
 from protomolt_jobs.host.cli import main
 from protomolt_jobs.host.http_route import ActionsHttpServer
 from protomolt_jobs.runs.submitter import Submitter
-from protomolt_jobs.verbs.jobs import JobsBackend, jobs_actions
+from protomolt_jobs.verbs import JobsBackend, jobs_actions
 from protomolt_jobs.workflow import Runtime
 from tests.support.grpc_servers import seed_workflow
 from tests.support.worker_proc import enqueue, event_types

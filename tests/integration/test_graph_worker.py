@@ -307,7 +307,7 @@ def test_settlements_are_what_the_worker_wrote(store, fresh_dsn, services):
 
 def _get_job(store, job_id) -> dict:
     from protomolt_jobs.runs.submitter import Submitter
-    from protomolt_jobs.verbs.jobs import GetJobAction, JobsBackend
+    from protomolt_jobs.verbs import GetJobAction, JobsBackend
 
     backend = JobsBackend(configured=True)
     backend.bind(store, Submitter(store, None, Runtime(), 3))
@@ -448,7 +448,7 @@ def test_a_cancelled_graph_run_compensates_once(store, fresh_dsn, services):
 
 def test_requeue_of_a_failed_graph_run_calls_the_failed_step_again(store, fresh_dsn, services):
     from protomolt_jobs.runs.submitter import Submitter
-    from protomolt_jobs.verbs.jobs import JobsBackend, RequeueJobAction
+    from protomolt_jobs.verbs import JobsBackend, RequeueJobAction
 
     t = services.target
     failures = {"b": 1}

@@ -20,7 +20,7 @@ from protomolt_jobs.host.catalog import Catalog
 from protomolt_jobs.runs.submitter import Submitter
 from protomolt_jobs.store.records import NewJob
 from protomolt_jobs.store.store import JobStore
-from protomolt_jobs.verbs.jobs import SOURCE_RULE, JobsBackend, jobs_actions
+from protomolt_jobs.verbs import SOURCE_RULE, JobsBackend, jobs_actions
 from protomolt_jobs.workflow.types import Runtime
 from tests.support.grpc_servers import TestServices, seed_workflow
 from tests.support.roles import MemoryRepository

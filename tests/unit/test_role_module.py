@@ -11,7 +11,7 @@ from protomolt_jobs.errors import Unavailable
 from protomolt_jobs.hooks import ComposerError, RoleModule
 from protomolt_jobs.host.composer import compose
 from protomolt_jobs.host.nodeconfig import NodeConfig
-from protomolt_jobs.verbs.jobs import NOT_CONFIGURED
+from protomolt_jobs.verbs import NOT_CONFIGURED
 from tests.support.roles import MemoryRepository, fresh_plugin_manager, registry_plugin
 
 VERBS = [

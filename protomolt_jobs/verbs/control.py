@@ -1,0 +1,356 @@
+"""The operator verbs (issue 15; ``docs/verbs.md`` "Operator control"): ``cancel-job``,
+``pause-job``, ``resume-job``, ``retry-step`` and ``requeue-job``.
+
+Each takes ``jobId`` and an optional ``reason``, makes one store call, is recorded in the
+transition log with the caller's principal and logs one line (``action`` = the verb). A job in
+a status the verb does not accept answers ``ok: false`` naming the status.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from protomolt_jobs.errors import JobCorrupt
+from protomolt_jobs.runs.report import iso_instant
+from protomolt_jobs.runs.stored_run import SnapshotError, StoredRun
+from protomolt_jobs.verbs.base import (
+    ControlVerb,
+    JobsBackend,
+    actor,
+    control_schema,
+    invalid,
+    not_found,
+    optional_string,
+    refused,
+    require_string,
+    unreadable_row,
+)
+from protomolt_jobs.workflow.graph import requeue_checkpoints
+
+__all__ = [
+    "LATEST_AT",
+    "RETRY_STEP_STATUSES",
+    "CancelJobAction",
+    "PauseJobAction",
+    "RequeueJobAction",
+    "ResumeJobAction",
+    "RetryStepAction",
+]
+
+#: The latest resume time accepted (a day short of year 10000, whatever the session's zone).
+LATEST_AT = datetime(9999, 12, 30, tzinfo=UTC)
+#: Statuses retry-step accepts.
+RETRY_STEP_STATUSES = ("FAILED", "DEAD", "CANCELLED", "PAUSED", "COMPLETED")
+
+
+class CancelJobAction(ControlVerb):
+    """``cancel-job`` (scope ``job-control``): stop a job for good, keeping its checkpoints."""
+
+    name = "cancel-job"
+    description = (
+        "Cancel a job ('jobId', optional 'reason'): QUEUED, WAITING or PAUSED jobs are "
+        "CANCELLED at once; a RUNNING job is CANCELLED at its next checkpoint boundary (the "
+        "step in flight finishes and is checkpointed); a finished job answers ok: false."
+    )
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """:returns: ``{ok: true, status: "CANCELLED"}``; ``{ok: true, status: "RUNNING",
+            requested: "cancel", message}`` (binding: it ends CANCELLED); ``{ok: false,
+            status, error}`` for a finished job; ``{ok: false, error}`` for an unknown one.
+
+        :raises Unavailable: no database configured.
+        :raises InvalidInput: a malformed field.
+        """
+        store, job_id, reason = self._begin(input)
+        outcome = store.job_cancel(job_id, actor=actor(), reason=reason)
+        self._log(job_id, outcome.status, reason)
+        if outcome.changed and outcome.status == "CANCELLED":
+            return {"ok": True, "status": "CANCELLED"}
+        if outcome.status == "RUNNING" and (
+            outcome.changed or (outcome.control or {}).get("kind") == "cancel"
+        ):
+            return {
+                "ok": True,
+                "status": "RUNNING",
+                "requested": "cancel",
+                "message": "cancel requested: the step in flight finishes and is checkpointed, "
+                "then the job is CANCELLED (binding: it can no longer complete)",
+            }
+        return refused(job_id, outcome.status, "only a job that has not finished can be cancelled")
+
+
+class PauseJobAction(ControlVerb):
+    """``pause-job`` (scope ``job-control``): stop a job at a checkpoint boundary until resumed."""
+
+    name = "pause-job"
+    description = (
+        "Pause a job ('jobId', optional 'reason'): QUEUED and WAITING jobs are PAUSED at once "
+        "(a parked step is remembered); a RUNNING job is PAUSED after its step in flight is "
+        "checkpointed, releasing its lease; resume-job sends it back."
+    )
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """:returns: ``{ok: true, status: "PAUSED", outstandingStep?}``; ``{ok: true, status:
+            "RUNNING", requested: "pause", message}``; ``{ok: false, status, error}``.
+
+        :raises Unavailable: no database configured.
+        :raises InvalidInput: a malformed field.
+        """
+        store, job_id, reason = self._begin(input)
+        outcome = store.job_pause(job_id, actor=actor(), reason=reason)
+        self._log(job_id, outcome.status, reason)
+        if outcome.status == "PAUSED":
+            body: dict[str, Any] = {"ok": True, "status": "PAUSED"}
+            if outcome.outstanding_step:
+                body["outstandingStep"] = outcome.outstanding_step
+            return body
+        if outcome.status == "RUNNING":
+            pending = (outcome.control or {}).get("kind")
+            if outcome.changed or pending == "pause":
+                return {
+                    "ok": True,
+                    "status": "RUNNING",
+                    "requested": "pause",
+                    "message": "pause requested: the job is PAUSED once its step in flight is "
+                    "checkpointed",
+                }
+            return refused(
+                job_id, "RUNNING", f"a {pending} is already requested", requested=pending
+            )
+        return refused(job_id, outcome.status, "only a QUEUED, WAITING or RUNNING job can pause")
+
+
+class ResumeJobAction(ControlVerb):
+    """``resume-job`` (scope ``job-control``): send a PAUSED job back, now or at a time."""
+
+    name = "resume-job"
+    description = (
+        "Resume a PAUSED job ('jobId', optional 'at' RFC 3339 time and 'reason'): it is QUEUED "
+        "to start no earlier than 'at' (database clock; past or absent means now), or WAITING "
+        "again on its parked step. On a RUNNING job it withdraws a pending pause."
+    )
+    fields = ("jobId", "at", "reason")
+
+    def __init__(self, backend: JobsBackend) -> None:
+        super().__init__(backend)
+        self.input_schema = control_schema(
+            {
+                "at": {
+                    "type": "string",
+                    "format": "date-time",
+                    "description": "RFC 3339 time with an offset; compared with the "
+                    "database clock.",
+                }
+            }
+        )
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """:returns: ``{ok: true, status: "QUEUED", runAfter}``, ``{ok: true, status:
+            "WAITING", outstandingStep}``, ``{ok: true, status: "RUNNING", withdrawn:
+            "pause"}`` or ``{ok: false, status, error}``.
+
+        :raises Unavailable: no database configured.
+        :raises InvalidInput: a malformed field; ``at`` not an RFC 3339 time with an offset.
+        """
+        store, job_id, reason = self._begin(input)
+        at = _rfc3339(input, "at")
+        outcome = store.job_resume(job_id, actor=actor(), reason=reason, at=at)
+        self._log(job_id, outcome.status, reason)
+        if outcome.changed and outcome.status == "RUNNING":
+            return {"ok": True, "status": "RUNNING", "withdrawn": "pause"}
+        if outcome.changed:
+            body: dict[str, Any] = {"ok": True, "status": outcome.status}
+            if outcome.status == "WAITING":
+                body["outstandingStep"] = outcome.outstanding_step
+            else:
+                body["runAfter"] = iso_instant(outcome.run_after)
+            return body
+        return refused(job_id, outcome.status, "only a PAUSED job can be resumed")
+
+
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})", re.ASCII
+)
+
+
+def _rfc3339(input: dict[str, Any], field: str) -> datetime | None:
+    raw = optional_string(input, field)
+    if raw is None or not raw.strip():
+        return None
+    text = raw.strip()
+    moment = None
+    # RFC 3339 (section 5.6): full date, "T", full time, an offset ("Z" or "+hh:mm"); "t" and
+    # "z" may be lower case. fromisoformat alone also takes ISO 8601 forms that are not RFC
+    # 3339 (week dates "2026-W01-1T...", basic "20260101T2200Z", no seconds).
+    if _RFC3339.fullmatch(text):
+        try:
+            moment = datetime.fromisoformat(text.upper())
+        except ValueError:
+            moment = None
+    if moment is None or moment.tzinfo is None:
+        raise invalid(
+            field,
+            f"Field '{field}' must be an RFC 3339 time with an offset "
+            f"(like 2026-01-01T22:00:00Z); got '{raw}'",
+        )
+    try:
+        utc = moment.astimezone(UTC)
+    except OverflowError:
+        # Beyond the Python datetime range once in UTC: year 1 with a positive offset is in
+        # the past (which means now); 9999-12-31 with a negative one is after year 10000.
+        if moment.year <= 1:
+            return None
+        utc = None
+    if utc is None or utc >= LATEST_AT:
+        # PostgreSQL would store it, but psycopg cannot load a time after year 9999 in the
+        # session's time zone (up to +14:00), so every later read of the row would fail.
+        raise invalid(
+            field,
+            f"Field '{field}' must be earlier than {iso_instant(LATEST_AT)}; got '{raw}'",
+        )
+    return moment
+
+
+class RetryStepAction(ControlVerb):
+    """``retry-step`` (scope ``job-control``): run one step and its dependants again."""
+
+    name = "retry-step"
+    description = (
+        "Retry one step ('jobId', 'stepName', optional 'reason') of a FAILED, DEAD, CANCELLED, "
+        "PAUSED or COMPLETED job: its checkpoint and those of the steps that depend on it are "
+        "dropped, every other checkpoint is kept (those steps are not called again), and the "
+        "job is QUEUED with fresh attempts."
+    )
+    fields = ("jobId", "stepName", "reason")
+
+    def __init__(self, backend: JobsBackend, runtime: Any) -> None:
+        super().__init__(backend)
+        self.runtime = runtime
+        self.input_schema = control_schema({"stepName": {"type": "string"}}, ("stepName",))
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """:returns: ``{ok: true, status: "QUEUED", dropped: [step...]}`` or ``{ok: false,
+            status, error}``.
+
+        :raises Unavailable: no database configured.
+        :raises InvalidInput: a malformed field; a step the workflow does not have.
+        :raises JobCorrupt: the job's stored definition or checkpoints cannot be read.
+        """
+        store, job_id, reason = self._begin(input)
+        step_name = require_string(input, "stepName")
+        job = store.job_get(job_id)
+        if job is None:
+            return not_found(job_id)
+        if job.status not in RETRY_STEP_STATUSES:
+            return refused(
+                job_id,
+                job.status,
+                f"retry-step needs one of {', '.join(RETRY_STEP_STATUSES)}",
+            )
+        if getattr(job, "unreadable", None):
+            raise unreadable_row(job)
+        try:
+            stored = StoredRun.load(job, self.runtime)
+        except SnapshotError as exc:
+            # The checkpoints to drop come from the definition: without it, job-corrupt.
+            if exc.kind == "not-object":
+                raise JobCorrupt(
+                    "the job's stored workflow definition is not a JSON object"
+                ) from exc
+            if exc.kind == "unreadable":
+                raise JobCorrupt(
+                    f"the job's stored workflow definition is not readable: {exc.detail}"
+                ) from exc
+            raise JobCorrupt(
+                f"the job's stored workflow definition does not parse: {exc.detail}"
+            ) from exc
+        order = stored.step_names()
+        if step_name not in order:
+            raise invalid("stepName", f"the workflow has no step named '{step_name}'")
+        dropped = {step_name, *stored.dependants().get(step_name, ())}
+        kept = [
+            c
+            for c in job.checkpoints or []
+            if not (isinstance(c, dict) and c.get("name") in dropped)
+        ]
+        # An intent without a checkpoint is an external effect nothing proves (a run that was
+        # RECOVERY_REQUIRED, then cancelled): only the retried step's own is the operator's word
+        # (it is called again under a new generation); any other stays, so the run asks its
+        # probe (or waits as RECOVERY_REQUIRED) instead of calling it blindly.
+        proven = {c.get("name") for c in job.checkpoints or [] if isinstance(c, dict)}
+        intents = {
+            name: intent
+            for name, intent in (getattr(job, "effect_intents", None) or {}).items()
+            if name != step_name and name not in proven
+        }
+        outcome = store.job_retry_step(
+            job_id,
+            step=step_name,
+            checkpoints=kept,
+            intents=intents or None,
+            expected_status=job.status,
+            expected_history_seq=job.history_seq,
+            actor=actor(),
+            reason=reason,
+        )
+        self._log(job_id, outcome.status, reason)
+        if outcome.changed:
+            return {
+                "ok": True,
+                "status": "QUEUED",
+                "dropped": [n for n in order if n in dropped],
+            }
+        if outcome.conflict:
+            return refused(job_id, outcome.status, outcome.conflict)
+        return refused(
+            job_id, outcome.status, "it changed while the retry was prepared; read it and retry"
+        )
+
+
+class RequeueJobAction(ControlVerb):
+    """``requeue-job`` (scope ``job-control``): run a DEAD or FAILED job again."""
+
+    name = "requeue-job"
+    description = (
+        "Requeue a DEAD or FAILED job ('jobId', optional 'reason'): QUEUED now with fresh "
+        "attempts, its checkpoints kept (it resumes at the first missing step); the old error "
+        "stays in its history."
+    )
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """:returns: ``{ok: true, status: "QUEUED"}`` or ``{ok: false, status, error}``.
+
+        :raises Unavailable: no database configured.
+        :raises InvalidInput: a malformed field.
+        """
+        store, job_id, reason = self._begin(input)
+        _, submitter = self.backend.require()
+        kept = _graph_requeue_checkpoints(store.job_get(job_id), submitter)
+        outcome = store.job_requeue(job_id, actor=actor(), reason=reason, checkpoints=kept)
+        self._log(job_id, outcome.status, reason)
+        if outcome.changed:
+            return {"ok": True, "status": "QUEUED"}
+        if outcome.conflict:
+            return refused(job_id, outcome.status, outcome.conflict)
+        return refused(job_id, outcome.status, "only a DEAD or FAILED job can be requeued")
+
+
+def _graph_requeue_checkpoints(job: Any, submitter: Any) -> list[dict[str, Any]] | None:
+    """For a DEAD or FAILED graph run: the checkpoints a requeue keeps
+    (``graph.requeue_checkpoints``: a graph's failed entries are final on replay, so keeping
+    them would fail the run again at once); None for anything else (checkpoints kept as
+    they are)."""
+    if job is None or job.status not in ("DEAD", "FAILED"):
+        return None
+    runtime = getattr(submitter, "runtime", None)
+    if runtime is None:
+        return None
+    try:
+        stored = StoredRun.load(job, runtime)
+    except SnapshotError:
+        return None  # the definition only refines the requeue: without it, keep them all
+    if not stored.workflow.graph:
+        return None
+    return requeue_checkpoints(stored.workflow, job.checkpoints or [])
