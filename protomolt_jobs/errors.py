@@ -16,11 +16,12 @@ base where callers catch that)::
     |   +-- LeaseLost                    a fenced write matched no row
     |   +-- MigrationError               store/migrate.py
     +-- ConfigError (ValueError)         config.py: a [jobs] key is malformed
-    +-- FieldError (ValueError)          scheduling.py: a scheduling/budget field is malformed
-    +-- RegistryError (RuntimeError)     framing.py: the Schema Registry refused or failed
+    +-- FieldError (ValueError)          runs/scheduling.py: a scheduling/budget field is malformed
+    +-- RegistryError (RuntimeError)     kafka/framing.py: the Schema Registry refused or failed
     +-- PermitCancelled                  worker/permits.py: a permit wait ended by a stop
     +-- BudgetExceeded                   worker/budget.py: a run spent its budget
-    +-- _Abandon, _Fail                  worker/execute.py: the executor's internal signals
+    +-- RowError                         worker/claimed_run.py: a claimed row cannot be run
+    +-- SnapshotError                    runs/stored_run.py: a stored definition cannot be used
     +-- WorkflowParseError (ValueError)  workflow/types.py: the envelope does not parse
     +-- WorkflowExecutionError           workflow/types.py: a step failed (kind, step, code)
     +-- MappingError (ValueError)        workflow/mapping.py

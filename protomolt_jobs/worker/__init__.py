@@ -8,7 +8,7 @@ executor and its settlement.
 Threads, not asyncio: see ``docs/worker.md``.
 """
 
-from protomolt_jobs.worker.execute import Settlement
+from protomolt_jobs.worker.settlement import Settlement
 from protomolt_jobs.worker.worker import Worker
 
 __all__ = ["Settlement", "Worker"]

@@ -29,19 +29,35 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from datetime import datetime
+from typing import Any, Protocol
 
 from protomolt_jobs.errors import LeaseLost, StoreError
 from protomolt_jobs.service import Service
+from protomolt_jobs.store.records import Lease
 from protomolt_jobs.telemetry import metrics
 
-__all__ = ["Heartbeat", "LeaseGuard"]
+__all__ = ["Heartbeat", "HeartbeatStore", "LeaseGuard"]
 
 log = logging.getLogger("protomolt_jobs.heartbeat")
 
 # After a heartbeat fails for a reason other than a lost lease, retry after this share of
 # the interval (a store blip should not cost a third of the lease).
 _RETRY_SHARE = 0.25
+
+
+class HeartbeatStore(Protocol):
+    """The heartbeat's one fenced write (``JobStore.job_heartbeat_control``)."""
+
+    def job_heartbeat_control(
+        self, lease: Lease, lease_s: float
+    ) -> tuple[datetime, dict[str, Any] | None]:
+        """Extend the lease by ``lease_s`` seconds; returns ``(lease_until, control)``.
+
+        :raises LeaseLost: when the fence matches no row.
+        :raises StoreError: on a database failure.
+        """
+        ...
 
 
 class LeaseGuard:
@@ -63,7 +79,7 @@ class LeaseGuard:
         "status",
     )
 
-    def __init__(self, lease: Any, next_due: float) -> None:
+    def __init__(self, lease: Lease, next_due: float) -> None:
         #: The fence: ``Lease(job_id, owner, attempt)``.
         self.lease = lease
         self._lost = threading.Event()
@@ -87,6 +103,11 @@ class LeaseGuard:
     def lost(self) -> bool:
         """True once the lease is no longer ours (lost or released)."""
         return self._lost.is_set()
+
+    @property
+    def control_pending(self) -> bool:
+        """True while the last heartbeat found an operator request on the row (``control``)."""
+        return self.control is not None
 
     @property
     def controlled(self) -> bool:
@@ -124,7 +145,7 @@ class Heartbeat(Service):
 
     name = "heartbeat"
 
-    def __init__(self, store: Any, *, lease_s: float, worker_id: str) -> None:
+    def __init__(self, store: HeartbeatStore, *, lease_s: float, worker_id: str) -> None:
         if not lease_s or lease_s <= 0:
             raise ValueError(f"lease_s must be a positive number of seconds; got {lease_s!r}")
         super().__init__(worker_id=worker_id)
@@ -132,11 +153,11 @@ class Heartbeat(Service):
         self.lease_s = float(lease_s)
         self.interval_s = self.lease_s / 3.0
         self._cond = threading.Condition()
-        self._guards: dict[Any, LeaseGuard] = {}
+        self._guards: dict[int, LeaseGuard] = {}
 
     # -- tracking ------------------------------------------------------------------------
 
-    def track(self, lease: Any) -> LeaseGuard:
+    def track(self, lease: Lease) -> LeaseGuard:
         """Start heartbeating ``lease``; the first beat is due a third of a lease after now
         (the claim has just stamped a full lease).
 

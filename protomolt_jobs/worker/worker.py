@@ -25,18 +25,23 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Protocol
 
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import StoreError
 from protomolt_jobs.service import ServiceHealth, ServiceState
+from protomolt_jobs.store.records import JobRecord
 from protomolt_jobs.telemetry import metrics, tracing
-from protomolt_jobs.worker.claim import ClaimLoop, Doorbell, Listener, Poller
-from protomolt_jobs.worker.execute import SegmentExecutor
-from protomolt_jobs.worker.heartbeat import Heartbeat
+from protomolt_jobs.worker.claim import ClaimLoop, Poller
+from protomolt_jobs.worker.heartbeat import Heartbeat, HeartbeatStore
+from protomolt_jobs.worker.listener import Doorbell, Listener
 from protomolt_jobs.worker.permits import TargetPermits
+from protomolt_jobs.worker.segment import SegmentExecutor, SegmentStore
+from protomolt_jobs.worker.settlement import Settlement
+from protomolt_jobs.workflow.types import Runtime
 
-__all__ = ["Worker"]
+__all__ = ["Worker", "WorkerStore"]
 
 log = logging.getLogger("protomolt_jobs.worker")
 
@@ -45,6 +50,22 @@ LIMITS_REFRESH_S = 30.0
 
 # After the release pass, how long to wait for loop threads that are still in a call.
 _JOIN_AFTER_RELEASE_S = 2.0
+
+
+class WorkerStore(SegmentStore, HeartbeatStore, Protocol):
+    """Everything a worker asks of the store (``JobStore``): the claim and the queue limits,
+    the heartbeat, and each segment's reads and fenced writes."""
+
+    def job_claim(
+        self,
+        worker_id: str,
+        lease_s: float,
+        *,
+        queues: Sequence[str] = ...,
+        limited: Collection[str] = (),
+    ) -> JobRecord | None: ...
+
+    def queue_limits_sync(self, limits: Mapping[str, Mapping[str, Any]]) -> frozenset[str]: ...
 
 
 class Worker:
@@ -61,7 +82,9 @@ class Worker:
 
     name = "worker"
 
-    def __init__(self, store: Any, *, runtime: Any, config: JobsConfig, dsn: str) -> None:
+    def __init__(
+        self, store: WorkerStore, *, runtime: Runtime, config: JobsConfig, dsn: str
+    ) -> None:
         if not dsn:
             raise ValueError("the worker needs jobs.dsn for its LISTEN connection")
         self._store = store
@@ -237,10 +260,7 @@ class Worker:
         """Write this node's queue limits to the database and learn every limited queue (a
         queue another node limits is limited here too: the limits live in the database)."""
         limits = self.config.queue_limits
-        sync = getattr(self._store, "queue_limits_sync", None)
-        if sync is None:
-            return
-        self._limited = frozenset(sync(limits))
+        self._limited = frozenset(self._store.queue_limits_sync(limits))
         self._limits_read_at = time.monotonic()
         if limits or self._limited:
             log.info(
@@ -260,15 +280,12 @@ class Worker:
         if time.monotonic() - self._limits_read_at < LIMITS_REFRESH_S:
             return
         self._limits_read_at = time.monotonic()
-        sync = getattr(self._store, "queue_limits_sync", None)
-        if sync is None:
-            return
         try:
-            self._limited = frozenset(sync({}))
+            self._limited = frozenset(self._store.queue_limits_sync({}))
         except StoreError:
             pass
 
-    def _claim(self) -> Any:
+    def _claim(self) -> JobRecord | None:
         self._refresh_queue_limits()
         if self._queues == ("default",) and not self._limited:
             job = self._store.job_claim(self.worker_id, self.config.lease_seconds)
@@ -283,7 +300,7 @@ class Worker:
             metrics.CLAIMS.inc()
         return job
 
-    def _execute(self, job: Any) -> Any:
+    def _execute(self, job: JobRecord) -> Settlement:
         if tracing.enabled():
             with tracing.segment_span(job, self.worker_id) as span:
                 settlement = self.executor.execute(job)

@@ -62,6 +62,19 @@ def test_the_package_root_holds_at_most_ten_modules():
     assert len(root) + 1 <= 10, root  # + __init__
 
 
+def test_no_module_of_worker_or_store_outgrows_its_bound():
+    """A worker module stays under 450 lines, a store module under 900 (SQL files aside): the
+    bounds that keep one claimed job's path and the store readable (issue 25)."""
+    package = ROOT / "protomolt_jobs"
+    too_long = [
+        f"{path.relative_to(ROOT)}: {n} lines"
+        for folder, bound in (("worker", 450), ("store", 900))
+        for path in sorted((package / folder).glob("*.py"))
+        if (n := len(path.read_text().splitlines())) > bound
+    ]
+    assert too_long == []
+
+
 def test_a_store_that_imports_the_engine_fails(tmp_path):
     copy = tmp_path / "tree"
     copy.mkdir()
@@ -111,6 +124,16 @@ def test_a_runner_that_imports_the_other_runner_fails(tmp_path):
     result = _lint(copy)
     assert result.returncode != 0
     assert "Runners share step code; none imports another BROKEN" in result.stdout
+
+
+def test_no_import_circle_among_the_package_modules():
+    found = imports.cycles(imports.edges(ROOT))
+    assert found == [], f"import circles (function-level imports counted): {found}"
+
+
+def test_no_module_imports_another_modules_private_name():
+    assert imports.private_imports(imports.edges(ROOT)) == []
+    assert imports.private_attributes(ROOT) == []
 
 
 def test_the_walk_sees_a_function_level_circle(tmp_path):

@@ -13,9 +13,11 @@ import pytest
 import protomolt_jobs.workflow as wf
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import LeaseLost, StoreError
-from protomolt_jobs.worker.execute import SegmentExecutor, Settlement
+from protomolt_jobs.runs import stored_run
 from protomolt_jobs.worker.heartbeat import Heartbeat
 from protomolt_jobs.worker.permits import TargetPermits
+from protomolt_jobs.worker.segment import SegmentExecutor
+from protomolt_jobs.worker.settlement import Settlement
 from protomolt_jobs.workflow.types import (
     Completed,
     FailureKind,
@@ -149,6 +151,9 @@ def engine(monkeypatch):
         "WorkflowParseError": WorkflowParseError,
     }.items():
         monkeypatch.setattr(wf, name, value, raising=False)
+    # the worker reads the stored definition through StoredRun.load, which calls these two
+    monkeypatch.setattr(stored_run, "parse_workflow", parse_workflow)
+    monkeypatch.setattr(stored_run, "verify", lambda w: list(Engine.findings))
     return Engine
 
 

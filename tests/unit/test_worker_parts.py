@@ -17,8 +17,8 @@ from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import LeaseLost, StoreError
 from protomolt_jobs.maintenance.sweeper import Sweeper
 from protomolt_jobs.worker.claim import ClaimLoop, Doorbell, Poller, backlogged
-from protomolt_jobs.worker.execute import backoff_s
 from protomolt_jobs.worker.heartbeat import Heartbeat
+from protomolt_jobs.worker.policies import backoff_s
 
 
 @dataclass(frozen=True)

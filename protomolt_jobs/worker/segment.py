@@ -1,0 +1,306 @@
+"""One segment of one claimed job, from its claim to its settlement.
+
+For a claimed row, :meth:`SegmentExecutor.execute`:
+
+1. tracks the lease with the heartbeat (before anything can block, so a wait for a permit
+   never lets the lease expire);
+2. reads the row (:class:`~.claimed_run.ClaimedRun`): the stored definition, parsed and
+   verified, the input and the checkpoints. Anything wrong with them FAILS the job with the
+   reference's texts (``claimed_run.py`` lists them); nothing in a row can crash the executor;
+3. checks the run's cost budget when it resumes (:class:`~.policies.BudgetPolicy`);
+4. takes the per-target permit for the next unexecuted step's target (none when every step
+   is checkpointed; a graph run takes one per call instead);
+5. runs ``run_segment`` from the stored checkpoints, with a
+   :class:`~.checkpoints.CheckpointWriter` for its checkpoints and intents;
+6. classifies how it ended into one :data:`~.settlement.Outcome` (:meth:`_classify` for
+   every exception, in one place), lets the writer store a held last checkpoint
+   (:meth:`~.checkpoints.CheckpointWriter.finish`), and settles: :func:`~.settlement.decide`
+   picks the write (``settlement.py`` has the table), :class:`~.settler.Settler` writes it;
+7. untracks the lease, and compensates a graph run an operator cancelled
+   (``compensation.py``).
+
+Operator control (docs/verbs.md): a cancel or pause recorded on the row is honoured by the
+database inside the worker's own next fenced write (migration 0002's trigger), so the worker
+learns it from what that write returns (``ControlApplied`` from a checkpoint or intent, a
+CANCELLED or PAUSED status from a settling write). A job still waiting for its permit learns
+of a request from the heartbeat and stops with ``job_stop``. Either way the settlement is
+``CONTROLLED``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import uuid
+from typing import Protocol
+
+from protomolt_jobs import crashpoints
+from protomolt_jobs import workflow as engine
+from protomolt_jobs.config import JobsConfig
+from protomolt_jobs.errors import LeaseLost, StoreError
+from protomolt_jobs.worker.budget import BudgetExceeded
+from protomolt_jobs.worker.checkpoints import CheckpointStore, CheckpointWriter
+from protomolt_jobs.worker.claimed_run import ClaimedJob, ClaimedRun, RowError
+from protomolt_jobs.worker.compensation import CompensationStore, compensate_cancelled
+from protomolt_jobs.worker.heartbeat import Heartbeat, LeaseGuard
+from protomolt_jobs.worker.permits import PermitCancelled, TargetPermits
+from protomolt_jobs.worker.policies import BudgetPolicy, EffectPolicy, Policies, RetryPolicy
+from protomolt_jobs.worker.settlement import (
+    Failed,
+    Finished,
+    Halted,
+    LogContext,
+    Lost,
+    Outcome,
+    OverBudget,
+    Settlement,
+    Stopped,
+    decide,
+)
+from protomolt_jobs.worker.settler import Settler, SettleStore
+from protomolt_jobs.workflow.effects import EffectContext
+from protomolt_jobs.workflow.types import Runtime
+
+__all__ = ["SegmentExecutor", "SegmentStore"]
+
+log = logging.getLogger("protomolt_jobs.worker")
+
+
+class SegmentStore(SettleStore, CheckpointStore, CompensationStore, Protocol):
+    """Everything a segment asks of the store (``JobStore``): the fenced settling writes,
+    checkpoints and intents, the row read and compensation write, and the budget's grants."""
+
+    def job_budget_cost_pauses(self, job_id: uuid.UUID) -> int: ...
+
+
+class _Phase(enum.Enum):
+    """Where the run was when something raised (what an exception there means)."""
+
+    READ = "read"
+    BUDGET = "budget"
+    SEGMENT = "segment"
+
+
+class SegmentExecutor:
+    """Runs and settles claimed jobs; shared by every claim loop of a worker.
+
+    :param store: the job store.
+    :param runtime: the workflow engine's ``Runtime`` (type pool, in-process channels).
+    :param config: ``JobsConfig`` (``worker_id``, ``lease_seconds``, ``backoff_base_seconds``).
+    :param permits: per-target permits of this process.
+    :param heartbeat: the worker's heartbeat (must be running).
+    :param draining: set by a graceful stop once the grace period is over; a job tracked
+        after that is released at once instead of run.
+    """
+
+    def __init__(
+        self,
+        store: SegmentStore,
+        *,
+        runtime: Runtime,
+        config: JobsConfig,
+        permits: TargetPermits,
+        heartbeat: Heartbeat,
+        draining: threading.Event,
+    ) -> None:
+        self._store = store
+        self._runtime = runtime
+        self._permits = permits
+        self._heartbeat = heartbeat
+        self._draining = draining
+        self._settler = Settler(store)
+        self._retry = RetryPolicy(config.backoff_base_seconds)
+        self.worker_id = config.worker_id
+
+    def execute(self, job: ClaimedJob) -> Settlement:
+        """Run one segment of the claimed ``job`` and settle it.
+
+        Never raises for anything the job or the database does; a defect in the engine is
+        settled as a retryable WORKFLOW failure (bounded by ``max_attempts``).
+
+        :param job: a claimed ``JobRecord`` (status RUNNING, leased to this worker).
+        :returns: what was written.
+        :raises ValueError, TypeError: when a store write refuses its arguments (a defect in
+            the worker, not a settle failure): the claim loop's supervision logs it and
+            restarts; the lease expires and the sweeper requeues the job.
+        """
+        lease = job.lease
+        ctx = {"job_id": str(job.job_id), "worker_id": self.worker_id, "attempt": job.attempt}
+        # Only the row's content is read here, and only in forms that cannot raise: a row
+        # whose content is odd is failed under the lease, never crashes us.
+        checkpoints = getattr(job, "checkpoints", None)
+        log.info(
+            "job claimed",
+            extra={
+                "action": "job_claimed",
+                "workflow_name": job.workflow_name,
+                "checkpoints": len(checkpoints) if isinstance(checkpoints, list) else None,
+                **ctx,
+            },
+        )
+        crashpoints.reached("after_claim", job.workflow_name)
+        guard = self._heartbeat.track(lease)
+        try:
+            if self._draining.is_set():
+                # The stop's release pass may have run before this job was tracked.
+                self._settler.release(guard)
+                return Settlement.ABANDONED
+            outcome, policies = self._run(job, guard, ctx)
+            if isinstance(outcome, Lost):
+                settled = self._settler.abandon(guard, ctx, outcome.operation)
+            else:
+                settled = self._settler.apply(decide(outcome, job, policies), guard, ctx)
+        finally:
+            self._heartbeat.untrack(guard)
+        if settled is Settlement.CONTROLLED and guard.status == "CANCELLED":
+            compensate_cancelled(
+                job,
+                guard.lease,
+                ctx,
+                store=self._store,
+                runtime=self._runtime,
+                permits=self._permits,
+            )
+        return settled
+
+    def release(self, guard: LeaseGuard) -> bool:
+        """Graceful stop: give the guard's job back to QUEUED (``job_release``, which also
+        gives back the attempt). Only the first caller for a guard writes.
+
+        :returns: True when the release was written.
+        """
+        return self._settler.release(guard)
+
+    # -- the run -------------------------------------------------------------------------------
+
+    def _run(self, job: ClaimedJob, guard: LeaseGuard, ctx: LogContext) -> tuple[Outcome, Policies]:
+        """Read the row, check the budget, run the segment: how it ended, and the policies its
+        settlement consults.
+
+        :raises Exception: only what :meth:`_classify` leaves to the claim loop's supervision.
+        """
+        policies = Policies(self._retry)
+        writer: CheckpointWriter | None = None
+        phase = _Phase.READ
+        try:
+            run = ClaimedRun.read(job, self._runtime)
+            policies = Policies(
+                self._retry,
+                BudgetPolicy.for_run(
+                    run.stored.definition, lambda: self._store.job_budget_cost_pauses(job.job_id)
+                ),
+                EffectPolicy.for_run(run.stored.definition, self._store),
+            )
+            phase = _Phase.BUDGET
+            policies.budget.resume(run.prior, run.workflow.checkpoints_to_complete)
+            phase = _Phase.SEGMENT
+            generations = getattr(job, "step_generations", None) or {}
+            writer = CheckpointWriter(
+                self._store,
+                guard,
+                ctx,
+                n_done=len(run.prior),
+                n_complete=run.workflow.checkpoints_to_complete,
+                budget=policies.budget,
+                generations=generations,
+                attempt=job.attempt,
+            )
+            effects = EffectContext(
+                job_id=str(job.job_id),
+                attempt=int(job.attempt),
+                generations=generations,
+                intents=getattr(job, "effect_intents", None) or {},
+                on_intent=writer.on_intent,
+            )
+            returned = self._segment(run, guard, writer, effects)
+        except Exception as exc:
+            classified = self._classify(exc, guard, ctx, phase)
+            if classified is None:
+                raise
+            outcome = classified
+        else:
+            outcome = self._returned(returned, guard, job)
+        if writer is not None:
+            outcome = writer.finish(outcome)
+        return outcome, policies
+
+    def _segment(
+        self, run: ClaimedRun, guard: LeaseGuard, writer: CheckpointWriter, effects: EffectContext
+    ) -> object:
+        """Take the permit and run the segment: the engine's result, or :class:`Lost` /
+        :class:`Stopped` when the job was taken or stopped before its step started."""
+        with self._permits.held(run.target, cancelled=lambda: guard.lost or guard.control_pending):
+            if guard.lost:
+                return Lost("segment")
+            if guard.control_pending:
+                return Stopped()
+            return engine.run_segment(
+                run.workflow,
+                run.message,
+                run.prior,
+                writer.on_checkpoint,
+                runtime=self._runtime,
+                # graph runs: each call holds a permit for its own target
+                call_permit=lambda t: self._permits.held(t, cancelled=lambda: guard.lost),
+                effects=effects,
+            )
+
+    @staticmethod
+    def _returned(returned: object, guard: LeaseGuard, job: ClaimedJob) -> Outcome:
+        """The outcome of a segment that returned."""
+        if isinstance(returned, (Lost, Stopped)):
+            return returned
+        if guard.lost:
+            return Lost("segment")
+        crashpoints.reached("before_settle", job.workflow_name)
+        if isinstance(returned, engine.Completed):
+            verdict = f"{len(returned.steps)} steps, output {returned.output_type}"
+            return Finished(returned.output_json, verdict)
+        if isinstance(returned, engine.RecoveryRequired):
+            return Halted("recovery", returned.step, returned.reason)
+        if isinstance(returned, engine.Parked):
+            return Halted("parked", returned.step)
+        name = type(returned).__name__
+        return Failed("", f"WORKFLOW: the engine returned {name}, not Completed or Parked")
+
+    def _classify(
+        self, exc: Exception, guard: LeaseGuard, ctx: LogContext, phase: _Phase
+    ) -> Outcome | None:
+        """The outcome of a run that raised ``exc`` in ``phase``; None for a defect outside
+        the engine, which propagates to the claim loop's supervision (as a ``ValueError`` from
+        a store write does)."""
+        if isinstance(exc, RowError):
+            return Failed(exc.step, exc.detail)
+        if phase is _Phase.READ:
+            return None
+        if phase is _Phase.BUDGET:
+            if isinstance(exc, BudgetExceeded):
+                return OverBudget(exc.step, exc.detail)
+            if isinstance(exc, StoreError):
+                detail = f"WORKFLOW: reading the run's budget grants failed: {exc}"
+                return Failed("", detail, retryable=True)
+            return None
+        if isinstance(exc, (PermitCancelled, LeaseLost)):
+            return Stopped() if not guard.lost and guard.control_pending else Lost("segment")
+        if isinstance(exc, engine.WorkflowExecutionError):
+            if guard.lost:
+                return Lost("checkpoint")
+            if isinstance(exc.__cause__, BudgetExceeded):
+                # The step's checkpoint is stored; the budget stops the run before the next.
+                return OverBudget(exc.__cause__.step, exc.__cause__.detail)
+            return Failed(exc.step or "", exc.detail, retryable=self._retry.retryable(exc))
+        if isinstance(exc, StoreError):
+            # Only reachable if the engine let the checkpoint callback's error through
+            # unwrapped: the response may not have persisted, so retry.
+            if guard.lost:
+                return Lost("checkpoint")
+            return Failed("", f"WORKFLOW: checkpoint failed: {exc}", retryable=True)
+        # A defect in the engine: a bounded retry, never a dead loop.
+        if guard.lost:
+            return Lost("segment")
+        log.exception(
+            "segment raised an unexpected error", extra={"action": "segment_crashed", **ctx}
+        )
+        detail = f"WORKFLOW: unexpected error in the worker: {type(exc).__name__}: {exc}"
+        return Failed("", detail, retryable=True)
