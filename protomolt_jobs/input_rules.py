@@ -1,6 +1,6 @@
 """One input rule for every door: what a job's ids, names and free-form JSON may hold.
 
-The verbs (``job_verbs.py``) and the request topic (``request_consumer.py``) both call these
+The verbs (``verbs/``) and the request topic (``kafka/request_consumer.py``) both call these
 checks, so a record the verb would refuse is refused on the topic too, with the same
 ``invalid-input`` message naming the field. Refused:
 

@@ -1,6 +1,6 @@
 """A standalone worker process: ``python -m protomolt_jobs.worker``.
 
-Runs a :class:`~protomolt_jobs.worker.Worker` and a :class:`~protomolt_jobs.worker.Sweeper`,
+Runs a :class:`~protomolt_jobs.worker.Worker` and a :class:`~protomolt_jobs.maintenance.sweeper.Sweeper`,
 built by :meth:`protomolt_jobs.app.JobsApp.open` (the one composition root), against one
 database until SIGTERM or SIGINT, then stops gracefully (in-flight jobs get the
 grace period, the rest are released back to QUEUED) and exits 0.
