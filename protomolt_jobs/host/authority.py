@@ -162,7 +162,9 @@ class Authority:
         token = presented.strip()
         if not token:
             return None
-        candidate = token.encode()
+        # surrogatepass: a token that is not text (a lone surrogate) matches nothing, never
+        # raises.
+        candidate = token.encode("utf-8", "surrogatepass")
         # Compare against every configured token (constant work whichever matches).
         is_api = bool(self.api_token) and hmac.compare_digest(
             str(self.api_token).encode(), candidate

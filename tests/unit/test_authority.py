@@ -340,3 +340,9 @@ def test_the_jobs_role_records_refusals_naming_a_job_and_logs_the_others(caplog)
         JobRefusals(lambda: FakeStore(StoreUnavailable("down"))).record_refusal(refusal)
     actions = [getattr(r, "action", None) for r in caplog.records]
     assert actions == ["permission_denied"] * 4 + ["refusal_not_recorded", "permission_denied"]
+
+
+def test_a_token_that_is_not_text_matches_nothing(tmp_path):
+    authority = Authority.from_config(load(tmp_path, TABLES))
+    assert authority.resolve("\ud800") is None
+    assert authority.resolve("viewer-secret\x00") is None
