@@ -123,14 +123,18 @@ def test_a_viewer_cannot_cancel_pause_or_complete_on_any_door_and_the_refusals_a
 
         # The CLI (it calls HTTP): a non-zero exit naming the scope.
         capsys.readouterr()
-        for argv in (
-            ["jobs", "cancel", job_id, "--reason", "cli"],
-            ["jobs", "pause", job_id],
-            ["call", "complete-step", json.dumps({"jobId": job_id, "stepName": "approve"})],
+        for argv, scope in (
+            (["jobs", "cancel", job_id, "--reason", "cli"], "job-control"),
+            (["jobs", "pause", job_id], "job-control"),
+            (
+                ["call", "complete-step", json.dumps({"jobId": job_id, "stepName": "approve"})],
+                "service-invoke",
+            ),
         ):
             assert main([*argv, "--url", url, "--token", VIEWER]) == 1, argv
             err = capsys.readouterr().err
-            assert "permission-denied" in err and "it needs scope" in err, err
+            assert err.startswith("permission-denied: "), err
+            assert f"it needs scope '{scope}'" in err, err
 
         # Nothing changed, and each refusal is a 'denied' row of the job's history.
         assert store.job_get(job.job_id).status == "WAITING"
