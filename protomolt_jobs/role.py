@@ -6,7 +6,9 @@ Role ``jobs``, requires ``registry`` (its :class:`WorkflowRepository`, read at w
   ``jobs requires a co-mounted registry contributing a WorkflowRepository``), read the
   ``[jobs]`` settings into a :class:`~protomolt_jobs.config.JobsConfig`, build the engine's
   ``Runtime`` over the node's shared type pool and channel factory, and contribute six
-  actions: the four job verbs plus ``run-workflow`` and ``check-workflow``. Nothing is opened.
+  actions: the four job verbs plus ``run-workflow`` and ``check-workflow``, and a
+  :class:`~protomolt_jobs.hooks.contract.RefusalRecorder` (:class:`JobRefusals`) that writes
+  each refused call naming a job into that job's transition log. Nothing is opened.
 - **start** (only with ``jobs.dsn``): migrate, open the store's pool, bind the verbs, start
   the sweeper, the relay and the request consumer when ``jobs.kafka_bootstrap`` is set
   (topics ensured first; otherwise one log line says the Kafka lanes are off), and the
@@ -24,7 +26,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from google.protobuf import descriptor_pb2
@@ -37,6 +40,8 @@ from protomolt_jobs.hooks.contract import (
     ComposerError,
     FileDescriptorContribution,
     JobViews,
+    Refusal,
+    RefusalRecorder,
     TypePool,
     WireContext,
     WorkflowRepository,
@@ -52,7 +57,7 @@ from protomolt_jobs.verbs import (
 )
 from protomolt_jobs.workflow.types import Runtime
 
-__all__ = ["ROLE", "JobsModule", "JobsMount", "protomolt_role_module"]
+__all__ = ["ROLE", "JobRefusals", "JobsModule", "JobsMount", "protomolt_role_module"]
 
 log = logging.getLogger("protomolt_jobs.jobs_role")
 
@@ -163,6 +168,8 @@ class JobsModule:
         )
         # Read-only job views for an operator surface (the dashboard); changes go through verbs.
         ctx.contributions.contribute(JobViews, JobInspector(lambda: mount.store, runtime))
+        # Refused calls naming a job go into its history (DESIGN.md section 19).
+        ctx.contributions.contribute(RefusalRecorder, JobRefusals(lambda: mount.store))
         return mount
 
 
@@ -290,6 +297,61 @@ class JobsMount:
         self.backend.unbind()
         if self._started and self.config.configured:
             log.info("jobs role closed", extra={"action": "jobs_closed"})
+
+
+class JobRefusals:
+    """The jobs role's :class:`~protomolt_jobs.hooks.contract.RefusalRecorder`: a refused call
+    whose input names a job (``jobId``) is recorded in that job's hash-chained transition log
+    (kind ``denied``, actor the principal, reason ``permission-denied: <verb> needs scope
+    '<scope>'``; ``store/audit.py``); any other refusal (no job, an id that is not a job's,
+    no database) is logged (action ``permission_denied``). Never raises.
+
+    :param store: the role's open store, or None while it has none.
+    """
+
+    def __init__(self, store: Callable[[], Any]) -> None:
+        self._store = store
+
+    def record_refusal(self, refusal: Refusal) -> None:
+        """Record ``refusal`` in its job's history, or log it (see the class docstring)."""
+        need = f"scope '{refusal.scope}'" if refusal.scope else "every scope"
+        reason = f"permission-denied: {refusal.verb} needs {need}"
+        if self._recorded(refusal, reason):
+            return
+        log.info(
+            "refused %s to %s: it needs %s",
+            refusal.verb,
+            refusal.principal,
+            need,
+            extra={
+                "action": "permission_denied",
+                "principal": refusal.principal,
+                "verb": refusal.verb,
+                "scope": refusal.scope,
+                "job_id": refusal.job_id,
+            },
+        )
+
+    def _recorded(self, refusal: Refusal, reason: str) -> bool:
+        store = self._store()
+        if refusal.job_id is None or store is None:
+            return False
+        try:
+            key = uuid.UUID(refusal.job_id)
+        except ValueError:
+            return False  # not a job's id: the verb refuses it too; logged
+        try:
+            return bool(store.transition_record_denied(key, actor=refusal.principal, reason=reason))
+        except (StoreError, ValueError) as exc:
+            log.warning(
+                "a refusal of %s to %s could not be recorded in job %s's history: %s",
+                refusal.verb,
+                refusal.principal,
+                key,
+                exc,
+                extra={"action": "refusal_not_recorded", "job_id": str(key)},
+            )
+            return False
 
 
 class _StoreView:

@@ -26,6 +26,13 @@ Kinds:
   before any role wires).
 - :class:`InProcessService`: gRPC handlers the host serves on its in-process endpoint;
   ``inprocess:NAME`` targets reach them through the :class:`ChannelFactory`.
+- :class:`RefusalRecorder`: where the host reports a call it refused for want of a scope
+  (a :class:`Refusal`); the jobs role records those naming a job in the job's history.
+
+Authority: every verb declares one of :data:`SCOPES`; the host resolves each caller to an
+:class:`Identity` (``[node.tokens]`` and ``[node.groups]``, or a host identity hook,
+``protomolt_resolve_identity`` in :mod:`~protomolt_jobs.hooks.hookspecs`) and grants scopes
+from ``[node.scopes]``.
 
 This module imports nothing from ``protomolt_jobs.host``: any host that implements the
 contract can mount the role.
@@ -42,15 +49,19 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 __all__ = [
+    "SCOPES",
     "Action",
     "ChannelFactory",
     "ComponentHealth",
     "ComposerError",
     "Contributions",
     "FileDescriptorContribution",
+    "Identity",
     "InProcessService",
     "InertMount",
     "Mount",
+    "Refusal",
+    "RefusalRecorder",
     "RoleModule",
     "TypePool",
     "WireContext",
@@ -79,8 +90,8 @@ class Action(Protocol):
 
     - ``name``: kebab-case, verb first (``submit-workflow``).
     - ``description``: one sentence for a tool-using caller.
-    - ``scope``: the scope a restricted caller must hold (``workflow-run``, ``service-invoke``,
-      ``schema-read`` ...).
+    - ``scope``: the scope a caller must hold to run it, one of :data:`SCOPES`
+      (``workflow-run``, ``service-invoke``, ``job-control``, ``schema-read`` ...).
     - ``input_schema``: a JSON Schema (draft 2020-12) object describing the input envelope.
     - ``execute(input)``: returns a JSON object; answers with ``ok: false`` are returns, not
       errors. Raises :class:`protomolt_jobs.errors.ActionError` when it cannot answer.
@@ -137,6 +148,73 @@ class JobViews(Protocol):
     def statuses(self, job_ids: list[str]) -> list[dict[str, Any]]: ...
 
     def events(self, job_id: str) -> list[Any]: ...
+
+
+#: The scope names verbs and routes declare, and ``[node.scopes]`` grants:
+#:
+#: - ``workflow-run``: submit a job, run a workflow synchronously;
+#: - ``service-invoke``: read jobs (``get-job``, ``list-jobs``, ``job-history``) and answer a
+#:   parked step (``complete-step``);
+#: - ``job-control``: the operator verbs (cancel, pause, resume, requeue, retry, reconcile,
+#:   migrate a checkpoint);
+#: - ``schema-read``: verify a workflow, read the registry's workflows;
+#: - ``workflow-write``: store a workflow in the registry (``PUT /protomolt/workflows/{name}``);
+#: - ``job-approve``: vote on an approval step.
+SCOPES: frozenset[str] = frozenset(
+    {
+        "workflow-run",
+        "service-invoke",
+        "job-control",
+        "schema-read",
+        "workflow-write",
+        "job-approve",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Identity:
+    """Who presents a token, as an identity provider (or the node's own tables) says.
+
+    :param principal: the caller's name, the actor the transition log records (lower-case
+        letters, digits, ``.``, ``_``, ``-``; at most 64; never ``api``, ``anonymous``,
+        ``operator`` or ``sweeper``).
+    :param groups: the groups the principal belongs to (``editor``); ``[node.scopes]`` grants
+        scopes to groups and principals alike.
+    """
+
+    principal: str
+    groups: frozenset[str] = frozenset()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Refusal:
+    """A call the host refused because the caller lacks the scope it needs.
+
+    :param principal: the caller's principal (the actor to record).
+    :param verb: the verb (``cancel-job``) or route (``PUT /protomolt/workflows/x``) refused.
+    :param scope: the scope it needs.
+    :param job_id: the input's ``jobId`` when the input names one (a string, not checked), else
+        None.
+    """
+
+    principal: str
+    verb: str
+    scope: str
+    job_id: str | None = None
+
+
+@runtime_checkable
+class RefusalRecorder(Protocol):
+    """Records refusals (contribution kind). The host calls every contributed recorder once
+    per refused call, in the thread that served the call, before the caller gets its
+    ``permission-denied``; a recorder must return promptly and never raise (the host logs and
+    ignores an exception, so a recorder's failure never turns a refusal into an error).
+
+    - ``record_refusal(refusal)``: record or log one :class:`Refusal`.
+    """
+
+    def record_refusal(self, refusal: Refusal) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -444,8 +522,9 @@ _PRINCIPAL: contextvars.ContextVar[str] = contextvars.ContextVar(
 
 def current_principal() -> str:
     """The principal of the verb call running in this context: the name of the API token the
-    caller presented (``[node.tokens]``), ``api`` for the node's single ``api_token``,
-    ``anonymous`` on a node without tokens, ``operator`` outside any surface (in-process)."""
+    caller presented (``[node.tokens]``) or the one an identity hook gave it, ``api`` for the
+    node's single ``api_token``, ``anonymous`` on a node without tokens, ``operator`` outside
+    any surface (in-process)."""
     return _PRINCIPAL.get()
 
 

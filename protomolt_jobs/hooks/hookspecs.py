@@ -14,9 +14,15 @@ from __future__ import annotations
 
 import pluggy
 
-from protomolt_jobs.hooks.contract import RoleModule
+from protomolt_jobs.hooks.contract import Identity, RoleModule
 
-__all__ = ["PROJECT", "hookimpl", "hookspec", "protomolt_role_module"]
+__all__ = [
+    "PROJECT",
+    "hookimpl",
+    "hookspec",
+    "protomolt_resolve_identity",
+    "protomolt_role_module",
+]
 
 #: The pluggy project name; hosts create ``pluggy.PluginManager(PROJECT)``.
 PROJECT = "protomolt"
@@ -55,4 +61,50 @@ def protomolt_role_module() -> RoleModule:
     By the host's composer while it builds a node, after loading the ``protomolt.roles``
     entry points and any plugins the host registers itself (tests pass ``extra_plugins``).
     Any installed distribution may implement it by declaring an entry point in that group.
+    """
+
+
+# -------------------------------------------------------------------------
+# Request hooks: called by the host's surfaces while the node serves
+# -------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def protomolt_resolve_identity(token: str) -> Identity | None:
+    """Return who presents ``token``, or None when this plugin does not know it.
+
+    This is the identity-provider hook: a plugin that checks tokens against an external
+    provider (an OIDC introspection endpoint, a directory) answers with the principal and its
+    groups. The host asks it for every token a caller presents on HTTP, gRPC, the CLI (which
+    calls HTTP) and the dashboard, except the node's single ``api_token``, which is always
+    principal ``api`` with every scope and is never handed to a plugin. When no plugin answers,
+    the node's own tables are the default implementation: ``[node.tokens]`` names the
+    principal and ``[node.groups]`` its groups. Groups the hook returns are joined with the
+    ``[node.groups]`` entries naming the principal; ``[node.scopes]`` then grants scopes to
+    groups and principals alike (docs/configuration.md).
+
+    A node that has an implementation of this hook is never open: a caller without a token is
+    refused (``unauthenticated``).
+
+    Calling convention: ``firstresult``; implementations run in pluggy's order (last
+    registered first) and the first non-None answer wins.
+
+    :param token: the token exactly as presented (``api_token`` header or metadata, or
+        ``Authorization: Bearer``), surrounding blanks removed; never empty.
+    :returns: an :class:`~protomolt_jobs.hooks.contract.Identity`, or None (not known here).
+        A principal that is not a valid name (lower-case letters, digits, ``.``, ``_``, ``-``,
+        at most 64) or is reserved (``api``, ``anonymous``, ``operator``, ``sweeper``) is
+        refused as if no plugin knew the token, and logged.
+
+    .. note::
+        It is called on the request path, in a server thread, for every call: answer within
+        a few milliseconds (cache the provider's answers). An exception is logged and the
+        caller is refused (``unauthenticated``), never answered with an internal error.
+
+    When it is called
+    ~~~~~~~~~~~~~~~~~
+    By the host's resolver (``protomolt_jobs.host.authority.Authority``) for each request that
+    presents a token other than the ``api_token``, before any verb runs. Any installed
+    distribution may implement it by declaring an entry point in the ``protomolt.roles`` group
+    (a plugin need not provide a role module); tests pass the plugin as ``extra_plugins``.
     """

@@ -65,6 +65,7 @@ def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfa
     from protomolt_jobs.telemetry.metrics import StoreCollector
 
     metrics_public = bool(getattr(config, "metrics_public", False))
+    authority = node.authority
     http = grpc_server = None
     try:
         if getattr(config, "otlp_endpoint", None):
@@ -76,13 +77,13 @@ def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfa
             node.catalog,
             host=config.http_host,
             port=config.http_port,
-            api_token=config.api_token,
-            tokens=config.tokens,
+            authority=authority,
+            header_timeout_s=config.http_header_timeout_s,
             routes=node.contributions.all(HttpRoute),
             extra=[
                 metrics_route(node.contributions.all(StoreCollector)),
                 dashboard.dashboard_mount(
-                    node.catalog, node.contributions.first(JobViews), config.api_token
+                    node.catalog, node.contributions.first(JobViews), authority
                 ),
             ],
             public=lambda path: (
@@ -96,9 +97,8 @@ def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfa
             node.catalog,
             host=config.grpc_host,
             port=config.grpc_port,
-            api_token=config.api_token,
+            authority=authority,
             ready=lambda: node.health()["status"] == "UP",
-            tokens=config.tokens,
         ).start()
     except BaseException:  # close what started, re-raised
         for closer in (grpc_server, http):
@@ -109,12 +109,14 @@ def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfa
             embedded.stop()
         raise
     for host in {config.http_host, config.grpc_host} - _LOOPBACK:
-        if not config.api_token and not config.tokens:
+        if authority.open:
             log.warning(
                 "surfaces bind %s without an api_token: anyone who reaches it can run every verb",
                 host,
                 extra={"action": "open_node_on_network", "host": host},
             )
+    for action, message in authority.warnings():
+        log.warning(message, extra={"action": action})
     return NodeSurfaces(node=node, http=http, grpc=grpc_server, embedded=embedded)
 
 

@@ -5,6 +5,11 @@ check the caller's scope (``permission-denied``), require a JSON object input
 (``invalid-input``), then the action. An :class:`~protomolt_jobs.errors.ActionError` passes
 through unchanged; anything else the action raises is a defect: it is logged here with its
 traceback and the caller gets ``internal-error`` with no traceback.
+
+A refusal for want of a scope (:meth:`Catalog.authorize`, which ``execute`` and the HTTP
+route's scoped routes both use) is reported to every contributed
+:class:`~protomolt_jobs.hooks.contract.RefusalRecorder` before it is raised, so each door
+(HTTP, gRPC, the CLI through HTTP, the dashboard) records it the same way.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import dataclasses
 import logging
 import re
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 from protomolt_jobs.errors import (
@@ -22,7 +28,7 @@ from protomolt_jobs.errors import (
     PermissionDenied,
     UnknownAction,
 )
-from protomolt_jobs.hooks.contract import Action, principal_scope
+from protomolt_jobs.hooks.contract import Action, Refusal, RefusalRecorder, principal_scope
 
 __all__ = ["Caller", "Catalog"]
 
@@ -33,20 +39,26 @@ _NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Caller:
-    """Who calls a verb.
+    """Who calls a verb. The surfaces never build one themselves: the node's resolver
+    (:class:`~protomolt_jobs.host.authority.Authority`) does, from the token presented.
 
-    :param name: principal name (for logs and ``permission-denied`` details).
+    :param name: principal name (the transition log's actor; logs; ``permission-denied``
+        details).
     :param scopes: scopes the caller holds.
-    :param unrestricted: the operator: every scope.
+    :param unrestricted: every scope: the node's single ``api_token`` (principal ``api``), any
+        token of a node without ``[node.scopes]``, the ``anonymous`` caller of a node without
+        tokens, and in-process calls (:meth:`operator`).
+    :param groups: the principal's groups (``[node.groups]`` or an identity hook).
     """
 
     name: str
     scopes: frozenset[str] = frozenset()
     unrestricted: bool = False
+    groups: frozenset[str] = frozenset()
 
     @classmethod
     def operator(cls) -> Caller:
-        """The unrestricted caller (local CLI, an authenticated operator token)."""
+        """The in-process caller (no surface: a role calling a verb itself), every scope."""
         return cls(name="operator", unrestricted=True)
 
     def holds(self, scope: str) -> bool:
@@ -55,11 +67,17 @@ class Caller:
 
 
 class Catalog:
-    """Named actions in registration order. Thread-safe; execution runs outside the lock."""
+    """Named actions in registration order. Thread-safe; execution runs outside the lock.
 
-    def __init__(self) -> None:
+    :param refusal_recorders: where refusals are reported (the node's contributed
+        :class:`~protomolt_jobs.hooks.contract.RefusalRecorder` values); none: each refusal
+        is logged here instead.
+    """
+
+    def __init__(self, refusal_recorders: Iterable[RefusalRecorder] = ()) -> None:
         self._actions: dict[str, Action] = {}
         self._lock = threading.Lock()
+        self._recorders: tuple[RefusalRecorder, ...] = tuple(refusal_recorders)
 
     def register(self, action: Action) -> None:
         """Add ``action``.
@@ -121,6 +139,57 @@ class Catalog:
             if caller.holds(a.scope)
         ]
 
+    def authorize(self, caller: Caller, name: str, scope: str, input: Any = None) -> None:
+        """Refuse ``caller`` unless it holds ``scope``: the refusal is reported (every
+        recorder, or a log line when there is none), then raised.
+
+        :param caller: who calls.
+        :param name: the verb or route (``cancel-job``, ``PUT /protomolt/workflows/x``).
+        :param scope: the scope it needs ("" : only an unrestricted caller may run it).
+        :param input: the call's input; its ``jobId`` (a string) names the job in the report.
+        :raises PermissionDenied: naming the caller and the scope, with ``details``
+            ``{"action", "caller", "requiredScope"}``.
+        """
+        if caller.holds(scope):
+            return
+        details: dict[str, Any] = {"action": name, "caller": caller.name}
+        if scope:
+            details["requiredScope"] = scope
+        job_id = input.get("jobId") if isinstance(input, dict) else None
+        self._report(Refusal(caller.name, name, scope, job_id if isinstance(job_id, str) else None))
+        raise PermissionDenied(
+            f"caller '{caller.name}' may not run '{name}'"
+            + (f": it needs scope '{scope}'" if scope else ""),
+            details,
+        )
+
+    def _report(self, refusal: Refusal) -> None:
+        if not self._recorders:
+            log.info(
+                "refused %s to %s: it needs scope %s",
+                refusal.verb,
+                refusal.principal,
+                refusal.scope or "(none)",
+                extra={
+                    "action": "permission_denied",
+                    "principal": refusal.principal,
+                    "verb": refusal.verb,
+                    "scope": refusal.scope,
+                    "job_id": refusal.job_id,
+                },
+            )
+            return
+        for recorder in self._recorders:
+            try:
+                recorder.record_refusal(refusal)
+            except Exception:  # a recorder's failure must never turn the refusal into an error
+                log.exception(
+                    "a refusal recorder failed; the refusal of %s to %s stands",
+                    refusal.verb,
+                    refusal.principal,
+                    extra={"action": "refusal_record_failed", "verb": refusal.verb},
+                )
+
     def execute(self, name: str, input: Any, *, caller: Caller | None = None) -> dict[str, Any]:
         """Run the action ``name`` on ``input``.
 
@@ -136,15 +205,7 @@ class Catalog:
         """
         caller = caller or Caller.operator()
         action = self.get(name)
-        if not caller.holds(action.scope):
-            details: dict[str, Any] = {"action": name, "caller": caller.name}
-            if action.scope:
-                details["requiredScope"] = action.scope
-            raise PermissionDenied(
-                f"caller '{caller.name}' may not run '{name}'"
-                + (f": it needs scope '{action.scope}'" if action.scope else ""),
-                details,
-            )
+        self.authorize(caller, name, action.scope, input)
         if not isinstance(input, dict):
             raise InvalidInput("Input must be a JSON object (at '')")
         try:

@@ -14,8 +14,11 @@ Boot, in order (the eggsample host sequence, then the ProtoMolt lifecycle):
    required, and a cycle are errors.
 4. **Wire** each role with a :class:`~protomolt_jobs.hooks.contract.WireContext`. The host
    contributes the shared :class:`~protomolt_jobs.hooks.contract.TypePool` first.
-5. **Freeze** the contributions; build the catalog from the contributed actions and register
-   the in-process services with the node's :class:`~protomolt_jobs.host.channels.Channels`.
+5. **Freeze** the contributions; build the catalog from the contributed actions (with the
+   contributed refusal recorders), register the in-process services with the node's
+   :class:`~protomolt_jobs.host.channels.Channels`, and build the node's
+   :class:`~protomolt_jobs.host.authority.Authority` from its token tables and any plugin's
+   ``protomolt_resolve_identity``.
 6. ``Node.start()``: add the contributed file descriptors to the type pool, start the
    in-process endpoint, start every mount in wire order.
 7. ``Node.close()``: close every wired mount in reverse order (close failures are logged, not
@@ -43,10 +46,12 @@ from protomolt_jobs.hooks.contract import (
     FileDescriptorContribution,
     InProcessService,
     Mount,
+    RefusalRecorder,
     RoleModule,
     TypePool,
     WireContext,
 )
+from protomolt_jobs.host.authority import Authority
 from protomolt_jobs.host.catalog import Catalog
 from protomolt_jobs.host.channels import Channels
 from protomolt_jobs.host.nodeconfig import NodeConfig
@@ -128,7 +133,11 @@ def discover(
     :raises ComposerError: a plugin failed validation or to load, returned no role module, or
         two modules claim one role.
     """
-    pm = _plugin_manager(plugin_manager, extra_plugins, mounted)
+    return _role_modules(_plugin_manager(plugin_manager, extra_plugins, mounted))
+
+
+def _role_modules(pm: pluggy.PluginManager) -> dict[str, RoleModule]:
+    """Every role module the plugins of ``pm`` provide (see :func:`discover`)."""
     modules: dict[str, RoleModule] = {}
     owners: dict[str, str] = {}
     # Call each implementation on its own (keyword-free hook) so a duplicate role names both
@@ -220,6 +229,7 @@ class Node:
         catalog: Catalog,
         type_pool: TypePool,
         channels: Channels,
+        authority: Authority | None = None,
     ) -> None:
         self.config = config
         self.node_id = node_id
@@ -229,6 +239,8 @@ class Node:
         self.catalog = catalog
         self.type_pool = type_pool
         self.channels = channels
+        #: Who may call what: the resolver every surface of this node asks.
+        self.authority = authority if authority is not None else Authority.from_config(config)
         self._mounts = mounts
         self._started = False
         self._closed = False
@@ -368,9 +380,8 @@ def compose(
     :raises ComposerError: unknown or duplicate roles, cycles, a role that failed to wire
         (its message unchanged when it raised ``ComposerError``), duplicate action names.
     """
-    modules = discover(
-        plugin_manager=plugin_manager, extra_plugins=extra_plugins, mounted=config.roles
-    )
+    pm = _plugin_manager(plugin_manager, extra_plugins, config.roles)
+    modules = _role_modules(pm)
     order = order_roles(config.roles, modules)
     node_id = uuid.uuid4().hex[:8]
     try:
@@ -419,7 +430,7 @@ def compose(
                 raise ComposerError(f"role {role} wired to a null mount")
             mounts.append((role, mount))
         contributions.freeze()
-        catalog = Catalog()
+        catalog = Catalog(refusal_recorders=contributions.all(RefusalRecorder))
         for action in contributions.all(Action):
             try:
                 catalog.register(action)
@@ -441,4 +452,5 @@ def compose(
         catalog=catalog,
         type_pool=type_pool,
         channels=channels,
+        authority=Authority.from_config(config, pm),
     )

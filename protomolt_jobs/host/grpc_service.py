@@ -27,6 +27,13 @@ The server also serves health (``grpc.health.v1``) and server reflection under b
 the v1 service is the same servicer under the v1 name, LIBRARIES.md section 5). With an API
 token configured every call but health needs metadata ``api_token: <t>`` or
 ``authorization: Bearer <t>``, otherwise ``UNAUTHENTICATED``. It binds 127.0.0.1 by default.
+
+Who calls: each RPC asks the node's :class:`~protomolt_jobs.host.authority.Authority` once,
+before its request bytes are parsed, and runs the verb as the :class:`Caller` it answers
+(``UNAUTHENTICATED`` when it answers none); a verb whose scope the caller does not hold is
+``PERMISSION_DENIED`` ``"permission-denied: ..."`` naming the scope, and the refusal is
+reported to the roles (:meth:`~protomolt_jobs.host.catalog.Catalog.authorize`). Reflection and
+any extra handlers need a token the authority resolves (an interceptor checks it).
 """
 
 from __future__ import annotations
@@ -46,8 +53,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from protomolt_jobs.errors import ActionError
-from protomolt_jobs.host.catalog import Caller
-from protomolt_jobs.host.http_route import principal_of
+from protomolt_jobs.host.authority import Authority
 from protomolt_jobs.host.upstream_service import (
     ALIAS_FILE_NAME,
     UPSTREAM_PACKAGE,
@@ -147,22 +153,31 @@ def _ensure_alias_descriptor(pool: descriptor_pool.DescriptorPool) -> None:
         )
 
 
-class _TokenInterceptor(grpc.ServerInterceptor):
-    """Refuses every call but health without the node's API token."""
+#: Method prefixes whose handlers resolve their caller themselves (once per call).
+_SELF_AUTHENTICATING = tuple(f"/{name}/" for name in SERVICE_NAMES)
 
-    def __init__(self, token: str | None, tokens: Mapping[str, str]) -> None:
-        self._token = token
-        self._tokens = tokens
+
+def _unauthenticated_message(presented: str | None) -> str:
+    return "Missing API token 'api_token'" if presented is None else "Invalid API token"
+
+
+class _TokenInterceptor(grpc.ServerInterceptor):
+    """Refuses every call but health without a token the node's authority resolves.
+    ProtoMoltService's own RPCs are passed through: they resolve their caller in the handler
+    (once per call, which they need anyway) and refuse the same way."""
+
+    def __init__(self, authority: Authority) -> None:
+        self._authority = authority
 
     def intercept_service(self, continuation, handler_call_details):
-        if handler_call_details.method.startswith(f"/{HEALTH_SERVICE}/"):
+        method = handler_call_details.method
+        if method.startswith(f"/{HEALTH_SERVICE}/") or method.startswith(_SELF_AUTHENTICATING):
             return continuation(handler_call_details)
         presented = _presented(handler_call_details.invocation_metadata)
-        if principal_of(presented, self._token, self._tokens) is not None:
+        if self._authority.resolve(presented) is not None:
             return continuation(handler_call_details)
-        message = "Missing API token 'api_token'" if presented is None else "Invalid API token"
         handler = continuation(handler_call_details)
-        return _refusing(handler, message)
+        return _refusing(handler, _unauthenticated_message(presented))
 
 
 def _presented(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
@@ -222,8 +237,12 @@ class ProtoMoltGrpcServer:
     :param host: bind address; 127.0.0.1 by default.
     :param port: TCP port; 0 picks a free one (read :attr:`port` after :meth:`start`).
     :param api_token: when set, calls need it (health excepted); its principal is ``api``.
+        Ignored when ``authority`` is given.
     :param tokens: named tokens (``[node.tokens]``); each is accepted and its name is the
-        verb's principal (the history's actor). No token at all: principal ``anonymous``.
+        verb's principal (the history's actor), with every scope. No token at all: principal
+        ``anonymous``. Ignored when ``authority`` is given.
+    :param authority: the node's resolver (tokens, groups, scopes, identity hook); None: one
+        built from ``api_token`` and ``tokens``.
     :param max_workers: handler threads, the number of calls served at once.
     :param extra_handlers: more generic handlers to serve on the same port.
     :param ready: readiness of the node (``Node.health()["status"] == "UP"``); health
@@ -238,6 +257,7 @@ class ProtoMoltGrpcServer:
         port: int = 9090,
         api_token: str | None = None,
         tokens: Mapping[str, str] | None = None,
+        authority: Authority | None = None,
         max_workers: int = 64,
         extra_handlers: Iterable[grpc.GenericRpcHandler] = (),
         ready: Callable[[], bool] | None = None,
@@ -245,8 +265,7 @@ class ProtoMoltGrpcServer:
         self.catalog = catalog
         self.host = host
         self._requested_port = port
-        self.api_token = api_token or None
-        self.tokens = dict(tokens or {})
+        self.authority = authority or Authority(api_token=api_token, tokens=tokens)
         self.max_workers = max_workers
         self._extra = tuple(extra_handlers)
         self._ready = ready
@@ -254,6 +273,11 @@ class ProtoMoltGrpcServer:
         self._port: int | None = None
         self._health: health.HealthServicer | None = None
         self._lock = threading.Lock()
+
+    @property
+    def api_token(self) -> str | None:
+        """The node's single ``api_token`` (None: none configured)."""
+        return self.authority.api_token
 
     @property
     def port(self) -> int:
@@ -274,11 +298,7 @@ class ProtoMoltGrpcServer:
         with self._lock:
             if self._server is not None:
                 return self
-            interceptors = (
-                [_TokenInterceptor(self.api_token, self.tokens)]
-                if self.api_token or self.tokens
-                else []
-            )
+            interceptors = [] if self.authority.open else [_TokenInterceptor(self.authority)]
             server = grpc.server(
                 ThreadPoolExecutor(
                     max_workers=self.max_workers, thread_name_prefix="protomolt-grpc"
@@ -372,6 +392,12 @@ class ProtoMoltGrpcServer:
 
         def answer(raw: bytes, context: grpc.ServicerContext) -> Any:
             """The response message, or ``(status, description)`` to abort with."""
+            # Who calls, before the bytes are parsed: a caller without a token learns nothing
+            # from how its bytes parse.
+            presented = _presented(context.invocation_metadata())
+            caller = server.authority.resolve(presented)
+            if caller is None:
+                return (grpc.StatusCode.UNAUTHENTICATED, _unauthenticated_message(presented))
             try:
                 request = request_cls.FromString(raw)
             except (DecodeError, RecursionError, ValueError) as exc:
@@ -389,16 +415,8 @@ class ProtoMoltGrpcServer:
                     f"{where} cannot be read as JSON (numbers must be finite): {exc}",
                     field,
                 )
-            principal = (
-                principal_of(
-                    _presented(context.invocation_metadata()), server.api_token, server.tokens
-                )
-                or "anonymous"
-            )
             try:
-                result = catalog.execute(
-                    verb, envelope, caller=Caller(principal, unrestricted=True)
-                )
+                result = catalog.execute(verb, envelope, caller=caller)
             except ActionError as err:
                 trailers: list[tuple[str, Any]] = [("protomolt-error", err.code)]
                 if err.details:

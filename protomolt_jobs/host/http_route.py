@@ -7,8 +7,15 @@ Routes:
 - ``GET /protomolt/actions``: the catalog manifest (a JSON array).
 - ``POST /protomolt/actions/{verb}``: a JSON object body, handed to ``catalog.execute``.
 - Extra routes contributed by roles as :class:`HttpRoute` values (the registry's
-  ``/protomolt/workflows`` endpoints), and plain Starlette routes or mounts a host adds
-  (``extra``: a dashboard, ``/metrics``); both sit behind the same token.
+  ``/protomolt/workflows`` endpoints, each with the scope it needs), and plain Starlette routes
+  or mounts a host adds (``extra``: a dashboard, ``/metrics``); both sit behind the same token.
+
+Who calls: the token guard in front of every route but ``/health`` asks the node's
+:class:`~protomolt_jobs.host.authority.Authority` once per request and keeps the
+:class:`~protomolt_jobs.host.catalog.Caller` in the request's state (:data:`CALLER_STATE`):
+the manifest lists only what it may run, a verb runs as it (``permission-denied`` naming the
+scope otherwise, reported to the roles), a route with a ``scope`` refuses it the same way, and
+the dashboard acts as it.
 
 :func:`actions_app` builds the ASGI app (another host can mount it); :class:`ActionsHttpServer`
 serves it with uvicorn on a daemon thread. Handlers and verbs are synchronous: they run in the
@@ -28,6 +35,8 @@ body not a JSON object  400    ``invalid-input`` (also: nested too deep, a lone 
 bad ``Content-Length``  400    refused by uvicorn's HTTP parser before the app runs (a plain
                                text body, not the envelope; the connection is closed)
 missing or wrong token  401    ``unauthenticated``
+scope not held          403    ``permission-denied`` naming the scope (a verb or a scoped
+                               route); the refusal is reported to the roles
 write from another site 403    ``permission-denied``: a POST/PUT/DELETE/PATCH whose ``Origin``
                                names another host than ``Host`` (or is ``null``): a
                                page of another site, which needs no CORS preflight for a
@@ -50,11 +59,19 @@ Every reply is encodable: a body holding text that UTF-8 cannot carry (a lone su
 from the request) is sent with ASCII escapes, and a body that is not JSON at all becomes a 500
 ``internal-error``. The body must arrive within ``request_timeout_s``, and an idle keep-alive
 connection is closed after ``min(request_timeout_s, 5)`` seconds.
+
+Headers have a deadline of their own, ``header_timeout_s`` (``[node] http_header_timeout_s``,
+10 s by default): uvicorn has none, so a client sending its headers a byte at a time held a
+connection for good. The server speaks HTTP/1.1 through :class:`HeaderDeadlineProtocol`
+(uvicorn's h11 protocol with a timer): a connection whose request headers are not complete
+within the deadline (counted from the connection for its first request, from the first byte
+of a later one) gets ``408`` with ``Connection: close`` and is closed; the event loop never
+waits on a slow sender, so other callers are answered meanwhile.
 """
 
 from __future__ import annotations
 
-import hmac
+import asyncio
 import json
 import logging
 import re
@@ -69,23 +86,32 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import anyio
 import anyio.to_thread
+import h11
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from protomolt_jobs.errors import ActionError, ProtomoltJobsError
+from protomolt_jobs.host.authority import Authority
+from protomolt_jobs.host.catalog import Caller
+from protomolt_jobs.host.nodeconfig import HTTP_HEADER_TIMEOUT_S
 from protomolt_jobs.input_rules import has_lone_surrogate
 
 __all__ = [
+    "CALLER_STATE",
     "HANDLER_THREADS",
+    "HTTP_HEADER_TIMEOUT_S",
     "MAX_BODY_BYTES",
     "ActionsHttpServer",
+    "HeaderDeadlineProtocol",
     "HttpRequest",
     "HttpResponse",
     "HttpRoute",
     "actions_app",
+    "caller_of",
     "cross_site",
     "error_response",
     "token_from_headers",
@@ -102,6 +128,9 @@ REQUEST_TIMEOUT_S = 30.0
 HANDLER_THREADS = 64
 #: uvicorn's listen backlog: connections the kernel holds before the app accepts them.
 LISTEN_BACKLOG = 2048
+#: Key of the request's ASGI ``state`` under which the token guard keeps the resolved
+#: :class:`~protomolt_jobs.host.catalog.Caller` (None on a public path without a valid token).
+CALLER_STATE = "protomolt_caller"
 
 #: A JSON escape that can decode to a lone surrogate (``\\ud800``-``\\udfff``); raw UTF-8 cannot
 #: carry one, so a body without such an escape needs no scan.
@@ -122,6 +151,7 @@ class HttpRequest:
     :ivar body: the raw body (at most the server's limit).
     :ivar catalog: the node's action catalog (``execute(name, input)``), for handlers that run
         a verb (the registry's PUT runs ``check-workflow``).
+    :ivar caller: who sent it (resolved by the token guard); None only for ``/health``.
     """
 
     method: str
@@ -131,6 +161,7 @@ class HttpRequest:
     headers: Mapping[str, str]
     body: bytes
     catalog: Any
+    caller: Caller | None = None
 
     def json_object(self) -> dict[str, Any]:
         """The body parsed as a JSON object.
@@ -241,11 +272,15 @@ class HttpRoute:
         :attr:`HttpRequest.params`.
     :ivar handler: ``handler(request) -> HttpResponse``; an :class:`ActionError` it raises maps
         like a verb's; anything else is a 500.
+    :ivar scope: the scope a caller must hold (one of
+        :data:`~protomolt_jobs.hooks.contract.SCOPES`; refused with 403 ``permission-denied``
+        naming it, before the handler runs), or "" for any caller the token guard let in.
     """
 
     methods: frozenset[str]
     pattern: str
     handler: Callable[[HttpRequest], HttpResponse]
+    scope: str = ""
     _regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -286,33 +321,21 @@ def token_from_headers(headers: Mapping[str, str]) -> str | None:
 def principal_of(
     presented: str | None, api_token: str | None, tokens: Mapping[str, str] | None = None
 ) -> str | None:
-    """Who presents ``presented``: the name of a matching ``[node.tokens]`` entry, ``api``
-    for the node's single ``api_token``, ``anonymous`` on a node with no token at all.
+    """Who presents ``presented`` on a node with these tokens and no identity hook: the name
+    of a matching ``[node.tokens]`` entry, ``api`` for the node's single ``api_token``,
+    ``anonymous`` on a node with no token at all (:meth:`Authority.principal`).
 
     :returns: the principal, or None when the node has tokens and none matches (refuse).
     """
-    tokens = tokens or {}
-    if not api_token and not tokens:
-        return "anonymous"
-    if presented is None:
-        return None
-    candidate = presented.encode()
-    found: str | None = None
-    # Compare against every token (constant work whichever matches).
-    if api_token and hmac.compare_digest(api_token.encode(), candidate):
-        found = "api"
-    for name, secret in tokens.items():
-        if hmac.compare_digest(secret.encode(), candidate) and found is None:
-            found = name
-    return found
+    return Authority(api_token=api_token, tokens=tokens).principal(presented)
 
 
-def _token_ok(expected: str | None, presented: str | None) -> bool:
-    if not expected:
-        return True
-    if presented is None:
-        return False
-    return hmac.compare_digest(expected.encode(), presented.encode())
+def caller_of(scope: Mapping[str, Any]) -> Caller | None:
+    """The caller the token guard resolved for an ASGI request ``scope`` (None: none, as on a
+    public path presenting no valid token)."""
+    state = scope.get("state")
+    caller = state.get(CALLER_STATE) if isinstance(state, dict) else None
+    return caller if isinstance(caller, Caller) else None
 
 
 _VERB = r"/protomolt/actions/(?P<verb>[^/]+)"
@@ -346,8 +369,7 @@ class _Dispatcher:
         self,
         catalog: Any,
         *,
-        api_token: str | None,
-        tokens: Mapping[str, str] | None = None,
+        authority: Authority,
         routes: Iterable[HttpRoute],
         max_body_bytes: int,
         request_timeout_s: float,
@@ -355,8 +377,7 @@ class _Dispatcher:
         handler_threads: int,
     ) -> None:
         self.catalog = catalog
-        self.api_token = api_token or None
-        self.tokens = dict(tokens or {})
+        self.authority = authority
         self.max_body_bytes = max_body_bytes
         self.request_timeout_s = request_timeout_s
         self.handler_threads = handler_threads
@@ -371,7 +392,7 @@ class _Dispatcher:
     # -- built-in routes -------------------------------------------------------------------
 
     def _manifest(self, request: HttpRequest) -> HttpResponse:
-        return HttpResponse(200, list(self.catalog.manifest()))
+        return HttpResponse(200, list(self.catalog.manifest(_caller(request))))
 
     def _execute(self, request: HttpRequest) -> HttpResponse:
         try:
@@ -384,23 +405,20 @@ class _Dispatcher:
             return error_response(
                 400, "invalid-input", f"Action input must be a JSON object: {exc}"
             )
-        from protomolt_jobs.host.catalog import Caller
-
-        principal = self.principal(request.headers) or "anonymous"
-        result = self.catalog.execute(
-            request.params["verb"], envelope, caller=Caller(principal, unrestricted=True)
-        )
+        result = self.catalog.execute(request.params["verb"], envelope, caller=_caller(request))
         return HttpResponse(200, result)
 
     # -- the ASGI side ---------------------------------------------------------------------
 
-    def token_ok(self, headers: Mapping[str, str]) -> bool:
-        """Whether the request presents a configured token (always, when none is set)."""
-        return self.principal(headers) is not None
+    @property
+    def api_token(self) -> str | None:
+        """The node's single ``api_token`` (None: none configured)."""
+        return self.authority.api_token
 
-    def principal(self, headers: Mapping[str, str]) -> str | None:
-        """The request's principal (:func:`principal_of`); None when refused."""
-        return principal_of(token_from_headers(headers), self.api_token, self.tokens)
+    def resolve(self, headers: Mapping[str, str]) -> Caller | None:
+        """The request's caller (:meth:`Authority.resolve` of the token it presents); None
+        when refused."""
+        return self.authority.resolve(token_from_headers(headers))
 
     async def endpoint(self, request: Request) -> Response:
         """Answer one request (a Starlette endpoint)."""
@@ -494,7 +512,14 @@ class _Dispatcher:
                 )
         query = {k: v[-1] for k, v in parse_qs(request.url.query).items()}
         http_request = HttpRequest(
-            method, unquote(path), params, query, headers, body, self.catalog
+            method,
+            unquote(path),
+            params,
+            query,
+            headers,
+            body,
+            self.catalog,
+            caller_of(request.scope),
         )
         response = await anyio.to_thread.run_sync(
             _run, route, http_request, limiter=self._thread_limiter()
@@ -528,9 +553,20 @@ class _Dispatcher:
         return self._limiter
 
 
+def _caller(request: HttpRequest) -> Caller:
+    """The request's caller; a request that reached a handler without one (a host that serves
+    the app without the guard) holds no scope at all."""
+    return request.caller if request.caller is not None else Caller("anonymous")
+
+
 def _run(route: HttpRoute, request: HttpRequest) -> HttpResponse:
-    """Run one handler (in a pool thread); action errors map, anything else is a 500."""
+    """Run one handler (in a pool thread) after its scope check; action errors map (a scope
+    not held is 403 ``permission-denied``), anything else is a 500."""
     try:
+        if route.scope:
+            request.catalog.authorize(
+                _caller(request), f"{request.method} {request.path}", route.scope
+            )
         return route.handler(request)
     except ActionError as err:
         return HttpResponse(err.http_status, err.to_json())
@@ -624,8 +660,10 @@ def _cookie(header: str, name: str) -> str | None:
 
 
 class _TokenGuard:
-    """ASGI middleware: every route but ``/health`` demands the token (the built-in routes,
-    role routes and a host's extra routes alike)."""
+    """ASGI middleware: every route but ``/health`` demands a token the node's authority
+    resolves (the built-in routes, role routes and a host's extra routes alike), and the
+    resolved caller is kept in the request's state (:data:`CALLER_STATE`). Public paths
+    (``public(path)``) pass without one; their caller is kept when the token resolves."""
 
     def __init__(
         self,
@@ -643,7 +681,7 @@ class _TokenGuard:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         path = scope.get("path", "")
-        if scope["type"] == "http" and path != _HEALTH and not self.public(path):
+        if scope["type"] == "http" and path != _HEALTH:
             headers = {
                 k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
             }
@@ -652,7 +690,9 @@ class _TokenGuard:
                 cookie = _cookie(headers["cookie"], self.token_cookie)
                 if cookie:
                     headers["api_token"] = cookie
-            if not self.dispatcher.token_ok(headers):
+            caller = await self._resolve(headers)
+            scope.setdefault("state", {})[CALLER_STATE] = caller
+            if caller is None and not self.public(path):
                 login = self.login_redirect(path) if scope["method"] in ("GET", "HEAD") else None
                 if login is not None:
                     # A browser page: send it to the login form instead of a JSON 401.
@@ -663,6 +703,15 @@ class _TokenGuard:
                 return
         await self.app(scope, receive, send)
 
+    async def _resolve(self, headers: Mapping[str, str]) -> Caller | None:
+        if self.dispatcher.authority.identity_hook is None:
+            # The node's own tables: a few constant-time comparisons, fine on the loop.
+            return self.dispatcher.resolve(headers)
+        # An identity provider may do I/O: never on the event loop.
+        return await anyio.to_thread.run_sync(
+            self.dispatcher.resolve, headers, limiter=self.dispatcher._thread_limiter()
+        )
+
 
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
 
@@ -672,6 +721,7 @@ def actions_app(
     *,
     api_token: str | None = None,
     tokens: Mapping[str, str] | None = None,
+    authority: Authority | None = None,
     routes: Iterable[HttpRoute] = (),
     extra: Sequence[BaseRoute] = (),
     max_body_bytes: int = MAX_BODY_BYTES,
@@ -684,10 +734,15 @@ def actions_app(
 ) -> Starlette:
     """The node's HTTP surface as an ASGI app (mountable by another host).
 
-    :param catalog: the node catalog (``manifest()``, ``execute(name, input)``).
+    :param catalog: the node :class:`~protomolt_jobs.host.catalog.Catalog` (``manifest``,
+        ``execute``, ``authorize``).
     :param api_token: when set, every route but ``/health`` demands it (principal ``api``).
+        Ignored when ``authority`` is given.
     :param tokens: named tokens (``[node.tokens]``: principal -> token); any of them is
-        accepted too, and its name is the verb's principal (the history's actor).
+        accepted too, and its name is the verb's principal (the history's actor); every
+        scope (no ``[node.scopes]``). Ignored when ``authority`` is given.
+    :param authority: the node's resolver (tokens, groups, scopes, identity hook); None: one
+        built from ``api_token`` and ``tokens``.
     :param routes: :class:`HttpRoute` values contributed by roles (synchronous handlers).
     :param extra: Starlette routes or mounts a host adds (``Route("/metrics", ...)``,
         ``Mount("/ui", ...)``); they are matched before the catalog routes and sit behind the
@@ -705,8 +760,7 @@ def actions_app(
     """
     dispatcher = _Dispatcher(
         catalog,
-        api_token=api_token,
-        tokens=tokens,
+        authority=authority or Authority(api_token=api_token, tokens=tokens),
         routes=routes,
         max_body_bytes=max_body_bytes,
         request_timeout_s=request_timeout_s,
@@ -730,10 +784,13 @@ def actions_app(
 class ActionsHttpServer:
     """:func:`actions_app` served by uvicorn on a daemon thread.
 
-    :param catalog: the node catalog (``manifest()``, ``execute(name, input)``).
+    :param catalog: the node catalog (``manifest``, ``execute``, ``authorize``).
     :param host: bind address; 127.0.0.1 by default (loopback only).
     :param port: TCP port; 0 picks a free one (read :attr:`port` after :meth:`start`).
-    :param api_token: when set, every route but ``/health`` demands it.
+    :param api_token: when set, every route but ``/health`` demands it (ignored with
+        ``authority``).
+    :param tokens: named tokens, every scope (ignored with ``authority``).
+    :param authority: the node's resolver; None: one built from ``api_token`` and ``tokens``.
     :param routes: extra :class:`HttpRoute` values (contributed by roles).
     :param extra: Starlette routes or mounts (see :func:`actions_app`).
     :param max_body_bytes: the request body limit (bytes).
@@ -743,6 +800,8 @@ class ActionsHttpServer:
     :param handler_threads: threads that run handlers and verbs.
     :param public: paths exempt from the token (see :func:`actions_app`).
     :param token_cookie: a cookie name also accepted as the token.
+    :param header_timeout_s: seconds a connection has to deliver a request's headers before
+        it gets 408 and is closed (:class:`HeaderDeadlineProtocol`).
     """
 
     def __init__(
@@ -753,6 +812,8 @@ class ActionsHttpServer:
         port: int = 8081,
         api_token: str | None = None,
         tokens: Mapping[str, str] | None = None,
+        authority: Authority | None = None,
+        header_timeout_s: float = HTTP_HEADER_TIMEOUT_S,
         routes: Iterable[HttpRoute] = (),
         extra: Sequence[BaseRoute] = (),
         max_body_bytes: int = MAX_BODY_BYTES,
@@ -763,13 +824,17 @@ class ActionsHttpServer:
         token_cookie: str | None = None,
         login_redirect: Callable[[str], str | None] = lambda path: None,
     ) -> None:
+        if not header_timeout_s > 0:
+            raise ValueError(f"header_timeout_s must be above 0; got {header_timeout_s!r}")
         self.catalog = catalog
         self.host = host
         self._requested_port = port
+        self.header_timeout_s = float(header_timeout_s)
         self.app = actions_app(
             catalog,
             api_token=api_token,
             tokens=tokens,
+            authority=authority,
             routes=routes,
             extra=extra,
             max_body_bytes=max_body_bytes,
@@ -841,6 +906,7 @@ class ActionsHttpServer:
                 raise
             config = uvicorn.Config(
                 self.app,
+                http=HeaderDeadlineProtocol.with_deadline(self.header_timeout_s),
                 lifespan="off",
                 log_config=None,
                 access_log=False,
@@ -884,6 +950,81 @@ class ActionsHttpServer:
         if sock is not None:
             sock.close()
         log.info("actions route stopped", extra={"action": "http_stopped"})
+
+
+class HeaderDeadlineProtocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol (h11) with a deadline on request headers.
+
+    A timer starts when the connection is made and, for each later request on a kept-alive
+    connection, when its first byte arrives; it is cancelled once h11 has parsed the complete
+    request line and headers. When it fires first, the client gets ``408 Request Timeout``
+    with ``Connection: close`` and the connection is closed (logged with action
+    ``http_header_timeout``). Bodies keep their own deadline (``request_timeout_s``, 408
+    from the app) and idle keep-alive connections uvicorn's ``timeout_keep_alive``.
+
+    Use :meth:`with_deadline` to get the class for a given deadline (uvicorn builds one
+    protocol object per connection from the class it is given).
+    """
+
+    #: Seconds a connection has to deliver a request's headers.
+    header_timeout_s: float = HTTP_HEADER_TIMEOUT_S
+
+    @classmethod
+    def with_deadline(cls, header_timeout_s: float) -> type[HeaderDeadlineProtocol]:
+        """This protocol with a deadline of ``header_timeout_s`` seconds (above 0)."""
+        if not header_timeout_s > 0:
+            raise ValueError(f"header_timeout_s must be above 0; got {header_timeout_s!r}")
+        return type(cls.__name__, (cls,), {"header_timeout_s": float(header_timeout_s)})
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_deadline()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            # Closed, or the request line and headers are complete (h11 moved on).
+            self._cancel_header_deadline()
+        elif self._header_timer is None:
+            # The first bytes of a later request on a kept-alive connection.
+            self._arm_header_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_deadline()
+        super().connection_lost(exc)
+
+    def _arm_header_deadline(self) -> None:
+        self._cancel_header_deadline()
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_late)
+
+    def _cancel_header_deadline(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        log.info(
+            "closed a connection whose request headers did not arrive within %g s",
+            self.header_timeout_s,
+            extra={
+                "action": "http_header_timeout",
+                "client": f"{self.client[0]}:{self.client[1]}" if self.client else None,
+            },
+        )
+        # h11 cannot answer a request it has not parsed: the reply is written as it is.
+        self.transport.write(
+            b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
+            b"connection: close\r\ncontent-length: 40\r\n\r\n"
+            b"request headers did not arrive in time\r\n"
+        )
+        self.transport.close()
 
 
 def _encode(body: Any) -> bytes:

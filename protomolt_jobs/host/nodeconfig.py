@@ -26,8 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from protomolt_jobs.config import ConfigError
+from protomolt_jobs.hooks.contract import SCOPES
 
-__all__ = ["DEFAULT_DATA_DIR", "DEFAULT_ROLES", "ENV_PREFIX", "ConfigError", "NodeConfig"]
+__all__ = [
+    "DEFAULT_DATA_DIR",
+    "DEFAULT_ROLES",
+    "ENV_PREFIX",
+    "HTTP_HEADER_TIMEOUT_S",
+    "ConfigError",
+    "NodeConfig",
+]
 
 #: Prefix of every override variable.
 log = logging.getLogger("protomolt_jobs.nodeconfig")
@@ -37,6 +45,9 @@ ENV_PREFIX = "PROTOMOLT_"
 DEFAULT_ROLES: tuple[str, ...] = ("registry", "parse", "jobs")
 #: Data directory when none is configured (relative to the working directory).
 DEFAULT_DATA_DIR = ".protomolt-data"
+#: Seconds a connection to the actions route has to deliver a request's headers (the first
+#: request's from the connection, a later one's from its first byte) before it is closed.
+HTTP_HEADER_TIMEOUT_S = 10.0
 
 #: ``[node]`` keys and their defaults.
 _NODE_DEFAULTS: dict[str, Any] = {
@@ -50,6 +61,9 @@ _NODE_DEFAULTS: dict[str, Any] = {
     "metrics_public": False,
     "otlp_endpoint": None,
     "tokens": None,
+    "groups": None,
+    "scopes": None,
+    "http_header_timeout_s": HTTP_HEADER_TIMEOUT_S,
 }
 
 #: Environment aliases: variable -> (section, key). The canonical variable wins.
@@ -84,6 +98,11 @@ class NodeConfig:
         None: tracing off.
     :ivar tokens: named tokens (``[node.tokens] alice = "..."``): each is accepted by the
         surfaces and its name is the principal of the verbs it calls (the history's actor).
+    :ivar groups: ``[node.groups]``: group name -> its principals (``editor = ["alice"]``).
+    :ivar scopes: ``[node.scopes]``: group or principal -> the scopes granted to it, or None
+        when the table is absent (every token then holds every scope, as before scopes).
+    :ivar http_header_timeout_s: seconds a connection to the actions route has to deliver a
+        request's headers before it is closed (default 10).
     :ivar source: the file the configuration was read from, or None.
     """
 
@@ -98,6 +117,11 @@ class NodeConfig:
     otlp_endpoint: str | None = None
     #: Named API tokens (``[node.tokens]``): principal name -> token.
     tokens: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: Groups (``[node.groups]``): group name -> its principals.
+    groups: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict)
+    #: Grants (``[node.scopes]``): group or principal -> scopes; None: the table is absent.
+    scopes: Mapping[str, frozenset[str]] | None = None
+    http_header_timeout_s: float = HTTP_HEADER_TIMEOUT_S
     source: Path | None = None
     #: role sections with overrides applied: section -> key -> (value, origin).
     _sections: Mapping[str, Mapping[str, tuple[Any, str]]] = dataclasses.field(
@@ -115,7 +139,9 @@ class NodeConfig:
         :param path: a ``protomolt.toml``; a missing file is an error.
         :param environ: the environment (None: ``os.environ``).
         :raises ConfigError: unreadable file, wrong types, unknown ``[node]`` keys, duplicate
-            roles, a bad ``[jobs]`` section on a node that mounts jobs.
+            roles, a bad ``[node.groups]`` or ``[node.scopes]`` entry (an unknown scope, a
+            name that is both a group and a principal, a grant to nobody), a bad ``[jobs]``
+            section on a node that mounts jobs.
         """
         environ = os.environ if environ is None else environ
         source = Path(path).expanduser().resolve() if path is not None else None
@@ -161,6 +187,8 @@ class NodeConfig:
         _apply_role_environment(sections, environ, roles)
         base = source.parent if source is not None else Path.cwd()
         data_dir = _parse_path("data_dir", node.get("data_dir"), base)
+        tokens = _parse_tokens(node.get("tokens"))
+        groups = _parse_groups(node.get("groups"), tokens)
         config = cls(
             roles=roles,
             data_dir=data_dir,
@@ -171,7 +199,12 @@ class NodeConfig:
             api_token=_parse_token(node.get("api_token")),
             metrics_public=_parse_bool("metrics_public", node.get("metrics_public")),
             otlp_endpoint=_parse_endpoint("otlp_endpoint", node.get("otlp_endpoint")),
-            tokens=_parse_tokens(node.get("tokens")),
+            tokens=tokens,
+            groups=groups,
+            scopes=_parse_scopes(node.get("scopes"), tokens, groups),
+            http_header_timeout_s=_parse_seconds(
+                "http_header_timeout_s", node.get("http_header_timeout_s")
+            ),
             source=source,
             _sections={k: v for k, v in sections.items() if k != "node"},
         )
@@ -447,3 +480,123 @@ def _parse_tokens(entry: tuple[Any, str] | None) -> dict[str, str]:
         seen[value.strip()] = name
         tokens[name] = value.strip()
     return tokens
+
+
+def _parse_seconds(key: str, entry: tuple[Any, str] | None) -> float:
+    if entry is None:
+        return float(_NODE_DEFAULTS[key])
+    raw, origin = entry
+    value: float | None = None
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        value = float(raw)
+    elif isinstance(raw, str):
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            value = None
+    if value is None or not 0 < value <= 3600:  # also refuses NaN
+        raise ConfigError(
+            f"node.{key} ({origin}) must be a number of seconds above 0 and at most 3600; "
+            f"got {_shown(raw)}"
+        )
+    return value
+
+
+def _name_list(key: str, raw: Any, origin: str, what: str) -> list[str]:
+    """A TOML list of non-blank strings (``[node.groups]`` members, ``[node.scopes]`` grants)."""
+    if not isinstance(raw, list) or not all(isinstance(item, str) for item in raw):
+        raise ConfigError(
+            f'node.{key} ({origin}) must be a list of {what} like ["a", "b"]; got {_shown(raw)}'
+        )
+    return [item.strip() for item in raw]
+
+
+def _parse_groups(
+    entry: tuple[Any, str] | None, tokens: Mapping[str, str]
+) -> dict[str, frozenset[str]]:
+    """``[node.groups]``: group -> principals. A group name is principal-shaped, not a
+    principal of ``[node.tokens]`` and not reserved; members are principal names (a member
+    that holds no ``[node.tokens]`` token may come from an identity hook)."""
+    if entry is None or entry[0] is None:
+        return {}
+    raw, origin = entry
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f'node.groups ({origin}) must be a table like [node.groups] editor = ["alice"]; '
+            f"got {type(raw).__name__}"
+        )
+    groups: dict[str, frozenset[str]] = {}
+    for name, members in raw.items():
+        if not _PRINCIPAL_NAME.match(str(name)) or name in _RESERVED_PRINCIPALS:
+            raise ConfigError(
+                f"node.groups.{name} ({origin}): a group name is lower-case letters, digits, "
+                "'.', '_' or '-' (at most 64), and not api, anonymous, operator or sweeper"
+            )
+        if name in tokens:
+            raise ConfigError(
+                f"node.groups.{name} ({origin}): {name} is both a group and a principal of "
+                "[node.tokens]; a grant in [node.scopes] would not say which it means: rename one"
+            )
+        names = _name_list(f"groups.{name}", members, origin, "principal names")
+        for member in names:
+            if not _PRINCIPAL_NAME.match(member) or member in _RESERVED_PRINCIPALS - {"anonymous"}:
+                raise ConfigError(
+                    f"node.groups.{name} ({origin}) names {member!r}: a member is a principal "
+                    "name (lower-case letters, digits, '.', '_' or '-'; not api, operator or "
+                    "sweeper)"
+                )
+        groups[name] = frozenset(names)
+    return groups
+
+
+def _parse_scopes(
+    entry: tuple[Any, str] | None,
+    tokens: Mapping[str, str],
+    groups: Mapping[str, frozenset[str]],
+) -> dict[str, frozenset[str]] | None:
+    """``[node.scopes]``: group or principal -> scope names; None when the table is absent.
+    A key is a group of ``[node.groups]``, a principal of ``[node.tokens]`` or ``anonymous``
+    (the caller of a node without tokens); the single ``api_token`` holds every scope and is
+    never granted any; every scope is one of :data:`~protomolt_jobs.hooks.contract.SCOPES`."""
+    if entry is None or entry[0] is None:
+        return None
+    raw, origin = entry
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f'node.scopes ({origin}) must be a table like [node.scopes] editor = ["job-control"]; '
+            f"got {type(raw).__name__}"
+        )
+    known = ", ".join(sorted(SCOPES))
+    grants: dict[str, frozenset[str]] = {}
+    for name, scopes in raw.items():
+        if name == "api":
+            raise ConfigError(
+                f"node.scopes.api ({origin}): the api_token (principal api) holds every scope; "
+                "give a named token ([node.tokens]) the scopes you mean to limit"
+            )
+        if name not in groups and name not in tokens and name != "anonymous":
+            raise ConfigError(
+                f"node.scopes.{name} ({origin}): {name} is neither a group of [node.groups] nor "
+                "a principal of [node.tokens] (nor anonymous); a group an identity hook supplies "
+                f"is declared in [node.groups] too (even empty: {name} = [])"
+            )
+        names = _name_list(f"scopes.{name}", scopes, origin, "scope names")
+        for scope in names:
+            if scope not in SCOPES:
+                raise ConfigError(
+                    f"node.scopes.{name} ({origin}) grants unknown scope {scope!r}; known "
+                    f"scopes: {known}"
+                )
+        grants[name] = frozenset(names)
+    return grants
+
+
+def is_principal_name(name: Any) -> bool:
+    """True for a name a principal may carry: lower-case letters, digits, ``.``, ``_``, ``-``
+    (at most 64), and none of the built-in actors (``api``, ``anonymous``, ``operator``,
+    ``sweeper``). Names an identity hook returns are checked with it."""
+    return (
+        isinstance(name, str)
+        and _PRINCIPAL_NAME.match(name) is not None
+        and name not in _RESERVED_PRINCIPALS
+    )

@@ -10,14 +10,19 @@ The role requires nothing. At wire it contributes:
 - a :class:`~protomolt_jobs.hooks.contract.WorkflowRepository` (:class:`WorkflowStore`). A stored
   file that is not JSON, or not a JSON object, raises :class:`CorruptWorkflow`: it is never
   "not found", so a submit by that name fails loudly instead of quietly.
-- :class:`~protomolt_jobs.host.http_route.HttpRoute` values for the actions route:
+- :class:`~protomolt_jobs.host.http_route.HttpRoute` values for the actions route; a caller
+  without the route's scope gets 403 ``permission-denied`` naming it (docs/configuration.md,
+  ``[node.scopes]``):
 
-  - ``GET /protomolt/workflows``: the sorted names (JSON array).
-  - ``GET /protomolt/workflows/{name}``: the stored JSON verbatim; 404 ``not-found`` when absent;
-    500 ``workflow-corrupt`` when the file does not read as a JSON object.
-  - ``PUT /protomolt/workflows/{name}``: the body must be a JSON object (else 400
-    ``invalid-input``, also for a body nested too deep or holding a lone surrogate escape). The definition is verified first with the catalog's
-    ``check-workflow``; one that does not verify is refused with **422**
+  - ``GET /protomolt/workflows`` (scope ``schema-read``): the sorted names (JSON array).
+  - ``GET /protomolt/workflows/{name}`` (scope ``schema-read``): the stored JSON verbatim;
+    404 ``not-found`` when absent; 500 ``workflow-corrupt`` when the file does not read as a
+    JSON object.
+  - ``PUT /protomolt/workflows/{name}`` (scope ``workflow-write``): the body must be a JSON
+    object (else 400 ``invalid-input``, also for a body nested too deep or holding a lone
+    surrogate escape). The definition is verified first with the catalog's
+    ``check-workflow`` (run in-process, whatever the caller's other scopes); one that does
+    not verify is refused with **422**
     ``{"error": "does-not-verify", "message", "findings": [{step, kind, error}]}`` and nothing
     is stored. Without ``check-workflow`` in the catalog (no jobs role mounted) the PUT is
     refused with 503 ``unavailable``, never stored unchecked. Success: 200 ``{"name": name}``.
@@ -55,6 +60,11 @@ __all__ = [
 ]
 
 log = logging.getLogger("protomolt_jobs.registry")
+
+#: The scope the registry's reads need (``GET /protomolt/workflows[/{name}]``).
+READ_SCOPE = "schema-read"
+#: The scope storing a workflow needs (``PUT /protomolt/workflows/{name}``).
+WRITE_SCOPE = "workflow-write"
 
 #: What a stored workflow's name looks like.
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,199}")
@@ -264,9 +274,9 @@ def workflow_routes(store: WorkflowStore) -> list[HttpRoute]:
 
     one = r"/protomolt/workflows/(?P<name>[^/]+)"
     return [
-        HttpRoute(frozenset({"GET"}), r"/protomolt/workflows/?", list_names),
-        HttpRoute(frozenset({"GET"}), one, get_one),
-        HttpRoute(frozenset({"PUT"}), one, put_one),
+        HttpRoute(frozenset({"GET"}), r"/protomolt/workflows/?", list_names, READ_SCOPE),
+        HttpRoute(frozenset({"GET"}), one, get_one, READ_SCOPE),
+        HttpRoute(frozenset({"PUT"}), one, put_one, WRITE_SCOPE),
     ]
 
 

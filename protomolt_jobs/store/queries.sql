@@ -1202,3 +1202,31 @@ UPDATE workflow_run
  WHERE job_id = %(job_id)s AND status = 'RECOVERY_REQUIRED'
    AND history_seq = %(history_seq)s
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+
+-- ---------------------------------------------------------------------------------------------
+-- audit: refusals recorded in a run's transition log (store/audit.py)
+-- ---------------------------------------------------------------------------------------------
+
+-- name: transition_record_denied
+-- description: a refused call naming a run: append a 'denied' transition (status unchanged; actor = the refused principal; reason names the verb and scope) to its hash chain and move the row's head (history_seq, history_head) under the row lock. Not a boundary write: change_kind stays NULL, so the trigger records nothing more and a pending control request is left for the worker. No row back: unknown job.
+WITH run AS (
+    SELECT job_id, status, attempt, history_seq + 1 AS seq, history_head, now() AS at
+      FROM workflow_run
+     WHERE job_id = %(job_id)s
+       FOR UPDATE
+), logged AS (
+    INSERT INTO workflow_run_transition
+        (job_id, seq, prev_status, new_status, kind, actor, reason, attempt, step, at, hash)
+    SELECT job_id, seq, status, status, 'denied', %(actor)s::text, %(reason)s::text, attempt,
+           NULL, at,
+           workflow_run_transition_hash(history_head, job_id, seq, status, status, 'denied',
+                                        %(actor)s::text, %(reason)s::text, attempt, NULL::text,
+                                        at)
+      FROM run
+    RETURNING job_id, seq, hash
+)
+UPDATE workflow_run AS w
+   SET history_seq = logged.seq, history_head = logged.hash
+  FROM logged
+ WHERE w.job_id = logged.job_id
+RETURNING w.job_id, w.status, w.history_seq

@@ -23,8 +23,9 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
+from tests.support.factories import parked_job
 from tests.support.grpc_servers import TestServices, descriptor_set_b64, seed_workflow
-from tests.support.node import http, node_environ, start_node, wait_for
+from tests.support.node import http, node_environ, start_node, start_node_with_file, wait_for
 
 TOKEN = "dashboard-secret"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -396,5 +397,103 @@ def test_malformed_query_values_and_html_in_job_fields(tmp_path, fresh_dsn):
                 assert b"login-form" in body and job_id.encode() not in body, (headers, path)
             status, _, _ = http("GET", f"{url}/metrics", headers=headers)
             assert status == 401
+    finally:
+        surfaces.close()
+
+
+#: A node with named tokens, groups and scopes (issue 26): editor-1 may operate, reader-1 only
+#: read and answer parked steps.
+SCOPED = """
+[node.tokens]
+editor-1 = "editor-secret"
+reader-1 = "reader-secret"
+[node.groups]
+editor = ["editor-1"]
+reader = ["reader-1"]
+[node.scopes]
+editor = ["service-invoke", "job-control"]
+reader = ["service-invoke"]
+"""
+
+
+def _sign_in(browser, url: str, token: str) -> None:
+    browser.get(f"{url}/ui/login")
+    _find(browser, "#login-form")
+    browser.find_element(By.ID, "token").send_keys(token)
+    browser.find_element(By.ID, "login-submit").click()
+
+
+def test_the_dashboard_acts_as_the_signed_in_principal(
+    tmp_path, fresh_dsn, store, browser, audited_store_class
+):
+    """Signed in as editor-1, a cancel is recorded with actor editor-1; an unknown token is
+    refused on the login page; reader-1 is offered no operator button. The node has only
+    [node.tokens] (no api_token): the case whose login accepted any string before."""
+    first, second = parked_job(store), parked_job(store)
+    surfaces = start_node_with_file(tmp_path, fresh_dsn, SCOPED)
+    try:
+        url = surfaces.http.url
+        # An unknown token stays on the login page, with a message.
+        _sign_in(browser, url, "no-such-token")
+        _text_becomes(browser, ".error", "Wrong token")
+        assert browser.current_url.endswith("/ui/login")
+        assert browser.find_elements(By.ID, "login-form")
+        browser.get(f"{url}/ui/")
+        _find(browser, "#login-form")  # still signed out
+
+        # reader-1 sees the job but is offered no operator button.
+        _sign_in(browser, url, "reader-secret")
+        _text_becomes(browser, "#principal", "reader-1")
+        browser.get(f"{url}/ui/jobs/{first.job_id}")
+        _text_becomes(browser, "#job-status", "WAITING")
+        assert browser.find_elements(By.CSS_SELECTOR, "[id^=action-]") == []
+        _click(browser, "header .logout button")
+        _find(browser, "#login-form")
+
+        # editor-1 cancels from the button; the history names editor-1.
+        _sign_in(browser, url, "editor-secret")
+        _text_becomes(browser, "#principal", "editor-1")
+        browser.get(f"{url}/ui/jobs/{second.job_id}")
+        _find(browser, "#action-cancel-job")
+        form = browser.find_element(By.ID, "action-cancel-job").find_element(By.XPATH, "..")
+        form.find_element(By.NAME, "reason").send_keys("from the dashboard")
+        browser.find_element(By.ID, "action-cancel-job").click()
+        _text_becomes(browser, "#job-status", "CANCELLED", timeout_s=30)
+        last = store.job_history(second.job_id).transitions[-1]
+        assert (last.kind, last.actor, last.reason) == ("cancel", "editor-1", "from the dashboard")
+        _text_becomes(browser, "#history", "editor-1")
+    finally:
+        surfaces.close()
+
+
+def test_dashboard_forms_run_as_the_cookie_principal_without_a_browser(
+    tmp_path, fresh_dsn, store, audited_store_class
+):
+    """The HTTP side of the same: a reader's forged cancel is 403 on the page and a 'denied'
+    row of the job's history; the login form refuses an unknown token with 401."""
+    job = parked_job(store)
+    surfaces = start_node_with_file(tmp_path, fresh_dsn, SCOPED)
+    try:
+        url = surfaces.http.url
+        status, body, _ = http("POST", f"{url}/ui/login", raw=b"token=no-such-token")
+        assert status == 401 and b"Wrong token" in body and b"login-form" in body
+        status, _, _ = http("POST", f"{url}/ui/login", raw=b"token=reader-secret")
+        assert status in (200, 303)
+        reader = {"Cookie": "protomolt_token=reader-secret"}
+        status, body, _ = http("GET", f"{url}/ui/jobs/{job.job_id}", headers=reader)
+        assert status == 200 and b'id="action-cancel-job"' not in body
+        status, body, _ = http(
+            "POST",
+            f"{url}/ui/jobs/{job.job_id}/action/cancel-job",
+            raw=b"reason=forged",
+            headers={**reader, "Content-Type": "application/x-www-form-urlencoded"},
+        )
+        assert status == 403 and b"permission-denied" in body and b"job-control" in body
+        last = store.job_history(job.job_id).transitions[-1]
+        assert (last.kind, last.actor) == ("denied", "reader-1")
+        assert store.job_get(job.job_id).status == "WAITING"
+        editor = {"Cookie": "protomolt_token=editor-secret"}
+        status, body, _ = http("GET", f"{url}/ui/jobs/{job.job_id}", headers=editor)
+        assert status == 200 and b'id="action-cancel-job"' in body
     finally:
         surfaces.close()

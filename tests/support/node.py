@@ -130,6 +130,22 @@ def start_node(environ: dict[str, str]) -> Any:
     return start_surfaces(compose(config), config)
 
 
+def start_node_with_file(data_dir: Any, dsn: str | None, text: str, **jobs: Any) -> Any:
+    """:func:`start_node` with a ``protomolt.toml`` holding ``text`` (for what only the file
+    can say: ``[node.tokens]``, ``[node.groups]``, ``[node.scopes]``) and the test variables
+    of :func:`node_environ` (free ports, ``dsn``)."""
+    from pathlib import Path
+
+    from protomolt_jobs.host.boot import start_surfaces
+    from protomolt_jobs.host.composer import compose
+    from protomolt_jobs.host.nodeconfig import NodeConfig
+
+    path = Path(data_dir) / "protomolt.toml"
+    path.write_text(text)
+    config = NodeConfig.load(path, node_environ(Path(data_dir) / "data", dsn, **jobs))
+    return start_surfaces(compose(config), config)
+
+
 def wait_for(predicate: Any, *, timeout_s: float = 30.0, interval_s: float = 0.05) -> Any:
     """Poll ``predicate()`` until it returns something truthy; that value.
 

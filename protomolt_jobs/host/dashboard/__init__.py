@@ -8,9 +8,17 @@ no build step, nothing fetched from a CDN):
 - ``/ui/jobs/{id}`` one job: the row's fields, the steps as a timeline, checkpoints as JSON, the
   events (outbox rows), the operator actions the catalog serves, and for a WAITING job a
   complete-step form generated from the parked step's answer type;
-- ``/ui/login`` a token form when the node has an API token: the token is kept in an HttpOnly,
+- ``/ui/login`` a token form when the node has tokens (``api_token``, ``[node.tokens]`` or an
+  identity hook): a token the node's authority resolves is kept in an HttpOnly,
   ``SameSite=Strict`` cookie the token guard accepts (so the cookie cannot ride a cross-site
-  form post).
+  form post); an unknown token is refused on the form (401, "Wrong token ...").
+
+The dashboard acts as the signed-in token's principal: the token guard resolves the cookie to a
+:class:`~protomolt_jobs.host.catalog.Caller` and every verb runs as it, so a button pressed
+while signed in as ``editor-1`` is recorded with actor ``editor-1``, and a verb outside its
+scopes is ``permission-denied`` (recorded like any refusal). Pages offer only what the caller
+may run: the operator buttons and the complete-step form of the verbs its scopes allow (the
+catalog manifest for that caller).
 
 Every read and every change goes through the catalog verbs (``list-jobs``, ``get-job``,
 ``complete-step``, and the operator verbs when mounted), so the dashboard validates exactly
@@ -25,7 +33,6 @@ Live updates: pages poll themselves (``static/dashboard.js``) every few seconds 
 from __future__ import annotations
 
 import datetime
-import hmac
 import json
 import logging
 import urllib.parse
@@ -41,6 +48,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from protomolt_jobs.errors import ActionError, Unavailable
+from protomolt_jobs.host.authority import Authority
+from protomolt_jobs.host.catalog import Caller
+from protomolt_jobs.host.http_route import caller_of
 
 __all__ = ["PREFIX", "TOKEN_COOKIE", "dashboard_mount", "is_public", "login_redirect"]
 
@@ -49,6 +59,8 @@ log = logging.getLogger("protomolt_jobs.dashboard")
 PREFIX = "/ui"
 #: How a verb error that the database cannot be reached begins (the pages answer 503).
 _UNAVAILABLE = "unavailable:"
+#: How a verb error for a scope the caller lacks begins (the pages answer 403).
+_DENIED = "permission-denied:"
 #: The cookie holding the API token after a login.
 TOKEN_COOKIE = "protomolt_token"
 #: Jobs per page.
@@ -161,22 +173,38 @@ def _answer_from_form(fields: list[dict[str, Any]], form: dict[str, str]) -> dic
 class Dashboard:
     """The dashboard's endpoints over a node's catalog and its jobs role's inspector.
 
-    :param catalog: the node catalog (``manifest()``, ``execute(name, input)``).
+    :param catalog: the node catalog (``manifest(caller)``, ``execute(name, input, caller=)``).
     :param inspector: the jobs role's :class:`JobInspector`, or None (no events or forms).
-    :param api_token: the node's token (None: an open node, no login).
+    :param authority: the node's resolver (an open one: no login).
     """
 
-    def __init__(self, catalog: Any, inspector: Any, api_token: str | None) -> None:
+    def __init__(self, catalog: Any, inspector: Any, authority: Authority) -> None:
         self.catalog = catalog
         self.inspector = inspector
-        self.api_token = api_token
+        self.authority = authority
 
     # -- helpers ---------------------------------------------------------------------------
 
-    async def _verb(self, name: str, envelope: dict[str, Any]) -> tuple[dict[str, Any], str]:
-        """Run a verb off the event loop: ``(answer, "")`` or ``({}, "code: message")``."""
+    @staticmethod
+    def _caller(request: Request) -> Caller:
+        """Who is signed in (the token guard resolved it); a request that reached a page
+        without one (a public path) holds no scope at all."""
+        return caller_of(request.scope) or Caller("anonymous")
+
+    async def _verb(
+        self, request: Request, name: str, envelope: dict[str, Any]
+    ) -> tuple[dict[str, Any], str]:
+        """Run a verb as the signed-in caller, off the event loop: ``(answer, "")`` or
+        ``({}, "code: message")``."""
+
+        def run() -> dict[str, Any]:
+            answer: dict[str, Any] = self.catalog.execute(
+                name, envelope, caller=self._caller(request)
+            )
+            return answer
+
         try:
-            answer = await anyio.to_thread.run_sync(self.catalog.execute, name, envelope)
+            answer = await anyio.to_thread.run_sync(run)
         except ActionError as exc:
             return {}, f"{exc.code}: {exc.message}"
         return answer, ""
@@ -212,18 +240,25 @@ class Dashboard:
             page = _env.get_template(name)
         except jinja2.TemplateNotFound:
             page = _env.get_template(template)
-        verbs = self._verbs()
+        caller = caller_of(request.scope)
+        verbs = self._verbs(request)
         html = page.render(
             prefix=PREFIX,
             refresh_s=REFRESH_S,
-            login=bool(self.api_token),
+            login=not self.authority.open,
+            principal=caller.name if caller is not None and not self.authority.open else "",
             verbs=verbs,
             **ctx,
         )
         return HTMLResponse(html, status_code=status)
 
-    def _verbs(self) -> set[str]:
-        return {str(a.get("name")) for a in self.catalog.manifest() if isinstance(a, dict)}
+    def _verbs(self, request: Request) -> set[str]:
+        """The verbs the signed-in caller may run (the catalog's manifest for it)."""
+        return {
+            str(a.get("name"))
+            for a in self.catalog.manifest(self._caller(request))
+            if isinstance(a, dict)
+        }
 
     @staticmethod
     def _cross_site(request: Request) -> bool:
@@ -274,7 +309,7 @@ class Dashboard:
             envelope["workflowName"] = workflow
         if queue:
             envelope["queue"] = queue
-        answer, error = await self._verb("list-jobs", envelope)
+        answer, error = await self._verb(request, "list-jobs", envelope)
         error = page_error or error
         jobs = list(answer.get("jobs", [])) if not page_error else []
         more = len(jobs) > PAGE_SIZE
@@ -293,14 +328,14 @@ class Dashboard:
                 error = f"invalid-input: 'after' must be a date and time like 2026-01-31T12:00; got {after!r}"
         counts = None
         down = error.startswith(_UNAVAILABLE)
-        if page == 1 and not status and not workflow and not queue and not after and not down:
+        if page == 1 and not status and not workflow and not queue and not after and not error:
             counts = await self._counts()
         filters = {"status": status, "workflow": workflow, "queue": queue, "after": after}
         base = {k: v for k, v in filters.items() if v}
         return self._render(
             request,
             "jobs.html",
-            status=503 if down else 200,
+            status=503 if down else 403 if error.startswith(_DENIED) else 200,
             title="Jobs",
             jobs=jobs,
             error=error,
@@ -334,11 +369,11 @@ class Dashboard:
 
     async def inbox(self, request: Request) -> Response:
         """``GET /ui/inbox``: the WAITING jobs."""
-        answer, error = await self._verb("list-jobs", {"status": "WAITING", "limit": 500})
+        answer, error = await self._verb(request, "list-jobs", {"status": "WAITING", "limit": 500})
         return self._render(
             request,
             "inbox.html",
-            status=503 if error.startswith(_UNAVAILABLE) else 200,
+            status=_error_status(error, 200),
             title="Inbox",
             jobs=answer.get("jobs", []),
             error=error,
@@ -355,18 +390,19 @@ class Dashboard:
     ) -> Response:
         """``GET /ui/jobs/{id}``: one job."""
         job_id = request.path_params["job_id"]
-        answer, verb_error = await self._verb("get-job", {"jobId": job_id})
+        answer, verb_error = await self._verb(request, "get-job", {"jobId": job_id})
         job = answer.get("job") if answer.get("ok") else None
         if job is None:
             return self._no_job(request, job_id, verb_error or answer.get("error", "no such job"))
         return await self._job_page(request, job, message, error, form, status)
 
     def _no_job(self, request: Request, job_id: str, error: str) -> Response:
-        """The job page without a job: 404, or 503 while the database cannot be reached."""
+        """The job page without a job: 404, 403 when the caller may not read it, or 503 while
+        the database cannot be reached."""
         return self._render(
             request,
             "job.html",
-            status=503 if error.startswith(_UNAVAILABLE) else 404,
+            status=_error_status(error, 404),
             title="Job",
             job=None,
             job_id=job_id,
@@ -406,8 +442,8 @@ class Dashboard:
             timeline.append({"name": name, "state": state, "after": graph.get(name, [])})
         events = await self._inspect("events", job_id) or []
         history: dict[str, Any] = {}
-        if "job-history" in self._verbs():
-            history, history_error = await self._verb("job-history", {"jobId": job_id})
+        if "job-history" in self._verbs(request):
+            history, history_error = await self._verb(request, "job-history", {"jobId": job_id})
             if history_error:
                 history = {"integrity": history_error}
         fields: list[dict[str, Any]] = []
@@ -451,7 +487,7 @@ class Dashboard:
         fields = [_form_field(f) for f in desc.fields] if desc is not None else []
         response = _answer_from_form(fields, form)
         answer, error = await self._verb(
-            "complete-step", {"jobId": job_id, "stepName": step, "response": response}
+            request, "complete-step", {"jobId": job_id, "stepName": step, "response": response}
         )
         if error or not answer.get("ok"):
             if error.startswith(_UNAVAILABLE):  # no second wait for the same database
@@ -478,12 +514,14 @@ class Dashboard:
             envelope["reason"] = form["reason"].strip()
         if verb == "retry-step":
             envelope["stepName"] = form.get("stepName", "")
-        answer, error = await self._verb(verb, envelope)
+        answer, error = await self._verb(request, verb, envelope)
         if error.startswith(_UNAVAILABLE):  # no second wait for the same database
             return self._no_job(request, job_id, error)
         if error or not answer.get("ok"):
             return await self.job(
-                request, error=error or answer.get("error", "refused"), status=400
+                request,
+                error=error or answer.get("error", "refused"),
+                status=_error_status(error, 400),
             )
         return RedirectResponse(f"{PREFIX}/jobs/{urllib.parse.quote(job_id)}", status_code=303)
 
@@ -492,15 +530,22 @@ class Dashboard:
         return self._render(request, "login.html", title="Sign in", error="")
 
     async def login(self, request: Request) -> Response:
-        """``POST /ui/login``: check the token, keep it in a cookie."""
+        """``POST /ui/login``: a token the node's authority resolves is kept in a cookie; any
+        other is refused on the form (401)."""
         if self._cross_site(request):
             return self._refused(request)
         form = await self._form(request)
         token = form.get("token", "").strip()
-        if self.api_token and not hmac.compare_digest(token.encode(), self.api_token.encode()):
-            return self._render(
-                request, "login.html", status=401, title="Sign in", error="Wrong token."
-            )
+        if not self.authority.open:
+            caller = await anyio.to_thread.run_sync(self.authority.resolve, token or None)
+            if caller is None:
+                return self._render(
+                    request,
+                    "login.html",
+                    status=401,
+                    title="Sign in",
+                    error="Wrong token: no principal of this node holds it.",
+                )
         response = RedirectResponse(f"{PREFIX}/", status_code=303)
         response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict", path="/")
         return response
@@ -512,14 +557,24 @@ class Dashboard:
         return response
 
 
-def dashboard_mount(catalog: Any, inspector: Any, api_token: str | None) -> Mount:
-    """The ``/ui`` mount for the node's HTTP app.
+def _error_status(error: str, otherwise: int) -> int:
+    """The page status for a verb error: 503 unreachable database, 403 scope not held."""
+    if error.startswith(_UNAVAILABLE):
+        return 503
+    if error.startswith(_DENIED):
+        return 403
+    return otherwise
+
+
+def dashboard_mount(catalog: Any, inspector: Any, authority: Authority) -> Mount:
+    """The ``/ui`` mount for the node's HTTP app (behind its token guard, which resolves the
+    signed-in caller).
 
     :param catalog: the node catalog.
     :param inspector: the jobs role's JobInspector (None: no events, steps or forms).
-    :param api_token: the node's API token (None: open, no login).
+    :param authority: the node's resolver (an open one: no login).
     """
-    board = Dashboard(catalog, inspector, api_token)
+    board = Dashboard(catalog, inspector, authority)
     return Mount(
         PREFIX,
         routes=[
