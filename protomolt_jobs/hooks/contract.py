@@ -153,8 +153,8 @@ class JobViews(Protocol):
 #: The scope names verbs and routes declare, and ``[node.scopes]`` grants:
 #:
 #: - ``workflow-run``: submit a job, run a workflow synchronously;
-#: - ``service-invoke``: read jobs (``get-job``, ``list-jobs``, ``job-history``) and answer a
-#:   parked step (``complete-step``);
+#: - ``service-invoke``: read jobs (``get-job``, ``list-jobs``, ``job-history``);
+#: - ``job-complete``: answer a parked step (``complete-step``);
 #: - ``job-control``: the operator verbs (cancel, pause, resume, requeue, retry, reconcile,
 #:   migrate a checkpoint);
 #: - ``schema-read``: verify a workflow, read the registry's workflows;
@@ -164,6 +164,7 @@ SCOPES: frozenset[str] = frozenset(
     {
         "workflow-run",
         "service-invoke",
+        "job-complete",
         "job-control",
         "schema-read",
         "workflow-write",

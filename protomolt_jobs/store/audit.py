@@ -12,25 +12,18 @@ run's row, appends the transition and moves the row's head (``history_seq``,
 records nothing more and never treats it as a worker's boundary write: a cancel or pause
 request waiting in ``control`` stays for the worker, and the status never changes.
 
-:class:`TransitionAudit` is a mixin of :class:`~protomolt_jobs.store.store.JobStore`; it uses
-only the store's ``_connection()``.
+:class:`AuditMixin` is one of :class:`~protomolt_jobs.store.store.JobStore`'s concern mixins.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
 
-import psycopg
-from psycopg.rows import dict_row
-
-from protomolt_jobs.errors import StoreError, StoreUnavailable
-from protomolt_jobs.store.queries import QUERIES
+from protomolt_jobs.store import checks, db
 from protomolt_jobs.store.scrub import scrub_text
 
-__all__ = ["DENIED_KIND", "TransitionAudit"]
+__all__ = ["DENIED_KIND", "AuditMixin"]
 
 log = logging.getLogger("protomolt_jobs.store")
 
@@ -38,13 +31,10 @@ log = logging.getLogger("protomolt_jobs.store")
 DENIED_KIND = "denied"
 
 
-class TransitionAudit:
-    """Mixin: :meth:`transition_record_denied` over the host class's ``_connection()``."""
+class AuditMixin(db.Database):
+    """``JobStore``'s audit records (refused calls in a run's transition log)."""
 
-    if TYPE_CHECKING:
-
-        def _connection(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
-
+    @db.translated
     def transition_record_denied(self, job_id: uuid.UUID | str, *, actor: str, reason: str) -> bool:
         """Record a refused call in the run's transition log (kind ``denied``).
 
@@ -64,24 +54,12 @@ class TransitionAudit:
         :raises StoreUnavailable: the database cannot be reached, or the connection broke.
         :raises StoreError: any other database failure.
         """
-        key = _uuid(job_id)
-        for field, value in (("actor", actor), ("reason", reason)):
-            if not isinstance(value, str) or not value.strip():
-                raise ValueError(f"{field}: must be a non-blank string; got {value!r}")
+        key = checks.uuid("job_id", job_id)
+        checks.text("actor", actor)
+        checks.text("reason", reason)
         params = {"job_id": key, "actor": scrub_text(actor), "reason": scrub_text(reason)}
-        try:
-            with self._connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-                cur.execute(QUERIES["transition_record_denied"], params)
-                row = cur.fetchone()
-        except psycopg.OperationalError as exc:
-            raise StoreUnavailable(
-                "the jobs database failed during transition_record_denied: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-        except psycopg.Error as exc:
-            raise StoreError(
-                f"transition_record_denied failed: {type(exc).__name__}: {exc}"
-            ) from exc
+        with self._connection() as conn:
+            row = db.one(conn, "transition_record_denied", params)
         if row is None:
             return False
         log.info(
@@ -96,14 +74,3 @@ class TransitionAudit:
             },
         )
         return True
-
-
-def _uuid(value: Any) -> uuid.UUID:
-    if isinstance(value, uuid.UUID):
-        return value
-    if isinstance(value, str):
-        try:
-            return uuid.UUID(value)
-        except ValueError:
-            pass
-    raise ValueError(f"job_id: must be a UUID; got {value!r}")

@@ -37,10 +37,10 @@ log = logging.getLogger(VERBS_LOGGER)
 
 
 class CompleteStepAction(JobVerb):
-    """``complete-step`` (scope ``service-invoke``): supply the response of a parked step."""
+    """``complete-step`` (scope ``job-complete``): supply the response of a parked step."""
 
     name = "complete-step"
-    scope = "service-invoke"
+    scope = "job-complete"
     description = (
         "Supply the 'response' of the external step 'stepName' a job ('jobId') is parked on; "
         "the job resumes, or fails as a verdict when the response breaks the step's rules."

@@ -6,9 +6,6 @@ the same name; pytest takes the module's over this one.
 - ``svc``: one set of real gRPC test servers on loopback per module.
 - ``services``: ``svc`` with its counters, failures and handler overrides reset around a test.
 - ``store``: a :class:`JobStore` on the test's fresh database, pool of at most 4.
-- ``audited_store_class``: ``JobStore`` with the audit mixin's ``transition_record_denied`` for
-  the test (a node's refusals naming a job reach its history), until ``JobStore`` mixes in
-  ``TransitionAudit`` itself (store.py is being split by concern).
 """
 
 from __future__ import annotations
@@ -16,7 +13,6 @@ from __future__ import annotations
 import pytest
 
 from protomolt_jobs.store import JobStore
-from protomolt_jobs.store.audit import TransitionAudit
 from tests.support.grpc_servers import TestServices
 
 
@@ -38,13 +34,3 @@ def store(fresh_dsn):
     s = JobStore.open(fresh_dsn, max_size=4)
     yield s
     s.close()
-
-
-@pytest.fixture
-def audited_store_class(monkeypatch):
-    monkeypatch.setattr(
-        JobStore,
-        "transition_record_denied",
-        TransitionAudit.transition_record_denied,
-        raising=False,
-    )

@@ -2,12 +2,7 @@
 node's configuration; with ``[node.scopes]`` a token holds only what it is granted, on HTTP,
 gRPC and the CLI alike, and every refusal naming a job is in that job's history; without it
 tokens keep every scope and the node warns at start. Real PostgreSQL, the real HTTP and gRPC
-servers on loopback.
-
-``JobStore`` does not mix in ``TransitionAudit`` yet (store.py is being split by concern): the
-``audited_store_class`` fixture (conftest) lends the class the mixin's method for the test,
-which is what the one-line change to ``JobStore`` does for good.
-"""
+servers on loopback."""
 
 from __future__ import annotations
 
@@ -40,9 +35,9 @@ viewer = ["viewer-1"]
 reader = ["reader-1"]
 editor = ["editor-1"]
 [node.scopes]
-viewer = ["schema-read"]
+viewer = ["service-invoke", "schema-read"]
 reader = ["service-invoke"]
-editor = ["service-invoke", "job-control", "workflow-run"]
+editor = ["service-invoke", "job-complete", "job-control", "workflow-run"]
 """
 
 SERVICE = "/ai.pipestream.proto.service.v1.ProtoMoltService"
@@ -78,7 +73,7 @@ def grpc_call(target, method, request, response_cls, token):
 
 
 def test_a_viewer_cannot_cancel_pause_or_complete_on_any_door_and_the_refusals_are_history(
-    tmp_path, fresh_dsn, store, audited_store_class, capsys
+    tmp_path, fresh_dsn, store, capsys
 ):
     job = parked_job(store)  # WAITING on "approve", before the node's workers start
     job_id = str(job.job_id)
@@ -93,7 +88,7 @@ def test_a_viewer_cannot_cancel_pause_or_complete_on_any_door_and_the_refusals_a
             (
                 "complete-step",
                 {"jobId": job_id, "stepName": "approve", "response": {}},
-                "service-invoke",
+                "job-complete",
             ),
         ]:
             status, answer, _ = post(url, verb, body, VIEWER)
@@ -112,7 +107,7 @@ def test_a_viewer_cannot_cancel_pause_or_complete_on_any_door_and_the_refusals_a
                     job_id=job_id, step_name="approve", response=struct_pb2.Struct()
                 ),
                 pb.CompleteStepResponse,
-                "service-invoke",
+                "job-complete",
             ),
         ]:
             with pytest.raises(grpc.RpcError) as refused:
@@ -128,7 +123,7 @@ def test_a_viewer_cannot_cancel_pause_or_complete_on_any_door_and_the_refusals_a
             (["jobs", "pause", job_id], "job-control"),
             (
                 ["call", "complete-step", json.dumps({"jobId": job_id, "stepName": "approve"})],
-                "service-invoke",
+                "job-complete",
             ),
         ):
             assert main([*argv, "--url", url, "--token", VIEWER]) == 1, argv
@@ -147,7 +142,7 @@ def test_a_viewer_cannot_cancel_pause_or_complete_on_any_door_and_the_refusals_a
         reasons = [t["reason"] for t in denied]
         assert reasons.count("permission-denied: cancel-job needs scope 'job-control'") == 3
         assert reasons.count("permission-denied: pause-job needs scope 'job-control'") == 3
-        assert reasons.count("permission-denied: complete-step needs scope 'service-invoke'") == 3
+        assert reasons.count("permission-denied: complete-step needs scope 'job-complete'") == 3
 
         # A reader (service-invoke) reads the job but may not cancel it either.
         status, answer, _ = post(url, "get-job", {"jobId": job_id}, READER)
@@ -166,7 +161,7 @@ def test_a_viewer_cannot_cancel_pause_or_complete_on_any_door_and_the_refusals_a
         surfaces.close()
 
 
-def test_the_manifest_the_registry_and_unknown_tokens(tmp_path, fresh_dsn, audited_store_class):
+def test_the_manifest_the_registry_and_unknown_tokens(tmp_path, fresh_dsn):
     surfaces = start(tmp_path, fresh_dsn, SCOPED)
     try:
         url = surfaces.http.url
@@ -179,8 +174,8 @@ def test_the_manifest_the_registry_and_unknown_tokens(tmp_path, fresh_dsn, audit
             return {a["name"] for a in body}
 
         # Each caller's manifest lists only what it may run.
-        assert manifest(VIEWER) == {"check-workflow"}
-        assert manifest(READER) == {"get-job", "list-jobs", "complete-step", "job-history"}
+        assert manifest(VIEWER) == {"get-job", "list-jobs", "job-history", "check-workflow"}
+        assert manifest(READER) == {"get-job", "list-jobs", "job-history"}
         assert "cancel-job" in manifest(EDITOR) and "check-workflow" not in manifest(EDITOR)
         everything = manifest(ROOT)
         assert {"cancel-job", "check-workflow", "submit-workflow"} <= everything
@@ -190,9 +185,9 @@ def test_the_manifest_the_registry_and_unknown_tokens(tmp_path, fresh_dsn, audit
         with pytest.raises(grpc.RpcError) as refused:
             grpc_call(
                 surfaces.grpc.target,
-                "ListJobs",
-                pb.ListJobsRequest(),
-                pb.ListJobsResponse,
+                "CancelJob",
+                pb.CancelJobRequest(job_id="00000000-0000-4000-8000-000000000000"),
+                pb.JobControlResponse,
                 VIEWER,
             )
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED

@@ -411,7 +411,7 @@ reader-1 = "reader-secret"
 editor = ["editor-1"]
 reader = ["reader-1"]
 [node.scopes]
-editor = ["service-invoke", "job-control"]
+editor = ["service-invoke", "job-complete", "job-control"]
 reader = ["service-invoke"]
 """
 
@@ -423,9 +423,7 @@ def _sign_in(browser, url: str, token: str) -> None:
     browser.find_element(By.ID, "login-submit").click()
 
 
-def test_the_dashboard_acts_as_the_signed_in_principal(
-    tmp_path, fresh_dsn, store, browser, audited_store_class
-):
+def test_the_dashboard_acts_as_the_signed_in_principal(tmp_path, fresh_dsn, store, browser):
     """Signed in as editor-1, a cancel is recorded with actor editor-1; an unknown token is
     refused on the login page; reader-1 is offered no operator button. The node has only
     [node.tokens] (no api_token): the case whose login accepted any string before."""
@@ -466,9 +464,7 @@ def test_the_dashboard_acts_as_the_signed_in_principal(
         surfaces.close()
 
 
-def test_dashboard_forms_run_as_the_cookie_principal_without_a_browser(
-    tmp_path, fresh_dsn, store, audited_store_class
-):
+def test_dashboard_forms_run_as_the_cookie_principal_without_a_browser(tmp_path, fresh_dsn, store):
     """The HTTP side of the same: a reader's forged cancel is 403 on the page and a 'denied'
     row of the job's history; the login form refuses an unknown token with 401."""
     job = parked_job(store)

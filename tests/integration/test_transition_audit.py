@@ -1,9 +1,5 @@
 """store/audit.py: a refused call naming a run is one more row of its hash-chained transition
-log (kind ``denied``), status unchanged, never a worker's boundary write. Real PostgreSQL.
-
-``JobStore`` does not mix :class:`TransitionAudit` in yet (store.py is being split by
-concern); :class:`AuditedStore` composes it here the way the facade will.
-"""
+log (kind ``denied``), status unchanged, never a worker's boundary write. Real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -13,17 +9,13 @@ import pytest
 
 from protomolt_jobs.errors import ControlApplied
 from protomolt_jobs.store import JobStore
-from protomolt_jobs.store.audit import DENIED_KIND, TransitionAudit
+from protomolt_jobs.store.audit import DENIED_KIND
 from tests.support.factories import claimed_job, parked_job, queued_job
-
-
-class AuditedStore(JobStore, TransitionAudit):
-    """JobStore with the audit mixin, as ``class JobStore(TransitionAudit)`` will be."""
 
 
 @pytest.fixture
 def audited(fresh_dsn):
-    s = AuditedStore.open(fresh_dsn, max_size=4)
+    s = JobStore.open(fresh_dsn, max_size=4)
     yield s
     s.close()
 

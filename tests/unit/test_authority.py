@@ -125,6 +125,7 @@ def test_the_scope_vocabulary():
     assert {
         "workflow-run",
         "service-invoke",
+        "job-complete",
         "job-control",
         "schema-read",
         "workflow-write",

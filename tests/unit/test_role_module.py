@@ -62,12 +62,8 @@ def test_registry_is_wired_first_and_six_actions_are_contributed(tmp_path):
         assert node.catalog.names() == [*VERBS, "run-workflow", "check-workflow"]
         scopes = {m["name"]: m["scope"] for m in node.catalog.manifest()}
         assert scopes["submit-workflow"] == "workflow-run"
-        assert (
-            scopes["get-job"]
-            == scopes["list-jobs"]
-            == scopes["complete-step"]
-            == ("service-invoke")
-        )
+        assert scopes["get-job"] == scopes["list-jobs"] == "service-invoke"
+        assert scopes["complete-step"] == "job-complete"
         for entry in node.catalog.manifest():
             assert entry["description"]
             assert entry["inputSchema"]["type"] == "object"
