@@ -178,9 +178,13 @@ def test_field_level_validation_rules_are_type_checked_as_upstream_compiles_them
         [
             "CEL rule must return bool or string, got int (fielded.v1.Out: an-int)",
             "CEL rule must return bool or string, got int (fielded.v1.Out.text: a-number)",
-            "ERROR: <input>:1:1: undeclared reference to 'that' (in container '')\n"
-            " | that > 1\n | ^ (fielded.v1.Out.text: undeclared)",
-            "ERROR: <input>:1:1: undeclared reference to 'tag' (in container '')\n"
-            " | tag != ''\n | ^ (fielded.v1.Out.tags: item-undeclared)",
+            (
+                "ERROR: <input>:1:1: undeclared reference to 'that' (in container '')\n"
+                " | that > 1\n | ^ (fielded.v1.Out.text: undeclared)"
+            ),
+            (
+                "ERROR: <input>:1:1: undeclared reference to 'tag' (in container '')\n"
+                " | tag != ''\n | ^ (fielded.v1.Out.tags: item-undeclared)"
+            ),
         ]
     )

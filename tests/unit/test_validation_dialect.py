@@ -1026,8 +1026,10 @@ def test_a_taxonomy_on_a_tree_path_fails_closed_as_upstreams_unmounted(tmp_path)
     [
         (
             f'string code = 1 [{F} = {{taxonomy: "products"}}];',
-            'taxonomy "products" declared on field bad.v1.Bad.code: only fields of '
-            "ai.pipestream.proto.types.v1.TreePath take a taxonomy rule",
+            (
+                'taxonomy "products" declared on field bad.v1.Bad.code: only fields of '
+                "ai.pipestream.proto.types.v1.TreePath take a taxonomy rule"
+            ),
         ),
         (
             f'map<string, string> codes = 1 [{F} = {{taxonomy: "products"}}];',
@@ -1035,8 +1037,10 @@ def test_a_taxonomy_on_a_tree_path_fails_closed_as_upstreams_unmounted(tmp_path)
         ),
         (
             f'repeated string codes = 1 [{F} = {{repeated: {{items: {{taxonomy: "p"}}}}}}];',
-            "taxonomy on field bad.v1.Bad.codes must be declared on the TreePath field itself, "
-            "not on repeated items or map entries",
+            (
+                "taxonomy on field bad.v1.Bad.codes must be declared on the TreePath field itself, "
+                "not on repeated items or map entries"
+            ),
         ),
     ],
 )
