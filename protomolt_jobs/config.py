@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import math
 import os
 import re
@@ -724,23 +723,24 @@ def kafka_client_settings(
     return merged
 
 
+class _WarningSink:
+    """What librdkafka logs while a probe client is built (its ``logger``): a logger of the
+    probe's own, so concurrent probes never see each other's warnings."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def log(self, _level: int, message: str, *args: Any) -> None:
+        self.messages.append(message % args if args else message)
+
+
 def _probe(kind: str, settings: Mapping[str, Any]) -> None:
     """Let librdkafka build a client from ``settings`` (and the owned values the lane sets),
     without a broker; its refusal becomes a :class:`ConfigError`."""
     from confluent_kafka import Consumer, KafkaException, Producer
 
     where = f"jobs.kafka.{kind}"
-    messages: list[str] = []
-
-    class _Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            messages.append(record.getMessage())
-
-    probe_log = logging.getLogger(f"protomolt_jobs.config.probe.{kind}")
-    probe_log.propagate = False
-    probe_log.setLevel(logging.DEBUG)
-    handler = _Collect()
-    probe_log.addHandler(handler)
+    sink = _WarningSink()
     conf: dict[str, Any] = {"client.id": "protomolt-jobs-config-check", **settings}
     if kind == "producer":
         conf.update({"enable.idempotence": True, "acks": "all", "partitioner": "murmur2_random"})
@@ -753,24 +753,21 @@ def _probe(kind: str, settings: Mapping[str, Any]) -> None:
             }
         )
     try:
-        try:
-            if kind == "producer":
-                producer = Producer(conf, logger=probe_log)
-                producer.poll(0)  # delivers librdkafka's configuration warnings to the logger
-                del producer
-            else:
-                consumer = Consumer(conf, logger=probe_log)
-                consumer.poll(0)
-                consumer.close()
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else exc
-            text = err.str() if hasattr(err, "str") else str(err)
-            raise ConfigError(f"{where}: librdkafka refuses the settings: {text.strip()}") from None
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{where}: librdkafka refuses the settings: {exc}") from None
-    finally:
-        probe_log.removeHandler(handler)
-    for message in messages:
+        if kind == "producer":
+            producer = Producer(conf, logger=sink)
+            producer.poll(0)  # delivers librdkafka's configuration warnings to the logger
+            del producer
+        else:
+            consumer = Consumer(conf, logger=sink)
+            consumer.poll(0)
+            consumer.close()
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else exc
+        text = err.str() if hasattr(err, "str") else str(err)
+        raise ConfigError(f"{where}: librdkafka refuses the settings: {text.strip()}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: librdkafka refuses the settings: {exc}") from None
+    for message in sink.messages:
         found = _MISPLACED.search(message)
         if found:
             prop, other = found.groups()

@@ -157,3 +157,58 @@ def test_event_types_and_registry_failure_values():
     assert JobsConfig.from_mapping({"registry_failure": "fallback-id-0"}).registry_failure
     with pytest.raises(ConfigError, match="^jobs.registry_failure must be 'halt' or"):
         JobsConfig.from_mapping({"registry_failure": "fallback"})
+
+
+def test_the_environment_sets_the_tables_as_json_over_the_file(tmp_path):
+    path = tmp_path / "protomolt.toml"
+    path.write_text(
+        '[node]\nroles = ["jobs"]\n[jobs]\ndsn = "postgresql://x"\n'
+        '[jobs.kafka.producer]\n"compression.type" = "lz4"\n"linger.ms" = 5\n'
+    )
+    environ = {
+        "PROTOMOLT_JOBS_KAFKA_PRODUCER": '{"linger.ms": 20}',
+        "PROTOMOLT_JOBS_KAFKA_CONSUMER": '{"session.timeout.ms": 30000}',
+    }
+    config = JobsConfig.from_mapping(NodeConfig.load(path, environ=environ).section("jobs"))
+    assert config.producer_settings()["linger.ms"] == 20
+    assert config.producer_settings()["compression.type"] == "lz4"
+    assert config.consumer_settings()["session.timeout.ms"] == 30_000
+    environ["PROTOMOLT_JOBS_KAFKA_CONSUMER"] = '{"session.timeout.ms": 1000}'
+    with pytest.raises(ConfigError, match="session.timeout.ms must be an integer from 6000"):
+        NodeConfig.load(path, environ=environ)
+
+
+def test_the_topic_admin_client_connects_with_the_producers_security_settings(monkeypatch):
+    from protomolt_jobs.kafka import topics
+
+    seen: list[dict] = []
+
+    class Admin:
+        def __init__(self, conf):
+            seen.append(conf)
+
+        def create_topics(self, requested, **_kw):
+            raise topics.KafkaException("no broker here")
+
+    monkeypatch.setattr(topics, "AdminClient", Admin)
+    config = JobsConfig.from_mapping(
+        {
+            **BROKER,
+            "kafka": {
+                "producer": {
+                    "security.protocol": "SASL_SSL",
+                    "sasl.mechanisms": "PLAIN",
+                    "sasl.username": "relay",
+                    "sasl.password": "secret",
+                    "ssl.endpoint.identification.algorithm": "none",
+                    "compression.type": "lz4",
+                }
+            },
+        }
+    )
+    topics.ensure_topics(config)
+    (conf,) = seen
+    assert conf["security.protocol"] == "SASL_SSL" and conf["sasl.mechanisms"] == "PLAIN"
+    assert conf["ssl.endpoint.identification.algorithm"] == "none"
+    assert conf["sasl.password"] == "secret" and "compression.type" not in conf
+    assert conf["bootstrap.servers"] == "127.0.0.1:1"
