@@ -4,6 +4,11 @@ Keys match the ``[jobs]`` section of ``protomolt.toml`` and the environment over
 ``PROTOMOLT_JOBS_<KEY>`` (see ``docs/configuration.md``). Defaults follow the reference
 (upstream ``WorkflowRunsConfig``): 2 claim loops, a 5 minute lease, 500 ms poll, 5 s backoff
 base, 3 attempts, 8 concurrent calls per target, events on ``workflow-run-events``.
+
+The librdkafka settings of the relay's producer and of the request consumer
+(``[jobs.kafka.producer]``, ``[jobs.kafka.consumer]``) are checked here too, before anything
+starts (:func:`kafka_client_settings`): the keys the lanes own are refused, the bounds of a
+stock Apache Kafka broker are enforced, and librdkafka itself judges every name and value.
 """
 
 from __future__ import annotations
@@ -12,16 +17,42 @@ import dataclasses
 import json
 import math
 import os
+import re
 import socket
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from protomolt_jobs.errors import ProtomoltJobsError
 
-__all__ = ["CONSUMER_GROUP", "ConfigError", "JobsConfig", "default_worker_id"]
+__all__ = [
+    "ADMIN_SETTING_PREFIXES",
+    "CONSUMER_DEFAULTS",
+    "CONSUMER_GROUP",
+    "CONSUMER_OWNED",
+    "EVENT_TYPES",
+    "PRODUCER_DEFAULTS",
+    "PRODUCER_OWNED",
+    "REGISTRY_FAILURE_POLICIES",
+    "UPSTREAM_EVENT_TYPES",
+    "ConfigError",
+    "JobsConfig",
+    "default_worker_id",
+    "extended_topic",
+    "kafka_client_settings",
+]
 
 #: Consumer group of the request-topic consumer (a constant, as upstream).
 CONSUMER_GROUP = "protomolt-jobs-worker"
+
+#: Values of ``jobs.event_types``: ``extended`` (every type on the events topic) or
+#: ``upstream`` (upstream's six types there, the others on ``<events topic>.extended``).
+EVENT_TYPES = ("extended", "upstream")
+#: The ``WorkflowRunEvent.Type`` numbers upstream's contract defines (ACCEPTED .. DEAD).
+UPSTREAM_EVENT_TYPES = frozenset(range(1, 7))
+#: Values of ``jobs.registry_failure``: what the relay does when the Schema Registry cannot
+#: say the schema id: ``halt`` (publish nothing until it can) or ``fallback-id-0`` (stamp id
+#: 0, as upstream's serializer does).
+REGISTRY_FAILURE_POLICIES = ("halt", "fallback-id-0")
 
 
 class ConfigError(ProtomoltJobsError, ValueError):
@@ -112,6 +143,19 @@ class JobsConfig:
     #: gets twice the claims of a weight-1 key while both have a backlog
     #: (``[jobs.fairness_weights]``; ``PROTOMOLT_JOBS_FAIRNESS_WEIGHTS`` as JSON).
     fairness_weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    #: librdkafka settings of the relay's producer, property -> value (TOML
+    #: ``[jobs.kafka.producer]``; ``PROTOMOLT_JOBS_KAFKA_PRODUCER`` as a JSON object), merged
+    #: over :data:`PRODUCER_DEFAULTS`. Checked by :func:`kafka_client_settings`.
+    kafka_producer: Mapping[str, str | int | float | bool] = dataclasses.field(default_factory=dict)
+    #: librdkafka settings of the request consumer (``[jobs.kafka.consumer]``;
+    #: ``PROTOMOLT_JOBS_KAFKA_CONSUMER``), merged over :data:`CONSUMER_DEFAULTS`.
+    kafka_consumer: Mapping[str, str | int | float | bool] = dataclasses.field(default_factory=dict)
+    #: Which event types the events topic carries: ``extended`` (all of them, the default) or
+    #: ``upstream`` (types 1-6 only; 7 and above go to :func:`extended_topic`).
+    event_types: str = "extended"
+    #: What the relay does when a configured Schema Registry cannot say the schema id:
+    #: ``halt`` (events wait as PENDING) or ``fallback-id-0`` (frames carry schema id 0).
+    registry_failure: str = "halt"
 
     def __post_init__(self) -> None:
         if self.worker_id is None or not str(self.worker_id).strip():
@@ -144,6 +188,20 @@ class JobsConfig:
             raise ConfigError(
                 f"jobs.events_wire must be 'confluent' or 'raw'; got {_shown(self.events_wire)}"
             )
+        if self.event_types not in EVENT_TYPES:
+            raise ConfigError(
+                "jobs.event_types must be 'extended' (every event type on the events topic) or "
+                f"'upstream' (types 1-6 there, the others on <events topic>.extended); got "
+                f"{_shown(self.event_types)}"
+            )
+        if self.registry_failure not in REGISTRY_FAILURE_POLICIES:
+            raise ConfigError(
+                "jobs.registry_failure must be 'halt' or 'fallback-id-0'; got "
+                f"{_shown(self.registry_failure)}"
+            )
+        # Refused here, before anything starts: misspelt, owned or out-of-bounds settings.
+        kafka_client_settings("producer", self.kafka_producer, probe=bool(self.kafka_producer))
+        kafka_client_settings("consumer", self.kafka_consumer, probe=bool(self.kafka_consumer))
         _check_queues(self.queues)
         _check_queue_limits(self.queue_limits)
         _check_weights(self.fairness_weights)
@@ -173,20 +231,50 @@ class JobsConfig:
             return self.request_topic
         return "workflow-run-requests" if self.kafka_bootstrap else None
 
+    @property
+    def extended_topic(self) -> str | None:
+        """Where event types 7 and above go: ``<events_topic>.extended`` when
+        ``event_types = "upstream"``, else None (every event on the events topic)."""
+        return extended_topic(self.events_topic) if self.event_types == "upstream" else None
+
+    def producer_settings(self) -> dict[str, Any]:
+        """The relay's producer settings from configuration: :data:`PRODUCER_DEFAULTS`
+        overlaid with ``kafka_producer`` (canonical property names), without the keys the
+        relay owns (:data:`PRODUCER_OWNED`, set by the relay itself)."""
+        return kafka_client_settings("producer", self.kafka_producer, probe=False)
+
+    def consumer_settings(self) -> dict[str, Any]:
+        """The request consumer's settings from configuration: :data:`CONSUMER_DEFAULTS`
+        overlaid with ``kafka_consumer``, without :data:`CONSUMER_OWNED`."""
+        return kafka_client_settings("consumer", self.kafka_consumer, probe=False)
+
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> JobsConfig:
         """Build from a ``[jobs]`` table whose values may be strings (environment overrides).
+
+        The ``kafka`` key is the ``[jobs.kafka]`` table: ``producer`` and ``consumer``
+        sub-tables (or JSON object text); ``kafka_producer`` and ``kafka_consumer`` (JSON
+        object text from ``PROTOMOLT_JOBS_KAFKA_PRODUCER``/``_CONSUMER``) override its
+        entries property by property.
 
         :param values: key -> value; unknown keys are an error.
         :raises ConfigError: naming the key and the expected form.
         """
         fields = {f.name: f for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {}
+        kafka: dict[str, dict[str, Any]] = {}
         for key, raw in values.items():
+            if key == "kafka":
+                kafka = _kafka_table(raw)
+                continue
             if key not in fields:
-                known = ", ".join(sorted(fields))
+                known = ", ".join(sorted({*fields, "kafka"}))
                 raise ConfigError(f"unknown key jobs.{key}; known keys: {known}")
             kwargs[key] = _coerce(key, raw, fields[key])
+        for kind in ("producer", "consumer"):
+            merged = {**kafka.get(kind, {}), **kwargs.get(f"kafka_{kind}", {})}
+            if merged:
+                kwargs[f"kafka_{kind}"] = merged
         return cls(**kwargs)
 
 
@@ -335,6 +423,14 @@ def _coerce(key: str, raw: Any, field: dataclasses.Field) -> Any:
         return raw
     if key in ("queue_limits", "fairness_weights"):
         return _json_table(key, raw)
+    if key in ("kafka_producer", "kafka_consumer"):
+        table = _json_table(key, raw)
+        if not isinstance(table, Mapping):
+            raise ConfigError(
+                f"jobs.{key} must be a table of librdkafka settings (a JSON object in the "
+                f"environment); got {_shown(table)}"
+            )
+        return dict(table)
     if key in _INT_KEYS:
         if isinstance(raw, bool):
             raise ConfigError(
@@ -382,3 +478,300 @@ def _coerce(key: str, raw: Any, field: dataclasses.Field) -> Any:
     ):
         return None
     return raw.strip()
+
+
+# --------------------------------------------------------------------------- Kafka clients
+
+#: The relay's producer settings before ``[jobs.kafka.producer]``. ``message.timeout.ms``
+#: bounds one record's delivery (librdkafka's default is 300 s; the relay's claim lease and
+#: lane-failure detection scale with it); ``linger.ms`` is short because the relay produces
+#: a whole batch at once.
+PRODUCER_DEFAULTS: Mapping[str, Any] = {"linger.ms": 1, "message.timeout.ms": 30_000}
+#: Producer settings the relay sets itself whatever the configuration says, and why.
+PRODUCER_OWNED: Mapping[str, str] = {
+    "bootstrap.servers": "it is jobs.kafka_bootstrap",
+    "enable.idempotence": (
+        "the relay's per-job order on the topic and its retries without duplicates depend on "
+        "the idempotent producer (always true)"
+    ),
+    "acks": "an event is marked PUBLISHED only once every in-sync replica has it (always all)",
+    "partitioner": (
+        "murmur2_random puts a job's key on the partition a Java Kafka client picks for it "
+        "(upstream consumers and producers agree)"
+    ),
+    "transactional.id": "the relay does not use transactions (a transactional producer "
+    "needs init_transactions and commits the relay never makes)",
+}
+#: The request consumer's settings before ``[jobs.kafka.consumer]``. The session timeout is
+#: a stock Apache Kafka broker's ``group.min.session.timeout.ms`` (6000): the shortest a
+#: real cluster accepts, so a dead member's partitions move on quickly.
+CONSUMER_DEFAULTS: Mapping[str, Any] = {
+    "session.timeout.ms": 6_000,
+    "heartbeat.interval.ms": 1_000,
+    # A request topic created after we subscribed is noticed within seconds.
+    "topic.metadata.refresh.interval.ms": 5_000,
+}
+#: Consumer settings the request consumer sets itself, and why.
+CONSUMER_OWNED: Mapping[str, str] = {
+    "bootstrap.servers": "it is jobs.kafka_bootstrap",
+    "group.id": f"the group is the constant {CONSUMER_GROUP!r}, as upstream's",
+    "enable.auto.commit": (
+        "an offset is committed only after its record's row committed (always false)"
+    ),
+    "auto.commit.enable": "the legacy spelling of enable.auto.commit (always false)",
+    "auto.offset.reset": (
+        "a new group must read the requests produced before it existed (always earliest, "
+        "as upstream's consumer)"
+    ),
+    "group.protocol": (
+        "the consumer's join, stop and rebalance handling are written and tested for the "
+        "classic group protocol (the test broker never assigns partitions under KIP-848)"
+    ),
+}
+#: librdkafka aliases -> the name used here (librdkafka accepts both; the last one set wins,
+#: so two spellings of one property are refused rather than left to dict order).
+_KAFKA_ALIASES: Mapping[str, str] = {
+    "metadata.broker.list": "bootstrap.servers",
+    "request.required.acks": "acks",
+    "delivery.timeout.ms": "message.timeout.ms",
+    "queue.buffering.max.ms": "linger.ms",
+    "max.in.flight": "max.in.flight.requests.per.connection",
+    "message.send.max.retries": "retries",
+    "compression.codec": "compression.type",
+    "sasl.mechanism": "sasl.mechanisms",
+}
+#: Python client keys that take callables; the lanes set their own.
+_KAFKA_CALLBACKS = frozenset({"logger", "on_delivery", "on_commit"})
+#: ``(least, most)`` a stock Apache Kafka broker (or the relay) accepts, and where it comes
+#: from. librdkafka's own ranges are wider and are checked by librdkafka.
+_KAFKA_BOUNDS: Mapping[str, Mapping[str, tuple[int, int, str]]] = {
+    "consumer": {
+        "session.timeout.ms": (
+            6_000,
+            1_800_000,
+            (
+                "a stock Apache Kafka broker's group.min.session.timeout.ms (6000) and "
+                "group.max.session.timeout.ms (1800000): a join outside them fails with "
+                "INVALID_SESSION_TIMEOUT"
+            ),
+        ),
+    },
+    "producer": {
+        "message.timeout.ms": (
+            1,
+            3_600_000,
+            (
+                "0 means never time out, and the relay could not tell a dead broker from a slow "
+                "one; the claim lease on outbox rows is twice this plus 10 s"
+            ),
+        ),
+    },
+}
+#: Connection properties the topic admin client takes from the producer's settings, so a
+#: secured cluster's topics are created with the same credentials.
+ADMIN_SETTING_PREFIXES = (
+    "security.",
+    "ssl.",
+    "sasl.",
+    "enable.ssl.",
+    "client.dns.",
+    "broker.address.",
+)
+_KAFKA_KEY = re.compile(r"[a-z][a-z0-9_.]*\Z")
+_MISPLACED = re.compile(
+    r"Configuration property (\S+) is a (producer|consumer) property and will be ignored"
+)
+
+
+def extended_topic(events_topic: str) -> str:
+    """The topic of event types 7 and above under ``event_types = "upstream"``:
+    ``<events_topic>.extended``."""
+    return f"{events_topic}.extended"
+
+
+def _kafka_table(raw: Any) -> dict[str, dict[str, Any]]:
+    """The ``[jobs.kafka]`` table: ``producer`` and/or ``consumer`` sub-tables."""
+    if isinstance(raw, str):
+        text = raw.strip()
+        if not text.startswith("{"):
+            raise ConfigError(
+                "jobs.kafka must be a table with producer and/or consumer sub-tables "
+                "([jobs.kafka.producer], [jobs.kafka.consumer]); for the bootstrap servers "
+                f"set jobs.kafka_bootstrap; got {_shown(raw)}"
+            )
+        raw = _json_table("kafka", text)
+    if not isinstance(raw, Mapping):
+        raise ConfigError(
+            "jobs.kafka must be a table with producer and/or consumer sub-tables; got "
+            f"{_shown(raw)}"
+        )
+    out: dict[str, dict[str, Any]] = {}
+    for sub, table in raw.items():
+        if sub not in ("producer", "consumer"):
+            raise ConfigError(f"unknown key jobs.kafka.{sub}; known keys: consumer, producer")
+        if not isinstance(table, Mapping):
+            raise ConfigError(
+                f"jobs.kafka.{sub} must be a table of librdkafka settings like "
+                f'[jobs.kafka.{sub}] then "client.id" = "x"; got {_shown(table)}'
+            )
+        out[sub] = dict(table)
+    return out
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        text = value.strip()
+        return int(text) if len(text) <= 20 else None
+    return None
+
+
+def kafka_client_settings(
+    kind: Literal["producer", "consumer"],
+    overrides: Mapping[str, Any],
+    *,
+    probe: bool = False,
+    broker_bounds: bool = True,
+    with_defaults: bool = True,
+) -> dict[str, Any]:
+    """Check librdkafka settings for the relay's producer or the request consumer and
+    return them merged over the defaults.
+
+    Checks, in order: each key is a librdkafka property name (lower case, dots) with a
+    string, integer, float or boolean value; two spellings of one property (an alias and its
+    name) are refused; keys the lane owns (:data:`PRODUCER_OWNED`, :data:`CONSUMER_OWNED`)
+    and callbacks are refused with the reason; with ``broker_bounds``, the bounds a stock
+    Apache Kafka broker enforces (consumer ``session.timeout.ms`` 6000..1800000, a
+    ``heartbeat.interval.ms`` below the session timeout, producer ``message.timeout.ms``
+    1..3600000); with ``probe``, librdkafka itself builds a client from the settings (no
+    broker is contacted), which refuses unknown names, malformed values, its own ranges and
+    combinations (``max.poll.interval.ms`` below the session timeout), and a property of the
+    other client kind is refused as it would be ignored.
+
+    :param kind: ``producer`` (the relay) or ``consumer`` (the request consumer).
+    :param overrides: property -> value, as configured.
+    :param probe: let librdkafka check the merged settings (about 5 ms).
+    :param broker_bounds: enforce the broker's bounds (the node configuration does; the
+        in-process test hooks ``producer_config``/``consumer_config`` do not, since the test
+        broker enforces none).
+    :param with_defaults: overlay the defaults (False: the overrides alone, canonical).
+    :returns: defaults overlaid with the overrides, keyed by the names used here (aliases
+        resolved), owned keys absent.
+    :raises ConfigError: naming ``jobs.kafka.<kind>.<property>`` and the rule or bound.
+    """
+    where = f"jobs.kafka.{kind}"
+    if not isinstance(overrides, Mapping):
+        raise ConfigError(
+            f"{where} must be a table of librdkafka settings; got {_shown(overrides)}"
+        )
+    owned = PRODUCER_OWNED if kind == "producer" else CONSUMER_OWNED
+    defaults = PRODUCER_DEFAULTS if kind == "producer" else CONSUMER_DEFAULTS
+    given: dict[str, tuple[str, Any]] = {}
+    for key, value in overrides.items():
+        if not isinstance(key, str) or not _KAFKA_KEY.match(key):
+            raise ConfigError(
+                f"{where}: {_shown(key)} is not a librdkafka property name (lower-case words "
+                "joined by dots, like session.timeout.ms)"
+            )
+        if key.endswith("_cb") or key in _KAFKA_CALLBACKS:
+            raise ConfigError(f"{where}.{key} is a callback; the lane sets its own")
+        if isinstance(value, Mapping | list | tuple) or not isinstance(
+            value, str | int | float | bool
+        ):
+            raise ConfigError(
+                f"{where}.{key} must be a string, number or boolean; got {_shown(value)}"
+            )
+        name = _KAFKA_ALIASES.get(key, key)
+        if name in given:
+            raise ConfigError(
+                f"{where} sets both {given[name][0]} and {key}, two names of one librdkafka "
+                "property; keep one"
+            )
+        if name in owned:
+            spelled = key if key == name else f"{key} (an alias of {name})"
+            raise ConfigError(f"{where}.{spelled} cannot be set: {owned[name]}")
+        given[name] = (key, value)
+    merged = {**defaults, **{name: value for name, (_key, value) in given.items()}}
+    if not with_defaults:
+        merged = {name: value for name, (_key, value) in given.items()}
+    if broker_bounds:
+        for name, (least, most, why) in _KAFKA_BOUNDS[kind].items():
+            if name not in given:
+                continue
+            number = _as_int(merged[name])
+            if number is None or not least <= number <= most:
+                raise ConfigError(
+                    f"{where}.{given[name][0]} must be an integer from {least} to {most} "
+                    f"({why}); got {_shown(merged[name])}"
+                )
+        if kind == "consumer" and (
+            "heartbeat.interval.ms" in given or "session.timeout.ms" in given
+        ):
+            beat = _as_int(merged.get("heartbeat.interval.ms"))
+            session = _as_int(merged.get("session.timeout.ms"))
+            if beat is not None and session is not None and beat >= session:
+                raise ConfigError(
+                    f"{where}.heartbeat.interval.ms must be below session.timeout.ms "
+                    f"({session}; a third of it or less is usual): a member that heartbeats "
+                    f"less often than that is expelled from the group; got {beat}"
+                )
+    if probe:
+        _probe(kind, merged)
+    return merged
+
+
+class _WarningSink:
+    """What librdkafka logs while a probe client is built (its ``logger``): a logger of the
+    probe's own, so concurrent probes never see each other's warnings."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def log(self, _level: int, message: str, *args: Any) -> None:
+        self.messages.append(message % args if args else message)
+
+
+def _probe(kind: str, settings: Mapping[str, Any]) -> None:
+    """Let librdkafka build a client from ``settings`` (and the owned values the lane sets),
+    without a broker; its refusal becomes a :class:`ConfigError`."""
+    from confluent_kafka import Consumer, KafkaException, Producer
+
+    where = f"jobs.kafka.{kind}"
+    sink = _WarningSink()
+    conf: dict[str, Any] = {"client.id": "protomolt-jobs-config-check", **settings}
+    if kind == "producer":
+        conf.update({"enable.idempotence": True, "acks": "all", "partitioner": "murmur2_random"})
+    else:
+        conf.update(
+            {
+                "group.id": CONSUMER_GROUP,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+    try:
+        if kind == "producer":
+            producer = Producer(conf, logger=sink)
+            producer.poll(0)  # delivers librdkafka's configuration warnings to the logger
+            del producer
+        else:
+            consumer = Consumer(conf, logger=sink)
+            consumer.poll(0)
+            consumer.close()
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else exc
+        text = err.str() if hasattr(err, "str") else str(err)
+        raise ConfigError(f"{where}: librdkafka refuses the settings: {text.strip()}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: librdkafka refuses the settings: {exc}") from None
+    for message in sink.messages:
+        found = _MISPLACED.search(message)
+        if found:
+            prop, other = found.groups()
+            raise ConfigError(
+                f"{where} sets {prop}, a {other} property: the {kind} would ignore it "
+                f"(put it in [jobs.kafka.{other}])"
+            )

@@ -18,14 +18,20 @@ The role requires nothing. At wire it contributes:
   - ``GET /protomolt/workflows/{name}`` (scope ``schema-read``): the stored JSON verbatim;
     404 ``not-found`` when absent; 500 ``workflow-corrupt`` when the file does not read as a
     JSON object.
-  - ``PUT /protomolt/workflows/{name}`` (scope ``workflow-write``): the body must be a JSON
-    object (else 400 ``invalid-input``, also for a body nested too deep or holding a lone
-    surrogate escape). The definition is verified first with the catalog's
-    ``check-workflow`` (run in-process, whatever the caller's other scopes); one that does
-    not verify is refused with **422**
+  - ``PUT /protomolt/workflows/{name}`` (scope ``workflow-write``): the name must match
+    :data:`NAME_PATTERN` and the body must be a JSON object (else **422** ``invalid-input``,
+    also for a body nested too deep or holding a lone surrogate escape). The definition is
+    verified first with the catalog's ``check-workflow`` (run in-process, whatever the caller's
+    other scopes); one that does not verify is refused with **422**
     ``{"error": "does-not-verify", "message", "findings": [{step, kind, error}]}`` and nothing
     is stored. Without ``check-workflow`` in the catalog (no jobs role mounted) the PUT is
     refused with 503 ``unavailable``, never stored unchecked. Success: 200 ``{"name": name}``.
+
+Errors carry upstream's registry codes too (the Java ProtoMolt serves these routes on its
+schema registry, Confluent style): ``error_code`` 40401 (no such workflow), 42201 (a bad
+name or body), 42202 (does not verify), 50001 (a stored file that cannot be read), beside
+this project's ``error`` and ``message``. Only the 503 has no upstream counterpart (upstream
+stores the workflow unchecked when no action catalog is mounted).
 """
 
 from __future__ import annotations
@@ -65,6 +71,14 @@ log = logging.getLogger("protomolt_jobs.registry")
 READ_SCOPE = "schema-read"
 #: The scope storing a workflow needs (``PUT /protomolt/workflows/{name}``).
 WRITE_SCOPE = "workflow-write"
+
+#: Upstream's (Confluent-style) ``error_code`` of each refusal of these routes.
+ERROR_CODES = {
+    "not-found": 40401,
+    "invalid-input": 42201,
+    "does-not-verify": 42202,
+    "workflow-corrupt": 50001,
+}
 
 #: What a stored workflow's name looks like.
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,199}")
@@ -209,6 +223,11 @@ def _summary(name: str, findings: list[dict[str, Any]]) -> str:
     )
 
 
+def _refusal(status: int, code: str, message: str, **extra: Any) -> HttpResponse:
+    """An error answer with this project's ``error`` and upstream's ``error_code``."""
+    return error_response(status, code, message, error_code=ERROR_CODES[code], **extra)
+
+
 def workflow_routes(store: WorkflowStore) -> list[HttpRoute]:
     """The registry's routes over ``store`` (see the module docstring)."""
 
@@ -222,9 +241,9 @@ def workflow_routes(store: WorkflowStore) -> list[HttpRoute]:
             if text is not None:
                 store.workflow(name)  # refuse to serve a corrupt file as if it were fine
         except CorruptWorkflow as exc:
-            return error_response(500, "workflow-corrupt", str(exc))
+            return _refusal(500, "workflow-corrupt", str(exc))
         if text is None:
-            return error_response(404, "not-found", f"Workflow not found: {name}")
+            return _refusal(404, "not-found", f"Workflow not found: {name}")
         return HttpResponse(200, text.encode("utf-8"))
 
     def put_one(request: HttpRequest) -> HttpResponse:
@@ -233,19 +252,19 @@ def workflow_routes(store: WorkflowStore) -> list[HttpRoute]:
             _check_name(name)
         except ValueError as exc:
             # The name is the path segment: the field a client fixes.
-            return error_response(400, "invalid-input", str(exc), details={"field": "name"})
+            return _refusal(422, "invalid-input", str(exc), details={"field": "name"})
         try:
             definition = request.json_object()
         except BodyFieldError as exc:
-            return error_response(
-                400,
+            return _refusal(
+                422,
                 "invalid-input",
                 f"The workflow definition is refused: {exc}",
                 details={"field": exc.field},
             )
         except ValueError as exc:
-            return error_response(
-                400,
+            return _refusal(
+                422,
                 "invalid-input",
                 f"The body must be a workflow definition (a JSON object): {exc}",
             )
@@ -266,9 +285,7 @@ def workflow_routes(store: WorkflowStore) -> list[HttpRoute]:
                 len(findings),
                 extra={"action": "workflow_refused", "workflow_name": name},
             )
-            return error_response(
-                422, "does-not-verify", _summary(name, findings), findings=findings
-            )
+            return _refusal(422, "does-not-verify", _summary(name, findings), findings=findings)
         store.put(name, definition)
         return HttpResponse(200, {"name": name})
 

@@ -20,8 +20,17 @@ Model (at least once; consumers dedupe on ``event_id``):
 - **Publish.** The protobuf bytes, Confluent-framed unless ``jobs.events_wire = "raw"``
   (:mod:`protomolt_jobs.kafka.framing`), go to ``config.events_topic`` keyed by the job id, with
   an idempotent ``acks=all`` producer and the ``murmur2_random`` partitioner (the partition a
-  Java client picks for the same key). The whole batch is produced, then the relay waits for
-  every delivery report.
+  Java client picks for the same key). With ``jobs.event_types = "upstream"`` an event whose
+  type upstream's contract does not define (7 and above) goes to ``<events topic>.extended``
+  instead, same key, same framing. The whole batch is produced, then the relay waits for
+  every delivery report. The rest of the producer's librdkafka settings come from
+  ``[jobs.kafka.producer]`` (:func:`~protomolt_jobs.config.kafka_client_settings`).
+- **Schema id.** With a Schema Registry, the id is looked up (and its schema checked to
+  frame ``WorkflowRunEvent`` as index ``[0]``) at start and, until it is known, before a pass
+  claims anything: under ``jobs.registry_failure = "halt"`` a registry that cannot answer
+  leaves every row PENDING and unclaimed; under ``"fallback-id-0"`` the pass frames with id 0.
+  A registered schema whose first message is another refuses the start (and, found later,
+  halts publishing whatever the policy).
 - **Mark.** Acked rows become PUBLISHED in one statement. A delivery failure caused by the
   event itself (too large, refused as invalid) is recorded with ``outbox_mark_failed``:
   attempts + 1, ``last_error``, and FAILED (the DLQ) at the 10th. A failure caused by the
@@ -49,9 +58,14 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from google.protobuf.message import DecodeError
 
 from protomolt_jobs import crashpoints
-from protomolt_jobs.config import ConfigError, JobsConfig
+from protomolt_jobs.config import (
+    UPSTREAM_EVENT_TYPES,
+    ConfigError,
+    JobsConfig,
+    kafka_client_settings,
+)
 from protomolt_jobs.errors import StoreError
-from protomolt_jobs.kafka.framing import EventFraming, RegistryError
+from protomolt_jobs.kafka.framing import EventFraming, RegistryError, RegistrySchemaMismatch
 from protomolt_jobs.pb.ai.pipestream.proto.jobs.v1.jobs_pb2 import WorkflowRunEvent
 from protomolt_jobs.service import Backoff, Service
 from protomolt_jobs.store.events import event_violations
@@ -60,13 +74,12 @@ from protomolt_jobs.telemetry import metrics
 __all__ = [
     "Relay",
     "check_payload",
+    "inspect_payload",
     "is_lane_failure",
 ]
 
 log = logging.getLogger("protomolt_jobs.relay")
 
-#: Default bound on one record's delivery, milliseconds (librdkafka's default is 300 s).
-MESSAGE_TIMEOUT_MS = 30_000
 #: Extra time beyond ``message.timeout.ms`` the relay waits for the last delivery reports.
 REPORT_MARGIN_S = 5.0
 #: Waits of the loop after a failed pass, seconds (doubling up to the max).
@@ -113,6 +126,14 @@ def is_lane_failure(err: KafkaError) -> bool:
 
 
 def check_payload(payload: bytes, kafka_key: str) -> str | None:
+    """:func:`inspect_payload` without the decoded event.
+
+    :returns: None when publishable, else the failure text for ``last_error``.
+    """
+    return inspect_payload(payload, kafka_key)[1]
+
+
+def inspect_payload(payload: bytes, kafka_key: str) -> tuple[WorkflowRunEvent | None, str | None]:
     """Decode and check one outbox payload before it is published.
 
     ``events.build_event`` (stored payloads) and ``events.column_payload`` (rows stored as
@@ -126,22 +147,27 @@ def check_payload(payload: bytes, kafka_key: str) -> str | None:
 
     :param payload: the row's serialized ``WorkflowRunEvent``.
     :param kafka_key: the row's key (the job id string).
-    :returns: None when publishable, else the failure text for ``last_error``, starting with
-        the rule id (``"terminal-carries-error: ..."``), ``undecodable`` or ``key-mismatch``.
+    :returns: ``(event, None)`` when publishable, else ``(event or None, problem)``: the
+        failure text for ``last_error``, starting with the rule id
+        (``"terminal-carries-error: ..."``), ``undecodable`` or ``key-mismatch``.
     """
     try:
         event = WorkflowRunEvent.FromString(payload)
     except (DecodeError, ValueError, RuntimeError) as exc:
-        return f"undecodable: the payload is not a WorkflowRunEvent: {exc or type(exc).__name__}"
+        return None, (
+            f"undecodable: the payload is not a WorkflowRunEvent: {exc or type(exc).__name__}"
+        )
     violations = event_violations(event)
     if violations:
-        return "; ".join(f"{v.rule_id}: {v.path or '(message)'}: {v.message}" for v in violations)
+        return event, "; ".join(
+            f"{v.rule_id}: {v.path or '(message)'}: {v.message}" for v in violations
+        )
     if event.job_id != kafka_key:
-        return (
+        return event, (
             f"key-mismatch: the event's job_id {event.job_id!r} differs from the row's "
             f"kafka_key {kafka_key!r}"
         )
-    return None
+    return event, None
 
 
 class Relay(Service):
@@ -150,11 +176,14 @@ class Relay(Service):
     :param store: the job store (``outbox_claim``, ``outbox_mark_published``,
         ``outbox_mark_failed``).
     :param config: the jobs configuration; ``kafka_bootstrap`` must be set. Uses
-        ``events_topic``, ``relay_batch_size``, ``relay_poll_interval_ms`` and
-        ``relay_linger_seconds``.
-    :param producer_config: librdkafka settings merged over the defaults (e.g. a shorter
-        ``message.timeout.ms`` in tests). ``enable.idempotence``, ``acks`` and
-        ``partitioner`` cannot be overridden: ordering and interop depend on them.
+        ``events_topic``, ``event_types``, ``events_wire``, ``schema_registry_url``,
+        ``registry_failure``, ``kafka_producer``, ``relay_batch_size``,
+        ``relay_poll_interval_ms`` and ``relay_linger_seconds``.
+    :param producer_config: librdkafka settings merged over the configuration's (tests use it
+        for a shorter ``message.timeout.ms``; the broker bounds of
+        :func:`~protomolt_jobs.config.kafka_client_settings` do not apply to it). The keys in
+        :data:`~protomolt_jobs.config.PRODUCER_OWNED` (``enable.idempotence``, ``acks``,
+        ``partitioner`` ...) cannot be overridden: ordering and interop depend on them.
     :raises ConfigError: when no broker is configured or an override is refused.
     """
 
@@ -171,35 +200,42 @@ class Relay(Service):
     ) -> None:
         if not config.kafka_bootstrap:
             raise ConfigError("jobs.kafka_bootstrap is not set: the relay needs a broker")
-        overrides = dict(producer_config or {})
-        for key in ("enable.idempotence", "acks", "partitioner"):
-            if key in overrides:
-                raise ConfigError(f"producer_config may not override {key!r}")
+        overrides = kafka_client_settings(
+            "producer", producer_config or {}, broker_bounds=False, with_defaults=False
+        )
         super().__init__(worker_id=config.worker_id)
         self._store = store
         self._config = config
         self.topic = config.events_topic
+        #: Where event types upstream does not define go (``event_types = "upstream"``), or
+        #: None: every event goes to :attr:`topic`.
+        self.extended_topic = config.extended_topic
         self._settings: dict[str, Any] = {
-            "bootstrap.servers": config.kafka_bootstrap,
             "client.id": f"protomolt-jobs-relay-{config.worker_id}",
-            "linger.ms": 1,
-            "message.timeout.ms": MESSAGE_TIMEOUT_MS,
+            **config.producer_settings(),
             **overrides,
+            "bootstrap.servers": config.kafka_bootstrap,
             "enable.idempotence": True,
             "acks": "all",
             "partitioner": "murmur2_random",
             "error_cb": self._on_client_error,
         }
-        message_timeout_s = int(self._settings["message.timeout.ms"]) / 1000.0
+        try:
+            message_timeout_s = int(self._settings["message.timeout.ms"]) / 1000.0
+        except (TypeError, ValueError):
+            message_timeout_s = 0.0
         if message_timeout_s <= 0:
-            raise ConfigError("producer_config 'message.timeout.ms' must be positive")
+            raise ConfigError("producer 'message.timeout.ms' must be a positive integer")
         #: Longest wait for a batch's delivery reports, seconds.
         self.report_wait_s = message_timeout_s + REPORT_MARGIN_S
         #: The claim lease on outbox rows, seconds: longer than a pass can take.
         self.claim_s = 2 * self.report_wait_s
         #: Framing applied at produce time (``jobs.events_wire``); the outbox stays raw.
         self._frame = EventFraming(
-            config.events_wire, topic=config.events_topic, registry_url=config.schema_registry_url
+            config.events_wire,
+            topic=config.events_topic,
+            registry_url=config.schema_registry_url,
+            on_failure=config.registry_failure,
         )
         self._producer: Producer | None = None
         self._fatal = False
@@ -214,11 +250,46 @@ class Relay(Service):
     def _started_fields(self) -> dict[str, Any]:
         return {
             "topic": self.topic,
+            "extended_topic": self.extended_topic,
             "bootstrap": self._config.kafka_bootstrap,
             "batch": self._config.relay_batch_size,
             "idle_poll_ms": self._config.relay_poll_interval_ms,
             "linger_s": self._config.relay_linger_seconds,
+            "registry_failure": self._config.registry_failure,
         }
+
+    def start(self) -> None:
+        """Check the Schema Registry's schema (when one is configured), then start the loop
+        (see :class:`~protomolt_jobs.service.Service`).
+
+        A registry that cannot answer now does not stop the start: ``jobs.registry_failure``
+        decides at publish time, and the lookup is tried again.
+
+        :raises ConfigError: the schema registered under ``<events topic>-value`` does not
+            frame a ``WorkflowRunEvent`` as message index ``[0]`` (the relay refuses to start
+            rather than stamp an id that names another message).
+        """
+        if self._frame.needs_registry:
+            try:
+                self._frame.check_registered()
+            except RegistrySchemaMismatch as exc:
+                raise ConfigError(f"jobs.schema_registry_url: {exc}") from exc
+            except RegistryError as exc:
+                log.warning(
+                    "%s; the relay starts anyway (jobs.registry_failure = %s)",
+                    exc,
+                    self._config.registry_failure,
+                    extra={"action": "relay_registry_unreachable", "topic": self.topic},
+                )
+        super().start()
+
+    def topic_for(self, event_type: int) -> str:
+        """The topic an event of ``event_type`` (a ``WorkflowRunEvent.Type`` number) goes to:
+        :attr:`extended_topic` for a type upstream's contract does not define when
+        ``event_types = "upstream"``, else :attr:`topic`."""
+        if self.extended_topic is not None and event_type not in UPSTREAM_EVENT_TYPES:
+            return self.extended_topic
+        return self.topic
 
     def _on_stopped(self) -> None:
         # A pass waiting for acks gave up on stop; its rows are claimed again later.
@@ -246,10 +317,40 @@ class Relay(Service):
         """
         with self._pass_lock:
             self._lane_trouble = False
+            schema_id = self._schema_id()
+            if schema_id is None:
+                # No id and the policy halts: claim nothing, so every row stays PENDING and
+                # is published as soon as the registry answers.
+                self._lane_trouble = True
+                return 0
             rows = self._store.outbox_claim(self._config.relay_batch_size, claim_s=self.claim_s)
             if not rows:
                 return 0
-            return self._relay(sorted(rows, key=lambda r: r.seq))
+            return self._relay(sorted(rows, key=lambda r: r.seq), schema_id)
+
+    def _schema_id(self) -> int | None:
+        """The schema id this pass frames with, or None when the pass must publish nothing
+        (the registry cannot say it under ``halt``, or its schema does not fit)."""
+        try:
+            return self._frame.schema_id()
+        except RegistrySchemaMismatch as exc:
+            log.error(
+                "%s; publishing nothing until the subject holds jobs.proto",
+                exc,
+                extra={"action": "relay_registry_mismatch", "topic": self.topic},
+            )
+        except RegistryError as exc:
+            log.warning(
+                "%s; events stay PENDING (jobs.registry_failure = halt)",
+                exc,
+                extra={"action": "relay_registry_failed", "topic": self.topic},
+            )
+        return None
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The librdkafka settings the producer is built with (callbacks included)."""
+        return dict(self._settings)
 
     @property
     def lane_trouble(self) -> bool:
@@ -258,27 +359,31 @@ class Relay(Service):
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _relay(self, rows: list[Any]) -> int:
+    def _relay(self, rows: list[Any], schema_id: int) -> int:
         failures: list[tuple[Any, str]] = []
         held_keys: set[str] = set()
         reports: dict[Any, KafkaError | None] = {}
         produced: list[Any] = []
         unproduced = 0
+        extended = 0
         producer = self._ensure_producer()
 
         for row in rows:
             if row.kafka_key in held_keys:
                 continue  # an earlier event of this job failed here; keep state order
-            problem = check_payload(row.payload, row.kafka_key)
-            if problem is not None:
-                failures.append((row, problem))
+            event, problem = inspect_payload(row.payload, row.kafka_key)
+            if problem is not None or event is None:
+                failures.append((row, problem or "undecodable"))
                 held_keys.add(row.kafka_key)
                 continue
-            if not self._produce(producer, row, reports):
+            topic = self.topic_for(event.type)
+            value = self._frame.frame(row.payload, schema_id)
+            if not self._produce(producer, topic, row, value, reports):
                 held_keys.add(row.kafka_key)
                 unproduced += 1
                 continue
             produced.append(row)
+            extended += topic != self.topic
 
         self._await_reports(producer, produced, reports)
         crashpoints.reached("after_publish")
@@ -326,10 +431,17 @@ class Relay(Service):
             count = self._store.outbox_mark_published([r.event_id for r in published])
             metrics.RELAY_PUBLISHED.inc(count)
             log.info(
-                "published %d events to %s",
+                "published %d events to %s%s",
                 len(published),
                 self.topic,
-                extra={"action": "relay_published", "events": len(published), "topic": self.topic},
+                f" and {self.extended_topic} (types upstream does not define)" if extended else "",
+                extra={
+                    "action": "relay_published",
+                    "events": len(published),
+                    "topic": self.topic,
+                    "extended_topic": self.extended_topic,
+                    "frame_schema_id": schema_id,
+                },
             )
         for row, error in failures:
             settled = self._store.outbox_mark_failed(row.event_id, error)
@@ -351,23 +463,22 @@ class Relay(Service):
             )
         return count
 
-    def _produce(self, producer: Producer, row: Any, reports: dict[Any, KafkaError | None]) -> bool:
+    def _produce(
+        self,
+        producer: Producer,
+        topic: str,
+        row: Any,
+        value: bytes,
+        reports: dict[Any, KafkaError | None],
+    ) -> bool:
         event_id = row.event_id
 
         def on_delivery(err: KafkaError | None, _msg: Any) -> None:
             reports[event_id] = err
 
-        try:
-            value = self._frame(row.payload)
-        except RegistryError as exc:
-            # The registry is part of the lane: the row stays PENDING and is claimed again.
-            log.warning("%s", exc, extra={"action": "relay_registry_failed", "topic": self.topic})
-            return False
         while True:
             try:
-                producer.produce(
-                    self.topic, value=value, key=row.kafka_key, on_delivery=on_delivery
-                )
+                producer.produce(topic, value=value, key=row.kafka_key, on_delivery=on_delivery)
                 return True
             except BufferError:
                 # The local queue is full: let deliveries drain it, then try again.

@@ -4,6 +4,9 @@ Model (at least once, idempotent on ``job_id``):
 
 - Group ``protomolt-jobs-worker`` (:data:`~protomolt_jobs.config.CONSUMER_GROUP`), auto commit
   off, ``auto.offset.reset = earliest``. Records are handled one at a time, in partition order.
+  The other librdkafka settings are :data:`~protomolt_jobs.config.CONSUMER_DEFAULTS` (a 6 s
+  session timeout, the least a stock Apache Kafka broker accepts) overlaid with
+  ``[jobs.kafka.consumer]``.
 - Each record ends in exactly one committed database write before its offset is committed:
 
   ======================================================= ==========================================
@@ -49,7 +52,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from protomolt_jobs import crashpoints
-from protomolt_jobs.config import CONSUMER_GROUP, ConfigError, JobsConfig
+from protomolt_jobs.config import CONSUMER_GROUP, ConfigError, JobsConfig, kafka_client_settings
 from protomolt_jobs.errors import InvalidInput, StoreError
 from protomolt_jobs.input_rules import check_json, check_text
 from protomolt_jobs.kafka.framing import REQUEST_INDEX_PATH, unframe
@@ -133,10 +136,15 @@ class RequestConsumer(Service):
 
     :param store: the job store (``job_insert``, ``reject_insert``).
     :param submitter: a :class:`~protomolt_jobs.runs.submitter.Submitter`.
-    :param config: the jobs configuration; ``kafka_bootstrap`` must be set.
-    :param consumer_config: librdkafka settings merged over the defaults (tests use it to
-        shorten timeouts); ``group.id`` and ``enable.auto.commit`` cannot be overridden.
-    :raises ConfigError: when no broker or request topic is configured.
+    :param config: the jobs configuration; ``kafka_bootstrap`` must be set (uses
+        ``kafka_consumer`` and ``max_attempts`` too).
+    :param consumer_config: librdkafka settings merged over the configuration's (tests use it
+        to shorten timeouts on the test broker; the broker bounds of
+        :func:`~protomolt_jobs.config.kafka_client_settings` do not apply to it). The keys in
+        :data:`~protomolt_jobs.config.CONSUMER_OWNED` (``group.id``, ``enable.auto.commit``
+        ...) cannot be overridden.
+    :raises ConfigError: when no broker or request topic is configured, or an override is
+        refused.
     """
 
     name = "request_consumer"
@@ -163,23 +171,18 @@ class RequestConsumer(Service):
         self._submitter = submitter
         self._config = config
         self.topic = topic
-        overrides = dict(consumer_config or {})
-        for key in ("group.id", "enable.auto.commit"):
-            if key in overrides:
-                raise ConfigError(f"consumer_config may not override {key!r}")
+        overrides = kafka_client_settings(
+            "consumer", consumer_config or {}, broker_bounds=False, with_defaults=False
+        )
         self._settings: dict[str, Any] = {
+            "client.id": f"protomolt-jobs-{config.worker_id}",
+            **config.consumer_settings(),
+            **overrides,
             "bootstrap.servers": config.kafka_bootstrap,
             "group.id": CONSUMER_GROUP,
-            "client.id": f"protomolt-jobs-{config.worker_id}",
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
-            # Tansu joins in about half the session timeout (LIBRARIES.md section 1).
-            "session.timeout.ms": 2000,
-            "heartbeat.interval.ms": 200,
-            # A request topic created after we subscribed is noticed within seconds.
-            "topic.metadata.refresh.interval.ms": 5000,
             "error_cb": self._on_client_error,
-            **overrides,
         }
         self._consumer: Consumer | None = None
         # Held for one pass and while the consumer closes: one user of the client at a time.
@@ -202,7 +205,13 @@ class RequestConsumer(Service):
             "topic": self.topic,
             "bootstrap": self._config.kafka_bootstrap,
             "group": CONSUMER_GROUP,
+            "session_timeout_ms": self._settings["session.timeout.ms"],
         }
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The librdkafka settings the consumer is built with (callbacks included)."""
+        return dict(self._settings)
 
     def _on_stopped(self) -> None:
         """Leave the group and close the consumer once the loop has ended. Uncommitted
@@ -322,7 +331,7 @@ class RequestConsumer(Service):
         """
         if self._assigned:
             return
-        session_s = int(self._settings.get("session.timeout.ms", 2000)) / 1000.0
+        session_s = int(self._settings["session.timeout.ms"]) / 1000.0
         deadline = time.monotonic() + 2 * session_s + 1.0
         while not self._assigned and time.monotonic() < deadline:
             try:

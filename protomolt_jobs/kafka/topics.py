@@ -1,8 +1,12 @@
 """Create the events and request topics at role start when they do not exist.
 
-The relay publishes to ``config.events_topic``; the request consumer reads
-``config.effective_request_topic``. Both are created here with ``config.topic_partitions``
-partitions and ``config.topic_replication`` replicas. A topic that already exists is left
+The relay publishes to ``config.events_topic`` (and, with ``event_types = "upstream"``, the
+types upstream does not define to ``<events topic>.extended``); the request consumer reads
+``config.effective_request_topic``. All are created here with ``config.topic_partitions``
+partitions and ``config.topic_replication`` replicas. The admin client connects with the
+producer's connection settings (``security.*``, ``ssl.*``, ``sasl.*`` ... of
+``[jobs.kafka.producer]``, :data:`~protomolt_jobs.config.ADMIN_SETTING_PREFIXES`), so a
+secured cluster's topics are created with the relay's credentials. A topic that already exists is left
 as it is (its partition count is not changed: a job's key must keep landing on the
 partition it landed on before).
 
@@ -19,7 +23,7 @@ import logging
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from protomolt_jobs.config import ConfigError, JobsConfig
+from protomolt_jobs.config import ADMIN_SETTING_PREFIXES, ConfigError, JobsConfig
 
 __all__ = ["ensure_topics", "wanted_topics"]
 
@@ -30,15 +34,16 @@ CREATE_TIMEOUT_S = 10.0
 
 
 def wanted_topics(config: JobsConfig) -> list[str]:
-    """The topics the Kafka lanes use: the events topic, then the request topic if any.
+    """The topics the Kafka lanes use: the events topic, the extended events topic (with
+    ``event_types = "upstream"``), then the request topic if any.
 
     :param config: the jobs configuration.
     :returns: topic names, without duplicates, in that order.
     """
     names = [config.events_topic]
-    request = config.effective_request_topic
-    if request and request not in names:
-        names.append(request)
+    for name in (config.extended_topic, config.effective_request_topic):
+        if name and name not in names:
+            names.append(name)
     return names
 
 
@@ -55,8 +60,14 @@ def ensure_topics(config: JobsConfig, *, timeout_s: float = CREATE_TIMEOUT_S) ->
     if not config.kafka_bootstrap:
         raise ConfigError("jobs.kafka_bootstrap is not set: there is no broker to create topics on")
     names = wanted_topics(config)
+    connection = {
+        key: value
+        for key, value in config.producer_settings().items()
+        if key.startswith(ADMIN_SETTING_PREFIXES)
+    }
     admin = AdminClient(
         {
+            **connection,
             "bootstrap.servers": config.kafka_bootstrap,
             # Bound the reconnect noise and the time a dead broker can hold the role's start.
             "socket.timeout.ms": int(timeout_s * 1000),

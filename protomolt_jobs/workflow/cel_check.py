@@ -15,6 +15,12 @@ dyn. cel-cpp's wording is brought to cel-java's where they differ only in decora
 adds ``not found in struct '<type>'`` and a status code). Syntax errors and undeclared names
 are left to the verifier's own checks, which already report them.
 
+Declared validation rules (a ``validate`` step's output type) are checked as upstream's
+ProtoValidator compiles them: message rules with ``this`` typed as the message, field rules
+(the field's own ``cel`` and its ``items``/``keys``/``values`` rules) with ``this`` dynamic;
+``now`` and ``rule`` are declared for both. A rule whose result can be neither a bool nor a
+string is reported as upstream reports it: ``CEL rule must return bool or string, got <type>``.
+
 When the checker is not installed, or cannot build an environment for a pool, every function
 here answers "no finding": the trial evaluation in the verifier still runs.
 """
@@ -36,7 +42,13 @@ except ImportError:  # pragma: no cover - a dependency; without it nothing is ty
     _cx = None
     _cx_strings = None
 
-__all__ = ["available", "declared_rule_error", "type_error"]
+__all__ = [
+    "available",
+    "declared_field_rule_error",
+    "declared_rule_error",
+    "declared_rule_findings",
+    "type_error",
+]
 
 log = logging.getLogger("protomolt_jobs.workflow.cel_check")
 
@@ -47,6 +59,11 @@ _STRUCT_TAIL = re.compile(r" not found in struct '[\w.]+'")
 #: Errors the verifier's own checks already report in their established wording (a syntax
 #: error: "Invalid CEL expression: ..."; an unknown name: "undeclared reference to 'x'").
 _LEFT_TO_THE_TRIAL = ("Syntax error", "undeclared reference")
+
+#: A variable declared dynamic (upstream's ``addVar``), not as a message type.
+_DYN = "dyn"
+#: Result types a validation rule may have (bool passes or fails, string is the message).
+_RULE_RESULTS = ("bool", "string", "dyn", "error", "any")
 
 _envs: dict[tuple[Any, ...], Any] = {}
 _lock = threading.Lock()
@@ -72,7 +89,10 @@ def _env(pool: Any, variables: tuple[tuple[str, str], ...]) -> Any:
             return hit[1]
     env = _cx.NewEnv(
         pool,
-        variables={name: _cx.Type(type_name) for name, type_name in variables},
+        variables={
+            name: _cx.Type.DYN if type_name == _DYN else _cx.Type(type_name)
+            for name, type_name in variables
+        },
         extensions=[_cx_strings.ExtStrings()],
     )
     with _lock:
@@ -153,40 +173,80 @@ def declared_rule_error(
 
     Calls of the validation function library (``isEmail`` ...), which this checker does not
     declare, are not reported: the error is dropped when it names one of ``ignored_functions``.
-    ``now`` is declared a timestamp.
+    ``now`` is declared a timestamp, ``rule`` dynamic.
+
+    :returns: the compiler's error, ``CEL rule must return bool or string, got <type>``, or
+        None when the rule checks (or cannot be checked here).
     """
     if _cx is None:
         return None
-    variables = {"this": message}
-    error = _compile_with_now(expression, variables)
-    if error and any(f"'{name}'" in error for name in ignored_functions):
+    return _rule_error(expression, message.file.pool, message.full_name, ignored_functions)
+
+
+def declared_field_rule_error(
+    expression: str, field: _d.FieldDescriptor, ignored_functions: frozenset[str]
+) -> str | None:
+    """Type-check a field-level validation rule: ``this`` is dynamic (the field's value, or
+    the list or map of a collection), as upstream compiles field rules; ``now`` a timestamp,
+    ``rule`` dynamic. What can be found: names that are not declared and results that are
+    neither bool nor string.
+
+    :returns: as :func:`declared_rule_error`.
+    """
+    if _cx is None:
         return None
-    return error
+    return _rule_error(expression, field.containing_type.file.pool, _DYN, ignored_functions)
 
 
-def _compile_with_now(text: str, variables: Mapping[str, _d.Descriptor]) -> str | None:
-    pool = _pool_of(variables)
+def _rule_error(
+    text: str, pool: Any, this_type: str, ignored_functions: frozenset[str]
+) -> str | None:
     if pool is None or not text.strip():
         return None
     declared = (
-        *sorted((name, desc.full_name) for name, desc in variables.items()),
         ("now", "google.protobuf.Timestamp"),
+        ("rule", _DYN),
+        ("this", this_type),
     )
     try:
-        env = _env(pool, tuple(declared))
-        env.compile(text)
+        env = _env(pool, declared)
+        expr = env.compile(text)
     except RuntimeError as exc:
-        return _clean(str(exc))
+        error = _clean(str(exc))
+        if any(f"'{name}'" in error for name in ignored_functions):
+            return None
+        return error
     except Exception as exc:  # noqa: BLE001 - not a finding
         log.debug("CEL type check of %r skipped: %s", text, exc)
+        return None
+    try:
+        result = _type_name(expr.return_type())
+    except Exception:  # noqa: BLE001 - the type is unknown: nothing to report
+        return None
+    if result not in _RULE_RESULTS:
+        return f"CEL rule must return bool or string, got {result}"
     return None
 
 
-def declared_rule_findings(root: _d.Descriptor) -> list[str]:
-    """Type-check the message-level validation rules (``ai.pipestream.proto.validate.v1``) of
-    ``root`` and every message type it reaches, with ``this`` typed as the message.
+def _field_rule_sets(rules: Any) -> list[Any]:
+    """The rule sets of one field whose ``cel`` applies: its own, then ``items``, ``keys`` and
+    ``values``."""
+    out = [rules]
+    for sub, parts in (("repeated", ("items",)), ("map", ("keys", "values"))):
+        if rules.HasField(sub):
+            part = getattr(rules, sub)
+            out.extend(getattr(part, n) for n in parts if part.HasField(n))
+    return out
 
-    :returns: finding texts ``"<error> (<Message>: <rule id or expression>)"``, in walk order.
+
+def declared_rule_findings(root: _d.Descriptor) -> list[str]:
+    """Type-check the validation rules (``ai.pipestream.proto.validate.v1``) of ``root`` and
+    every message type it reaches: message rules with ``this`` typed as the message, field
+    rules with ``this`` dynamic.
+
+    :returns: finding texts ``"<error> (<Message>: <rule id or expression>)"`` for message
+        rules and ``"<error> (<Message.field>: <rule id or expression>)"`` for field rules, in
+        walk order.
     """
     if _cx is None:
         return []
@@ -216,5 +276,21 @@ def declared_rule_findings(root: _d.Descriptor) -> list[str]:
                     error = declared_rule_error(rule.expression, desc, ignored)
                     if error:
                         out.append(f"{error} ({desc.full_name}: {rule.id or rule.expression})")
+        for field in desc.fields:
+            if not field.has_options:
+                continue
+            try:
+                fopts = descriptor_pb2.FieldOptions.FromString(
+                    field.GetOptions().SerializeToString()
+                )
+            except Exception:  # noqa: BLE001 - unreadable options are the validator's to report
+                fopts = descriptor_pb2.FieldOptions()
+            if not fopts.HasExtension(validate_pb2.field):
+                continue
+            for rules in _field_rule_sets(fopts.Extensions[validate_pb2.field]):
+                for rule in rules.cel:
+                    error = declared_field_rule_error(rule.expression, field, ignored)
+                    if error:
+                        out.append(f"{error} ({field.full_name}: {rule.id or rule.expression})")
         stack.extend(f.message_type for f in desc.fields if f.message_type is not None)
     return out

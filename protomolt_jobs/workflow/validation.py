@@ -30,8 +30,15 @@ Semantics (docs/contract.md has the full table):
   passes when true; a string result fails when non-empty and is the message; an evaluation
   error is a violation (fail closed).
 
+- ``taxonomy`` binds only a field (singular or repeated) of
+  ``ai.pipestream.proto.types.v1.TreePath``, as upstream's: declared anywhere else (another
+  type, a map, ``items``/``keys``/``values``) the schema does not compile. No taxonomy catalogue
+  is mounted here, so a non-empty path fails closed (``taxonomy.unmounted``); an empty one is
+  left to the type's own rules.
+
 A schema whose rules cannot be compiled (a CEL expression that does not parse, a bad
-``pattern``, a ``skip_when`` naming no bool field) raises :class:`RuleError`.
+``pattern``, a ``skip_when`` naming no bool field, a misplaced ``taxonomy``) raises
+:class:`RuleError`.
 """
 
 from __future__ import annotations
@@ -70,6 +77,8 @@ MESSAGE_RULES_EXTENSION = 59100482
 
 #: Compiled rule plans kept (one per message type per pool).
 PLAN_CACHE_SIZE = 2048
+#: The only message type a ``taxonomy`` rule may be declared on (upstream's canonical path).
+TREE_PATH_TYPE = "ai.pipestream.proto.types.v1.TreePath"
 
 FieldRules = validate_pb2.FieldRules
 MessageRules = validate_pb2.MessageRules
@@ -224,9 +233,10 @@ def _compile(descriptor: Descriptor) -> _MessagePlan:
     fields = []
     for fd in descriptor.fields:
         rules = _field_rules(fd)
+        is_map = _is_map(fd)
         if rules is not None:
             _check_field_rules(fd.full_name, rules)
-        is_map = _is_map(fd)
+            _check_taxonomy(fd, rules, is_map)
         value_type = fd.message_type
         if is_map:
             value_type = fd.message_type.fields_by_name["value"].message_type
@@ -269,6 +279,47 @@ def _check_field_rules(where: str, rules: FieldRules) -> None:
             for nested in ("items", "keys", "values"):
                 if nested in part.DESCRIPTOR.fields_by_name and part.HasField(nested):
                     _check_field_rules(where, getattr(part, nested))
+
+
+def _check_taxonomy(fd: FieldDescriptor, rules: FieldRules, is_map: bool) -> None:
+    """A ``taxonomy`` rule binds only the TreePath field itself (upstream's rule: declared
+    elsewhere it would silently check nothing, so the schema is refused)."""
+    nested = [
+        getattr(getattr(rules, sub), part)
+        for sub, parts in (("repeated", ("items",)), ("map", ("keys", "values")))
+        if rules.HasField(sub)
+        for part in parts
+        if getattr(rules, sub).HasField(part)
+    ]
+    if any(n.taxonomy for n in nested):
+        raise RuleError(
+            fd.full_name,
+            f"taxonomy on field {fd.full_name} must be declared on the TreePath field itself, "
+            "not on repeated items or map entries",
+        )
+    if rules.taxonomy and (
+        is_map or fd.message_type is None or fd.message_type.full_name != TREE_PATH_TYPE
+    ):
+        raise RuleError(
+            fd.full_name,
+            f'taxonomy "{rules.taxonomy}" declared on field {fd.full_name}: only fields of '
+            f"{TREE_PATH_TYPE} take a taxonomy rule",
+        )
+
+
+def _taxonomy(name: str, value: Any, path: str, out: list[Violation]) -> None:
+    """A declared taxonomy on one TreePath value: an empty path is left to the type's own
+    rules; any other fails closed, since no taxonomy catalogue is mounted here."""
+    segments = getattr(value, "segments", None)
+    if not segments:
+        return
+    out.append(
+        _v(
+            path,
+            "taxonomy.unmounted",
+            f'taxonomy "{name}" is not mounted; declared membership cannot be checked',
+        )
+    )
 
 
 def _is_map(fd: FieldDescriptor) -> bool:
@@ -339,6 +390,9 @@ def _check_repeated(fp: _FieldPlan, values: Any, path: str, out: list[Violation]
             if rr.HasField("items"):
                 for i, item in enumerate(values):
                     _check_value(fp.fd, rr.items, item, True, f"{path}[{i}]", out)
+        if rules.taxonomy:
+            for i, item in enumerate(values):
+                _taxonomy(rules.taxonomy, item, f"{path}[{i}]", out)
         if rules.cel:
             this = celtypes.ListType([_cel_value(fp.fd, v) for v in values])
             for r in rules.cel:
@@ -433,8 +487,8 @@ def _check_value(
         for r in rules.cel:
             _run_cel(r, this, path, out)
     if rules.taxonomy:
-        # No taxonomy catalogue is mounted in protomolt-jobs: a declared taxonomy fails closed.
-        out.append(_v(path, "taxonomy", f"taxonomy {rules.taxonomy!r} is not mounted"))
+        # Only a singular TreePath field gets here (compile refuses every other place).
+        _taxonomy(rules.taxonomy, value, path, out)
 
 
 def _v(path: str, rule_id: str, message: str) -> Violation:

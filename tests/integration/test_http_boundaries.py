@@ -192,25 +192,25 @@ def test_default_request_timeout_is_30_s():
 
 
 class TestRegistryPut:
-    def test_a_definition_with_a_lone_surrogate_is_400_and_not_stored(self, server):
+    def test_a_definition_with_a_lone_surrogate_is_422_and_not_stored(self, server):
         raw = b'{"name": "x", "steps": [{"name": "\\ud800"}]}'
         status, body, _ = http("PUT", f"{server.url}/protomolt/workflows/x", raw=raw)
-        assert status == 400
-        assert body["error"] == "invalid-input"
+        # 422 and upstream's 42201, as upstream's registry refuses a body (docs/interop.md)
+        assert (status, body["error"], body["error_code"]) == (422, "invalid-input", 42201)
         assert body["details"] == {"field": "steps"}
         assert server.store.names() == []
 
-    def test_a_definition_nested_past_the_parser_is_400(self, server):
+    def test_a_definition_nested_past_the_parser_is_422(self, server):
         raw = ('{"a":' * 100_000 + "1" + "}" * 100_000).encode()
         server.max_body_bytes = len(raw) + 1
         status, body, _ = http("PUT", f"{server.url}/protomolt/workflows/x", raw=raw)
-        assert status == 400
+        assert (status, body["error_code"]) == (422, 42201)
         assert "nested deeper" in body["message"]
         assert server.store.names() == []
 
     def test_a_name_with_a_trailing_newline_is_refused(self, server):
         status, body, _ = http("PUT", f"{server.url}/protomolt/workflows/nl%0A", {"name": "nl"})
-        assert status == 400
+        assert (status, body["error_code"]) == (422, 42201)
         assert "workflow names match" in body["message"]
         assert body["details"] == {"field": "name"}
         assert list(server.store.directory.iterdir()) == []

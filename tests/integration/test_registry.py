@@ -78,6 +78,7 @@ def test_put_of_a_workflow_that_does_not_verify_is_refused_with_findings(node):
     status, body, _ = http("PUT", _url(node, "/protomolt/workflows/bad-flow"), wf)
     assert status == 422
     assert body["error"] == "does-not-verify"
+    assert body["error_code"] == 42202  # upstream's code for a workflow that does not verify
     assert body["message"].startswith("Workflow 'bad-flow' does not verify (")
     steps = {f["step"] for f in body["findings"]}
     assert {"tokenize", "embed"} <= steps
@@ -87,21 +88,22 @@ def test_put_of_a_workflow_that_does_not_verify_is_refused_with_findings(node):
 
 
 @pytest.mark.parametrize(
-    ("path", "raw", "status"),
+    ("path", "raw"),
     [
-        ("/protomolt/workflows/Bad%20Name", b"{}", 400),
-        ("/protomolt/workflows/ok-name", b"[1]", 400),
-        ("/protomolt/workflows/ok-name", b"{oops", 400),
+        ("/protomolt/workflows/Bad%20Name", b"{}"),
+        ("/protomolt/workflows/ok-name", b"[1]"),
+        ("/protomolt/workflows/ok-name", b"{oops"),
     ],
 )
-def test_bad_puts_are_400_invalid_input(node, path, raw, status):
+def test_bad_puts_are_422_invalid_input_with_upstreams_42201(node, path, raw):
+    """As upstream's registry answers a bad name or a body that is not a workflow object."""
     got, body, _ = http("PUT", _url(node, path), raw=raw)
-    assert (got, body["error"]) == (status, "invalid-input")
+    assert (got, body["error"], body["error_code"]) == (422, "invalid-input", 42201)
 
 
-def test_get_of_an_unknown_workflow_is_404(node):
+def test_get_of_an_unknown_workflow_is_404_with_upstreams_40401(node):
     status, body, _ = http("GET", _url(node, "/protomolt/workflows/nope"))
-    assert (status, body["error"]) == (404, "not-found")
+    assert (status, body["error"], body["error_code"]) == (404, "not-found", 40401)
     assert body["message"] == "Workflow not found: nope"
 
 
@@ -119,7 +121,7 @@ def test_a_corrupt_stored_workflow_fails_submit_by_name_loudly(node):
     assert "not valid JSON" in answer["error"]
     assert "No stored workflow" not in answer["error"]
     status, body, _ = http("GET", _url(node, "/protomolt/workflows/seed-review"))
-    assert (status, body["error"]) == (500, "workflow-corrupt")
+    assert (status, body["error"], body["error_code"]) == (500, "workflow-corrupt", 50001)
     # the node still lists it: corrupt is not absent
     assert "seed-review" in http("GET", _url(node, "/protomolt/workflows"))[1]
 

@@ -130,3 +130,61 @@ def test_declared_validation_rules_are_type_checked(runtime):
     assert f.error.endswith(" (typed.v1.Out: broken)")
     wf["steps"][0]["validate"] = False
     assert check(wf, runtime) == []
+
+
+FIELD_PROTO = """syntax = "proto3";
+package fielded.v1;
+import "ai/pipestream/proto/validate/v1/validate.proto";
+message In { string text = 1; }
+message Out {
+  string text = 1 [(ai.pipestream.proto.validate.v1.field) = {cel: [
+    {id: "ok", expression: "this.isEmail() || size(this) > 3"},
+    {id: "undeclared", expression: "that > 1"},
+    {id: "a-number", expression: "size(this)"}
+  ]}];
+  repeated string tags = 2 [(ai.pipestream.proto.validate.v1.field) = {repeated: {items: {cel: [
+    {expression: "this.startsWith(rule) && now > timestamp('2020-01-01T00:00:00Z')"},
+    {id: "item-undeclared", expression: "tag != ''"}
+  ]}}}];
+  option (ai.pipestream.proto.validate.v1.message) = {cel: [
+    {id: "an-int", expression: "size(this.tags)"}
+  ]};
+}
+service S { rpc Call(In) returns (Out); }
+"""
+
+
+def test_field_level_validation_rules_are_type_checked_as_upstream_compiles_them(runtime):
+    """Field rules compile with ``this`` dynamic (upstream's field environment): undeclared
+    names and results that are neither bool nor string are findings; message rules get the
+    result check too."""
+    wf = {
+        "schema": {"sources": {"fielded/v1/fielded.proto": FIELD_PROTO}},
+        "inputType": "fielded.v1.In",
+        "steps": [
+            {
+                "name": "call",
+                "target": "127.0.0.1:1",
+                "method": "fielded.v1.S/Call",
+                "rules": ["text = input.text"],
+                "validate": True,
+            }
+        ],
+    }
+    findings = check(wf, runtime)
+    assert {(f.step, f.kind) for f in findings} == {("call", "validate")}
+    errors = sorted(f.error for f in findings)
+    assert errors == sorted(
+        [
+            "CEL rule must return bool or string, got int (fielded.v1.Out: an-int)",
+            "CEL rule must return bool or string, got int (fielded.v1.Out.text: a-number)",
+            (
+                "ERROR: <input>:1:1: undeclared reference to 'that' (in container '')\n"
+                " | that > 1\n | ^ (fielded.v1.Out.text: undeclared)"
+            ),
+            (
+                "ERROR: <input>:1:1: undeclared reference to 'tag' (in container '')\n"
+                " | tag != ''\n | ^ (fielded.v1.Out.tags: item-undeclared)"
+            ),
+        ]
+    )

@@ -1,16 +1,22 @@
 """Confluent wire framing (protomolt_jobs.kafka.framing) byte by byte, and the registry lookup
-against a stub registry on loopback (the integration tier has no Schema Registry)."""
+against a stub registry on loopback (the integration tier has no Schema Registry): the id,
+the check of the registered schema's first message, and the failure policies."""
 
 from __future__ import annotations
-
-import http.server
-import json
-import threading
 
 import pytest
 
 from protomolt_jobs.config import ConfigError, JobsConfig
-from protomolt_jobs.kafka.framing import EventFraming, RegistryError, frame, unframe
+from protomolt_jobs.kafka import framing as framing_module
+from protomolt_jobs.kafka.framing import (
+    EventFraming,
+    RegistryError,
+    RegistrySchemaMismatch,
+    first_message,
+    frame,
+    unframe,
+)
+from tests.support.schema_registry import JOBS_PROTO, OTHER_PROTO, StubRegistry
 
 
 def test_event_and_request_frames_are_upstreams_bytes():
@@ -55,47 +61,84 @@ def test_raw_wire_is_the_payload():
 
 @pytest.fixture
 def registry():
-    """A stub Schema Registry: subject -> latest id; counts lookups."""
-    state = {"ids": {"ev-value": 42}, "calls": 0}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            state["calls"] += 1
-            subject = self.path.split("/")[2]
-            if self.path.endswith("/versions/latest") and subject in state["ids"]:
-                body = {"subject": subject, "version": 3, "id": state["ids"][subject]}
-                code = 200
-            else:
-                body, code = {"error_code": 40401, "message": "Subject not found"}, 404
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    state["url"] = f"http://127.0.0.1:{server.server_address[1]}"
-    yield state
-    server.shutdown()
-    server.server_close()
+    """A stub Schema Registry holding jobs.proto as ``ev-value`` (id 42)."""
+    with StubRegistry() as stub:
+        stub.register("ev-value", 42)
+        yield stub
 
 
 def test_registry_id_of_the_topic_subject_is_stamped_and_kept(registry):
-    framing = EventFraming("confluent", topic="ev", registry_url=registry["url"])
+    framing = EventFraming("confluent", topic="ev", registry_url=registry.url)
     assert framing(b"P") == b"\x00\x00\x00\x00\x2a\x00P"
     assert framing(b"Q") == b"\x00\x00\x00\x00\x2a\x00Q"
-    assert registry["calls"] == 1
+    assert registry.calls == 1
 
 
 def test_registry_without_the_subject_is_a_registry_error(registry):
-    framing = EventFraming("confluent", topic="other", registry_url=registry["url"])
+    framing = EventFraming("confluent", topic="other", registry_url=registry.url)
     with pytest.raises(RegistryError, match="no schema id for 'other-value'"):
         framing(b"P")
-    registry["ids"]["other-value"] = 7
+    registry.register("other-value", 7)
     assert framing(b"P") == b"\x00\x00\x00\x00\x07\x00P"  # retried on the next event
+
+
+def test_first_message_is_the_first_top_level_message_of_the_source():
+    assert first_message(JOBS_PROTO) == "ai.pipestream.proto.jobs.v1.WorkflowRunEvent"
+    assert first_message(OTHER_PROTO) == "ai.pipestream.proto.jobs.v1.WorkflowRunRequest"
+    tricky = (
+        'syntax = "proto3"; // message A {}\n/* message B {} */\npackage p.q;\n'
+        'option (o) = { message: "message C {" };\nenum E { E_0 = 0; }\n'
+        "service S { rpc R(M) returns (M); }\nmessage Outer { message Inner {} }\n"
+    )
+    assert first_message(tricky) == "p.q.Outer"
+    assert first_message("message Bare {}") == "Bare"
+    assert first_message('syntax = "proto3"; enum E { X = 0; }') is None
+
+
+@pytest.mark.parametrize(
+    ("schema", "schema_type", "named"),
+    [
+        (OTHER_PROTO, "PROTOBUF", "ai.pipestream.proto.jobs.v1.WorkflowRunRequest"),
+        (JOBS_PROTO.replace("package ai.pipestream.proto.jobs.v1;", ""), "PROTOBUF", "is Wor"),
+        ('{"type": "record", "name": "WorkflowRunEvent"}', "AVRO", "of type AVRO"),
+    ],
+)
+def test_a_registered_schema_that_does_not_frame_the_event_as_index_0_is_a_mismatch(
+    registry, schema, schema_type, named
+):
+    registry.register("ev-value", 9, schema, schema_type)
+    for policy in ("halt", "fallback-id-0"):
+        framing = EventFraming(
+            "confluent", topic="ev", registry_url=registry.url, on_failure=policy
+        )
+        with pytest.raises(RegistrySchemaMismatch, match=named):
+            framing.schema_id()  # never stamped, whatever the policy
+
+
+def test_halt_raises_while_the_registry_is_down_and_fallback_stamps_0(registry, monkeypatch):
+    url = registry.url
+    registry.stop()
+    halt = EventFraming("confluent", topic="ev", registry_url=url, timeout_s=2)
+    with pytest.raises(RegistryError, match="no schema id for 'ev-value'"):
+        halt.schema_id()
+    fallback = EventFraming(
+        "confluent", topic="ev", registry_url=url, on_failure="fallback-id-0", timeout_s=2
+    )
+    assert fallback(b"P") == b"\x00\x00\x00\x00\x00\x00P"
+    assert fallback.falling_back
+
+    # Once the registry answers again (after the retry interval) its id is stamped and kept.
+    with StubRegistry() as back:
+        back.register("ev-value", 42)
+        fallback.registry_url = back.url
+        assert fallback.schema_id() == 0  # within REGISTRY_RETRY_S: not asked again
+        assert back.calls == 0
+        monkeypatch.setattr(framing_module, "REGISTRY_RETRY_S", 0.0)
+        assert fallback(b"P") == b"\x00\x00\x00\x00\x2a\x00P"
+        assert not fallback.falling_back and back.calls == 1
+
+
+def test_events_wire_and_policy_values_are_checked():
+    with pytest.raises(ValueError, match="registry_failure"):
+        EventFraming("confluent", topic="t", on_failure="ignore")
+    assert EventFraming("confluent", topic="t").schema_id() == 0  # no registry: id 0

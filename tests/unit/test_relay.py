@@ -316,3 +316,54 @@ def test_the_linger_is_bounded_like_every_seconds_key():
         JobsConfig.from_mapping({"relay_linger_seconds": -1})
     assert JobsConfig.from_mapping({"relay_linger_seconds": 0}).relay_linger_seconds == 0.0
     assert JobsConfig().relay_linger_seconds == 0.025
+
+
+def test_upstream_event_types_keep_types_above_6_off_the_events_topic():
+    job = str(uuid.uuid4())
+    rows = [
+        _row(1, job, type="ACCEPTED"),
+        _row(2, job, type="PAUSED"),
+        _row(3, job, type="RESUMED"),
+        _row(4, job, type="CANCELLED", error="CANCELLED by alice"),
+        _row(5, type="RECOVERY_REQUIRED", step="s", error="why"),
+        _row(6, type="DEAD", error="boom"),
+    ]
+    store, producer = FakeStore(rows), FakeProducer()
+    relay = _relay(store, producer, events_topic="ev", event_types="upstream")
+    assert relay.run_once() == 6
+    topics = {WorkflowRunEvent.FromString(v[6:]).type: t for t, _k, v in producer.sent}
+    assert {n: t for n, t in topics.items() if n <= 6} == {1: "ev", 6: "ev"}
+    assert {n: t for n, t in topics.items() if n > 6} == dict.fromkeys([7, 8, 9, 12], "ev.extended")
+    # Same key, same framing on both topics; the outbox order is the produce order.
+    assert [k for _t, k, _v in producer.sent] == [r.kafka_key for r in rows]
+    assert [v for _t, _k, v in producer.sent] == [b"\x00" * 6 + r.payload for r in rows]
+
+
+def test_extended_event_types_keep_every_type_on_the_events_topic():
+    rows = [_row(1, type="PAUSED"), _row(2, type="CANCELLED", error="CANCELLED by bob")]
+    store, producer = FakeStore(rows), FakeProducer()
+    relay = _relay(store, producer, events_topic="ev")
+    assert relay.run_once() == 2
+    assert {t for t, _k, _v in producer.sent} == {"ev"}
+
+
+def test_halt_claims_nothing_while_the_registry_is_down():
+    from tests.support.schema_registry import StubRegistry
+
+    with StubRegistry() as registry:
+        url = registry.url
+    store, producer = FakeStore([_row(1)]), FakeProducer()
+    relay = _relay(store, producer, schema_registry_url=url)
+    relay._frame.timeout_s = 2
+    assert relay.run_once() == 0
+    assert store.claims == [] and producer.sent == []  # every row stays PENDING, unclaimed
+    assert relay.lane_trouble
+
+    fallback = _relay(
+        FakeStore([_row(2)]),
+        FakeProducer(),
+        schema_registry_url=url,
+        registry_failure="fallback-id-0",
+    )
+    fallback._frame.timeout_s = 2
+    assert fallback.run_once() == 1

@@ -988,3 +988,70 @@ def test_format_directives_as_upstream_renders_them():
     # A whole double prints without a fraction; an unknown verb is copied and takes no
     # argument; a missing argument is null.
     assert cel_format(text, args) == "5|2.5|3|1.23|6869|101|%q|true|null|%"
+
+
+TAXONOMY_SOURCE = (
+    'syntax = "proto3";\npackage ai.pipestream.proto.types.v1;\n'
+    'import "ai/pipestream/proto/validate/v1/validate.proto";\n'
+    "message TreePath { repeated string segments = 1; }\n"
+    "message Doc {\n"
+    f'  TreePath category = 1 [{F} = {{taxonomy: "products"}}];\n'
+    f'  repeated TreePath tags = 2 [{F} = {{taxonomy: "products"}}];\n'
+    "}\n"
+)
+
+
+def test_a_taxonomy_on_a_tree_path_fails_closed_as_upstreams_unmounted(tmp_path):
+    """Upstream's ProtoValidator with nothing mounted (the default): a non-empty path is
+    ``taxonomy.unmounted``; an empty path is left to the type's own rules."""
+    p = build_pool(tmp_path, TAXONOMY_SOURCE, "ai/pipestream/proto/types/v1/taxonomy.proto")
+    doc = message_factory.GetMessageClass(
+        p.FindMessageTypeByName("ai.pipestream.proto.types.v1.Doc")
+    )
+    assert validate_message(doc()) == []
+    msg = doc()
+    msg.category.segments.extend(["media", "books"])
+    msg.tags.add()  # an empty path: nothing to check
+    msg.tags.add().segments.append("media")
+    got = [(v.path, v.rule_id, v.message) for v in validate_message(msg)]
+    unmounted = 'taxonomy "products" is not mounted; declared membership cannot be checked'
+    assert got == [
+        ("category", "taxonomy.unmounted", unmounted),
+        ("tags[1]", "taxonomy.unmounted", unmounted),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("field", "message"),
+    [
+        (
+            f'string code = 1 [{F} = {{taxonomy: "products"}}];',
+            (
+                'taxonomy "products" declared on field bad.v1.Bad.code: only fields of '
+                "ai.pipestream.proto.types.v1.TreePath take a taxonomy rule"
+            ),
+        ),
+        (
+            f'map<string, string> codes = 1 [{F} = {{taxonomy: "products"}}];',
+            "only fields of ai.pipestream.proto.types.v1.TreePath take a taxonomy rule",
+        ),
+        (
+            f'repeated string codes = 1 [{F} = {{repeated: {{items: {{taxonomy: "p"}}}}}}];',
+            (
+                "taxonomy on field bad.v1.Bad.codes must be declared on the TreePath field itself, "
+                "not on repeated items or map entries"
+            ),
+        ),
+    ],
+)
+def test_a_taxonomy_anywhere_but_a_tree_path_field_refuses_the_schema(tmp_path, field, message):
+    """Upstream refuses such a schema (a rule that would silently check nothing)."""
+    source = (
+        'syntax = "proto3";\npackage bad.v1;\n'
+        'import "ai/pipestream/proto/validate/v1/validate.proto";\n'
+        f"message Bad {{ {field} }}\n"
+    )
+    p = build_pool(tmp_path, source, "bad/v1/bad.proto")
+    with pytest.raises(RuleError) as info:
+        compile_rules(p.FindMessageTypeByName("bad.v1.Bad"))
+    assert message in str(info.value)
