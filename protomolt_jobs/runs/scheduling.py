@@ -173,7 +173,9 @@ def _scheduling_defaults(definition: Mapping[str, Any]) -> dict[str, Any]:
         return {}
     if not isinstance(block, dict):
         raise FieldError("scheduling", "'scheduling' must be a JSON object")
-    known = ("priority", "queue", "fairnessKey", "dedupKey")
+    from protomolt_jobs.workflow.keys import known_keys  # the one table of definition keys
+
+    known = known_keys("scheduling")
     for key in block:
         if key not in known:
             raise FieldError(
@@ -223,7 +225,9 @@ def parse_budget(definition: Mapping[str, Any], *, pause_supported: bool) -> Bud
         return None
     if not isinstance(block, dict):
         raise FieldError("budget", "'budget' must be a JSON object")
-    known = ("deadline", "maxCost", "onExceeded")
+    from protomolt_jobs.workflow.keys import known_keys  # the one table of definition keys
+
+    known = known_keys("budget")
     for key in block:
         if key not in known:
             raise FieldError(

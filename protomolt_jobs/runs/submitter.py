@@ -4,7 +4,10 @@ Checks run in the reference's order (upstream ``WorkflowRunSubmitter``):
 
 1. resolve the definition: an inline ``workflow`` wins; else a non-blank ``workflow_name``
    through the :class:`~protomolt_jobs.hooks.contract.WorkflowRepository`;
-2. the definition and the input must be JSON objects;
+2. the definition and the input must be JSON objects, and the definition may hold no key its
+   objects do not know (the engine's ``keys``: an unknown key is ``invalid-input`` naming
+   ``field`` ``workflow``, or ``workflowName`` for a stored one, and ``path``, the key's path
+   in the definition; a typo never silently drops a setting);
 3. parse the definition (the engine's ``parse_workflow``);
 4. verify it (the engine's ``verify``);
 5. check the input against the workflow's ``inputType`` (the engine's ``parse_input``);
@@ -180,6 +183,7 @@ class Submitter:
         :returns: the outcome; never raises for bad input.
         :raises StoreError: the database failed.
         """
+        from protomolt_jobs.workflow import keys
         from protomolt_jobs.workflow.envelope import parse_input, parse_workflow
         from protomolt_jobs.workflow.types import WorkflowParseError
         from protomolt_jobs.workflow.verifier import verify
@@ -215,6 +219,20 @@ class Submitter:
                 reason,
                 "'workflow' (or 'workflowName') and 'input' objects are required",
                 field="workflow" if reason == "invalid-definition" else "input",
+            )
+        # 2b. No unknown keys (a door's check: the worker never makes it, so a run stored
+        # before a key became unknown keeps running).
+        refused = keys.refusal(definition)
+        if refused is not None:
+            unknown, said = refused
+            stored = name if workflow is None else ""
+            whose = f"stored workflow '{stored}'" if stored else "the workflow"
+            return _refuse(
+                "invalid-input",
+                f"{whose} has {said}",
+                unknown.step,
+                field="workflowName" if stored else "workflow",
+                path=unknown.path,
             )
         # 3. Parse.
         try:

@@ -20,6 +20,7 @@ from protomolt_jobs.workflow import (
     WorkflowExecutionError,
     WorkflowParseError,
     check,
+    keys,
     parse_input,
     parse_workflow,
     run,
@@ -84,7 +85,8 @@ class RunWorkflowAction(Verb):
 
     Input ``{"workflow": {...} | "workflowName": "...", "input": {...}}``; answer
     ``{"ok": true, "outputType", "output", "steps": [{"name", "skipped"}]}`` or
-    ``{"ok": false, "failedStep"?, "error"}``.
+    ``{"ok": false, "failedStep"?, "error"}``. A workflow with an unknown key is
+    ``invalid-input``, as at submit.
     """
 
     name = "run-workflow"
@@ -115,7 +117,9 @@ class RunWorkflowAction(Verb):
         :raises InvalidInput: the input is not an object, ``workflow`` is not an object,
             ``workflowName`` is not a string, ``input`` is not an object or not proto3 JSON of
             the input type (an unknown field included: ``details.path`` names it); a field
-            other than ``workflow``, ``workflowName``, ``input``.
+            other than ``workflow``, ``workflowName``, ``input``; the workflow holds a key its
+            objects do not know (``details.field`` is ``workflow``, or ``workflowName`` for a
+            stored one; ``details.path`` the first key's path, e.g. ``steps[1].maxAtempts``).
         :raises InternalError: the engine failed unexpectedly.
         """
         input = _require_object(input, self.name, self.fields)
@@ -129,6 +133,17 @@ class RunWorkflowAction(Verb):
             return refusal
         if not isinstance(definition, dict):
             raise InvalidInput("'workflow' must be a JSON object", {"field": "workflow"})
+        refused = keys.refusal(definition)
+        if refused is not None:
+            # As submit-workflow: a misspelt key is refused naming it, never silently dropped.
+            unknown, said = refused
+            if "workflow" in input and input["workflow"] is not None:
+                raise invalid("workflow", f"the workflow has {said}", unknown.path)
+            raise invalid(
+                "workflowName",
+                f"stored workflow '{input.get('workflowName')}' has {said}",
+                unknown.path,
+            )
         try:
             workflow = parse_workflow(definition, self.runtime)
         except WorkflowParseError as exc:
@@ -178,7 +193,8 @@ class CheckWorkflowAction(Verb):
 
     Input ``{"workflow": {...}}`` (or ``{"workflowName": "..."}``); answer
     ``{"ok": <no findings>, "findings": [{"step", "kind", "error"}]}``. Any JSON value given as
-    ``workflow`` gets findings, never an error.
+    ``workflow`` gets findings, never an error; each key the definition's objects do not know
+    is a finding of kind ``unknown-key`` naming its path and the closest known key.
     """
 
     name = "check-workflow"

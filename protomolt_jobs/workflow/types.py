@@ -157,7 +157,9 @@ class WorkflowExecutionError(ProtomoltJobsError):
 @dataclass(frozen=True)
 class Finding:
     """One static verification problem: ``kind`` is ``workflow``, ``method``, ``completion``,
-    ``rule``, ``celRule``, ``when``, ``output`` or ``unsupported``."""
+    ``rule``, ``celRule``, ``when``, ``output``, ``validate``, ``verify``, ``graph``, ``edge``,
+    ``fanOut``, ``structured``, ``effect-external-in-graph``, ``unsupported``, or (from
+    ``verifier.check`` only) ``unknown-key``."""
 
     step: str
     kind: str

@@ -8,6 +8,9 @@ earlier step's output type) and reports :class:`Finding` records. Kinds: ``workf
 CEL has no static type checker in cel-python, so CEL is checked by compiling it and by one trial
 evaluation over default instances of the scope: an undeclared name, or a gate/filter whose
 value is not a boolean, is reported; errors that depend on data (an unset message) are not.
+
+:func:`check` (the doors' check) also reports each key the definition's objects do not know
+(kind ``unknown-key``, :mod:`~protomolt_jobs.workflow.keys`); :func:`verify` does not.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from celpy import celtypes
 from google.protobuf import descriptor as _d
 
 from protomolt_jobs.workflow import cel as _cel
-from protomolt_jobs.workflow import cel_check, mapping
+from protomolt_jobs.workflow import cel_check, keys, mapping
 from protomolt_jobs.workflow import graph as _graph
 from protomolt_jobs.workflow.envelope import message_class, parse_workflow
 from protomolt_jobs.workflow.types import (
@@ -512,14 +515,21 @@ def _check_edge(
 
 
 def check(obj: Any, runtime: Runtime) -> list[Finding]:
-    """Parse and verify ``obj``; never raises.
+    """Check ``obj`` at a door (``check-workflow``, and through it ``PUT``): its unknown keys
+    (:mod:`~protomolt_jobs.workflow.keys`), then parse and verify; never raises.
 
-    :returns: findings; a parse failure is one finding of kind ``workflow`` with its step.
+    Unknown keys are a door's check only: :func:`verify`, which the worker re-runs on every
+    claim, does not look at them, so a run stored before a key became unknown keeps running.
+
+    :returns: findings: one of kind ``unknown-key`` per unknown key (even when the definition
+        does not parse: a misspelt key is often why), then a parse failure as one finding of
+        kind ``workflow`` with its step, or the verifier's findings.
     """
+    unknown = keys.findings(obj)
     try:
         workflow = parse_workflow(obj, runtime)
     except WorkflowParseError as exc:
-        return [Finding(exc.step, "workflow", exc.message)]
+        return [*unknown, Finding(exc.step, "workflow", exc.message)]
     except Exception as exc:  # a checker answers, whatever it is given
         log.warning(
             "workflow check failed unexpectedly",
@@ -527,10 +537,11 @@ def check(obj: Any, runtime: Runtime) -> list[Finding]:
             extra={"action": "workflow_check_crashed"},
         )
         return [
-            Finding("", "workflow", f"workflow could not be parsed: {type(exc).__name__}: {exc}")
+            *unknown,
+            Finding("", "workflow", f"workflow could not be parsed: {type(exc).__name__}: {exc}"),
         ]
     try:
-        return verify(workflow)
+        return [*unknown, *verify(workflow)]
     except Exception as exc:  # a checker answers, whatever it is given
         log.warning(
             "workflow verification failed unexpectedly",
@@ -538,5 +549,6 @@ def check(obj: Any, runtime: Runtime) -> list[Finding]:
             extra={"action": "workflow_verify_crashed"},
         )
         return [
-            Finding("", "workflow", f"workflow could not be verified: {type(exc).__name__}: {exc}")
+            *unknown,
+            Finding("", "workflow", f"workflow could not be verified: {type(exc).__name__}: {exc}"),
         ]

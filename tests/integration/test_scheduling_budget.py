@@ -115,7 +115,6 @@ def test_a_run_within_budget_completes(fresh_dsn, services, store, submitter):
         ({"deadline": "P1M"}, "budget.deadline"),
         ({"maxCost": 0}, "budget.maxCost"),
         ({"maxCost": 5, "onExceeded": "explode"}, "budget.onExceeded"),
-        ({"ceiling": 5}, "budget.ceiling"),
         ({}, "budget"),
     ],
 )
@@ -125,6 +124,16 @@ def test_bad_budgets_are_refused_naming_the_field(services, store, submitter, bu
     assert not outcome.ok
     assert outcome.reason == "invalid-definition"
     assert outcome.field == field
+    assert store.job_list() == []
+
+
+def test_an_unknown_budget_key_is_invalid_input_naming_its_path(services, store, submitter):
+    # Unknown keys anywhere in a definition are refused at the door (workflow/keys.py).
+    definition = workflow(services.target, [tokenize_step("s1", services.target)], {"ceiling": 5})
+    outcome = submitter.submit(workflow=definition, input={"text": "x"})
+    assert (outcome.ok, outcome.reason) == (False, "invalid-input")
+    assert (outcome.field, outcome.path) == ("workflow", "budget.ceiling")
+    assert "unknown key 'ceiling' at budget.ceiling" in outcome.error
     assert store.job_list() == []
 
 
