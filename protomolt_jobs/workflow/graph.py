@@ -68,6 +68,7 @@ __all__ = [
     "SUCCEEDED",
     "GraphState",
     "ancestors",
+    "contradiction_findings",
     "criterion",
     "decide",
     "names_read",
@@ -587,9 +588,11 @@ def structure_findings(workflow: CompiledWorkflow, known: set[str]) -> list[Find
         if not deps:
             ready.append(name)
     reachable: set[str] = set()
+    topological: list[str] = []
     while ready:
         name = ready.pop()
         reachable.add(name)
+        topological.append(name)
         for after in dependants.get(name, ()):
             waiting[after] -= 1
             if waiting[after] == 0:
@@ -602,7 +605,115 @@ def structure_findings(workflow: CompiledWorkflow, known: set[str]) -> list[Find
         out.append(
             Finding(name, "graph", f"unreachable: it waits on '{waits}', which can never run")
         )
+    out.extend(contradiction_findings(by_name, topological))
     return out
+
+
+_OUTCOME_WORD = {ON_SUCCESS: "succeed", ON_FAILURE: "fail"}
+
+
+def contradiction_findings(by_name: Mapping[str, Step], order: list[str]) -> list[Finding]:
+    """Steps that can never run because their dependency conditions cannot all hold.
+
+    For each step, the outcomes its running *requires* (``d`` succeeded, ``d`` failed) are
+    propagated in topological order: a ``join: all`` step requires what every ``success`` or
+    ``failure`` edge requires (the upstream's outcome, and whatever made the upstream run);
+    a ``join: any`` step only what every one of its edges requires (a ``done`` edge requires
+    nothing). A step that requires a step both to succeed and to fail can never run (the
+    decision table skips it every time); so can a step that requires the outcome of a step
+    that can never run (for ``join: any``: when every edge does). Sound, not complete: a
+    finding is always a step that never runs, and ``when`` gates are not read.
+
+    Each step's requirements are two bit sets over ``order`` (Python ints), so the pass is
+    linear in edges times ``len(order) / 64`` words: milliseconds at the caps.
+
+    :param by_name: every step by name, in declaration order (the findings' order).
+    :param order: the reachable main steps, each after all of its dependencies.
+    :returns: one ``graph`` finding per step that can never run, naming it and the step
+        whose outcomes contradict (or the dependency that can never run).
+    """
+    bit = {name: 1 << i for i, name in enumerate(order)}
+    # name -> (must have succeeded, must have failed), or None: can never run
+    needs: dict[str, tuple[int, int] | None] = {}
+    out: list[Finding] = []
+
+    def edge_needs(d: Dependency) -> tuple[int, int] | None:
+        # What one matching edge requires; None when it can never match.
+        if d.on == ON_DONE:
+            return (0, 0)
+        upstream = needs.get(d.step, (0, 0))
+        if upstream is None:
+            return None
+        ok, bad = upstream
+        if d.on == ON_SUCCESS:
+            return (ok | bit.get(d.step, 0), bad)
+        return (ok, bad | bit.get(d.step, 0))
+
+    for name in order:
+        step = by_name[name]
+        per_edge = [(d, edge_needs(d)) for d in step.depends]
+        if not per_edge:
+            needs[name] = (0, 0)
+            continue
+        dead = next((d for d, n in per_edge if n is None), None)
+        if step.join == "any":
+            alive = [n for _, n in per_edge if n is not None]
+            if not alive:
+                needs[name] = None
+                out.append(_never_runs(name, dead))
+                continue
+            ok, bad = alive[0]
+            for a, b in alive[1:]:
+                ok, bad = ok & a, bad & b
+        else:
+            if dead is not None:
+                needs[name] = None
+                out.append(_never_runs(name, dead))
+                continue
+            ok = bad = 0
+            for _, n in per_edge:
+                assert n is not None
+                ok, bad = ok | n[0], bad | n[1]
+        clash = ok & bad
+        if not clash:
+            needs[name] = (ok, bad)
+            continue
+        needs[name] = None
+        low = (clash & -clash).bit_length() - 1
+        out.append(_contradiction(step, order[low], per_edge, bit[order[low]]))
+    position = {n: i for i, n in enumerate(by_name)}
+    return sorted(out, key=lambda f: position.get(f.step, 0))
+
+
+def _never_runs(name: str, dead: Dependency | None) -> Finding:
+    assert dead is not None
+    return Finding(
+        name,
+        "graph",
+        f"can never run: it needs '{dead.step}' to {_OUTCOME_WORD[dead.on]}, and "
+        f"'{dead.step}' can never run",
+    )
+
+
+def _contradiction(
+    step: Step,
+    target: str,
+    per_edge: list[tuple[Dependency, tuple[int, int] | None]],
+    mask: int,
+) -> Finding:
+    def via(index: int) -> str:
+        for d, n in per_edge:
+            if n is not None and n[index] & mask:
+                return f"{d.step} on {d.on}" if d.step == target else f"through '{d.step}'"
+        return ""
+
+    how = f"join '{step.join}'"
+    return Finding(
+        step.name,
+        "graph",
+        f"can never run: its dependency conditions contradict each other ({how}): '{target}' "
+        f"would have to succeed ({via(0)}) and fail ({via(1)})",
+    )
 
 
 def read_findings(

@@ -222,6 +222,88 @@ def test_steps_after_a_cycle_are_unreachable(runtime):
     ]
 
 
+def test_a_step_needing_success_and_failure_of_one_step_is_refused_naming_it(runtime):
+    # issue 27 item 5: join all over 'left' on success and 'left' on failure never runs.
+    wf = graph(
+        [
+            step("left", T),
+            step(
+                "both",
+                T,
+                after=[{"step": "left", "on": "success"}, {"step": "left", "on": "failure"}],
+            ),
+        ]
+    )
+    assert _findings(wf, runtime) == [
+        (
+            "both",
+            "graph",
+            (
+                "can never run: its dependency conditions contradict each other (join 'all'): "
+                "'left' would have to succeed (left on success) and fail (left on failure)"
+            ),
+        )
+    ]
+
+
+def test_conditions_that_cannot_all_hold_through_other_steps_are_refused(runtime):
+    # 'fix' runs only when 'a' failed; 'late' needs 'a' to succeed and 'fix' to succeed.
+    wf = graph(
+        [
+            step("a", T),
+            step("fix", T, after=[{"step": "a", "on": "failure"}]),
+            step("late", T, after=["a", "fix"]),
+            step("later", T, after=["late"]),
+            step("any_of", T, after=["late", {"step": "a", "on": "done"}], join="any"),
+        ]
+    )
+    assert _findings(wf, runtime) == [
+        (
+            "late",
+            "graph",
+            (
+                "can never run: its dependency conditions contradict each other (join 'all'): "
+                "'a' would have to succeed (a on success) and fail (through 'fix')"
+            ),
+        ),
+        ("later", "graph", "can never run: it needs 'late' to succeed, and 'late' can never run"),
+    ]
+
+
+def test_join_any_contradicts_only_when_every_edge_does(runtime):
+    both = [{"step": "b", "on": "success"}, {"step": "b", "on": "failure"}]
+    wf = graph(
+        [
+            step("a", T),
+            step("b", T, after=["a"]),
+            # either edge may match: fine
+            step("either", T, after=both, join="any"),
+            # every edge needs 'a' to succeed and one of them also to fail
+            step("c", T, after=[{"step": "a", "on": "failure"}]),
+            step("d", T, after=[{"step": "a", "on": "failure"}]),
+            step("never", T, after=["b", "c"]),
+            step("never2", T, after=["b", "d"]),
+            step("no_way", T, after=["never", "never2"], join="any"),
+        ],
+        completion={"require": ["either"]},
+    )
+    found = _findings(wf, runtime)
+    assert [f[0] for f in found] == ["never", "never2", "no_way"]
+    assert found[2][2] == "can never run: it needs 'never' to succeed, and 'never' can never run"
+
+
+def test_success_with_done_or_failure_with_done_is_fine(runtime):
+    wf = graph(
+        [
+            step("left", T),
+            step("s", T, after=["left", {"step": "left", "on": "done"}]),
+            step("f", T, after=[{"step": "left", "on": "failure"}, {"step": "left", "on": "done"}]),
+        ],
+        completion={"require": ["s"]},
+    )
+    assert _findings(wf, runtime) == []
+
+
 def test_reading_a_sibling_is_refused_as_a_race(runtime):
     wf = graph(
         [
@@ -373,8 +455,28 @@ def test_simulate_on_a_sequential_workflow_is_its_chain(runtime):
                 "race); add it to 'after'",
             },
         ),
+        (
+            graph(
+                [
+                    step("left", T),
+                    step(
+                        "x",
+                        T,
+                        after=[{"step": "left"}, {"step": "left", "on": "failure"}],
+                        join="all",
+                    ),
+                ]
+            ),
+            {
+                "step": "x",
+                "kind": "graph",
+                "error": "can never run: its dependency conditions contradict each other "
+                "(join 'all'): 'left' would have to succeed (left on success) and fail (left on "
+                "failure)",
+            },
+        ),
     ],
-    ids=["cycle", "unknown-dependency", "unreachable", "sibling-read"],
+    ids=["cycle", "unknown-dependency", "unreachable", "sibling-read", "contradiction"],
 )
 def test_check_workflow_refuses_each_naming_the_step(runtime, wf, finding):
     answer = CheckWorkflowAction(runtime).execute({"workflow": wf, "simulate": True})
