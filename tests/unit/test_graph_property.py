@@ -108,3 +108,28 @@ def test_a_step_found_never_to_run_never_starts(case):
         for s in start:
             assert s.name not in never, (s.name, definition["steps"], failing)
             state.ended(s.name, g.FAILED if s.name in failing else g.SUCCEEDED, "x")
+
+
+@st.composite
+def graphs_with_compensations(draw):
+    definition, _ = draw(graphs())
+    steps = definition["steps"]
+    for i, s in enumerate(list(steps)):
+        if draw(st.booleans()):
+            s["compensate"] = f"u{i}"
+            steps.append(step(f"u{i}", T))
+    return definition
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graphs_with_compensations())
+def test_simulate_cuts_unhandled_failures_from_the_all_succeed_play_exactly(definition):
+    # simulate answers a path whose failure no edge handles from the all-succeed play's
+    # waves (issue 27 item 6: linear, not a play per step); it must be exactly the full play.
+    wf = parse_workflow(definition, RUNTIME)
+    sim = g.simulate(wf)
+    assert sim["allSucceed"] == g._play(wf, None)
+    assert "truncated" not in sim
+    assert [p["step"] for p in sim["ifFails"]] == [s.name for s in g.main_steps(wf)]
+    for path in sim["ifFails"]:
+        assert {k: v for k, v in path.items() if k != "step"} == g._play(wf, path["step"])
