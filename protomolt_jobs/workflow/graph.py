@@ -55,6 +55,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from protomolt_jobs.workflow.retry_scope import settled
 from protomolt_jobs.workflow.types import (
     ON_DONE,
     ON_FAILURE,
@@ -356,7 +357,7 @@ def report_from_checkpoints(
         failure that exhausted its attempts is not checkpointed).
     """
     state = GraphState(workflow)
-    for entry in checkpoints or []:
+    for entry in settled(workflow, checkpoints or []):
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             continue
         name = entry["name"]
