@@ -362,6 +362,8 @@ def _control(args: argparse.Namespace, console: Any) -> int:
         envelope["at"] = args.at
     if getattr(args, "step", None):
         envelope["stepName"] = args.step
+    if getattr(args, "only", False):
+        envelope["scope"] = "only"
     if getattr(args, "outcome", None):
         envelope["outcome"] = args.outcome
     if getattr(args, "migrate_action", None):
@@ -591,6 +593,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--at", help="RFC 3339 time (database clock), e.g. 2026-01-02T22:00:00Z")
         if name == "retry":
             p.add_argument("--step", required=True, help="the step to run again")
+            p.add_argument(
+                "--only",
+                action="store_true",
+                help="scope only: run the step alone; its dependants run again only if its "
+                "output changed (default: the step and its dependants)",
+            )
         if name in ("reconcile", "migrate"):
             p.add_argument("--step", required=True, help="the step (the job's outstanding step)")
             p.add_argument("--response", help="the step's response: proto3 JSON of its output type")

@@ -163,12 +163,16 @@ class ControlMixin(db.Database):
         actor: str,
         reason: str | None = None,
         intents: dict[str, Any] | None = None,
+        bump_generation: bool = True,
     ) -> ControlOutcome:
         """Queue a FAILED, DEAD, CANCELLED, PAUSED or COMPLETED job again with only
-        ``checkpoints`` kept (the caller dropped ``step``'s and its dependants'): attempt 0,
-        result, verdict and error cleared; a REQUEUED event naming ``step``, NOTIFY.
-        ``intents`` become the row's external-step intents (None: none); the caller keeps the
-        intents of unproven effects, so the resumed run probes them instead of calling blindly.
+        ``checkpoints`` kept (the caller dropped ``step``'s and, by the retry's scope, its
+        dependants'): attempt 0, result, verdict and error cleared; a REQUEUED event naming
+        ``step``, NOTIFY. ``intents`` become the row's external-step intents (None: none); the
+        caller keeps the intents of unproven effects, so the resumed run probes them instead
+        of calling blindly. ``step``'s generation (the last part of its idempotency key) grows
+        by one unless ``bump_generation`` is false (an external step called again with its key).
+        ``reason`` is recorded as given (the verb puts the scope in it).
 
         Optimistic: applies only while the row is still ``expected_status`` at
         ``expected_history_seq`` (nothing changed since the caller read it).
@@ -186,6 +190,7 @@ class ControlMixin(db.Database):
             "step": scrub_text(step),
             "checkpoints": checks.jsonb("checkpoints", checkpoints, list),
             "intents": checks.jsonb("intents", intents, dict) if intents else None,
+            "bump": bool(bump_generation),
             "status": expected_status,
             "history_seq": int(expected_history_seq),
             "actor": scrub_text(actor),
@@ -454,7 +459,13 @@ class ControlMixin(db.Database):
             raise StoreError(
                 f"stored checkpoints of job {job_id} are unreadable: {record.unreadable}"
             )
-        if any(isinstance(c, dict) and c.get("name") == step for c in checkpoints):
+        # An entry a retry-step marked (``retryOf``: kept on the condition that the retried
+        # step's output is unchanged) does not answer the step: a run parked on it again
+        # found that output changed (workflow/retry_scope.py).
+        if any(
+            isinstance(c, dict) and c.get("name") == step and "retryOf" not in c
+            for c in checkpoints
+        ):
             return AlreadyDone(row["status"])
         if row["status"] != "WAITING" or row["outstanding_step"] != step:
             return WrongState(row["status"], row["outstanding_step"])

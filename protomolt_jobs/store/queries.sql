@@ -905,7 +905,7 @@ UPDATE workflow_run
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
 -- name: job_control_retry_step
--- description: retry-step: store the kept checkpoints (the caller drops the step's and its dependants') and the kept intents (the caller keeps every external step's intent whose effect nothing proves: it is not the retried step and has no checkpoint), QUEUED now with attempt 0, result/verdict/error cleared; only if the row is still as read (status and history_seq).
+-- description: retry-step: store the kept checkpoints (the caller drops the step's and, by its scope, its dependants') and the kept intents (the caller keeps every external step's intent whose effect nothing proves: it is not the retried step and has no checkpoint), the step's generation grown unless %(bump)s is false (an external step keeps its idempotency key), QUEUED now with attempt 0, result/verdict/error cleared; only if the row is still as read (status and history_seq).
 UPDATE workflow_run
    SET status = 'QUEUED',
        checkpoints = %(checkpoints)s,
@@ -919,9 +919,11 @@ UPDATE workflow_run
        control = NULL,
        paused_from = NULL,
        updated_at = now(),
-       step_generations = coalesce(step_generations, '{}'::jsonb)
-                          || jsonb_build_object(%(step)s::text,
-                                                coalesce((step_generations->>%(step)s::text)::int, 0) + 1),
+       step_generations = CASE WHEN %(bump)s::boolean THEN
+                            coalesce(step_generations, '{}'::jsonb)
+                            || jsonb_build_object(%(step)s::text,
+                                                  coalesce((step_generations->>%(step)s::text)::int, 0) + 1)
+                          ELSE step_generations END,
        effect_intents = %(intents)s::jsonb,
        change_kind = 'retry-step',
        change_actor = %(actor)s,

@@ -28,6 +28,8 @@ from protomolt_jobs.verbs.base import (
     unreadable_row,
 )
 from protomolt_jobs.workflow.graph import requeue_checkpoints
+from protomolt_jobs.workflow.retry_scope import SCOPES, plan_retry
+from protomolt_jobs.workflow.types import EFFECT_EXTERNAL
 
 __all__ = [
     "LATEST_AT",
@@ -214,32 +216,66 @@ def _rfc3339(input: dict[str, Any], field: str) -> datetime | None:
 
 
 class RetryStepAction(ControlVerb):
-    """``retry-step`` (scope ``job-control``): run one step and its dependants again."""
+    """``retry-step`` (scope ``job-control``): run one step again, and its dependants as the
+    ``scope`` says (``workflow/retry_scope.py``)."""
 
     name = "retry-step"
     description = (
-        "Retry one step ('jobId', 'stepName', optional 'reason') of a FAILED, DEAD, CANCELLED, "
-        "PAUSED or COMPLETED job: its checkpoint and those of the steps that depend on it are "
-        "dropped, every other checkpoint is kept (those steps are not called again), and the "
-        "job is QUEUED with fresh attempts."
+        "Retry one step ('jobId', 'stepName', optional 'scope', 'newIdempotencyKey', 'reason') "
+        "of a FAILED, DEAD, CANCELLED, PAUSED or COMPLETED job: its checkpoint is dropped and "
+        "the job is QUEUED with fresh attempts. scope 'dependants' (default): the steps that "
+        "depend on it run again too; scope 'only': they are kept and run again only if the "
+        "step's new output differs from the checkpointed one (by hash). Either way a dependant "
+        "with an external effect whose result is recorded is never run again; the step itself, "
+        "when external, keeps its idempotency key unless 'newIdempotencyKey' is true."
     )
-    fields = ("jobId", "stepName", "reason")
+    fields = ("jobId", "stepName", "scope", "newIdempotencyKey", "reason")
 
     def __init__(self, backend: JobsBackend, runtime: Any) -> None:
         super().__init__(backend)
         self.runtime = runtime
-        self.input_schema = control_schema({"stepName": {"type": "string"}}, ("stepName",))
+        self.input_schema = control_schema(
+            {
+                "stepName": {"type": "string"},
+                "scope": {
+                    "type": "string",
+                    "enum": list(SCOPES),
+                    "description": "dependants (default): the step and the steps depending on "
+                    "it run again; only: the step alone, its dependants only if its output "
+                    "changed",
+                },
+                "newIdempotencyKey": {
+                    "type": "boolean",
+                    "description": "an external step gets a new idempotency key (default: its "
+                    "call carries the key it had)",
+                },
+            },
+            ("stepName",),
+        )
 
     def execute(self, input: dict[str, Any]) -> dict[str, Any]:
-        """:returns: ``{ok: true, status: "QUEUED", dropped: [step...]}`` or ``{ok: false,
-            status, error}``.
+        """:returns: ``{ok: true, status: "QUEUED", dropped: [step...], scope?, rerunIfChanged?:
+            [step...], keptEffects?: [step...]}`` (``scope`` when it was given; the lists when
+            not empty) or ``{ok: false, status, error}``.
 
         :raises Unavailable: no database configured.
-        :raises InvalidInput: a malformed field; a step the workflow does not have.
+        :raises InvalidInput: a malformed field (``scope`` not ``only``/``dependants``,
+            ``newIdempotencyKey`` not a boolean); a step the workflow does not have.
         :raises JobCorrupt: the job's stored definition or checkpoints cannot be read.
         """
         store, job_id, reason = self._begin(input)
         step_name = require_string(input, "stepName")
+        given_scope = optional_string(input, "scope")
+        if given_scope is not None and given_scope not in SCOPES:
+            raise invalid(
+                "scope", f"Field 'scope' must be one of {', '.join(SCOPES)}; got '{given_scope}'"
+            )
+        scope = given_scope or SCOPES[0]
+        new_key = input.get("newIdempotencyKey", False)
+        if new_key is None:
+            new_key = False
+        if not isinstance(new_key, bool):
+            raise invalid("newIdempotencyKey", "Field 'newIdempotencyKey' must be a boolean")
         job = store.job_get(job_id)
         if job is None:
             return not_found(job_id)
@@ -251,62 +287,86 @@ class RetryStepAction(ControlVerb):
             )
         if getattr(job, "unreadable", None):
             raise unreadable_row(job)
-        try:
-            stored = StoredRun.load(job, self.runtime)
-        except SnapshotError as exc:
-            # The checkpoints to drop come from the definition: without it, job-corrupt.
-            if exc.kind == "not-object":
-                raise JobCorrupt(
-                    "the job's stored workflow definition is not a JSON object"
-                ) from exc
-            if exc.kind == "unreadable":
-                raise JobCorrupt(
-                    f"the job's stored workflow definition is not readable: {exc.detail}"
-                ) from exc
-            raise JobCorrupt(
-                f"the job's stored workflow definition does not parse: {exc.detail}"
-            ) from exc
-        order = stored.step_names()
-        if step_name not in order:
+        stored = _load_for_retry(job, self.runtime)
+        if step_name not in stored.step_names():
             raise invalid("stepName", f"the workflow has no step named '{step_name}'")
-        dropped = {step_name, *stored.dependants().get(step_name, ())}
-        kept = [
-            c
-            for c in job.checkpoints or []
-            if not (isinstance(c, dict) and c.get("name") in dropped)
-        ]
+        plan = plan_retry(
+            stored.workflow,
+            list(job.checkpoints or []),
+            step_name,
+            scope=scope,
+            downstream=stored.dependants().get(step_name, ()),
+        )
         # An intent without a checkpoint is an external effect nothing proves (a run that was
         # RECOVERY_REQUIRED, then cancelled): only the retried step's own is the operator's word
-        # (it is called again under a new generation); any other stays, so the run asks its
-        # probe (or waits as RECOVERY_REQUIRED) instead of calling it blindly.
+        # (it is called again); any other stays, so the run asks its probe (or waits as
+        # RECOVERY_REQUIRED) instead of calling it blindly.
         proven = {c.get("name") for c in job.checkpoints or [] if isinstance(c, dict)}
         intents = {
             name: intent
             for name, intent in (getattr(job, "effect_intents", None) or {}).items()
             if name != step_name and name not in proven
         }
+        declared = stored.workflow.step(step_name)
+        external = declared is not None and declared.effect == EFFECT_EXTERNAL
         outcome = store.job_retry_step(
             job_id,
             step=step_name,
-            checkpoints=kept,
+            checkpoints=plan.checkpoints,
             intents=intents or None,
             expected_status=job.status,
             expected_history_seq=job.history_seq,
             actor=actor(),
-            reason=reason,
+            reason=_recorded_reason(given_scope, external and new_key, reason),
+            # An external step called again keeps its idempotency key (the adapter answers a
+            # repeated key with its first answer) unless the operator asks for a new one.
+            bump_generation=not external or new_key,
         )
         self._log(job_id, outcome.status, reason)
         if outcome.changed:
-            return {
-                "ok": True,
-                "status": "QUEUED",
-                "dropped": [n for n in order if n in dropped],
-            }
+            body: dict[str, Any] = {"ok": True, "status": "QUEUED", "dropped": plan.dropped}
+            if given_scope is not None:
+                body["scope"] = scope
+            if plan.provisional:
+                body["rerunIfChanged"] = plan.provisional
+            if plan.kept_effects:
+                body["keptEffects"] = plan.kept_effects
+            return body
         if outcome.conflict:
             return refused(job_id, outcome.status, outcome.conflict)
         return refused(
             job_id, outcome.status, "it changed while the retry was prepared; read it and retry"
         )
+
+
+def _recorded_reason(scope: str | None, new_key: bool, reason: str | None) -> str | None:
+    """The history's reason of a retry-step: ``scope <scope>`` when a scope was given, ``new
+    idempotency key`` when one was asked for, then the operator's reason (``; ``-joined)."""
+    parts = [f"scope {scope}"] if scope is not None else []
+    if new_key:
+        parts.append("new idempotency key")
+    if reason:
+        parts.append(reason)
+    return "; ".join(parts) or None
+
+
+def _load_for_retry(job: Any, runtime: Any) -> StoredRun:
+    """The job's stored run; the checkpoints to drop come from the definition.
+
+    :raises JobCorrupt: the definition is not a JSON object, not readable, or does not parse.
+    """
+    try:
+        return StoredRun.load(job, runtime)
+    except SnapshotError as exc:
+        if exc.kind == "not-object":
+            raise JobCorrupt("the job's stored workflow definition is not a JSON object") from exc
+        if exc.kind == "unreadable":
+            raise JobCorrupt(
+                f"the job's stored workflow definition is not readable: {exc.detail}"
+            ) from exc
+        raise JobCorrupt(
+            f"the job's stored workflow definition does not parse: {exc.detail}"
+        ) from exc
 
 
 class RequeueJobAction(ControlVerb):

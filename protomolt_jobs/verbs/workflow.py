@@ -225,7 +225,9 @@ class CheckWorkflowAction(Verb):
     def execute(self, input: dict[str, Any]) -> dict[str, Any]:
         """Check the workflow; with ``"simulate": true`` a workflow without findings also gets
         ``"simulation": {"allSucceed": {...}, "ifFails": [{"step", "runs", "skipped",
-        "notRun", "compensates", "status", "criterion"}]}`` (see ``graph.simulate``).
+        "notRun", "compensates", "status", "criterion"}], "truncated"?: {"played", "of",
+        "reason"}}`` (see ``graph.simulate``: at most 1024 failure paths and 2 s of this
+        thread's CPU).
 
         :raises InvalidInput: the input is not an object, ``workflowName`` is not a string, a
             field other than ``workflow``, ``workflowName``, ``simulate``.

@@ -8,6 +8,11 @@
   completion's transaction (STEP_CHECKPOINT then COMPLETED, one commit fewer per job). On any
   other outcome :meth:`CheckpointWriter.finish` stores it with ``job_checkpoint`` first, and
   the job then settles as usual: one place for every settlement but the completion.
+  Only an entry that can end a completed run is held: the main steps' entries are counted
+  (a graph's compensation entries are neither counted nor held), and a failed entry is never
+  held (a completed run's last entry is never a failure: a handled failure's dependant ends
+  after it). So a compensation, and the failure that led to it, are stored as soon as they
+  end, and a crash later in the compensations never calls a finished one again.
 - ``on_intent(step, key)``: the fenced ``job_intent`` before an ``effect: "external"`` step's
   call (a pending cancel or pause applies there, before the call).
 
@@ -51,9 +56,12 @@ class CheckpointWriter:
     :param store: the fenced writes.
     :param guard: the run's lease.
     :param ctx: the run's log context.
-    :param n_done: checkpoints stored before this segment (the index of its first new step).
+    :param n_done: main-step checkpoints stored before this segment (compensation entries
+        not counted): the index of its first new main step.
     :param n_complete: entries a completed run holds (``CompiledWorkflow.checkpoints_to_complete``:
         every step of a sequential workflow; every step but the compensations of a graph).
+    :param compensations: the graph's compensation steps (``CompiledWorkflow.compensations``):
+        their entries are stored at once, never counted or held.
     :param budget: meters each stored entry (it may end the run with ``BudgetExceeded``).
     :param generations: the row's ``step_generations`` (``{step: n}``) for intents.
     :param attempt: the job's attempt, stored in each intent.
@@ -70,6 +78,7 @@ class CheckpointWriter:
         budget: BudgetPolicy,
         generations: Mapping[str, Any],
         attempt: int,
+        compensations: frozenset[str] = frozenset(),
     ) -> None:
         self._store = store
         self._guard = guard
@@ -79,6 +88,7 @@ class CheckpointWriter:
         self._attempt = attempt
         self._next = n_done
         self._last = n_complete - 1
+        self._compensations = compensations
         self._held: dict[str, Any] | None = None
         self._lock = threading.Lock()  # a graph run's entries are written one at a time, in order
 
@@ -95,8 +105,8 @@ class CheckpointWriter:
             crashpoints.reached("before_checkpoint", str(entry.get("name", "")))
             held = self._take()
             if held is not None:
-                # Only a graph run gets here (a compensation after its last main step): the
-                # held entry was not the last after all, and goes first.
+                # Only a graph run gets here (its completion criterion failed after its last
+                # main step, and a compensation ended): the held entry goes first.
                 self._write(held)
             if self._holds(entry):
                 # The last step's entry goes with job_complete (or is stored by finish() before
@@ -184,10 +194,13 @@ class CheckpointWriter:
         crashpoints.reached("after_checkpoint", step)
 
     def _holds(self, entry: dict[str, Any]) -> bool:
-        # Count one new checkpoint; keep it when it is the workflow's last step's.
+        # Count one new main-step checkpoint; keep it when it is the workflow's last step's
+        # and could end a completed run (a compensation or a failure never does).
+        if str(entry.get("name")) in self._compensations:
+            return False
         index = self._next
         self._next += 1
-        if index == self._last:
+        if index == self._last and "failed" not in entry:
             self._held = entry
             return True
         return False

@@ -41,6 +41,7 @@ from protomolt_jobs import workflow as engine
 from protomolt_jobs.errors import ProtomoltJobsError
 from protomolt_jobs.runs.stored_run import SnapshotError, StoredRun
 from protomolt_jobs.store.records import Lease
+from protomolt_jobs.workflow.retry_scope import resolve as resolve_retry
 from protomolt_jobs.workflow.types import CompiledWorkflow, Runtime
 
 __all__ = ["ClaimedJob", "ClaimedRun", "RowError"]
@@ -123,9 +124,10 @@ class ClaimedRun:
             message = _parse_input(job, stored.workflow)
             prior = _prior(job)
             n_steps = len(stored.workflow.steps)
-            target = (
-                engine.next_target(stored.workflow, len(prior)) if len(prior) < n_steps else None
-            )
+            # a retry-step's marked entries: the segment replays only the resolved prefix
+            resolved = resolve_retry(stored.workflow, prior)
+            n_done = len(resolved.prior) if resolved is not None else len(prior)
+            target = engine.next_target(stored.workflow, n_done) if n_done < n_steps else None
         except RowError:
             raise
         except SnapshotError as exc:

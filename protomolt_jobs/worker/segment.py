@@ -196,15 +196,21 @@ class SegmentExecutor:
             policies.budget.resume(run.prior, run.workflow.checkpoints_to_complete)
             phase = _Phase.SEGMENT
             generations = getattr(job, "step_generations", None) or {}
+            compensations = run.workflow.compensations
             writer = CheckpointWriter(
                 self._store,
                 guard,
                 ctx,
-                n_done=len(run.prior),
+                n_done=sum(
+                    1
+                    for e in run.prior
+                    if not (isinstance(e, dict) and str(e.get("name")) in compensations)
+                ),
                 n_complete=run.workflow.checkpoints_to_complete,
                 budget=policies.budget,
                 generations=generations,
                 attempt=job.attempt,
+                compensations=compensations,
             )
             effects = EffectContext(
                 job_id=str(job.job_id),

@@ -97,6 +97,11 @@ PROTOC_TIMEOUT_S = 60.0
 #: size: without a bound one request of a long chain held a CPU for minutes or the memory for
 #: gigabytes. Upstream bounds a fan-out at the same 1024.
 MAX_GRAPH_STEPS = 1024
+#: Most dependencies (resolved edges: ``after`` entries, edge sources, the implied "step before")
+#: a graph workflow may have, summed over its steps. The step cap alone let 1024 steps carry 64
+#: edges each (a 0.7 MB body) and ``simulate`` hold a CPU for 200 s; verifying grows with the
+#: edges too (each step's ancestors are unions over its dependencies).
+MAX_GRAPH_DEPENDENCIES = 4096
 
 _WKT_MODULES = (
     "google.protobuf.any_pb2",
@@ -888,10 +893,16 @@ def _parse(obj: Any, runtime: Runtime) -> CompiledWorkflow:
             pool=pool,
             files=files,
         )
+    resolved = resolve_depends(steps)
+    n_deps = sum(len(s.depends) for s in resolved)
+    if n_deps > MAX_GRAPH_DEPENDENCIES:
+        raise WorkflowParseError(
+            "", f"a graph workflow has at most {MAX_GRAPH_DEPENDENCIES} dependencies; got {n_deps}"
+        )
     return CompiledWorkflow(
         name=_text(obj, "name") or "",
         input_type=input_type,
-        steps=resolve_depends(steps),
+        steps=resolved,
         output=output,
         deadline_ms=deadline_ms if deadline_ms > 0 else DEFAULT_DEADLINE_MS,
         definition=obj,

@@ -48,10 +48,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
+import time
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from protomolt_jobs.workflow.retry_scope import settled
 from protomolt_jobs.workflow.types import (
     ON_DONE,
     ON_FAILURE,
@@ -68,6 +72,7 @@ __all__ = [
     "SUCCEEDED",
     "GraphState",
     "ancestors",
+    "contradiction_findings",
     "criterion",
     "decide",
     "names_read",
@@ -167,12 +172,53 @@ def criterion(
     return True, f"{label}: every required step succeeded (or was gated off by its condition)"
 
 
+@dataclass(frozen=True, eq=False)
+class _Plan:
+    """The static shape a :class:`GraphState` walks, built once per compiled workflow."""
+
+    mains: tuple[Step, ...]
+    handled: frozenset[str]
+    compensations: frozenset[str]
+    #: upstream name -> [(index of the dependant main step, the edge's ``on``)], one per edge
+    dependants: Mapping[str, tuple[tuple[int, str], ...]]
+    #: the main steps with no dependency (decidable at once)
+    roots: tuple[int, ...]
+
+
+_PLANS: weakref.WeakKeyDictionary[CompiledWorkflow, _Plan] = weakref.WeakKeyDictionary()
+_PLANS_LOCK = threading.Lock()
+
+
+def _plan(workflow: CompiledWorkflow) -> _Plan:
+    with _PLANS_LOCK:
+        plan = _PLANS.get(workflow)
+    if plan is not None:
+        return plan
+    mains = tuple(main_steps(workflow))
+    dependants: dict[str, list[tuple[int, str]]] = {}
+    for i, s in enumerate(mains):
+        for d in s.depends:
+            dependants.setdefault(d.step, []).append((i, d.on))
+    plan = _Plan(
+        mains=mains,
+        handled=handled_failures(workflow),
+        compensations=workflow.compensations,
+        dependants={k: tuple(v) for k, v in dependants.items()},
+        roots=tuple(i for i, s in enumerate(mains) if not s.depends),
+    )
+    with _PLANS_LOCK:
+        _PLANS[workflow] = plan
+    return plan
+
+
 @dataclass
 class GraphState:
     """Outcomes of one run of a graph workflow, and what may start next.
 
     The executor and the simulation both drive it: :meth:`next` gives the steps to start and
-    the skips to record; :meth:`ended` records an outcome.
+    the skips to record; :meth:`ended` records an outcome. A step is looked at only once it is
+    *decidable* (``join: all``: an edge can no longer match, or every dependency ended;
+    ``join: any``: every dependency ended), so one run costs time linear in steps and edges.
     """
 
     workflow: CompiledWorkflow
@@ -185,18 +231,18 @@ class GraphState:
     unhandled: str | None = None
 
     def __post_init__(self) -> None:
-        self._mains = main_steps(self.workflow)
-        self._handled = handled_failures(self.workflow)
-        self._compensations = self.workflow.compensations
-        self._index = {s.name: i for i, s in enumerate(self._mains)}
-        self._dependants: dict[str, list[int]] = {}
-        for i, s in enumerate(self._mains):
-            for d in s.depends:
-                self._dependants.setdefault(d.step, []).append(i)
-        # Steps whose decision may have changed since the last ``next`` (a decision depends
-        # only on the outcomes of the step's own dependencies, and outcomes only grow), so a
-        # chain of n steps costs O(n) decisions, not O(n^2) (simulate plays n + 1 runs).
-        self._dirty: set[int] = set(range(len(self._mains)))
+        plan = _plan(self.workflow)
+        self._mains = plan.mains
+        self._handled = plan.handled
+        self._compensations = plan.compensations
+        self._dependants = plan.dependants
+        # per main step: dependency edges ended so far, and whether one can no longer match
+        self._ended = [0] * len(plan.mains)
+        self._mismatch = [False] * len(plan.mains)
+        # Steps whose decision may have changed since the last ``next`` and that are
+        # decidable (a decision depends only on the outcomes of the step's own dependencies,
+        # and outcomes only grow), so each step is decided about once per run.
+        self._dirty: set[int] = set(plan.roots)
 
     def ended(self, name: str, outcome: str, reason: str = "") -> None:
         """Record that ``name`` ended with ``outcome`` (``reason`` for skips and failures)."""
@@ -205,7 +251,14 @@ class GraphState:
         if reason:
             self.reasons[name] = reason
         self.order.append(name)
-        self._dirty.update(self._dependants.get(name, ()))
+        mains = self._mains
+        for i, on in self._dependants.get(name, ()):
+            self._ended[i] += 1
+            if not matches(on, outcome):
+                self._mismatch[i] = True
+            step = mains[i]
+            if self._ended[i] >= len(step.depends) or (self._mismatch[i] and step.join != "any"):
+                self._dirty.add(i)
         if (
             outcome == FAILED
             and name not in self._handled
@@ -304,7 +357,7 @@ def report_from_checkpoints(
         failure that exhausted its attempts is not checkpointed).
     """
     state = GraphState(workflow)
-    for entry in checkpoints or []:
+    for entry in settled(workflow, checkpoints or []):
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             continue
         name = entry["name"]
@@ -587,9 +640,11 @@ def structure_findings(workflow: CompiledWorkflow, known: set[str]) -> list[Find
         if not deps:
             ready.append(name)
     reachable: set[str] = set()
+    topological: list[str] = []
     while ready:
         name = ready.pop()
         reachable.add(name)
+        topological.append(name)
         for after in dependants.get(name, ()):
             waiting[after] -= 1
             if waiting[after] == 0:
@@ -602,7 +657,115 @@ def structure_findings(workflow: CompiledWorkflow, known: set[str]) -> list[Find
         out.append(
             Finding(name, "graph", f"unreachable: it waits on '{waits}', which can never run")
         )
+    out.extend(contradiction_findings(by_name, topological))
     return out
+
+
+_OUTCOME_WORD = {ON_SUCCESS: "succeed", ON_FAILURE: "fail"}
+
+
+def contradiction_findings(by_name: Mapping[str, Step], order: list[str]) -> list[Finding]:
+    """Steps that can never run because their dependency conditions cannot all hold.
+
+    For each step, the outcomes its running *requires* (``d`` succeeded, ``d`` failed) are
+    propagated in topological order: a ``join: all`` step requires what every ``success`` or
+    ``failure`` edge requires (the upstream's outcome, and whatever made the upstream run);
+    a ``join: any`` step only what every one of its edges requires (a ``done`` edge requires
+    nothing). A step that requires a step both to succeed and to fail can never run (the
+    decision table skips it every time); so can a step that requires the outcome of a step
+    that can never run (for ``join: any``: when every edge does). Sound, not complete: a
+    finding is always a step that never runs, and ``when`` gates are not read.
+
+    Each step's requirements are two bit sets over ``order`` (Python ints), so the pass is
+    linear in edges times ``len(order) / 64`` words: milliseconds at the caps.
+
+    :param by_name: every step by name, in declaration order (the findings' order).
+    :param order: the reachable main steps, each after all of its dependencies.
+    :returns: one ``graph`` finding per step that can never run, naming it and the step
+        whose outcomes contradict (or the dependency that can never run).
+    """
+    bit = {name: 1 << i for i, name in enumerate(order)}
+    # name -> (must have succeeded, must have failed), or None: can never run
+    needs: dict[str, tuple[int, int] | None] = {}
+    out: list[Finding] = []
+
+    def edge_needs(d: Dependency) -> tuple[int, int] | None:
+        # What one matching edge requires; None when it can never match.
+        if d.on == ON_DONE:
+            return (0, 0)
+        upstream = needs.get(d.step, (0, 0))
+        if upstream is None:
+            return None
+        ok, bad = upstream
+        if d.on == ON_SUCCESS:
+            return (ok | bit.get(d.step, 0), bad)
+        return (ok, bad | bit.get(d.step, 0))
+
+    for name in order:
+        step = by_name[name]
+        per_edge = [(d, edge_needs(d)) for d in step.depends]
+        if not per_edge:
+            needs[name] = (0, 0)
+            continue
+        dead = next((d for d, n in per_edge if n is None), None)
+        if step.join == "any":
+            alive = [n for _, n in per_edge if n is not None]
+            if not alive:
+                needs[name] = None
+                out.append(_never_runs(name, dead))
+                continue
+            ok, bad = alive[0]
+            for a, b in alive[1:]:
+                ok, bad = ok & a, bad & b
+        else:
+            if dead is not None:
+                needs[name] = None
+                out.append(_never_runs(name, dead))
+                continue
+            ok = bad = 0
+            for _, n in per_edge:
+                assert n is not None
+                ok, bad = ok | n[0], bad | n[1]
+        clash = ok & bad
+        if not clash:
+            needs[name] = (ok, bad)
+            continue
+        needs[name] = None
+        low = (clash & -clash).bit_length() - 1
+        out.append(_contradiction(step, order[low], per_edge, bit[order[low]]))
+    position = {n: i for i, n in enumerate(by_name)}
+    return sorted(out, key=lambda f: position.get(f.step, 0))
+
+
+def _never_runs(name: str, dead: Dependency | None) -> Finding:
+    assert dead is not None
+    return Finding(
+        name,
+        "graph",
+        f"can never run: it needs '{dead.step}' to {_OUTCOME_WORD[dead.on]}, and "
+        f"'{dead.step}' can never run",
+    )
+
+
+def _contradiction(
+    step: Step,
+    target: str,
+    per_edge: list[tuple[Dependency, tuple[int, int] | None]],
+    mask: int,
+) -> Finding:
+    def via(index: int) -> str:
+        for d, n in per_edge:
+            if n is not None and n[index] & mask:
+                return f"{d.step} on {d.on}" if d.step == target else f"through '{d.step}'"
+        return ""
+
+    how = f"join '{step.join}'"
+    return Finding(
+        step.name,
+        "graph",
+        f"can never run: its dependency conditions contradict each other ({how}): '{target}' "
+        f"would have to succeed ({via(0)}) and fail ({via(1)})",
+    )
 
 
 def read_findings(
@@ -632,7 +795,37 @@ def read_findings(
 # -- simulation ----------------------------------------------------------------------------------
 
 
-def _play(workflow: CompiledWorkflow, failing: str | None) -> dict[str, Any]:
+#: Failure paths ``simulate`` plays at most (``allSucceed`` aside); the step cap keeps a graph
+#: under it today, and a bigger one (an unrolled loop) gets the first ones and a ``truncated``.
+MAX_SIMULATION_PATHS = 1024
+#: CPU seconds (the calling thread's) ``simulate`` may spend on its paths: once spent, the paths
+#: left are not played and the answer says so in ``truncated``. At the caps (1024 steps, 4096
+#: dependencies) every path is played in well under this.
+SIMULATION_CPU_S = 2.0
+SIMULATED_FAILURE = "simulated failure"
+
+
+@dataclass
+class _Trace:
+    """The all-succeed play, wave by wave (a wave is what one ``GraphState.next`` gave), so
+    a path where one step fails unhandled (it stops the run at the end of its wave) is a
+    prefix of it, cut without playing it again."""
+
+    started: list[str] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    order: list[str] = field(default_factory=list)
+    #: per wave, ``len(started)``, ``len(skipped)`` and ``len(order)`` once it ended
+    ends: list[tuple[int, int, int]] = field(default_factory=list)
+    #: main step -> the wave it ended in (started or skipped)
+    wave: dict[str, int] = field(default_factory=dict)
+    started_set: frozenset[str] = frozenset()
+    #: ``(position in order, step, its compensation)`` of every started step that declares one
+    compensated: list[tuple[int, str, str]] = field(default_factory=list)
+
+
+def _play(
+    workflow: CompiledWorkflow, failing: str | None, trace: _Trace | None = None
+) -> dict[str, Any]:
     state = GraphState(workflow)
     started: list[str] = []
     skipped: list[dict[str, str]] = []
@@ -646,9 +839,27 @@ def _play(workflow: CompiledWorkflow, failing: str | None) -> dict[str, Any]:
         for step in start:
             started.append(step.name)
             if step.name == failing:
-                state.ended(step.name, FAILED, "simulated failure")
+                state.ended(step.name, FAILED, SIMULATED_FAILURE)
             else:
                 state.ended(step.name, SUCCEEDED)
+        if trace is not None:
+            w = len(trace.ends)
+            trace.ends.append((len(started), len(skipped), len(state.order)))
+            for step, _ in skip:
+                trace.wave[step.name] = w
+            for step in start:
+                trace.wave[step.name] = w
+    if trace is not None:
+        trace.started, trace.skipped, trace.order = started, skipped, list(state.order)
+        trace.started_set = frozenset(started)
+        by_name = {s.name: s for s in workflow.steps}
+        trace.compensated = [
+            (i, name, by_name[name].compensate)
+            for i, name in enumerate(trace.order)
+            if name in trace.started_set
+            and by_name[name].compensate
+            and by_name[name].compensate in by_name
+        ]
     completed, sentence = state.verdict()
     compensates = [] if completed else [c.name for c in state.to_compensate()]
     not_run = [s.name for s in state.pending()]
@@ -662,24 +873,84 @@ def _play(workflow: CompiledWorkflow, failing: str | None) -> dict[str, Any]:
     }
 
 
-def simulate(workflow: CompiledWorkflow) -> dict[str, Any]:
+def _unhandled_path(
+    workflow: CompiledWorkflow, trace: _Trace, base: dict[str, Any], failing: str
+) -> dict[str, Any]:
+    """The path where ``failing`` (whose failure no edge handles) fails: the all-succeed play
+    up to the end of the wave that started it, then nothing new (what :func:`_play` gives,
+    in time linear in the answer)."""
+    w = trace.wave.get(failing)
+    if w is None or failing not in trace.started_set:
+        # it never starts when everything succeeds (skipped or never reached): same run
+        return {**base, "runs": list(base["runs"]), "skipped": list(base["skipped"])}
+    n_started, n_skipped, n_order = trace.ends[w]
+    compensates = [
+        comp for i, name, comp in reversed(trace.compensated) if i < n_order and name != failing
+    ]
+    not_run = [s.name for s in main_steps(workflow) if trace.wave.get(s.name, w + 1) > w]
+    return {
+        "runs": trace.started[:n_started],
+        "skipped": trace.skipped[:n_skipped],
+        "notRun": not_run,
+        "compensates": compensates,
+        "status": "FAILED",
+        "criterion": f"unhandled failure of step '{failing}': {SIMULATED_FAILURE}",
+    }
+
+
+def simulate(
+    workflow: CompiledWorkflow,
+    *,
+    max_paths: int = MAX_SIMULATION_PATHS,
+    cpu_budget_s: float = SIMULATION_CPU_S,
+) -> dict[str, Any]:
     """What happens when every step succeeds, and when each step alone fails (``when`` gates
     taken as true, external steps as completed).
 
+    A path whose failing step no edge handles is cut from the all-succeed play (it runs what
+    that play ran up to the failing step's wave); a handled failure is played in full (time
+    linear in steps and dependencies). At most ``max_paths`` failure paths are played, and
+    none once ``cpu_budget_s`` seconds of this thread's CPU are spent.
+
+    :param max_paths: failure paths played at most (declaration order).
+    :param cpu_budget_s: CPU seconds (``time.thread_time``) the paths may take.
     :returns: ``{"allSucceed": {...}, "ifFails": [{"step", "runs", "skipped", "notRun",
-        "compensates", "status", "criterion"}]}`` in declaration order.
+        "compensates", "status", "criterion"}]}`` in declaration order; with
+        ``"truncated": {"played": int, "of": int, "reason": str}`` when a bound left paths
+        out (the steps whose failure was not played are not in ``ifFails``).
     """
     if not workflow.graph:
         # A sequential workflow is the chain of its steps.
         from protomolt_jobs.workflow.envelope import resolve_depends
 
         workflow = dataclasses.replace(workflow, steps=resolve_depends(workflow.steps), graph=True)
-    base = _play(workflow, None)
-    per_step = []
-    for s in main_steps(workflow):
-        outcome = _play(workflow, s.name)
+    started_s = time.thread_time()
+    trace = _Trace()
+    base = _play(workflow, None, trace)
+    handled = handled_failures(workflow)
+    mains = main_steps(workflow)
+    per_step: list[dict[str, Any]] = []
+    out: dict[str, Any] = {"allSucceed": base, "ifFails": per_step}
+    for s in mains:
+        reason = ""
+        if len(per_step) >= max_paths:
+            reason = f"simulate plays at most {max_paths} failure paths"
+        elif time.thread_time() - started_s > cpu_budget_s:
+            reason = f"simulate spent its CPU budget of {cpu_budget_s:g} s"
+        if reason:
+            out["truncated"] = {
+                "played": len(per_step),
+                "of": len(mains),
+                "reason": f"{reason}; the failures of '{s.name}' and the steps after it "
+                "were not played",
+            }
+            break
+        if s.name in handled:
+            outcome = _play(workflow, s.name)
+        else:
+            outcome = _unhandled_path(workflow, trace, base, s.name)
         per_step.append({"step": s.name, **outcome})
-    return {"allSucceed": base, "ifFails": per_step}
+    return out
 
 
 def dependency_names(deps: Iterable[Dependency]) -> list[str]:

@@ -52,7 +52,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from protomolt_jobs.workflow import edges
+from protomolt_jobs.workflow import edges, retry_scope
 from protomolt_jobs.workflow import effects as fx
 from protomolt_jobs.workflow import graph as g
 from protomolt_jobs.workflow.calls import SegmentChannels, call_unary
@@ -133,6 +133,7 @@ class _Run:
         self._channel_lock = threading.Lock()
         self.call_permit = call_permit
         self.effects: Any = None  # effects.EffectContext of a job's segment, or None
+        self.held: Any = None  # retry_scope.Held of a run a retry-step marked, or None
         self.deadline = time.monotonic() + workflow.deadline_ms / 1000.0
 
     # -- replay ------------------------------------------------------------------------------
@@ -160,20 +161,26 @@ class _Run:
                     FailureKind.WORKFLOW, name, f"checkpoint {i} repeats step '{name}'; {DRIFT}"
                 )
             seen.add(name)
-            if "failed" in entry:
-                self.values[name] = message_class(step.output_type)()
-                exc = _error_from_entry(name, entry["failed"])
-                self.errors[name] = exc
-                self.state.ended(name, g.FAILED, exc.message)
-                continue
-            check_fingerprint(self.workflow, step, entry)
-            replayed = replay(self.workflow, i, step, entry)
-            if replayed is None:
-                self.values[name] = message_class(step.output_type)()
-                self.state.ended(name, g.SKIPPED, str(entry.get("reason", "")))
-            else:
-                self.values[name] = replayed
-                self.state.ended(name, g.SUCCEEDED)
+            self.replay_entry(i, step, entry)
+
+    def replay_entry(self, i: int, step: Step, entry: dict[str, Any]) -> None:
+        """Bind one stored entry (``i``: its place, for messages) and record its outcome."""
+        name = step.name
+        assert step.output_type is not None
+        if "failed" in entry:
+            self.values[name] = message_class(step.output_type)()
+            exc = _error_from_entry(name, entry["failed"])
+            self.errors[name] = exc
+            self.state.ended(name, g.FAILED, exc.message)
+            return
+        check_fingerprint(self.workflow, step, entry)
+        replayed = replay(self.workflow, i, step, entry)
+        if replayed is None:
+            self.values[name] = message_class(step.output_type)()
+            self.state.ended(name, g.SKIPPED, str(entry.get("reason", "")))
+        else:
+            self.values[name] = replayed
+            self.state.ended(name, g.SUCCEEDED)
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -314,10 +321,13 @@ def run_graph(
     runtime: Runtime,
     call_permit: Callable[[str], Any] | None = None,
     effects: Any = None,
+    held: Any = None,
 ) -> Completed | Parked:
     """Replay ``prior`` and run the rest of a graph workflow (see the module docstring).
 
     :param effects: the job's ``effects.EffectContext`` (idempotency keys, fingerprints), or None.
+    :param held: ``retry_scope.Held``: entries replayed when their step is about to start
+        instead of running it (a retry-step's kept effects and unchanged-output dependants).
 
     :param prior: stored checkpoint entries in completion order, keyed by ``name``.
     :param on_checkpoint: called from this thread with each new entry as its step ends.
@@ -333,6 +343,7 @@ def run_graph(
     with SegmentChannels(runtime) as channels:
         run = _Run(workflow, input_msg, on_checkpoint, runtime, channels, call_permit)
         run.effects = effects
+        run.held = held
         run.replay(prior)
         outcome = _schedule(run)
         if outcome is not None:
@@ -363,7 +374,7 @@ def run_compensation(
         return []
     with SegmentChannels(runtime) as channels:
         run = _Run(workflow, input_msg, on_checkpoint, runtime, channels, call_permit)
-        run.replay(prior)
+        run.replay(retry_scope.settled(workflow, prior))
         before = set(run.state.outcomes)
         _compensate(run)
         return [n for n in run.state.order if n not in before]
@@ -426,6 +437,12 @@ def _start_ready(
         for step in start:
             if len(futures) >= limit or state.unhandled is not None:
                 break
+            entry = run.held.take(step.name) if run.held is not None else None
+            if entry is not None:
+                # kept by a retry-step: replayed, not called (it is stored already)
+                run.replay_entry(-1, step, entry)
+                progressed = True
+                continue
             if step.when.strip() and step.structured is None:
                 try:
                     go = run.gate(step)

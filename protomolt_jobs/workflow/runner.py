@@ -17,6 +17,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
+from protomolt_jobs.workflow import retry_scope
 from protomolt_jobs.workflow.envelope import parse_input
 from protomolt_jobs.workflow.graph_run import run_graph
 from protomolt_jobs.workflow.sequential_run import run_steps
@@ -59,7 +60,8 @@ def run_segment(
 
     :param workflow: a parsed (and verified) workflow.
     :param input: the input message, or its proto3 JSON.
-    :param prior: stored checkpoint entries ``{"name", "skipped", "response"?}``, a prefix.
+    :param prior: stored checkpoint entries ``{"name", "skipped", "response"?}``, a prefix;
+        entries a ``retry-step`` marked are resolved first (``retry_scope.resolve``).
     :param on_checkpoint: called with each new entry as the step lands (ready to store).
     :param runtime: the host's runtime (channel factory for ``inprocess:`` targets).
     :param call_permit: graph workflows: ``target -> context manager`` held around each call.
@@ -78,6 +80,12 @@ def run_segment(
     steps = workflow.steps
     if not isinstance(prior, list):
         raise fail(FailureKind.WORKFLOW, "", "stored checkpoints are not an array")
+    # Entries a retry-step marked (scope only, kept effects): what replays now, what is held.
+    resolved = retry_scope.resolve(workflow, prior)
+    held = None
+    if resolved is not None:
+        prior, held = resolved.prior, resolved.held
+        on_checkpoint = held.wrap(on_checkpoint)
     if len(prior) > len(steps):
         raise fail(
             FailureKind.WORKFLOW,
@@ -94,8 +102,11 @@ def run_segment(
                 runtime=runtime,
                 call_permit=call_permit,
                 effects=effects,
+                held=held,
             )
-        return run_steps(workflow, input, prior, on_checkpoint, runtime=runtime, effects=effects)
+        return run_steps(
+            workflow, input, prior, on_checkpoint, runtime=runtime, effects=effects, held=held
+        )
     except RecoveryStop as stop:
         return stop.outcome
 

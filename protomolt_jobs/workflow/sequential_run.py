@@ -78,6 +78,7 @@ def run_steps(
     *,
     runtime: Runtime,
     effects: Any = None,
+    held: Any = None,
 ) -> Completed | Parked:
     """Replay ``prior`` and run the rest of a sequential workflow (see the module docstring).
 
@@ -86,6 +87,8 @@ def run_steps(
     :param on_checkpoint: called with each new entry as its step lands
         (``step_run.discard_checkpoint``: nothing is rendered).
     :param effects: the job's ``effects.EffectContext``, or None.
+    :param held: ``retry_scope.Held``: entries replayed when their step is reached instead of
+        running it (a retry-step's kept effects and unchanged-output dependants), or None.
     :returns: :class:`Completed` (``steps``: ``{"name", "skipped"}`` per step) or
         :class:`Parked` at the first external step not yet checkpointed.
     :raises WorkflowExecutionError: the step's failure (kind, step, message, code for GRPC).
@@ -106,9 +109,11 @@ def run_steps(
                     f"step '{step.name}' uses {', '.join(step.unsupported) or 'no method'}, which "
                     "this engine does not run; verify the workflow first",
                 )
-            if i < len(prior):
-                check_fingerprint(workflow, step, prior[i])
-                replayed = replay(workflow, i, step, prior[i])
+            stored = i < len(prior)
+            entry = prior[i] if stored else held.take(step.name) if held else None
+            if stored or entry is not None:
+                check_fingerprint(workflow, step, entry)
+                replayed = replay(workflow, i, step, entry)
                 skipped = replayed is None
                 value = message_class(step.output_type)() if replayed is None else replayed
                 scope.bind(step.name, value)

@@ -180,6 +180,30 @@ def test_seed_lifecycle_through_call(served, services):
     assert watch.returncode == 0 and "COMPLETED" in watch.stdout
 
 
+def test_jobs_retry_only_runs_the_named_step_alone(served, services):
+    # issue 27 item 3 through the CLI: `jobs retry ID --step b --only` on a COMPLETED graph
+    # run calls b once more and nothing else; the history records the scope.
+    from tests.integration.test_retry_scope import chain_graph
+
+    _, url, _ = served
+    sub = call(url, "submit-workflow", {"workflow": chain_graph(services.target), "input": {}})
+    job_id = json.loads(sub.stdout)["jobId"]
+
+    def status():
+        return json.loads(call(url, "get-job", {"jobId": job_id}).stdout)["job"]["status"]
+
+    wait_for(lambda: status() == "COMPLETED")
+    retried = cli("jobs", "retry", job_id, "--step", "b", "--only", "--url", url)
+    assert retried.returncode == 0, retried.stderr
+    answer = json.loads(retried.stdout)
+    assert (answer["ok"], answer["scope"], answer["dropped"]) == (True, "only", ["b"])
+    wait_for(lambda: status() == "COMPLETED")
+    assert {n: services.step_calls(n) for n in "abcd"} == {"a": 1, "b": 2, "c": 1, "d": 1}
+    history = json.loads(cli("jobs", "history", job_id, "--json", "--url", url).stdout)
+    (retry,) = [t for t in history["transitions"] if t["kind"] == "retry-step"]
+    assert (retry["step"], retry["reason"]) == ("b", "scope only")
+
+
 def test_call_exit_codes(served):
     _, url, _ = served
     not_found = call(url, "get-job", {"jobId": "00000000-0000-0000-0000-000000000001"})

@@ -11,7 +11,7 @@ from protomolt_jobs.errors import InvalidInput
 from protomolt_jobs.verbs.workflow import CheckWorkflowAction
 from protomolt_jobs.workflow import Runtime, WorkflowParseError, check, parse_workflow
 from protomolt_jobs.workflow import graph as g
-from protomolt_jobs.workflow.envelope import MAX_GRAPH_STEPS
+from protomolt_jobs.workflow.envelope import MAX_GRAPH_DEPENDENCIES, MAX_GRAPH_STEPS
 from protomolt_jobs.workflow.types import Dependency
 from tests.support.graphs import diamond, graph, step
 from tests.support.grpc_servers import seed_workflow
@@ -222,6 +222,88 @@ def test_steps_after_a_cycle_are_unreachable(runtime):
     ]
 
 
+def test_a_step_needing_success_and_failure_of_one_step_is_refused_naming_it(runtime):
+    # issue 27 item 5: join all over 'left' on success and 'left' on failure never runs.
+    wf = graph(
+        [
+            step("left", T),
+            step(
+                "both",
+                T,
+                after=[{"step": "left", "on": "success"}, {"step": "left", "on": "failure"}],
+            ),
+        ]
+    )
+    assert _findings(wf, runtime) == [
+        (
+            "both",
+            "graph",
+            (
+                "can never run: its dependency conditions contradict each other (join 'all'): "
+                "'left' would have to succeed (left on success) and fail (left on failure)"
+            ),
+        )
+    ]
+
+
+def test_conditions_that_cannot_all_hold_through_other_steps_are_refused(runtime):
+    # 'fix' runs only when 'a' failed; 'late' needs 'a' to succeed and 'fix' to succeed.
+    wf = graph(
+        [
+            step("a", T),
+            step("fix", T, after=[{"step": "a", "on": "failure"}]),
+            step("late", T, after=["a", "fix"]),
+            step("later", T, after=["late"]),
+            step("any_of", T, after=["late", {"step": "a", "on": "done"}], join="any"),
+        ]
+    )
+    assert _findings(wf, runtime) == [
+        (
+            "late",
+            "graph",
+            (
+                "can never run: its dependency conditions contradict each other (join 'all'): "
+                "'a' would have to succeed (a on success) and fail (through 'fix')"
+            ),
+        ),
+        ("later", "graph", "can never run: it needs 'late' to succeed, and 'late' can never run"),
+    ]
+
+
+def test_join_any_contradicts_only_when_every_edge_does(runtime):
+    both = [{"step": "b", "on": "success"}, {"step": "b", "on": "failure"}]
+    wf = graph(
+        [
+            step("a", T),
+            step("b", T, after=["a"]),
+            # either edge may match: fine
+            step("either", T, after=both, join="any"),
+            # every edge needs 'a' to succeed and one of them also to fail
+            step("c", T, after=[{"step": "a", "on": "failure"}]),
+            step("d", T, after=[{"step": "a", "on": "failure"}]),
+            step("never", T, after=["b", "c"]),
+            step("never2", T, after=["b", "d"]),
+            step("no_way", T, after=["never", "never2"], join="any"),
+        ],
+        completion={"require": ["either"]},
+    )
+    found = _findings(wf, runtime)
+    assert [f[0] for f in found] == ["never", "never2", "no_way"]
+    assert found[2][2] == "can never run: it needs 'never' to succeed, and 'never' can never run"
+
+
+def test_success_with_done_or_failure_with_done_is_fine(runtime):
+    wf = graph(
+        [
+            step("left", T),
+            step("s", T, after=["left", {"step": "left", "on": "done"}]),
+            step("f", T, after=[{"step": "left", "on": "failure"}, {"step": "left", "on": "done"}]),
+        ],
+        completion={"require": ["s"]},
+    )
+    assert _findings(wf, runtime) == []
+
+
 def test_reading_a_sibling_is_refused_as_a_race(runtime):
     wf = graph(
         [
@@ -373,8 +455,28 @@ def test_simulate_on_a_sequential_workflow_is_its_chain(runtime):
                 "race); add it to 'after'",
             },
         ),
+        (
+            graph(
+                [
+                    step("left", T),
+                    step(
+                        "x",
+                        T,
+                        after=[{"step": "left"}, {"step": "left", "on": "failure"}],
+                        join="all",
+                    ),
+                ]
+            ),
+            {
+                "step": "x",
+                "kind": "graph",
+                "error": "can never run: its dependency conditions contradict each other "
+                "(join 'all'): 'left' would have to succeed (left on success) and fail (left on "
+                "failure)",
+            },
+        ),
     ],
-    ids=["cycle", "unknown-dependency", "unreachable", "sibling-read"],
+    ids=["cycle", "unknown-dependency", "unreachable", "sibling-read", "contradiction"],
 )
 def test_check_workflow_refuses_each_naming_the_step(runtime, wf, finding):
     answer = CheckWorkflowAction(runtime).execute({"workflow": wf, "simulate": True})
@@ -432,3 +534,102 @@ def test_simulating_a_chain_of_500_steps_takes_seconds(runtime):
     assert time.monotonic() - started < 10
     assert len(sim["ifFails"]) == 500 and sim["allSucceed"]["status"] == "COMPLETED"
     assert sim["ifFails"][150]["runs"][-1] == "s150" and len(sim["ifFails"][150]["notRun"]) == 349
+
+
+def _largest_graph(on: str) -> dict:
+    """MAX_GRAPH_STEPS steps, exactly MAX_GRAPH_DEPENDENCIES dependencies: each step after the
+    four before it (``on`` each), the last ones after a fifth; each reads its parent."""
+    steps = []
+    extra = MAX_GRAPH_DEPENDENCIES - sum(min(i, 4) for i in range(MAX_GRAPH_STEPS))
+    for i in range(MAX_GRAPH_STEPS):
+        width = min(i, 4) + (1 if i >= MAX_GRAPH_STEPS - extra else 0)
+        after = [{"step": f"s{j}", "on": on} for j in range(i - width, i)]
+        steps.append(step(f"s{i}", T, after=after, reads=[f"s{i - 1}"] if i else []))
+    wf = graph(steps, maxParallel=64)
+    assert sum(len(x["after"]) for x in wf["steps"]) == MAX_GRAPH_DEPENDENCIES
+    return wf
+
+
+@pytest.mark.parametrize("on", ["success", "done"])
+def test_simulating_the_largest_graph_the_caps_allow_takes_under_5_s_of_cpu(runtime, on):
+    # issue 27 item 6b: 1024 steps with 64 dependencies each held a CPU for 200 s. The caps
+    # (steps, dependencies, simulated paths, simulate's CPU budget) bound the request. With
+    # success edges every failure is unhandled (each path is cut from the all-succeed play);
+    # with done edges every failure is handled (each path is a full play), and the CPU budget
+    # may leave paths out, saying so.
+    import time
+
+    wf = _largest_graph(on)
+    started = time.process_time()
+    answer = CheckWorkflowAction(Runtime()).execute({"workflow": wf, "simulate": True})
+    spent = time.process_time() - started
+    assert answer["ok"] is True, answer["findings"][:3]
+    assert spent < 5.0, f"check-workflow with simulate took {spent:.1f} s of CPU"
+    sim = answer["simulation"]
+    assert sim["allSucceed"]["status"] == "COMPLETED"
+    assert len(sim["allSucceed"]["runs"]) == MAX_GRAPH_STEPS
+    played = len(sim["ifFails"])
+    if on == "success":
+        assert played == MAX_GRAPH_STEPS and "truncated" not in sim
+        assert sim["ifFails"][500]["runs"][-1] == "s500"
+        assert len(sim["ifFails"][500]["notRun"]) == MAX_GRAPH_STEPS - 501
+    else:
+        assert played > 0
+        if played < MAX_GRAPH_STEPS:
+            assert sim["truncated"]["played"] == played
+            assert sim["truncated"]["of"] == MAX_GRAPH_STEPS
+            assert "CPU budget" in sim["truncated"]["reason"]
+
+
+def test_a_graph_over_the_dependency_cap_is_refused_at_once(runtime):
+    import time
+
+    # the issue's body: 1024 steps with 64 dependencies each (0.7 MB)
+    steps = [
+        step(f"s{i}", T, after=[f"s{j}" for j in range(max(0, i - 64), i)])
+        for i in range(MAX_GRAPH_STEPS)
+    ]
+    n = sum(len(x["after"]) for x in steps)
+    started = time.process_time()
+    answer = CheckWorkflowAction(Runtime()).execute({"workflow": graph(steps), "simulate": True})
+    assert time.process_time() - started < 5.0
+    assert answer == {
+        "ok": False,
+        "findings": [
+            {
+                "step": "",
+                "kind": "workflow",
+                "error": f"a graph workflow has at most {MAX_GRAPH_DEPENDENCIES} dependencies; "
+                f"got {n}",
+            }
+        ],
+    }
+    # one over the cap is refused too; the cap itself is fine (the test above)
+    wf = _largest_graph("success")
+    wf["steps"][-1]["after"].append({"step": "s0"})
+    assert _findings(wf, runtime) == [
+        (
+            "",
+            "workflow",
+            (
+                f"a graph workflow has at most {MAX_GRAPH_DEPENDENCIES} dependencies; "
+                f"got {MAX_GRAPH_DEPENDENCIES + 1}"
+            ),
+        )
+    ]
+
+
+def test_simulate_bounds_its_paths_and_its_cpu(runtime):
+    wf = parse_workflow(graph([step(f"s{i}", T) for i in range(10)], maxParallel=4), runtime)
+    sim = g.simulate(wf, max_paths=3)
+    assert [p["step"] for p in sim["ifFails"]] == ["s0", "s1", "s2"]
+    assert sim["truncated"] == {
+        "played": 3,
+        "of": 10,
+        "reason": "simulate plays at most 3 failure paths; the failures of 's3' and the steps "
+        "after it were not played",
+    }
+    sim = g.simulate(wf, cpu_budget_s=0.0)
+    assert sim["ifFails"] == [] and sim["truncated"]["played"] == 0
+    assert sim["truncated"]["reason"].startswith("simulate spent its CPU budget of 0 s")
+    assert sim["allSucceed"]["status"] == "COMPLETED"

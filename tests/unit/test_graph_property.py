@@ -87,3 +87,49 @@ def test_random_graphs_keep_the_tables_promises(case):
         (only,) = failing
         sim = {s["step"]: s for s in g.simulate(wf)["ifFails"]}[only]
         assert sim["status"] == ("COMPLETED" if completed else "FAILED")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graphs())
+def test_a_step_found_never_to_run_never_starts(case):
+    # The contradiction finding (issue 27 item 5) is sound: whatever fails, a step it names
+    # is never started by the decision table.
+    definition, failing = case
+    wf = parse_workflow(definition, RUNTIME)
+    names = {s.name for s in wf.steps}
+    never = {f.step for f in g.structure_findings(wf, names) if f.error.startswith("can never run")}
+    state = g.GraphState(wf)
+    while True:
+        start, skip = state.next()
+        if not start and not skip:
+            break
+        for s, reason in skip:
+            state.ended(s.name, g.SKIPPED, reason)
+        for s in start:
+            assert s.name not in never, (s.name, definition["steps"], failing)
+            state.ended(s.name, g.FAILED if s.name in failing else g.SUCCEEDED, "x")
+
+
+@st.composite
+def graphs_with_compensations(draw):
+    definition, _ = draw(graphs())
+    steps = definition["steps"]
+    for i, s in enumerate(list(steps)):
+        if draw(st.booleans()):
+            s["compensate"] = f"u{i}"
+            steps.append(step(f"u{i}", T))
+    return definition
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graphs_with_compensations())
+def test_simulate_cuts_unhandled_failures_from_the_all_succeed_play_exactly(definition):
+    # simulate answers a path whose failure no edge handles from the all-succeed play's
+    # waves (issue 27 item 6: linear, not a play per step); it must be exactly the full play.
+    wf = parse_workflow(definition, RUNTIME)
+    sim = g.simulate(wf)
+    assert sim["allSucceed"] == g._play(wf, None)
+    assert "truncated" not in sim
+    assert [p["step"] for p in sim["ifFails"]] == [s.name for s in g.main_steps(wf)]
+    for path in sim["ifFails"]:
+        assert {k: v for k, v in path.items() if k != "step"} == g._play(wf, path["step"])

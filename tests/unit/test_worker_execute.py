@@ -107,6 +107,7 @@ class _Workflow:
     steps = ("a", "b")
     graph = False
     checkpoints_to_complete = 2
+    compensations: frozenset[str] = frozenset()
 
 
 @pytest.fixture
@@ -237,6 +238,56 @@ def test_a_failure_after_the_last_step_stores_its_checkpoint_first(engine):
         ("checkpoint", "b"),
         ("fail", "MAPPING: mapping failed: no", "output"),
     ]
+
+
+def test_compensations_and_failures_are_stored_as_they_end_never_held(engine, monkeypatch):
+    # A graph run a, b, c (+ undo_a): b fails for good, c never runs, undo_a compensates. The
+    # compensation would be the third new entry, the "last step's" count, but only a main
+    # step's entry that can end a completed run is held: each is stored before the engine
+    # goes on (a crash later never calls a finished compensation again).
+    monkeypatch.setattr(_Workflow, "compensations", frozenset({"undo_a"}), raising=False)
+    monkeypatch.setattr(_Workflow, "checkpoints_to_complete", 3)
+    monkeypatch.setattr(_Workflow, "graph", True)
+    store = _Store()
+    failed = {"name": "b", "skipped": False, "failed": {"kind": "GRPC", "message": "no"}}
+
+    def segment(prior, on_checkpoint):
+        on_checkpoint({"name": "a", "skipped": False, "response": {}})
+        on_checkpoint(failed)
+        assert store.writes[-1] == ("checkpoint", "b"), "the failure was held back"
+        on_checkpoint({"name": "undo_a", "skipped": False, "response": {}})
+        assert store.writes[-1] == ("checkpoint", "undo_a"), "the compensation was held back"
+        raise WorkflowExecutionError(FailureKind.GRPC, "b", "no")
+
+    engine.segment = segment
+    assert _executor(store).execute(_Job()) is Settlement.FAILED
+    assert [w[:2] for w in store.writes] == [
+        ("checkpoint", "a"),
+        ("checkpoint", "b"),
+        ("checkpoint", "undo_a"),
+        ("fail", "GRPC: no"),
+    ]
+
+
+def test_a_resumed_compensation_counts_only_main_entries(engine, monkeypatch):
+    # A stored compensation entry is not counted among the main steps' entries, so the last
+    # main step's entry is still recognised (and held for the completion).
+    monkeypatch.setattr(_Workflow, "compensations", frozenset({"undo_a"}), raising=False)
+    monkeypatch.setattr(_Workflow, "checkpoints_to_complete", 3)
+    store = _Store()
+
+    def segment(prior, on_checkpoint):
+        on_checkpoint({"name": "c", "skipped": False, "response": {}})
+        return _completed(3)
+
+    engine.segment = segment
+    prior = [
+        {"name": "a", "skipped": False, "response": {}},
+        {"name": "undo_a", "skipped": False, "response": {}},
+        {"name": "b", "skipped": False, "response": {}},
+    ]
+    assert _executor(store).execute(_Job(checkpoints=prior)) is Settlement.COMPLETED
+    assert store.writes == [("complete", {"ok": True}, "3 steps, output t.Out", "c")]
 
 
 def test_a_defect_after_the_last_step_stores_its_checkpoint_then_retries(engine):
