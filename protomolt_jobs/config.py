@@ -165,6 +165,9 @@ class JobsConfig:
     #: writes have none; only our relay reads them) or ``always`` (every row has it, written
     #: in the same statement; for an outbox a Java relay also polls).
     outbox_payloads: str = "columns"
+    #: Whether the pruner also deletes rows our store did not write (``origin`` NULL,
+    #: migration 0013: a Java node's runs and outbox rows, which upstream keeps forever).
+    prune_foreign_rows: bool = False
 
     def __post_init__(self) -> None:
         if self.worker_id is None or not str(self.worker_id).strip():
@@ -213,6 +216,10 @@ class JobsConfig:
                 "jobs.outbox_payloads must be 'columns' (our relay encodes the column rows) or "
                 "'always' (every outbox row carries its payload, for a Java relay on a shared "
                 f"outbox); got {_shown(self.outbox_payloads)}"
+            )
+        if not isinstance(self.prune_foreign_rows, bool):
+            raise ConfigError(
+                f"jobs.prune_foreign_rows must be true or false; got {_shown(self.prune_foreign_rows)}"
             )
         # Refused here, before anything starts: misspelt, owned or out-of-bounds settings.
         kafka_client_settings("producer", self.kafka_producer, probe=bool(self.kafka_producer))
@@ -479,6 +486,13 @@ def _coerce(key: str, raw: Any, field: dataclasses.Field) -> Any:
             except ValueError:
                 pass
         raise ConfigError(f"jobs.{key} must be a finite number of seconds; got {_shown(raw)}")
+    if key == "prune_foreign_rows":
+        if isinstance(raw, bool):
+            return raw
+        word = raw.strip().lower() if isinstance(raw, str) else None
+        if word in ("true", "false"):
+            return word == "true"
+        raise ConfigError(f"jobs.{key} must be true or false; got {_shown(raw)}")
     # string keys; an empty string means "not set" for the optional ones
     if raw is None:
         return None
