@@ -208,6 +208,28 @@ def test_always_mode_writes_every_row_with_the_payload_our_relay_would_encode(fr
         assert event_violations(WorkflowRunEvent.FromString(bytes(row["payload"]))) == []
 
 
+def test_our_relay_claims_the_stored_payloads_of_the_always_mode_and_they_pass_its_check(
+    fresh_dsn,
+):
+    from protomolt_jobs.kafka.relay import inspect_payload
+
+    store = JobStore.open(fresh_dsn, max_size=2, outbox_payloads="always")
+    try:
+        _settle_every_way(store)
+        stored = {r["event_id"]: bytes(r["payload"]) for r in _outbox(fresh_dsn)}
+        claimed = []
+        while batch := store.outbox_claim(100):
+            claimed += batch
+            store.outbox_mark_published([r.event_id for r in batch])
+    finally:
+        store.close()
+    assert {r.event_id for r in claimed} == set(stored)
+    for row in claimed:
+        assert row.payload == stored[row.event_id]
+        event, problem = inspect_payload(row.payload, row.kafka_key)
+        assert problem is None and event is not None
+
+
 def test_default_mode_leaves_the_column_rows_without_a_payload(fresh_dsn):
     store = JobStore.open(fresh_dsn, max_size=2)
     try:
