@@ -151,6 +151,7 @@ class Pruner(PeriodicService):
             "interval_s": self.interval_s,
             "outbox_retention_s": self.outbox_retention_s,
             "run_retention_s": self.run_retention_s,
+            "foreign_rows": self.foreign_rows,
         }
 
     def _failed_pass(self, exc: BaseException) -> None:
