@@ -109,6 +109,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=lambda s: [int(x) for x in s.split(",")],
         help="throughput: our worker processes, comma-separated sweep, e.g. 1,2",
     )
+    p.add_argument(
+        "--outbox-payloads",
+        choices=["columns", "always"],
+        help="throughput: our jobs.outbox_payloads (always: every outbox row with its payload)",
+    )
     p.add_argument("--relay-jobs", type=int, help="relay: jobs of 5 events the relay drains")
     p.add_argument("--relay-batch", type=int, help="relay: outbox rows per pass")
     p.add_argument("--scale-sizes", type=lambda s: [int(x) for x in s.split(",")])
@@ -143,6 +148,7 @@ def options(args: argparse.Namespace) -> Options:
         "scale_sizes",
         "scale_sched_queued",
         "memory_n",
+        "outbox_payloads",
     ):
         value = getattr(args, name)
         if value is not None:

@@ -166,6 +166,7 @@ class _Engine:
             lease_seconds=params.get("lease_s", 60.0),
             max_concurrent_per_target=per_target,
             pool_max_size=pool_max,
+            outbox_payloads=params.get("outbox_payloads", "columns"),
         )
         self.channels = _Channels()
         self.runtime = Runtime(channel_factory=self.channels.channel)
@@ -188,7 +189,12 @@ class _Engine:
             from protomolt_jobs.worker.processes import WorkerProcesses
 
             args = ["--dsn", dsn, "--no-sweeper", "--log-level", "WARNING"]
-            for key in ("worker_count", "lease_seconds", "max_concurrent_per_target"):
+            for key in (
+                "worker_count",
+                "lease_seconds",
+                "max_concurrent_per_target",
+                "outbox_payloads",
+            ):
                 args += ["--set", f"{key}={getattr(self.config, key)}"]
             args += ["--set", f"pool_max_size={pool_max}"]
             self.extra = WorkerProcesses(

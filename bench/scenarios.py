@@ -86,6 +86,9 @@ class Options:
     #: relay: jobs whose 5 events each the relay drains alone, and its batch size.
     relay_jobs: int = 1000
     relay_batch: int = 500
+    #: throughput: our ``jobs.outbox_payloads`` (``columns``, the default, or ``always``: every
+    #: outbox row written with its payload, the shared-outbox interop mode).
+    outbox_payloads: str = "columns"
 
 
 def _guarded(label: str, fn, *args):
@@ -122,6 +125,9 @@ def ours_variants(opts: Options, bootstrap: str | None) -> list[tuple[str, str, 
             if procs > 1:
                 name += f"-{procs}p"
             extra = {"workload": workload, "processes": procs}
+            if opts.outbox_payloads != "columns":
+                name += f"-payloads-{opts.outbox_payloads}"
+                extra["outbox_payloads"] = opts.outbox_payloads
             if opts.kafka in ("on", "both"):
                 out.append((f"{name}+relay", "ours", {"kafka": bootstrap, **extra}))
             if opts.kafka == "off" or (opts.kafka == "both" and workload == "noop"):

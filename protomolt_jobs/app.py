@@ -191,6 +191,7 @@ class JobsApp:
             config.dsn,
             max_size=config.pool_max_size,
             connect_timeout_s=config.connect_timeout_seconds,
+            outbox_payloads=config.outbox_payloads,
         )
         try:
             return cls(config, store=store, runtime=runtime, repository=repository, lanes=lanes)

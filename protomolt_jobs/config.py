@@ -30,6 +30,7 @@ __all__ = [
     "CONSUMER_GROUP",
     "CONSUMER_OWNED",
     "EVENT_TYPES",
+    "OUTBOX_PAYLOADS",
     "PRODUCER_DEFAULTS",
     "PRODUCER_OWNED",
     "REGISTRY_FAILURE_POLICIES",
@@ -53,6 +54,10 @@ UPSTREAM_EVENT_TYPES = frozenset(range(1, 7))
 #: say the schema id: ``halt`` (publish nothing until it can) or ``fallback-id-0`` (stamp id
 #: 0, as upstream's serializer does).
 REGISTRY_FAILURE_POLICIES = ("halt", "fallback-id-0")
+#: Values of ``jobs.outbox_payloads``: ``columns`` (the fenced writes store their events as
+#: columns and our relay encodes them) or ``always`` (every outbox row is written with its
+#: payload, for a Java relay on a shared outbox; migration 0012, docs/interop.md).
+OUTBOX_PAYLOADS = ("columns", "always")
 
 
 class ConfigError(ProtomoltJobsError, ValueError):
@@ -156,6 +161,13 @@ class JobsConfig:
     #: What the relay does when a configured Schema Registry cannot say the schema id:
     #: ``halt`` (events wait as PENDING) or ``fallback-id-0`` (frames carry schema id 0).
     registry_failure: str = "halt"
+    #: Which outbox rows carry their encoded payload: ``columns`` (rows of the one-statement
+    #: writes have none; only our relay reads them) or ``always`` (every row has it, written
+    #: in the same statement; for an outbox a Java relay also polls).
+    outbox_payloads: str = "columns"
+    #: Whether the pruner also deletes rows our store did not write (``origin`` NULL,
+    #: migration 0013: a Java node's runs and outbox rows, which upstream keeps forever).
+    prune_foreign_rows: bool = False
 
     def __post_init__(self) -> None:
         if self.worker_id is None or not str(self.worker_id).strip():
@@ -198,6 +210,16 @@ class JobsConfig:
             raise ConfigError(
                 "jobs.registry_failure must be 'halt' or 'fallback-id-0'; got "
                 f"{_shown(self.registry_failure)}"
+            )
+        if self.outbox_payloads not in OUTBOX_PAYLOADS:
+            raise ConfigError(
+                "jobs.outbox_payloads must be 'columns' (our relay encodes the column rows) or "
+                "'always' (every outbox row carries its payload, for a Java relay on a shared "
+                f"outbox); got {_shown(self.outbox_payloads)}"
+            )
+        if not isinstance(self.prune_foreign_rows, bool):
+            raise ConfigError(
+                f"jobs.prune_foreign_rows must be true or false; got {_shown(self.prune_foreign_rows)}"
             )
         # Refused here, before anything starts: misspelt, owned or out-of-bounds settings.
         kafka_client_settings("producer", self.kafka_producer, probe=bool(self.kafka_producer))
@@ -464,6 +486,13 @@ def _coerce(key: str, raw: Any, field: dataclasses.Field) -> Any:
             except ValueError:
                 pass
         raise ConfigError(f"jobs.{key} must be a finite number of seconds; got {_shown(raw)}")
+    if key == "prune_foreign_rows":
+        if isinstance(raw, bool):
+            return raw
+        word = raw.strip().lower() if isinstance(raw, str) else None
+        if word in ("true", "false"):
+            return word == "true"
+        raise ConfigError(f"jobs.{key} must be true or false; got {_shown(raw)}")
     # string keys; an empty string means "not set" for the optional ones
     if raw is None:
         return None

@@ -10,7 +10,9 @@ long), oldest first, in database time:
 
 Never deleted, and the queries say so in their ``WHERE`` clauses: a PENDING or FAILED outbox
 row (an event not yet published, or the outbox's dead letter), and a QUEUED, RUNNING, WAITING
-or PAUSED run. A retention of 0 turns that deletion off. Several pruners (one per process) are safe:
+or PAUSED run. Rows our store did not write (``origin`` NULL, migration 0013: a Java
+ProtoMolt's runs and outbox rows on a shared database, which upstream keeps forever) are left
+alone unless ``jobs.prune_foreign_rows`` is true. A retention of 0 turns that deletion off. Several pruners (one per process) are safe:
 they skip each other's locked rows.
 
 Without a broker (``jobs.kafka_bootstrap`` unset) nothing publishes, so PENDING rows only
@@ -57,7 +59,8 @@ class Pruner(PeriodicService):
     :param store: the job store (``outbox_prune_published``, ``job_prune_terminal``,
         ``job_prune_cancelled``, ``outbox_pending_count``).
     :param config: ``JobsConfig`` (``outbox_retention_seconds``, ``run_retention_seconds``,
-        ``prune_interval_seconds``, ``kafka_bootstrap``, ``worker_id``; validated there).
+        ``prune_interval_seconds``, ``prune_foreign_rows``, ``kafka_bootstrap``, ``worker_id``;
+        validated there).
     :param batch_rows: rows per statement (> 0).
     :param max_batches: most statements of each kind per pass (> 0).
     """
@@ -81,6 +84,8 @@ class Pruner(PeriodicService):
         self._store = store
         self.outbox_retention_s = config.outbox_retention_seconds
         self.run_retention_s = config.run_retention_seconds
+        #: Also delete rows our store did not write (``jobs.prune_foreign_rows``).
+        self.foreign_rows = config.prune_foreign_rows
         self.broker = bool(config.kafka_bootstrap)
         self.batch_rows = batch_rows
         self.max_batches = max_batches
@@ -132,7 +137,7 @@ class Pruner(PeriodicService):
         for _ in range(self.max_batches):
             if self._stop.is_set():  # a stop mid-pass ends it between batches
                 break
-            n = prune(retention_s, self.batch_rows)
+            n = prune(retention_s, self.batch_rows, foreign_rows=self.foreign_rows)
             deleted += n
             if n < self.batch_rows:
                 break
@@ -146,6 +151,7 @@ class Pruner(PeriodicService):
             "interval_s": self.interval_s,
             "outbox_retention_s": self.outbox_retention_s,
             "run_retention_s": self.run_retention_s,
+            "foreign_rows": self.foreign_rows,
         }
 
     def _failed_pass(self, exc: BaseException) -> None:

@@ -38,6 +38,7 @@ from protomolt_jobs.store.records import Lease
 __all__ = [
     "CONNECT_TIMEOUT_S_DEFAULT",
     "NOTIFY_CHANNEL",
+    "OUTBOX_PAYLOADS_SETTING",
     "POOL_TIMEOUT_S",
     "SESSION_SETTING",
     "Database",
@@ -92,15 +93,28 @@ def translated(fn: Callable[_P, _R]) -> Callable[_P, _R]:
 #: the leases our workers hold.
 SESSION_SETTING = "protomolt_jobs.session"
 
+#: Session setting of a store in ``jobs.outbox_payloads = "always"`` mode: migration 0012's
+#: trigger fills the payload of every outbox row such a session inserts as columns.
+OUTBOX_PAYLOADS_SETTING = "protomolt_jobs.outbox_payloads"
 
-def session_options(dsn: str) -> str:
+
+def session_options(dsn: str, *, outbox_payloads: str = "columns") -> str:
     """The libpq ``options`` for a store connection: the DSN's own, plus
-    ``-c protomolt_jobs.session=store`` (one connection-start parameter, no statement)."""
+    ``-c protomolt_jobs.session=store`` and, when ``outbox_payloads`` is ``"always"``,
+    ``-c protomolt_jobs.outbox_payloads=always`` (connection-start parameters, no statement).
+
+    :raises ValueError: ``outbox_payloads`` is neither ``"columns"`` nor ``"always"``.
+    """
+    if outbox_payloads not in ("columns", "always"):
+        raise ValueError(f"outbox_payloads must be 'columns' or 'always'; got {outbox_payloads!r}")
     try:
         existing = psycopg.conninfo.conninfo_to_dict(dsn).get("options") or ""
     except psycopg.ProgrammingError:
         existing = ""  # a malformed DSN fails at connect, with libpq's own message
-    return f"{existing} -c {SESSION_SETTING}=store".strip()
+    options = f"{existing} -c {SESSION_SETTING}=store"
+    if outbox_payloads == "always":
+        options += f" -c {OUTBOX_PAYLOADS_SETTING}=always"
+    return options.strip()
 
 
 def read_retried_once(fn: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -154,6 +168,7 @@ class Database:
         max_size: int = 10,
         timeout_s: float = POOL_TIMEOUT_S,
         connect_timeout_s: float = CONNECT_TIMEOUT_S_DEFAULT,
+        outbox_payloads: str = "columns",
     ) -> Self:
         """Open a pool on ``dsn`` and wait for its first connection.
 
@@ -169,10 +184,13 @@ class Database:
             while all of them are busy, seconds.
         :param connect_timeout_s: how long a call waits for a healthy connection when the
             pool cannot make one (the database is unreachable), seconds.
-        :raises ValueError: when ``max_size`` < 1.
+        :param outbox_payloads: ``"columns"`` (default) or ``"always"``: every outbox row
+            this store writes carries its payload (``jobs.outbox_payloads``, migration 0012).
+        :raises ValueError: when ``max_size`` < 1 or ``outbox_payloads`` is unknown.
         :raises StoreError: when the database cannot be reached within ``timeout_s``.
         """
         checks.positive_int("max_size", max_size)
+        options = session_options(dsn, outbox_payloads=outbox_payloads)
         pool = ConnectionPool(
             dsn,
             min_size=1,
@@ -183,11 +201,12 @@ class Database:
             # transaction with conn.transaction().
             # libpq's own bound on one connection attempt (whole seconds, at least 2): a
             # black-holed host must not hold the pool's connector past the call's bound.
-            # options: the session setting our fence trigger recognises (docs/interop.md).
+            # options: the session settings our fence and outbox triggers recognise
+            # (docs/interop.md).
             kwargs={
                 "autocommit": True,
                 "connect_timeout": max(2, math.ceil(connect_timeout_s)),
-                "options": session_options(dsn),
+                "options": options,
             },
             timeout=timeout_s,
             name="protomolt-jobs-store",

@@ -173,7 +173,9 @@ class MaintenanceMixin(db.Database):
     # -- retention (the pruner) -------------------------------------------------------------
 
     @db.translated
-    def outbox_prune_published(self, retention_s: float, limit: int = PRUNE_BATCH_DEFAULT) -> int:
+    def outbox_prune_published(
+        self, retention_s: float, limit: int = PRUNE_BATCH_DEFAULT, *, foreign_rows: bool = False
+    ) -> int:
         """Delete one batch of PUBLISHED outbox rows published more than ``retention_s``
         seconds ago (database time), oldest first.
 
@@ -183,14 +185,18 @@ class MaintenanceMixin(db.Database):
 
         :param retention_s: age of ``published_at`` beyond which a row goes, seconds (> 0).
         :param limit: most rows deleted (> 0).
+        :param foreign_rows: also rows our store did not write (``origin`` NULL, migration
+            0013: a Java node's, or unproven on an adopted database); ``jobs.prune_foreign_rows``.
         :returns: rows deleted (a full batch means more may be waiting).
         :raises ValueError: for a non-positive retention or limit.
         :raises StoreError: on a database failure.
         """
-        return self._prune_batch("outbox_prune_published", retention_s, limit)
+        return self._prune_batch("outbox_prune_published", retention_s, limit, foreign_rows)
 
     @db.translated
-    def job_prune_terminal(self, retention_s: float, limit: int = PRUNE_BATCH_DEFAULT) -> int:
+    def job_prune_terminal(
+        self, retention_s: float, limit: int = PRUNE_BATCH_DEFAULT, *, foreign_rows: bool = False
+    ) -> int:
         """Delete one batch of terminal runs (COMPLETED, FAILED, DEAD) completed more than
         ``retention_s`` seconds ago (database time), oldest first.
 
@@ -202,31 +208,38 @@ class MaintenanceMixin(db.Database):
 
         :param retention_s: age of ``completed_at`` beyond which a run goes, seconds (> 0).
         :param limit: most runs deleted (> 0).
+        :param foreign_rows: also runs our store did not insert (``origin`` NULL, migration
+            0013); ``jobs.prune_foreign_rows``.
         :returns: runs deleted.
         :raises ValueError: for a non-positive retention or limit.
         :raises StoreError: on a database failure.
         """
-        return self._prune_batch("job_prune_terminal", retention_s, limit)
+        return self._prune_batch("job_prune_terminal", retention_s, limit, foreign_rows)
 
     @db.translated
-    def job_prune_cancelled(self, retention_s: float, limit: int = PRUNE_BATCH_DEFAULT) -> int:
+    def job_prune_cancelled(
+        self, retention_s: float, limit: int = PRUNE_BATCH_DEFAULT, *, foreign_rows: bool = False
+    ) -> int:
         """Delete one batch of CANCELLED runs cancelled more than ``retention_s`` seconds ago,
         oldest first (a query of its own: migration 0004's partial index predates the status,
         and cancelled runs are few). SQL: ``job_prune_cancelled``; its ``WHERE`` re-checks
         ``status = 'CANCELLED'`` under the row lock (a PAUSED run is never deleted); the
-        run's transition log goes with it (``ON DELETE CASCADE``). Transaction: one statement.
+        run's transition log goes with it (``ON DELETE CASCADE``). Runs our store did not
+        insert are kept unless ``foreign_rows``. Transaction: one statement.
 
         :returns: runs deleted.
         :raises ValueError: for a non-positive retention or limit.
         :raises StoreError: on a database failure.
         """
-        return self._prune_batch("job_prune_cancelled", retention_s, limit)
+        return self._prune_batch("job_prune_cancelled", retention_s, limit, foreign_rows)
 
-    def _prune_batch(self, query: str, retention_s: float, limit: int) -> int:
+    def _prune_batch(self, query: str, retention_s: float, limit: int, foreign_rows: bool) -> int:
         """One pruning ``DELETE`` (``query``) of up to ``limit`` rows older than
-        ``retention_s`` seconds, in autocommit: :returns: the rows deleted."""
+        ``retention_s`` seconds (only rows our store wrote unless ``foreign_rows``), in
+        autocommit: :returns: the rows deleted."""
         checks.positive_seconds("retention_s", retention_s)
         checks.positive_int("limit", limit)
+        params = {"retention_s": retention_s, "limit": limit, "foreign_rows": bool(foreign_rows)}
         with self._connection() as conn:
-            cur = db.execute(conn, query, {"retention_s": retention_s, "limit": limit})
+            cur = db.execute(conn, query, params)
             return cur.rowcount

@@ -1070,12 +1070,13 @@ SELECT 'outbox' AS kind, 'PENDING' AS status, NULL AS queue, count(*) AS n
 -- ---------------------------------------------------------------------------------------------
 
 -- name: outbox_prune_published
--- description: delete up to %(limit)s PUBLISHED outbox rows published more than %(retention_s)s seconds ago (oldest first, SKIP LOCKED); never a PENDING or FAILED row.
+-- description: delete up to %(limit)s PUBLISHED outbox rows published more than %(retention_s)s seconds ago (oldest first, SKIP LOCKED); never a PENDING or FAILED row, and only rows our store wrote (origin, migration 0013) unless %(foreign_rows)s.
 WITH doomed AS (
     SELECT event_id
       FROM workflow_run_events_outbox
      WHERE status = 'PUBLISHED'
        AND published_at < now() - make_interval(secs => %(retention_s)s)
+       AND (%(foreign_rows)s OR origin = 'protomolt-jobs')
      ORDER BY created_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -1086,12 +1087,13 @@ DELETE FROM workflow_run_events_outbox AS o
    AND o.status = 'PUBLISHED'
 
 -- name: job_prune_terminal
--- description: delete up to %(limit)s terminal runs (COMPLETED, FAILED, DEAD) completed more than %(retention_s)s seconds ago (oldest first, SKIP LOCKED); never a QUEUED, RUNNING or WAITING run.
+-- description: delete up to %(limit)s terminal runs (COMPLETED, FAILED, DEAD) completed more than %(retention_s)s seconds ago (oldest first, SKIP LOCKED); never a QUEUED, RUNNING or WAITING run, and only runs our store inserted (origin, migration 0013) unless %(foreign_rows)s.
 WITH doomed AS (
     SELECT job_id
       FROM workflow_run
      WHERE status IN ('COMPLETED', 'FAILED', 'DEAD')
        AND completed_at < now() - make_interval(secs => %(retention_s)s)
+       AND (%(foreign_rows)s OR origin = 'protomolt-jobs')
      ORDER BY completed_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -1129,12 +1131,13 @@ UPDATE workflow_run
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
 -- name: job_prune_cancelled
--- description: delete up to %(limit)s CANCELLED runs cancelled more than %(retention_s)s seconds ago (oldest first, SKIP LOCKED; index idx_workflow_run_status_run_after); never a live or PAUSED run.
+-- description: delete up to %(limit)s CANCELLED runs cancelled more than %(retention_s)s seconds ago (oldest first, SKIP LOCKED; index idx_workflow_run_status_run_after); never a live or PAUSED run, and only runs our store inserted (origin, migration 0013) unless %(foreign_rows)s.
 WITH doomed AS (
     SELECT job_id
       FROM workflow_run
      WHERE status = 'CANCELLED'
        AND completed_at < now() - make_interval(secs => %(retention_s)s)
+       AND (%(foreign_rows)s OR origin = 'protomolt-jobs')
      ORDER BY completed_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED

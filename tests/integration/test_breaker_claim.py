@@ -98,7 +98,7 @@ def test_chains_written_before_0011_still_verify_after_it(empty_dsn, tmp_path):
     try:
         job = _claimed(s)
         s.job_checkpoint(job.lease, {"name": "first", "skipped": False, "response": {}})
-        assert migrate(empty_dsn) == ["0011_transition_hash_stable.sql"]
+        assert migrate(empty_dsn)[0] == "0011_transition_hash_stable.sql"  # and any later
         s.job_checkpoint(job.lease, {"name": "second", "skipped": False, "response": {}})
         history = s.job_history(job.job_id)
         assert [t.kind for t in history.transitions] == [

@@ -173,11 +173,12 @@ def test_retention_zero_deletes_nothing_and_a_pending_backlog_without_a_broker_w
         for job_id, status in ((cancelled, "CANCELLED"), (paused, "PAUSED")):
             _sql(
                 fresh_dsn,
+                # origin: written as our store would (a plain session's row is foreign, kept)
                 "INSERT INTO workflow_run (job_id, workflow_name, workflow_definition, input, "
-                "status, paused_from, completed_at, updated_at) VALUES (%s, 'old', '{}', '{}', "
-                "%s, CASE WHEN %s = 'PAUSED' THEN 'QUEUED' END, "
+                "status, paused_from, completed_at, updated_at, origin) VALUES (%s, 'old', "
+                "'{}', '{}', %s, CASE WHEN %s = 'PAUSED' THEN 'QUEUED' END, "
                 "CASE WHEN %s = 'CANCELLED' THEN now() - interval '400 days' END, "
-                "now() - interval '400 days')",
+                "now() - interval '400 days', 'protomolt-jobs')",
                 (job_id, status, status, status),
             )
         _sql(

@@ -268,3 +268,122 @@ def test_java_sweep_of_our_expired_lease_fences_our_stale_worker(adopted_dsn):
     finally:
         store.close()
         java.close()
+
+
+def _age_everything(dsn: str) -> None:
+    """Every run finished 40 days ago and every outbox row published 10 days ago (an operator
+    session: the foreign-writer fence holds other sessions off finished runs)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET protomolt_jobs.session = 'operator'")
+        conn.execute(
+            "UPDATE workflow_run SET completed_at = now() - interval '40 days' "
+            "WHERE status IN ('COMPLETED', 'FAILED', 'DEAD', 'CANCELLED')"
+        )
+        conn.execute(
+            "UPDATE workflow_run_events_outbox SET status = 'PUBLISHED', "
+            "published_at = now() - interval '10 days'"
+        )
+
+
+def test_the_pruner_leaves_the_java_nodes_rows_alone_and_deletes_ours(upstream_dsn):
+    from protomolt_jobs.config import JobsConfig
+    from protomolt_jobs.maintenance.pruner import Pruner
+    from tests.support.factories import claimed_job
+
+    java = JavaWorker(upstream_dsn, "java-1")
+    try:
+        # Written by the Java node before adoption: unprovable, so kept (origin NULL).
+        before = java.insert({"name": "x"}, {"text": "t"}, "wf-before")
+        assert str(java.claim()["job_id"]) == before
+        assert java.run(MARK_COMPLETED, json.dumps({"by": "java"}), "java", before) == 1
+    finally:
+        java.close()
+    migrate(upstream_dsn)
+    java = JavaWorker(upstream_dsn, "java-1")
+    store = JobStore.open(upstream_dsn, max_size=2)
+    try:
+        # A Java run after adoption, completed by the Java worker, and one our worker ran.
+        java_run = java.insert({"name": "x"}, {"text": "t"}, "wf-java")
+        assert str(java.claim()["job_id"]) == java_run
+        assert java.run(MARK_COMPLETED, json.dumps({"by": "java"}), "java", java_run) == 1
+        java_ours_ran = java.insert({"name": "x"}, {"text": "t"}, "wf-java")
+        lease = store.job_claim("ours", 60.0).lease
+        assert str(lease.job_id) == java_ours_ran
+        store.job_complete(lease, result={"by": "ours"}, verdict="done")
+        # Our runs: completed and failed.
+        ours_done = claimed_job(store, worker_id="ours")
+        store.job_complete(ours_done.lease, result={}, verdict="done")
+        ours_failed = claimed_job(store, worker_id="ours")
+        store.job_fail(ours_failed.lease, "VALIDATION: bad", step="first")
+        ours = {str(ours_done.job_id), str(ours_failed.job_id)}
+        java_rows = {before, java_run, java_ours_ran}
+
+        origins = dict(q(upstream_dsn, "SELECT job_id::text, origin FROM workflow_run"))
+        assert origins == {**dict.fromkeys(java_rows), **dict.fromkeys(ours, "protomolt-jobs")}
+        java_events = {
+            r[0]
+            for r in q(
+                upstream_dsn,
+                "SELECT event_id::text FROM workflow_run_events_outbox WHERE origin IS NULL",
+            )
+        }
+        # The Java node's ACCEPTED events (its submits write them); every other row is ours.
+        assert len(java_events) == 3
+        ours_events = q(
+            upstream_dsn,
+            "SELECT count(*) FROM workflow_run_events_outbox WHERE origin = 'protomolt-jobs'",
+        )[0][0]
+        assert ours_events > 0
+
+        _age_everything(upstream_dsn)
+        config = JobsConfig(dsn=upstream_dsn, worker_id="pruner-test")
+        result = Pruner(store, config=config).run_once()
+        assert (result.runs, result.outbox_rows) == (len(ours), ours_events)
+        left = {r[0] for r in q(upstream_dsn, "SELECT job_id::text FROM workflow_run")}
+        assert left == java_rows
+        left_events = {
+            r[0] for r in q(upstream_dsn, "SELECT event_id::text FROM workflow_run_events_outbox")
+        }
+        assert left_events == java_events
+        # A second pass finds nothing more; configured otherwise, the Java rows go too.
+        assert Pruner(store, config=config).run_once() == type(result)(0, 0)
+        every = JobsConfig(dsn=upstream_dsn, worker_id="pruner-test", prune_foreign_rows=True)
+        result = Pruner(store, config=every).run_once()
+        assert (result.runs, result.outbox_rows) == (len(java_rows), len(java_events))
+        assert q(upstream_dsn, "SELECT count(*) FROM workflow_run")[0][0] == 0
+    finally:
+        store.close()
+        java.close()
+
+
+def test_rows_of_a_database_our_migrations_made_are_ours_and_the_default_needs_no_trigger(
+    fresh_dsn,
+):
+    store = JobStore.open(fresh_dsn, max_size=2)
+    try:
+        from tests.support.factories import queued_job
+
+        job = queued_job(store)
+        assert q(fresh_dsn, "SELECT origin FROM workflow_run WHERE job_id = %s", (job.job_id,)) == [
+            ("protomolt-jobs",)
+        ]
+        assert q(fresh_dsn, "SELECT DISTINCT origin FROM workflow_run_events_outbox") == [
+            ("protomolt-jobs",)
+        ]
+    finally:
+        store.close()
+    # A session without the setting (a foreign writer) inserts rows that are not ours.
+    q(
+        fresh_dsn,
+        "INSERT INTO workflow_run (job_id, workflow_name, workflow_definition, input, status) "
+        "VALUES (gen_random_uuid(), 'java', '{}', '{}', 'QUEUED')",
+    )
+    assert q(fresh_dsn, "SELECT count(*) FROM workflow_run WHERE origin IS NULL") == [(1,)]
+    # origin is a column default, not a trigger (nothing more runs per insert)
+    triggers = q(
+        fresh_dsn,
+        "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal AND tgrelid IN "
+        "('workflow_run'::regclass, 'workflow_run_events_outbox'::regclass) "
+        "AND (tgtype & 4) <> 0",  # INSERT triggers
+    )
+    assert [t for (t,) in triggers if "origin" in t] == []

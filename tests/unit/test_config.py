@@ -77,3 +77,23 @@ def test_defaults_are_within_the_bounds():
         if isinstance(value, float | int) and not isinstance(value, bool):
             JobsConfig(**{field.name: value})  # no ConfigError
     assert JobsConfig(shutdown_grace_seconds=0).shutdown_grace_seconds == 0
+
+
+def test_outbox_payloads_and_prune_foreign_rows_read_their_values_and_refuse_the_rest():
+    config = JobsConfig.from_mapping(
+        {"dsn": "postgresql:///x", "outbox_payloads": "always", "prune_foreign_rows": "true"}
+    )
+    assert (config.outbox_payloads, config.prune_foreign_rows) == ("always", True)
+    assert JobsConfig.from_mapping({"prune_foreign_rows": False}).prune_foreign_rows is False
+    assert JobsConfig.from_mapping({"prune_foreign_rows": " FALSE "}).prune_foreign_rows is False
+    defaults = JobsConfig()
+    assert (defaults.outbox_payloads, defaults.prune_foreign_rows) == ("columns", False)
+    with pytest.raises(ConfigError, match="jobs.outbox_payloads must be 'columns'"):
+        JobsConfig.from_mapping({"outbox_payloads": "Always"})
+    for raw in ("yes", "1", 1, ""):
+        with pytest.raises(ConfigError, match="jobs.prune_foreign_rows must be true or false"):
+            JobsConfig.from_mapping({"prune_foreign_rows": raw})
+    with pytest.raises(ConfigError, match="unknown key jobs.prune_foreign_row;"):
+        JobsConfig.from_mapping({"prune_foreign_row": True})
+    with pytest.raises(ConfigError, match="unknown key jobs.outbox_payload;"):
+        JobsConfig.from_mapping({"outbox_payload": "always"})
