@@ -17,7 +17,7 @@ from google.protobuf.message import DecodeError
 
 from protomolt_jobs.errors import StoreError
 from protomolt_jobs.pb.ai.pipestream.proto.jobs.v1.jobs_pb2 import WorkflowRunEvent
-from protomolt_jobs.runs.stored_run import SnapshotError, StoredRun
+from protomolt_jobs.runs.stored_run import SnapshotError, StoredRun, decode_definition
 from protomolt_jobs.workflow.types import ON_SUCCESS
 
 __all__ = ["JobEvent", "JobInspector"]
@@ -72,13 +72,28 @@ class JobInspector:
             return None
 
     def step_names(self, job_id: str) -> list[str]:
-        """The names of the steps of the job's snapshotted definition, in definition order
-        (empty when the job does not exist or its definition cannot be read or does not parse).
+        """The names of the steps of the job's snapshotted definition, in definition order.
+
+        A definition that no longer parses still names its steps (the raw ``steps[].name``
+        strings), so the page of a job whose workflow broke still shows the step it waits on;
+        empty when the job does not exist or its definition is not a JSON object.
 
         :raises StoreError: the store is unavailable.
         """
-        stored = self._stored(job_id)
-        return stored.step_names() if stored is not None else []
+        job = self._open().job_get(job_id)
+        if job is None:
+            return []
+        try:
+            return StoredRun.load(job, self._runtime).step_names()
+        except SnapshotError:
+            pass
+        try:
+            steps = decode_definition(job.workflow_definition).get("steps")
+        except SnapshotError:
+            return []
+        if not isinstance(steps, list):
+            return []
+        return [s["name"] for s in steps if isinstance(s, dict) and isinstance(s.get("name"), str)]
 
     def step_graph(self, job_id: str) -> list[dict[str, Any]]:
         """The steps of a *graph* workflow with what each waits for:

@@ -922,7 +922,10 @@ UPDATE workflow_run
        step_generations = CASE WHEN %(bump)s::boolean THEN
                             coalesce(step_generations, '{}'::jsonb)
                             || jsonb_build_object(%(step)s::text,
-                                                  coalesce((step_generations->>%(step)s::text)::int, 0) + 1)
+                                                  CASE WHEN jsonb_typeof(step_generations->%(step)s::text) = 'number'
+                                                       THEN greatest(least((step_generations->>%(step)s::text)::numeric,
+                                                                           2147483646), 0)::int
+                                                       ELSE 0 END + 1)
                           ELSE step_generations END,
        effect_intents = %(intents)s::jsonb,
        change_kind = 'retry-step',
@@ -1119,14 +1122,14 @@ SELECT job_id, workflow_name, status, attempt, outstanding_step, error,
  WHERE job_id = ANY(%(job_ids)s::uuid[])
 
 -- name: job_compensate
--- description: fenced (status CANCELLED, attempt, the step not yet checkpointed): append a compensation step's entry to a cancelled graph run (graph workflows, #16).
+-- description: fenced (status CANCELLED or FAILED, attempt, the step not yet checkpointed): append a compensation step's entry to a graph run cancelled or failed by its budget after it settled (graph workflows, #16).
 UPDATE workflow_run
    SET checkpoints = checkpoints || jsonb_build_array(workflow_checkpoint_stamp(%(entry)s::jsonb)),
        updated_at = now(),
        change_kind = 'compensate',
        change_actor = 'worker:' || %(owner)s,
        change_step = %(step)s
- WHERE job_id = %(job_id)s AND status = 'CANCELLED' AND attempt = %(attempt)s
+ WHERE job_id = %(job_id)s AND status IN ('CANCELLED', 'FAILED') AND attempt = %(attempt)s
    AND NOT checkpoints @> jsonb_build_array(jsonb_build_object('name', %(step)s::text))
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 

@@ -49,13 +49,14 @@ class SettlesMixin(db.Database):
 
     @db.translated
     def job_compensate(self, lease: Lease, entry: dict[str, Any]) -> None:
-        """Append a compensation step's entry to a run an operator cancelled (graph workflows:
-        the steps that undo succeeded steps run after the cancel was applied), with its
-        STEP_CHECKPOINT event (``detail.status`` CANCELLED).
+        """Append a compensation step's entry to a graph run stopped between its steps (an
+        operator cancelled it, or its budget failed it: the steps that undo succeeded steps run
+        after that settled), with its STEP_CHECKPOINT event (``detail.status`` the run's).
 
         SQL: ``UPDATE ... SET checkpoints = checkpoints || [entry]`` fenced on status
-        CANCELLED, the lease's attempt and no entry of that step yet (the cancel cleared the
-        lease, so owner and token cannot fence it), recorded in the history as ``compensate``;
+        CANCELLED or FAILED, the lease's attempt and no entry of that step yet (the settle
+        cleared the lease, so owner and token cannot fence it), recorded in the history as
+        ``compensate``;
         then one outbox row. Transaction: one.
 
         :raises LeaseLost: when the fence matches no row (not cancelled at this attempt, or the

@@ -109,10 +109,13 @@ class CostMeter:
         self.dearest = max(self.dearest, cost)
         return cost
 
-    def replay(self, entries: Iterable[Mapping[str, Any]]) -> None:
-        """Meter the checkpoints a segment starts from."""
+    def replay(self, entries: Iterable[Any]) -> None:
+        """Meter the checkpoints a segment starts from. An entry that is not a JSON object is
+        left to the engine's replay, which fails the run naming it (a budget never crashes the
+        claim loop over a row's content)."""
         for entry in entries:
-            self.add(entry)
+            if isinstance(entry, Mapping):
+                self.add(entry)
 
     def check(self, after: str) -> None:
         """May another step start?

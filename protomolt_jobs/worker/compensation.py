@@ -1,9 +1,12 @@
-"""Compensation of a graph run an operator cancelled (docs/workflows.md, *Graph workflows*).
+"""Compensation of a graph run stopped between its steps (docs/workflows.md, *Graph
+workflows*): an operator cancelled it, or its ``budget.maxCost`` failed it.
 
-Once a run settles CANCELLED, the compensation steps of its succeeded steps run (reverse
-completion order), each stored with ``job_compensate``: fenced on the run being CANCELLED at
-this attempt, since the cancel cleared the lease. Best effort after the fact: the run holds no
-lease, so a failure here is logged and the remaining compensations are not retried by anyone.
+Once such a run settles (CANCELLED, or FAILED by its budget), the compensation steps of its
+succeeded steps run (reverse completion order), each stored with ``job_compensate``: fenced on
+the run having that terminal status at this attempt, since the settle cleared the lease. Best
+effort after the fact: the run holds no lease, so a failure here is logged and the remaining
+compensations are not retried by anyone. (A run that fails at a step is compensated by the
+engine inside its segment, before the FAILED write.)
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from protomolt_jobs.worker.settlement import LogContext
 from protomolt_jobs.workflow.graph_run import run_compensation
 from protomolt_jobs.workflow.types import Runtime
 
-__all__ = ["CompensationStore", "compensate_cancelled"]
+__all__ = ["CompensationStore", "compensate_stopped"]
 
 log = logging.getLogger("protomolt_jobs.worker")
 
@@ -30,16 +33,18 @@ class CompensationStore(RowReader, Protocol):
     def job_compensate(self, lease: Lease, entry: dict[str, Any]) -> None: ...
 
 
-def compensate_cancelled(
+def compensate_stopped(
     job: ClaimedJob,
     lease: Lease,
     ctx: LogContext,
     *,
+    status: str,
     store: CompensationStore,
     runtime: Runtime,
     permits: TargetPermits,
 ) -> None:
-    """Run the compensation steps of a cancelled graph run, if it has any.
+    """Run the compensation steps of a graph run that settled ``status`` (CANCELLED, or FAILED
+    by its budget), if it has any.
 
     Never raises: a failure is logged (``compensation_failed``) and ends the compensation.
 
@@ -53,7 +58,7 @@ def compensate_cancelled(
         if not workflow.graph or not workflow.compensations:
             return
         row = store.job_get(job.job_id)
-        if row is None or row.status != "CANCELLED":
+        if row is None or row.status != status:
             return
         ran = run_compensation(
             workflow,
@@ -65,12 +70,12 @@ def compensate_cancelled(
         )
     except Exception as exc:  # the job is settled; nothing here may crash the loop
         log.warning(
-            "compensating the cancelled job failed",
+            "compensating the stopped job failed",
             exc_info=True,
             extra={"action": "compensation_failed", "error": str(exc), **ctx},
         )
         return
     if ran:
         log.info(
-            "cancelled job compensated", extra={"action": "job_compensated", "steps": ran, **ctx}
+            "stopped job compensated", extra={"action": "job_compensated", "steps": ran, **ctx}
         )

@@ -102,9 +102,10 @@ class BudgetPolicy:
         FAILS it."""
         return self.meter is not None and self.meter.on_exceeded == "pause"
 
-    def resume(self, prior: Sequence[Mapping[str, Any]], n_complete: int) -> None:
+    def resume(self, prior: Sequence[Any], n_complete: int) -> None:
         """A segment starts from ``prior``: may its next step run? Checked only when some
-        steps are done and some are left (``0 < len(prior) < n_complete``).
+        steps are done and some are left (``0 < len(prior) < n_complete``). Entries that are
+        not JSON objects are not metered: the engine's replay fails the run naming them.
 
         :param n_complete: checkpoints a completed run holds.
         :raises BudgetExceeded: the budget is spent (or a step's cost cannot be metered).
@@ -113,7 +114,8 @@ class BudgetPolicy:
         if self.meter is None or not prior or len(prior) >= n_complete:
             return
         self.meter.replay(prior)
-        self.meter.check(str(prior[-1].get("name", "")))
+        last = prior[-1]
+        self.meter.check(str(last.get("name", "")) if isinstance(last, Mapping) else "")
 
     def meter_step(self, entry: Mapping[str, Any]) -> None:
         """Meter one stored checkpoint, then check the next step may start.

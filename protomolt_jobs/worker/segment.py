@@ -42,7 +42,7 @@ from protomolt_jobs.errors import LeaseLost, StoreError
 from protomolt_jobs.worker.budget import BudgetExceeded
 from protomolt_jobs.worker.checkpoints import CheckpointStore, CheckpointWriter
 from protomolt_jobs.worker.claimed_run import ClaimedJob, ClaimedRun, RowError
-from protomolt_jobs.worker.compensation import CompensationStore, compensate_cancelled
+from protomolt_jobs.worker.compensation import CompensationStore, compensate_stopped
 from protomolt_jobs.worker.heartbeat import Heartbeat, LeaseGuard
 from protomolt_jobs.worker.permits import PermitCancelled, TargetPermits
 from protomolt_jobs.worker.policies import BudgetPolicy, EffectPolicy, Policies, RetryPolicy
@@ -153,11 +153,19 @@ class SegmentExecutor:
                 settled = self._settler.apply(decide(outcome, job, policies), guard, ctx)
         finally:
             self._heartbeat.untrack(guard)
+        stopped = None
         if settled is Settlement.CONTROLLED and guard.status == "CANCELLED":
-            compensate_cancelled(
+            stopped = "CANCELLED"
+        elif settled is Settlement.FAILED and isinstance(outcome, OverBudget):
+            # The budget stopped the run between steps: no step failed, so the engine ran no
+            # compensation; the run is FAILED now, and its succeeded steps are undone here.
+            stopped = "FAILED"
+        if stopped is not None:
+            compensate_stopped(
                 job,
                 guard.lease,
                 ctx,
+                status=stopped,
                 store=self._store,
                 runtime=self._runtime,
                 permits=self._permits,
