@@ -6,18 +6,18 @@ and the pre-restructure reference, commit 4754549). A passing test documents a h
 not be found; a failing one is a bug report. Real PostgreSQL, real gRPC servers on loopback,
 real worker processes; every wait is on a condition and bounded.
 
-Failing at the time of writing (bug reports; see each test's docstring):
+Found by these tests and fixed since (each test asserts the fixed behaviour):
 
 - test_a_budgeted_run_whose_checkpoints_are_not_objects_fails_instead_of_crashing_the_loop:
-  BudgetPolicy.resume -> CostMeter.add raises AttributeError on a non-object checkpoint and
-  SegmentExecutor._classify (phase BUDGET) lets it through to the claim loop (also in 4754549).
+  BudgetPolicy.resume -> CostMeter.add raised AttributeError on a non-object checkpoint and
+  SegmentExecutor._classify (phase BUDGET) let it through to the claim loop (also in 4754549).
 - test_the_dashboard_step_list_of_an_unparsable_definition_is_unchanged_by_the_restructure:
-  runs/inspector.py step_names now parses (StoredRun.load) and answers [] where the old
+  runs/inspector.py step_names parsed (StoredRun.load) and answered [] where the old
   job_inspector.py read the raw ``steps`` names (a regression of issue 25).
 - test_a_graph_run_failed_by_its_budget_compensates_its_succeeded_steps: a budget overrun
-  FAILS a graph run without its compensations (also in 4754549).
+  FAILED a graph run without its compensations (also in 4754549).
 - test_retry_step_on_a_row_with_odd_step_generations_is_not_an_internal_error: queries.sql's
-  ``(step_generations->>step)::int`` cast makes retry-step an internal-error (also in 4754549).
+  ``(step_generations->>step)::int`` cast made retry-step an internal-error (also in 4754549).
 """
 
 from __future__ import annotations
