@@ -12,7 +12,6 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from protomolt_jobs.errors import JobCorrupt
 from protomolt_jobs.runs.report import iso_instant
 from protomolt_jobs.runs.stored_run import SnapshotError, StoredRun
 from protomolt_jobs.verbs.base import (
@@ -20,6 +19,7 @@ from protomolt_jobs.verbs.base import (
     JobsBackend,
     actor,
     control_schema,
+    corrupt_snapshot,
     invalid,
     not_found,
     optional_string,
@@ -255,17 +255,7 @@ class RetryStepAction(ControlVerb):
             stored = StoredRun.load(job, self.runtime)
         except SnapshotError as exc:
             # The checkpoints to drop come from the definition: without it, job-corrupt.
-            if exc.kind == "not-object":
-                raise JobCorrupt(
-                    "the job's stored workflow definition is not a JSON object"
-                ) from exc
-            if exc.kind == "unreadable":
-                raise JobCorrupt(
-                    f"the job's stored workflow definition is not readable: {exc.detail}"
-                ) from exc
-            raise JobCorrupt(
-                f"the job's stored workflow definition does not parse: {exc.detail}"
-            ) from exc
+            raise corrupt_snapshot(exc) from exc
         order = stored.step_names()
         if step_name not in order:
             raise invalid("stepName", f"the workflow has no step named '{step_name}'")
