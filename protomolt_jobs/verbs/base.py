@@ -28,6 +28,7 @@ from typing import Any
 from protomolt_jobs.errors import InvalidInput, JobCorrupt, Unavailable
 from protomolt_jobs.hooks.contract import current_principal
 from protomolt_jobs.input_rules import check_json, check_text
+from protomolt_jobs.runs.stored_run import SnapshotError
 from protomolt_jobs.runs.submitter import Submitter, parse_job_id
 
 __all__ = [
@@ -355,6 +356,20 @@ def refused(job_id: uuid.UUID, status: str | None, message: str, **extra: Any) -
     if status is None:
         return not_found(job_id)
     return {"ok": False, "status": status, **extra, "error": f"job {job_id} is {status}; {message}"}
+
+
+def corrupt_snapshot(exc: SnapshotError) -> JobCorrupt:
+    """``job-corrupt`` for a verb that must act on a job's stored definition and cannot use it
+    (:class:`~protomolt_jobs.runs.stored_run.SnapshotError` of any kind): ``the job's stored
+    workflow definition is not readable: ...`` or ``... does not parse: ...``."""
+    if exc.kind == "not-object":
+        return JobCorrupt(
+            "the job's stored workflow definition is not readable: "
+            f"expected a JSON object, found {exc.found}"
+        )
+    if exc.kind == "unreadable":
+        return JobCorrupt(f"the job's stored workflow definition is not readable: {exc.detail}")
+    return JobCorrupt(f"the job's stored workflow definition does not parse: {exc.detail}")
 
 
 def unreadable_row(job: Any) -> JobCorrupt:

@@ -12,7 +12,6 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from protomolt_jobs.errors import JobCorrupt
 from protomolt_jobs.runs.report import iso_instant
 from protomolt_jobs.runs.stored_run import SnapshotError, StoredRun
 from protomolt_jobs.verbs.base import (
@@ -20,6 +19,7 @@ from protomolt_jobs.verbs.base import (
     JobsBackend,
     actor,
     control_schema,
+    corrupt_snapshot,
     invalid,
     not_found,
     optional_string,
@@ -287,7 +287,11 @@ class RetryStepAction(ControlVerb):
             )
         if getattr(job, "unreadable", None):
             raise unreadable_row(job)
-        stored = _load_for_retry(job, self.runtime)
+        try:
+            stored = StoredRun.load(job, self.runtime)
+        except SnapshotError as exc:
+            # The checkpoints to drop come from the definition: without it, job-corrupt.
+            raise corrupt_snapshot(exc) from exc
         if step_name not in stored.step_names():
             raise invalid("stepName", f"the workflow has no step named '{step_name}'")
         plan = plan_retry(
@@ -348,25 +352,6 @@ def _recorded_reason(scope: str | None, new_key: bool, reason: str | None) -> st
     if reason:
         parts.append(reason)
     return "; ".join(parts) or None
-
-
-def _load_for_retry(job: Any, runtime: Any) -> StoredRun:
-    """The job's stored run; the checkpoints to drop come from the definition.
-
-    :raises JobCorrupt: the definition is not a JSON object, not readable, or does not parse.
-    """
-    try:
-        return StoredRun.load(job, runtime)
-    except SnapshotError as exc:
-        if exc.kind == "not-object":
-            raise JobCorrupt("the job's stored workflow definition is not a JSON object") from exc
-        if exc.kind == "unreadable":
-            raise JobCorrupt(
-                f"the job's stored workflow definition is not readable: {exc.detail}"
-            ) from exc
-        raise JobCorrupt(
-            f"the job's stored workflow definition does not parse: {exc.detail}"
-        ) from exc
 
 
 class RequeueJobAction(ControlVerb):

@@ -25,7 +25,7 @@ from protomolt_jobs.errors import JobCorrupt
 from protomolt_jobs.input_rules import invalid as invalid_at
 from protomolt_jobs.input_rules import proto_json_path
 from protomolt_jobs.runs.stored_run import SnapshotError, StoredRun
-from protomolt_jobs.verbs.base import invalid
+from protomolt_jobs.verbs.base import corrupt_snapshot, invalid
 from protomolt_jobs.workflow import Step, checkpoint_entry
 from protomolt_jobs.workflow.effects import stamp
 from protomolt_jobs.workflow.validation import summarize, validate_message
@@ -44,18 +44,7 @@ def resolve_step(job: Any, step_name: str, runtime: Any) -> tuple[StoredRun, Ste
         stored = StoredRun.load(job, runtime)
     except SnapshotError as exc:
         # This verb must act on the definition: a snapshot it cannot use is job-corrupt.
-        if exc.kind == "not-object":
-            raise JobCorrupt(
-                "the job's stored workflow definition is not readable: "
-                f"expected a JSON object, found {exc.found}"
-            ) from exc
-        if exc.kind == "unreadable":
-            raise JobCorrupt(
-                f"the job's stored workflow definition is not readable: {exc.detail}"
-            ) from exc
-        raise JobCorrupt(
-            f"the job's stored workflow definition does not parse: {exc.detail}"
-        ) from exc
+        raise corrupt_snapshot(exc) from exc
     step = stored.workflow.step(step_name)
     if step is None:
         raise invalid("stepName", f"the workflow has no step named '{step_name}'")

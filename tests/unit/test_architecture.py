@@ -75,7 +75,9 @@ def test_no_module_of_worker_or_store_outgrows_its_bound():
     assert too_long == []
 
 
-def test_a_store_that_imports_the_engine_fails(tmp_path):
+def _lint_a_copy_with(tmp_path, module: str, line: str) -> subprocess.CompletedProcess[str]:
+    """lint-imports on a copy of the tree whose ``module`` (a path under protomolt_jobs/) has
+    ``line`` appended."""
     copy = tmp_path / "tree"
     copy.mkdir()
     shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
@@ -84,44 +86,28 @@ def test_a_store_that_imports_the_engine_fails(tmp_path):
         copy / "protomolt_jobs",
         ignore=shutil.ignore_patterns("__pycache__", "_migrations"),
     )
-    records = copy / "protomolt_jobs" / "store" / "records.py"
-    records.write_text(records.read_text() + "\nimport protomolt_jobs.workflow.types  # breaks\n")
-    result = _lint(copy)
+    target = copy / "protomolt_jobs" / module
+    target.write_text(target.read_text() + f"\n{line}  # breaks\n")
+    return _lint(copy)
+
+
+def test_a_store_that_imports_the_engine_fails(tmp_path):
+    result = _lint_a_copy_with(tmp_path, "store/records.py", "import protomolt_jobs.workflow.types")
     assert result.returncode != 0
     assert "protomolt_jobs.store is not allowed to import protomolt_jobs.workflow" in result.stdout
 
 
 def test_a_host_that_imports_the_role_fails(tmp_path):
-    copy = tmp_path / "tree"
-    copy.mkdir()
-    shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
-    shutil.copytree(
-        ROOT / "protomolt_jobs",
-        copy / "protomolt_jobs",
-        ignore=shutil.ignore_patterns("__pycache__", "_migrations"),
-    )
-    cli = copy / "protomolt_jobs" / "host" / "catalog.py"
-    cli.write_text(cli.read_text() + "\nimport protomolt_jobs.runs.inspector  # breaks\n")
-    result = _lint(copy)
+    result = _lint_a_copy_with(tmp_path, "host/catalog.py", "import protomolt_jobs.runs.inspector")
     assert result.returncode != 0
     assert "The host imports no part of the jobs role" in result.stdout
     assert "BROKEN" in result.stdout
 
 
 def test_a_runner_that_imports_the_other_runner_fails(tmp_path):
-    copy = tmp_path / "tree"
-    copy.mkdir()
-    shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
-    shutil.copytree(
-        ROOT / "protomolt_jobs",
-        copy / "protomolt_jobs",
-        ignore=shutil.ignore_patterns("__pycache__", "_migrations"),
+    result = _lint_a_copy_with(
+        tmp_path, "workflow/graph_run.py", "import protomolt_jobs.workflow.sequential_run"
     )
-    graph_run = copy / "protomolt_jobs" / "workflow" / "graph_run.py"
-    graph_run.write_text(
-        graph_run.read_text() + "\nimport protomolt_jobs.workflow.sequential_run  # breaks\n"
-    )
-    result = _lint(copy)
     assert result.returncode != 0
     assert "Runners share step code; none imports another BROKEN" in result.stdout
 
