@@ -81,6 +81,8 @@ _JSON_COLUMNS: tuple[tuple[str, tuple[type, ...]], ...] = (
 #: Columns a row may lack (queries that do not select them): the record keeps the default.
 _OPTIONAL_COLUMNS = frozenset(
     {
+        "wait_kind",
+        "submitted_by",
         "priority",
         "queue",
         "fairness_key",
@@ -169,6 +171,10 @@ class JobRecord:
     #: claims, ``job_get`` and ``job_lock`` only).
     effect_intents: dict[str, Any] | None = None
     step_generations: dict[str, Any] | None = None
+    #: Approvals (migration 0012): why a WAITING run waits (None: an external step;
+    #: ``approval``) and the principal that submitted it (read by ``job_get`` and ``job_lock``).
+    wait_kind: str | None = None
+    submitted_by: str | None = None
 
     @property
     def lease(self) -> Lease:

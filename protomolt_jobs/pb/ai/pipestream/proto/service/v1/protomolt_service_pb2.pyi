@@ -336,3 +336,42 @@ class JobHistoryResponse(_message.Message):
     first_bad_seq: int
     error: str
     def __init__(self, ok: _Optional[bool] = ..., job_id: _Optional[str] = ..., transitions: _Optional[_Iterable[_Union[WorkflowRunTransition, _Mapping]]] = ..., integrity: _Optional[str] = ..., first_bad_seq: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ApproveStepRequest(_message.Message):
+    __slots__ = ("job_id", "step_name", "decision", "comment")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_NAME_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    COMMENT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    step_name: str
+    decision: str
+    comment: str
+    def __init__(self, job_id: _Optional[str] = ..., step_name: _Optional[str] = ..., decision: _Optional[str] = ..., comment: _Optional[str] = ...) -> None: ...
+
+class ApproveStepResponse(_message.Message):
+    __slots__ = ("ok", "decided", "decision", "tally", "needed", "error", "status", "message")
+    class TallyEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    OK_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    TALLY_FIELD_NUMBER: _ClassVar[int]
+    NEEDED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    decided: bool
+    decision: str
+    tally: _containers.ScalarMap[str, int]
+    needed: int
+    error: str
+    status: str
+    message: str
+    def __init__(self, ok: _Optional[bool] = ..., decided: _Optional[bool] = ..., decision: _Optional[str] = ..., tally: _Optional[_Mapping[str, int]] = ..., needed: _Optional[int] = ..., error: _Optional[str] = ..., status: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...

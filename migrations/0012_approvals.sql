@@ -1,0 +1,28 @@
+-- 0012: approval steps (issue 26, DESIGN.md section 20; docs/approvals.md).
+--
+--   * workflow_run.wait_kind: why a WAITING run waits: NULL (an external step, as before) or
+--     'approval' (votes decide it). WAITING stays the status, so the partial indexes and the
+--     Java consumers that know WAITING are unchanged; get-job shows phase 'waiting_approval'.
+--   * workflow_run.submitted_by: the principal that submitted the run (no self-approval).
+--   * workflow_approval_vote: one vote per principal per approval step and retry generation,
+--     written under the run's row lock by approve-step. Its transitions ('vote', 'decision')
+--     are rows of the run's hash-chained transition log.
+--
+-- Both columns are NULL for existing rows and for workers that do not know them. Append-only:
+-- never edit this file once merged.
+
+ALTER TABLE workflow_run
+    ADD COLUMN wait_kind    TEXT,
+    ADD COLUMN submitted_by TEXT;
+
+CREATE TABLE workflow_approval_vote (
+    job_id     UUID        NOT NULL REFERENCES workflow_run (job_id) ON DELETE CASCADE,
+    step       TEXT        NOT NULL,
+    generation INTEGER     NOT NULL DEFAULT 0,
+    principal  TEXT        NOT NULL,
+    groups     TEXT[]      NOT NULL DEFAULT '{}',
+    decision   TEXT        NOT NULL,
+    comment    TEXT,
+    at         TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (job_id, step, generation, principal)
+);

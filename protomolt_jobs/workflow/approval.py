@@ -1,0 +1,197 @@
+"""Approval steps in the engine: the decision a checkpoint records, what it means for the run,
+and the verifier's findings about approval definitions (docs/approvals.md).
+
+An approval step (``completion: "approval"``) makes no call: the run parks on it (``Parked``
+with ``wait_kind`` ``approval``) until ``approve-step`` votes reach a decision, which is
+stored as the step's checkpoint entry::
+
+    {"name": "review", "decision": "fix", "tally": {"fix": 2, "accept": 1},
+     "voters": ["alice", "bob", "carol"], "response": {"decision": "fix", ...}}
+
+The entry's ``response`` is a ``google.protobuf.Struct`` (what later steps see of it).
+Replaying that entry, the run goes on by the decision:
+
+- ``approval.end`` says ``fail``: the step fails (kind ``APPROVAL``; a ``failure`` edge may
+  handle it, else the run fails); ``complete``: the step succeeded and no edge of it is taken.
+- A graph workflow takes the step's ``decision:<d>`` edges (``success`` edges are
+  ``decision:accept``).
+- A sequential workflow goes on after ``accept``; any other decision without an ``end`` fails
+  the run (kind ``APPROVAL``), as if its ``end`` said ``fail``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from protomolt_jobs.workflow.types import (
+    ACCEPT,
+    ON_DECISION,
+    ON_DONE,
+    ON_SUCCESS,
+    CompiledWorkflow,
+    FailureKind,
+    Finding,
+    Step,
+    WorkflowExecutionError,
+)
+
+__all__ = [
+    "approval_failure",
+    "approver_refusal",
+    "decision_entry",
+    "decision_of",
+    "findings",
+    "sequential_failure",
+]
+
+
+def decision_of(step: Step, entry: Any) -> str | None:
+    """The decision an approval step's stored checkpoint entry records (None when ``step`` is
+    not an approval step or the entry records none, e.g. a skip)."""
+    if step.approval is None or not isinstance(entry, dict):
+        return None
+    decision = entry.get("decision")
+    return decision if isinstance(decision, str) and decision else None
+
+
+def approver_refusal(step: Step, principal: str, groups: Iterable[str]) -> str | None:
+    """Why ``principal`` (in ``groups``) may not vote on ``step``, or None when it may."""
+    spec = step.approval
+    if spec is None:
+        return f"step '{step.name}' is not an approval step"
+    if principal in spec.principals or set(groups) & set(spec.roles):
+        return None
+    allowed = [f"role '{r}'" for r in spec.roles] + [f"principal '{p}'" for p in spec.principals]
+    return (
+        f"'{principal}' is not an approver of step '{step.name}' (approvers: {', '.join(allowed)})"
+    )
+
+
+def approval_failure(step: Step, decision: str) -> WorkflowExecutionError | None:
+    """The failure an ``end: fail`` decision makes of its step (None for any other)."""
+    assert step.approval is not None
+    if step.approval.ending(decision) != "fail":
+        return None
+    return _failure(step, decision)
+
+
+def sequential_failure(step: Step, decision: str) -> WorkflowExecutionError | None:
+    """In a sequential workflow: None when the run goes on (``accept``) or completes (``end:
+    complete``), else the failure that ends it."""
+    assert step.approval is not None
+    if decision == ACCEPT and step.approval.ending(decision) != "fail":
+        return None
+    if step.approval.ending(decision) == "complete":
+        return None
+    return _failure(step, decision)
+
+
+def _failure(step: Step, decision: str) -> WorkflowExecutionError:
+    return WorkflowExecutionError(
+        FailureKind.APPROVAL, step.name, f"approval step '{step.name}' decided '{decision}'"
+    )
+
+
+def decision_entry(
+    step: str,
+    decision: str,
+    tally: dict[str, int],
+    voters: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The checkpoint entry of a decided approval step (``approve-step`` stores it).
+
+    :param tally: decision -> distinct voters.
+    :param voters: ``{principal, decision, comment?}`` in vote order.
+    """
+    response = {
+        "decision": decision,
+        "tally": dict(tally),
+        "voters": [v["principal"] for v in voters],
+    }
+    return {
+        "name": step,
+        "decision": decision,
+        "tally": dict(tally),
+        "voters": voters,
+        "response": response,
+    }
+
+
+def findings(workflow: CompiledWorkflow) -> list[Finding]:
+    """Findings about approval steps: decision edges that name no approval step or no declared
+    decision, ``distinctFrom`` naming no approval step, and (graph workflows) a declared
+    decision with neither an edge nor an ``end``."""
+    out: list[Finding] = []
+    by_name = {s.name: s for s in workflow.steps}
+    for s in workflow.steps:
+        for d in s.depends:
+            if not d.on.startswith(ON_DECISION):
+                continue
+            up = by_name.get(d.step)
+            wanted = d.on[len(ON_DECISION) :]
+            if up is None:
+                continue  # the graph's finding names the unknown dependency
+            if up.approval is None:
+                out.append(
+                    Finding(
+                        s.name,
+                        "approval",
+                        f"'after' entry for '{d.step}': on '{d.on}' needs an approval step; "
+                        f"'{d.step}' is not one",
+                    )
+                )
+            elif wanted not in up.approval.decisions:
+                out.append(
+                    Finding(
+                        s.name,
+                        "approval",
+                        f"'after' entry for '{d.step}': decision '{wanted}' is not one of "
+                        f"{', '.join(up.approval.decisions)}",
+                    )
+                )
+        if s.approval is None:
+            continue
+        for other in s.approval.distinct_from:
+            target = by_name.get(other)
+            if target is None or target.approval is None:
+                out.append(
+                    Finding(
+                        s.name,
+                        "approval",
+                        f"approval.distinctFrom names '{other}', which is not an approval step",
+                    )
+                )
+        if workflow.graph:
+            out.extend(_uncovered(workflow, s))
+    return out
+
+
+def _uncovered(workflow: CompiledWorkflow, step: Step) -> list[Finding]:
+    """Declared decisions of ``step`` that no edge takes and no ``end`` ends."""
+    assert step.approval is not None
+    covered: set[str] = set()
+    for s in workflow.steps:
+        for d in s.depends:
+            if d.step != step.name:
+                continue
+            if d.on == ON_DONE:
+                covered.update(step.approval.decisions)
+            elif d.on == ON_SUCCESS:
+                covered.add(ACCEPT)
+            elif d.on.startswith(ON_DECISION):
+                covered.add(d.on[len(ON_DECISION) :])
+    covered.update(decision for decision, _ in step.approval.end)
+    depended = any(d.step == step.name for s in workflow.steps for d in s.depends)
+    if not depended and ACCEPT in step.approval.decisions:
+        covered.add(ACCEPT)  # a sink: accept completes its branch
+    return [
+        Finding(
+            step.name,
+            "approval",
+            f'decision \'{d}\' has no edge (after: {{"step": "{step.name}", "on": '
+            f'"decision:{d}"}}) and no approval.end',
+        )
+        for d in step.approval.decisions
+        if d not in covered
+    ]
