@@ -1,0 +1,269 @@
+"""Approval steps and approve-step on a real node (issue 26, build items 2 and 3): real
+PostgreSQL, the node's HTTP and gRPC surfaces on loopback with real tokens, the jobs role's
+workers, and the ``Steps/Run`` test service on loopback for the steps around the gate.
+
+The workflow is docs/approvals.md's: ``draft`` -> ``review`` (two editors of three must
+accept; ``fix`` sends the draft to ``rework``; one ``reject`` vetoes and fails the run) ->
+``publish``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+
+from protomolt_jobs.host.cli import main
+from protomolt_jobs.pb.ai.pipestream.proto.service.v1 import protomolt_service_pb2 as pb
+from tests.support.graphs import graph, step
+from tests.support.node import http, start_node_with_file, wait_for
+
+ROOT = "root-secret"
+TOKENS = {
+    "ed-1": "ed-1-secret",
+    "ed-2": "ed-2-secret",
+    "ed-3": "ed-3-secret",
+    "intern-viewer": "intern-secret",
+}
+
+NODE = f"""
+[node]
+api_token = "{ROOT}"
+[node.tokens]
+{chr(10).join(f'{name} = "{secret}"' for name, secret in TOKENS.items())}
+[node.groups]
+editor = ["ed-1", "ed-2", "ed-3"]
+intern = ["intern-viewer"]
+[node.scopes]
+editor = ["service-invoke", "workflow-run", "job-approve", "job-complete"]
+intern = ["service-invoke", "job-approve", "job-complete"]
+"""
+
+SERVICE = "/ai.pipestream.proto.service.v1.ProtoMoltService"
+
+
+def review_workflow(target: str) -> dict:
+    return graph(
+        [
+            step("draft", target),
+            {
+                "name": "review",
+                "after": ["draft"],
+                "completion": "approval",
+                "approval": {
+                    "approvers": {"roles": ["editor"]},
+                    "quorum": 2,
+                    "decisions": ["accept", "fix", "reject"],
+                    "veto": ["reject"],
+                    "end": {"reject": "fail"},
+                },
+            },
+            step("publish", target, after=[{"step": "review", "on": "decision:accept"}]),
+            step("rework", target, after=[{"step": "review", "on": "decision:fix"}]),
+        ],
+        name="review-flow",
+    )
+
+
+def post(url, verb, body, who):
+    token = ROOT if who == "root" else TOKENS[who]
+    return http(
+        "POST",
+        f"{url}/protomolt/actions/{verb}",
+        body,
+        headers={"Authorization": f"Bearer {token}"},
+    )
+
+
+def get_job(url, job_id):
+    status, answer, _ = post(url, "get-job", {"jobId": job_id}, "root")
+    assert status == 200, answer
+    return answer["job"]
+
+
+def submit(url, workflow, who="ed-1"):
+    status, answer, _ = post(url, "submit-workflow", {"workflow": workflow, "input": {}}, who)
+    assert status == 200 and answer["ok"], answer
+    return answer["jobId"]
+
+
+def waiting_on_review(url, job_id):
+    return wait_for(
+        lambda: (
+            (job := get_job(url, job_id))["status"] == "WAITING"
+            and job.get("phase") == "waiting_approval"
+            and job
+        ),
+        timeout_s=30,
+    )
+
+
+def vote(url, job_id, who, decision, **extra):
+    body = {"jobId": job_id, "stepName": "review", "decision": decision, **extra}
+    return post(url, "approve-step", body, who)
+
+
+@pytest.fixture
+def node(tmp_path, fresh_dsn):
+    surfaces = start_node_with_file(tmp_path, fresh_dsn, NODE)
+    try:
+        yield surfaces
+    finally:
+        surfaces.close()
+
+
+def test_quorum_two_of_three_duplicate_self_approval_and_the_accept_edge(node, services):
+    url = node.http.url
+    job_id = submit(url, review_workflow(services.target))
+    job = waiting_on_review(url, job_id)
+    assert job["outstandingStep"] == "review"
+    assert services.step_calls("draft") == 1
+
+    # The submitter (ed-1) may not vote on its own run.
+    status, answer, _ = vote(url, job_id, "ed-1", "accept")
+    assert status == 200 and answer["ok"] is False and answer["error"] == "self-approval", answer
+
+    # One accept: still waiting, tally 1 of 2.
+    status, answer, _ = vote(url, job_id, "ed-2", "accept", comment="looks right")
+    assert status == 200, answer
+    assert answer == {
+        "ok": True,
+        "decided": False,
+        "tally": {"accept": 1},
+        "needed": 2,
+        "status": "WAITING",
+    }
+    # The same principal again: counted once.
+    _, answer, _ = vote(url, job_id, "ed-2", "accept")
+    assert answer["ok"] is True and answer["decided"] is False
+    assert answer["tally"] == {"accept": 1}
+    assert get_job(url, job_id)["phase"] == "waiting_approval"
+
+    # A second principal's accept decides: the run goes on through the accept edge.
+    _, answer, _ = vote(url, job_id, "ed-3", "accept")
+    assert answer == {
+        "ok": True,
+        "decided": True,
+        "decision": "accept",
+        "tally": {"accept": 2},
+        "needed": 2,
+        "status": "QUEUED",
+    }
+    done = wait_for(lambda: (j := get_job(url, job_id))["status"] == "COMPLETED" and j)
+    assert services.step_calls("publish") == 1
+    assert services.step_calls("rework") == 0
+    entry = next(c for c in done["checkpoints"] if c["name"] == "review")
+    assert entry["decision"] == "accept"
+    assert entry["tally"] == {"accept": 2}
+    assert [v["principal"] for v in entry["voters"]] == ["ed-2", "ed-3"]
+    assert entry["voters"][0]["comment"] == "looks right"
+
+    # A late vote: already decided.
+    _, answer, _ = vote(url, job_id, "ed-2", "reject")
+    assert answer["ok"] is False and answer["error"] == "already-decided"
+    assert answer["decision"] == "accept"
+
+    # Votes and the decision are rows of the hash-chained history.
+    _, history, _ = post(url, "job-history", {"jobId": job_id}, "root")
+    assert history["integrity"] == "ok"
+    kinds = [(t["kind"], t["actor"]) for t in history["transitions"]]
+    assert ("vote", "ed-2") in kinds and ("vote", "ed-3") in kinds
+    assert ("decision", "ed-3") in kinds
+    assert sum(1 for k, _ in kinds if k == "vote") == 2  # the duplicate inserted nothing
+
+
+def test_a_fix_decision_takes_the_fix_edge(node, services):
+    url = node.http.url
+    job_id = submit(url, review_workflow(services.target))
+    waiting_on_review(url, job_id)
+    vote(url, job_id, "ed-2", "fix")
+    _, answer, _ = vote(url, job_id, "ed-3", "fix")
+    assert answer["decided"] is True and answer["decision"] == "fix"
+    done = wait_for(lambda: (j := get_job(url, job_id))["status"] == "COMPLETED" and j)
+    assert services.step_calls("rework") == 1
+    assert services.step_calls("publish") == 0
+    report = {s["name"]: s for s in done["report"]["steps"]}
+    assert report["publish"]["status"] == "skipped"
+    assert report["publish"]["reason"] == "branch not taken: review decided fix"
+
+
+def test_one_reject_vetoes_and_fails_the_run(node, services):
+    url = node.http.url
+    job_id = submit(url, review_workflow(services.target))
+    waiting_on_review(url, job_id)
+    _, answer, _ = vote(url, job_id, "ed-2", "reject")
+    assert answer["decided"] is True and answer["decision"] == "reject"
+    assert answer["tally"] == {"reject": 1}
+    failed = wait_for(lambda: (j := get_job(url, job_id))["status"] == "FAILED" and j)
+    assert "approval step 'review' decided 'reject'" in failed["error"]
+    assert services.step_calls("publish") == 0 and services.step_calls("rework") == 0
+
+
+def test_a_token_without_the_approver_role_is_denied_on_approve_and_complete(node, services):
+    url, target = node.http.url, node.grpc.target
+    job_id = submit(url, review_workflow(services.target))
+    waiting_on_review(url, job_id)
+
+    status, answer, _ = vote(url, job_id, "intern-viewer", "accept")
+    assert status == 403 and answer["error"] == "permission-denied", answer
+    assert "'intern-viewer' is not an approver of step 'review'" in answer["message"]
+    status, answer, _ = post(
+        url,
+        "complete-step",
+        {"jobId": job_id, "stepName": "review", "response": {"decision": "accept"}},
+        "intern-viewer",
+    )
+    assert status == 403 and answer["error"] == "permission-denied", answer
+    # An approver is pointed to approve-step.
+    status, answer, _ = post(
+        url, "complete-step", {"jobId": job_id, "stepName": "review", "response": {}}, "ed-2"
+    )
+    assert status == 200 and answer["ok"] is False and "approve-step" in answer["error"]
+
+    # gRPC: ApproveStep refuses the intern as well, and counts an editor's vote.
+    with grpc.insecure_channel(target) as channel:
+        approve = channel.unary_unary(
+            f"{SERVICE}/ApproveStep",
+            request_serializer=pb.ApproveStepRequest.SerializeToString,
+            response_deserializer=pb.ApproveStepResponse.FromString,
+        )
+        request = pb.ApproveStepRequest(job_id=job_id, step_name="review", decision="accept")
+        with pytest.raises(grpc.RpcError) as refused:
+            approve(request, metadata=(("authorization", "Bearer intern-secret"),), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        answer = approve(request, metadata=(("authorization", "Bearer ed-2-secret"),), timeout=10)
+        assert answer.ok and not answer.decided and dict(answer.tally) == {"accept": 1}
+        assert answer.needed == 2
+
+    # Nothing changed; every refusal is a 'denied' row of the history.
+    assert get_job(url, job_id)["status"] == "WAITING"
+    _, history, _ = post(url, "job-history", {"jobId": job_id}, "root")
+    denied = [t for t in history["transitions"] if t["kind"] == "denied"]
+    assert len(denied) == 3 and {t["actor"] for t in denied} == {"intern-viewer"}
+
+
+def test_the_cli_votes(node, services, capsys):
+    url = node.http.url
+    job_id = submit(url, review_workflow(services.target))
+    waiting_on_review(url, job_id)
+    argv = ["jobs", "approve", job_id, "--step", "review", "--decision", "accept"]
+    assert main([*argv, "--comment", "ok", "--url", url, "--token", TOKENS["ed-2"]]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["ok"] is True and answer["tally"] == {"accept": 1} and answer["needed"] == 2
+    assert main([*argv, "--url", url, "--token", TOKENS["intern-viewer"]]) == 1
+    assert capsys.readouterr().err.startswith("permission-denied: ")
+
+
+def test_unknown_decision_and_early_votes(node, services):
+    url = node.http.url
+    job_id = submit(url, review_workflow(services.target))
+    waiting_on_review(url, job_id)
+    status, answer, _ = vote(url, job_id, "ed-2", "maybe")
+    assert status == 400 and answer["error"] == "invalid-input", answer
+    assert answer["details"]["field"] == "decision"
+    # A cancelled run is not open for votes.
+    post(url, "cancel-job", {"jobId": job_id}, "root")
+    _, answer, _ = vote(url, job_id, "ed-2", "accept")
+    assert answer["ok"] is False and answer["error"] == "not-open"
+    assert answer["status"] == "CANCELLED"
