@@ -10,6 +10,8 @@ accept; ``fix`` sends the draft to ``rework``; one ``reject`` vetoes and fails t
 from __future__ import annotations
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -267,3 +269,82 @@ def test_unknown_decision_and_early_votes(node, services):
     _, answer, _ = vote(url, job_id, "ed-2", "accept")
     assert answer["ok"] is False and answer["error"] == "not-open"
     assert answer["status"] == "CANCELLED"
+
+
+RACES = 50
+
+
+def _race(*calls):
+    """Run ``calls`` at once (a barrier releases them together); their answers, in order."""
+    barrier = threading.Barrier(len(calls))
+
+    def run(call):
+        barrier.wait()
+        return call()
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return [f.result() for f in [pool.submit(run, c) for c in calls]]
+
+
+def _submit_many(url, target, n):
+    ids = [submit(url, review_workflow(target)) for _ in range(n)]
+    wait_for(
+        lambda: all((j := get_job(url, i))["status"] == "WAITING" and j.get("phase") for i in ids),
+        timeout_s=120,
+    )
+    return ids
+
+
+def _kinds(url, job_id):
+    _, history, _ = post(url, "job-history", {"jobId": job_id}, "root")
+    assert history["integrity"] == "ok"
+    return [t["kind"] for t in history["transitions"]]
+
+
+def test_fifty_races_of_two_deciding_votes_decide_once(node, services):
+    url = node.http.url
+    for job_id in _submit_many(url, services.target, RACES):
+        answers = _race(
+            lambda j=job_id: vote(url, j, "ed-2", "accept")[1],
+            lambda j=job_id: vote(url, j, "ed-3", "accept")[1],
+        )
+        assert all(a["ok"] for a in answers), answers
+        assert sorted(a["decided"] for a in answers) == [False, True], answers
+        winner = next(a for a in answers if a["decided"])
+        assert winner["tally"] == {"accept": 2} and winner["status"] == "QUEUED"
+        assert _kinds(url, job_id).count("decision") == 1
+    # Every run went on once, through the accept edge.
+    wait_for(lambda: services.step_calls("publish") == RACES, timeout_s=120)
+    assert services.step_calls("rework") == 0
+
+
+def test_fifty_races_of_a_cancel_and_the_deciding_vote_end_one_way(node, services):
+    url = node.http.url
+    ids = _submit_many(url, services.target, RACES)
+    decided = cancelled_first = 0
+    for job_id in ids:
+        _, first, _ = vote(url, job_id, "ed-2", "accept")
+        assert first["tally"] == {"accept": 1}
+        answer, (cancel_status, cancel, _) = _race(
+            lambda j=job_id: vote(url, j, "ed-3", "accept")[1],
+            lambda j=job_id: post(url, "cancel-job", {"jobId": j, "reason": "race"}, "root"),
+        )
+        assert cancel_status == 200 and cancel["ok"], cancel
+        kinds = _kinds(url, job_id)
+        job = get_job(url, job_id)
+        review = [c for c in job["checkpoints"] if c["name"] == "review"]
+        if answer["ok"]:
+            # The vote won: decided once, checkpointed; the cancel came after the decision.
+            assert answer["decided"] is True and answer["decision"] == "accept"
+            assert len(review) == 1 and review[0]["decision"] == "accept"
+            assert kinds.count("decision") == 1
+            assert kinds.index("decision") < kinds.index("cancel")
+            decided += 1
+        else:
+            # The cancel won: the vote found the run closed; no decision anywhere.
+            assert answer["error"] == "not-open" and answer["status"] == "CANCELLED", answer
+            assert review == [] and "decision" not in kinds
+            cancelled_first += 1
+        assert kinds.count("cancel") == 1
+    assert decided + cancelled_first == RACES
+    print(f"cancel races: the vote decided {decided}, the cancel came first {cancelled_first}")
