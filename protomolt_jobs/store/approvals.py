@@ -1,7 +1,8 @@
 """Approvals: the approval park and ``approve-step``'s votes under the run's row lock.
 
 A run reaches an approval step and parks on it with one fenced statement
-(``job_park_approval``: WAITING, ``outstanding_step`` the step, ``wait_kind = 'approval'``).
+(``job_park_approval``: WAITING, ``outstanding_step`` the step, ``wait_kind = 'approval'``,
+``wait_seq`` the seq of that park's transition).
 The step is open from that statement on: a vote before it is ``not-open``, deterministically.
 
 A vote is one transaction (:meth:`ApprovalMixin.approval_vote`):
@@ -12,11 +13,12 @@ A vote is one transaction (:meth:`ApprovalMixin.approval_vote`):
 2. The gate: the step already has a checkpoint -> ``already-decided``; the run is not WAITING
    on that step for approval -> ``not-open``; the voter voted on a ``distinctFrom`` step of
    this run -> ``distinct-from``.
-3. ``approval_vote_insert``: the vote (primary key ``(job_id, step, generation, principal)``:
+3. ``approval_vote_insert``: the vote (primary key ``(job_id, step, opened_seq, principal)``:
    a second vote of one principal inserts nothing and counts once) and its ``vote``
    transition in the run's hash-chained log.
-4. The tally (``approval_votes``): distinct principals per decision for the step's current
-   retry generation (``step_generations``). A vote for a ``veto`` decision decides at once;
+4. The tally (``approval_votes``): distinct principals per decision for this opening of the
+   step (``wait_seq``: the seq of the park transition that opened it, so a step opened again
+   by retry-step never counts an earlier opening's votes). A ``veto`` vote decides at once;
    otherwise the first decision with ``quorum`` voters decides.
 5. On a decision, ``approval_decide``: the step's checkpoint entry (built by the caller from
    the decision, the tally and the voters), WAITING -> QUEUED, attempt reset, a ``decision``
@@ -72,7 +74,7 @@ class VoteOutcome:
         waiting on that step for approval), ``already-decided`` (the step has its decision),
         ``distinct-from`` (the voter voted on a ``distinctFrom`` step; ``detail`` names it).
     :ivar status: the run's status after the call.
-    :ivar tally: decision -> distinct voters (the current generation's votes).
+    :ivar tally: decision -> distinct voters (this opening's votes).
     :ivar decision: the step's decision, once decided.
     :ivar outstanding_step: the step the run waits on (for ``not-open``).
     """
@@ -167,7 +169,7 @@ class ApprovalMixin(db.Database):
                 return VoteOutcome(
                     "not-open", record.status, outstanding_step=record.outstanding_step
                 )
-            generation = int((record.step_generations or {}).get(step, 0) or 0)
+            opened_seq = record.wait_seq or 0
             if distinct_from:
                 other = db.one(
                     conn,
@@ -183,7 +185,7 @@ class ApprovalMixin(db.Database):
                 {
                     "job_id": key,
                     "step": step,
-                    "generation": generation,
+                    "opened_seq": opened_seq,
                     "principal": principal,
                     "groups": [scrub_text(g) for g in groups],
                     "decision": scrub_text(decision),
@@ -196,7 +198,7 @@ class ApprovalMixin(db.Database):
                 for r in db.rows(
                     conn,
                     "approval_votes",
-                    {"job_id": key, "step": step, "generation": generation},
+                    {"job_id": key, "step": step, "opened_seq": opened_seq},
                 )
             ]
             tally: dict[str, int] = {}

@@ -180,7 +180,7 @@ SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
        priority, queue, fairness_key, dedup_key, deadline_at,
        control::text AS control, paused_from, history_seq,
        effect_intents::text AS effect_intents, step_generations::text AS step_generations,
-       wait_kind, submitted_by
+       wait_kind, wait_seq, submitted_by
   FROM workflow_run
  WHERE job_id = %(job_id)s
    FOR UPDATE
@@ -1245,6 +1245,7 @@ WITH moved AS (
        SET status = 'WAITING',
            outstanding_step = %(step)s,
            wait_kind = 'approval',
+           wait_seq = history_seq + 1,
            lease_owner = NULL,
            lease_token = NULL,
            lease_until = NULL,
@@ -1273,10 +1274,10 @@ SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
   FROM moved
 
 -- name: approval_votes
--- description: the votes on one approval step of a run for one retry generation, oldest first (read under the run's row lock).
+-- description: the votes on one opening (wait_seq) of an approval step of a run, oldest first (read under the run's row lock).
 SELECT principal, decision, comment, at
   FROM workflow_approval_vote
- WHERE job_id = %(job_id)s AND step = %(step)s AND generation = %(generation)s
+ WHERE job_id = %(job_id)s AND step = %(step)s AND opened_seq = %(opened_seq)s
  ORDER BY at, principal
 
 -- name: approval_voted_elsewhere
@@ -1288,11 +1289,11 @@ SELECT step
  LIMIT 1
 
 -- name: approval_vote_insert
--- description: one principal's vote on an approval step (one per principal, step and generation: a second vote inserts nothing and returns no row), and its 'vote' transition in the run's hash-chained log (status unchanged; the run's row is already locked by job_lock).
+-- description: one principal's vote on an approval step (one per principal, step and opening: a second vote inserts nothing and returns no row), and its 'vote' transition in the run's hash-chained log (status unchanged; the run's row is already locked by job_lock).
 WITH vote AS (
     INSERT INTO workflow_approval_vote
-        (job_id, step, generation, principal, groups, decision, comment)
-    VALUES (%(job_id)s, %(step)s, %(generation)s, %(principal)s, %(groups)s, %(decision)s,
+        (job_id, step, opened_seq, principal, groups, decision, comment)
+    VALUES (%(job_id)s, %(step)s, %(opened_seq)s, %(principal)s, %(groups)s, %(decision)s,
             %(comment)s)
     ON CONFLICT DO NOTHING
     RETURNING job_id

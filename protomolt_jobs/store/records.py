@@ -82,6 +82,7 @@ _JSON_COLUMNS: tuple[tuple[str, tuple[type, ...]], ...] = (
 _OPTIONAL_COLUMNS = frozenset(
     {
         "wait_kind",
+        "wait_seq",
         "submitted_by",
         "priority",
         "queue",
@@ -172,8 +173,10 @@ class JobRecord:
     effect_intents: dict[str, Any] | None = None
     step_generations: dict[str, Any] | None = None
     #: Approvals (migration 0012): why a WAITING run waits (None: an external step;
-    #: ``approval``) and the principal that submitted it (read by ``job_get`` and ``job_lock``).
+    #: ``approval``), the transition seq of the park that opened its approval step (read by
+    #: ``job_lock`` only) and the principal that submitted it (``job_get``, ``job_lock``).
     wait_kind: str | None = None
+    wait_seq: int | None = None
     submitted_by: str | None = None
 
     @property

@@ -189,6 +189,17 @@ def test_a_fix_decision_takes_the_fix_edge(node, services):
     assert report["publish"]["status"] == "skipped"
     assert report["publish"]["reason"] == "branch not taken: review decided fix"
 
+    # retry-step opens the step again: the earlier opening's votes do not count.
+    status, answer, _ = post(url, "retry-step", {"jobId": job_id, "stepName": "review"}, "root")
+    assert status == 200 and answer["ok"], answer
+    waiting_on_review(url, job_id)
+    _, answer, _ = vote(url, job_id, "ed-2", "accept")
+    assert answer["ok"] and answer["decided"] is False and answer["tally"] == {"accept": 1}
+    _, answer, _ = vote(url, job_id, "ed-3", "accept")
+    assert answer["decided"] is True and answer["decision"] == "accept"
+    wait_for(lambda: get_job(url, job_id)["status"] == "COMPLETED")
+    assert services.step_calls("publish") == 1 and services.step_calls("rework") == 1
+
 
 def test_one_reject_vetoes_and_fails_the_run(node, services):
     url = node.http.url
