@@ -359,3 +359,48 @@ def test_fifty_races_of_a_cancel_and_the_deciding_vote_end_one_way(node, service
         assert kinds.count("cancel") == 1
     assert decided + cancelled_first == RACES
     print(f"cancel races: the vote decided {decided}, the cancel came first {cancelled_first}")
+
+
+def test_a_sequential_workflow_goes_on_after_accept_and_distinct_from_holds(node, services):
+    url, target = node.http.url, services.target
+    legal = {
+        "name": "legal",
+        "completion": "approval",
+        "approval": {"approvers": {"principals": ["ed-2", "ed-3"]}},
+    }
+    review = {
+        "name": "review",
+        "completion": "approval",
+        "approval": {"approvers": {"roles": ["editor"]}, "distinctFrom": ["legal"]},
+    }
+    workflow = graph([step("draft", target), legal, review, step("publish", target)], name="seq")
+    job_id = submit(url, workflow)
+    wait_for(lambda: get_job(url, job_id).get("outstandingStep") == "legal")
+    _, answer, _ = post(
+        url, "approve-step", {"jobId": job_id, "stepName": "legal", "decision": "accept"}, "ed-2"
+    )
+    assert answer["decided"] is True  # quorum 1 by default
+    waiting_on_review(url, job_id)
+    _, answer, _ = vote(url, job_id, "ed-2", "accept")
+    assert answer["ok"] is False and answer["error"] == "distinct-from", answer
+    assert "voted on step 'legal'" in answer["message"]
+    _, answer, _ = vote(url, job_id, "ed-3", "accept")
+    assert answer["decided"] is True
+    wait_for(lambda: get_job(url, job_id)["status"] == "COMPLETED")
+    assert services.step_calls("publish") == 1
+
+
+def test_a_sequential_workflow_fails_on_reject(node, services):
+    url, target = node.http.url, services.target
+    review = {
+        "name": "review",
+        "completion": "approval",
+        "approval": {"approvers": {"roles": ["editor"]}},
+    }
+    job_id = submit(url, graph([step("draft", target), review, step("publish", target)]))
+    waiting_on_review(url, job_id)
+    _, answer, _ = vote(url, job_id, "ed-3", "reject")
+    assert answer["decided"] is True and answer["decision"] == "reject"
+    failed = wait_for(lambda: (j := get_job(url, job_id))["status"] == "FAILED" and j)
+    assert failed["error"] == "APPROVAL: approval step 'review' decided 'reject'"
+    assert services.step_calls("publish") == 0
