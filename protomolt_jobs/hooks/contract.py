@@ -136,6 +136,9 @@ class JobViews(Protocol):
     - ``statuses(job_ids)``: job summaries (camelCase dicts), read without payloads.
     - ``events(job_id)``: the job's outbox rows in order, each with ``seq``, ``event_type``,
       ``status``, ``created_at`` and a decoded ``detail`` dict.
+    - ``approval(job_id, step_name)``: an approval step's approvers, quorum and decisions and
+      the votes on its current opening (``{step, roles, principals, quorum, decisions, veto,
+      votes, tally}``), or None.
 
     Each raises the role's store error when its store is unavailable.
     """
@@ -149,6 +152,8 @@ class JobViews(Protocol):
     def statuses(self, job_ids: list[str]) -> list[dict[str, Any]]: ...
 
     def events(self, job_id: str) -> list[Any]: ...
+
+    def approval(self, job_id: str, step_name: str) -> dict[str, Any] | None: ...
 
 
 #: The scope names verbs and routes declare, and ``[node.scopes]`` grants:

@@ -115,6 +115,38 @@ class JobInspector:
                 return step.method.output_type
         return None
 
+    def approval(self, job_id: str, step_name: str) -> dict[str, Any] | None:
+        """The approval step ``step_name`` of the job and the votes cast on its current
+        opening: ``{step, roles, principals, quorum, decisions, veto, votes: [{principal,
+        decision, comment?}], tally: {decision: n}}``; None when the job, its definition or an
+        approval step of that name cannot be resolved.
+
+        :raises StoreError: the store is unavailable.
+        """
+        stored = self._stored(job_id)
+        step = stored.workflow.step(step_name) if stored is not None else None
+        if step is None or step.approval is None:
+            return None
+        spec = step.approval
+        votes = self._open().approval_votes_open(job_id, step_name)
+        tally: dict[str, int] = {}
+        for v in votes:
+            tally[v.decision] = tally.get(v.decision, 0) + 1
+        return {
+            "step": step_name,
+            "roles": list(spec.roles),
+            "principals": list(spec.principals),
+            "quorum": spec.quorum,
+            "decisions": list(spec.decisions),
+            "veto": list(spec.veto),
+            "votes": [
+                {"principal": v.principal, "decision": v.decision}
+                | ({"comment": v.comment} if v.comment else {})
+                for v in votes
+            ],
+            "tally": tally,
+        }
+
     def statuses(self, job_ids: list[str]) -> list[dict[str, Any]]:
         """Job summaries (``jobId, workflowName, status, attempt, outstandingStep?, error?,
         createdAt, updatedAt, completedAt?``) of ``job_ids``, read cheaply (no payloads).

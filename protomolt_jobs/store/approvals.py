@@ -113,6 +113,20 @@ class ApprovalMixin(db.Database):
         return str(row["status"])
 
     @db.translated
+    def approval_votes_open(self, job_id: uuid.UUID | str, step: str) -> list[Vote]:
+        """The votes cast so far on the current opening of an approval step (oldest first;
+        empty when the run does not wait on it). One statement, no lock.
+
+        :raises ValueError: for a malformed id or a blank step.
+        :raises StoreError: on a database failure.
+        """
+        key = checks.uuid("job_id", job_id)
+        checks.text("step", step)
+        with self._connection() as conn:
+            rows = db.rows(conn, "approval_votes_open", {"job_id": key, "step": scrub_text(step)})
+        return [Vote(r["principal"], r["decision"], r["comment"]) for r in rows]
+
+    @db.translated
     def approval_vote(
         self,
         job_id: uuid.UUID | str,

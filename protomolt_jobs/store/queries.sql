@@ -1324,3 +1324,11 @@ UPDATE workflow_run
  WHERE job_id = %(job_id)s AND status = 'WAITING' AND outstanding_step = %(step)s
    AND wait_kind = 'approval'
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+
+-- name: approval_votes_open
+-- description: the votes on the current opening (the row's wait_seq) of an approval step of a run, oldest first (the dashboard's votes so far; none when the run does not wait on it).
+SELECT v.principal, v.decision, v.comment, v.at
+  FROM workflow_approval_vote AS v
+  JOIN workflow_run AS w ON w.job_id = v.job_id AND v.opened_seq = w.wait_seq
+ WHERE v.job_id = %(job_id)s AND v.step = %(step)s
+ ORDER BY v.at, v.principal

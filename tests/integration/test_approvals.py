@@ -404,3 +404,41 @@ def test_a_sequential_workflow_fails_on_reject(node, services):
     failed = wait_for(lambda: (j := get_job(url, job_id))["status"] == "FAILED" and j)
     assert failed["error"] == "APPROVAL: approval step 'review' decided 'reject'"
     assert services.step_calls("publish") == 0
+
+
+def test_the_dashboard_inbox_lists_approvals_by_the_viewers_groups_and_votes(node, services):
+    url = node.http.url
+    job_id = submit(url, review_workflow(services.target))
+    waiting_on_review(url, job_id)
+    vote(url, job_id, "ed-2", "accept", comment="fine by me")
+
+    def page(path, who, method="GET", form=b""):
+        headers = {"Cookie": f"protomolt_token={TOKENS[who]}"}
+        if method == "POST":
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
+        status, body, _ = http(method, f"{url}{path}", raw=form or None, headers=headers)
+        return status, body.decode()
+
+    # An editor sees the approval with the votes so far and a vote form.
+    status, body = page("/ui/inbox", "ed-3")
+    assert status == 200 and 'id="approvals"' in body and f'data-job-id="{job_id}"' in body
+    assert "accept 1/2" in body and "ed-2: accept" in body
+    # The intern is in no approver group: the approval is not in its inbox.
+    status, body = page("/ui/inbox", "intern-viewer")
+    assert status == 200 and job_id not in body
+    # The job page shows the wait, the votes and (for an approver) the form.
+    status, body = page(f"/ui/jobs/{job_id}", "ed-3")
+    assert status == 200 and 'id="approval"' in body and "fine by me" in body
+    assert 'id="approve-form"' in body and 'id="complete-form"' not in body
+    status, body = page(f"/ui/jobs/{job_id}", "intern-viewer")
+    assert status == 200 and 'id="approval"' in body and 'id="approve-form"' not in body
+    # A forged vote of the intern is refused; an editor's vote decides.
+    status, body = page(
+        f"/ui/jobs/{job_id}/approve", "intern-viewer", "POST", b"stepName=review&decision=accept"
+    )
+    assert status == 403 and "permission-denied" in body
+    status, body = page(
+        f"/ui/jobs/{job_id}/approve", "ed-3", "POST", b"stepName=review&decision=accept&comment=ok"
+    )
+    assert status == 200 and "decided: accept" in body, body
+    wait_for(lambda: get_job(url, job_id)["status"] == "COMPLETED")
