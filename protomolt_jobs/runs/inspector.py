@@ -123,19 +123,25 @@ class JobInspector:
 
         :raises StoreError: the store is unavailable.
         """
+        job = self._open().job_get(job_id)
         stored = self._stored(job_id)
         step = stored.workflow.step(step_name) if stored is not None else None
-        if step is None or step.approval is None:
+        if job is None or step is None or step.approval is None:
             return None
         spec = step.approval
+        roles, principals = list(spec.roles), list(spec.principals)
+        for timer in job.wait_timers or []:  # escalations that fired widen the approvers
+            if isinstance(timer, dict) and timer.get("kind") == "escalate" and timer.get("fired"):
+                roles += list(timer.get("addRoles", []))
+                principals += list(timer.get("addPrincipals", []))
         votes = self._open().approval_votes_open(job_id, step_name)
         tally: dict[str, int] = {}
         for v in votes:
             tally[v.decision] = tally.get(v.decision, 0) + 1
         return {
             "step": step_name,
-            "roles": list(spec.roles),
-            "principals": list(spec.principals),
+            "roles": roles,
+            "principals": principals,
             "quorum": spec.quorum,
             "decisions": list(spec.decisions),
             "veto": list(spec.veto),

@@ -32,6 +32,7 @@ concern mixins.
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -44,7 +45,7 @@ from protomolt_jobs.store.events import EventType
 from protomolt_jobs.store.records import JobRecord, Lease
 from protomolt_jobs.store.scrub import scrub_text
 
-__all__ = ["APPROVAL_WAIT", "ApprovalMixin", "Vote", "VoteOutcome"]
+__all__ = ["APPROVAL_WAIT", "ApprovalMixin", "TimerSweep", "Vote", "VoteOutcome"]
 
 log = logging.getLogger("protomolt_jobs.store")
 
@@ -89,28 +90,166 @@ class VoteOutcome:
 
 #: ``(decision, tally, votes) -> the step's checkpoint entry`` (its ``name`` is the step).
 EntryBuilder = Callable[[str, dict[str, int], list[Vote]], dict[str, Any]]
+#: ``(step, decision, tally, votes) -> the step's checkpoint entry`` (the timer sweep's).
+DecisionEntry = Callable[[str, str, dict[str, int], list[Vote]], dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class TimerSweep:
+    """What one approval timer pass did: escalations fired, waits expired."""
+
+    escalated: int = 0
+    expired: int = 0
 
 
 class ApprovalMixin(db.Database):
     """``JobStore``'s approvals: the approval park and counted votes."""
 
     @db.translated
-    def job_park_approval(self, lease: Lease, step: str) -> str:
+    def job_park_approval(
+        self, lease: Lease, step: str, timers: Sequence[dict[str, Any]] = ()
+    ) -> str:
         """Park the job on an approval step, with its WAITING event.
 
         SQL: fenced ``UPDATE ... SET status='WAITING', outstanding_step=step, wait_kind=
-        'approval'``, lease cleared, and its outbox row (WAITING; CANCELLED or PAUSED when the
-        trigger applied a pending request), in one statement (autocommit).
+        'approval', wait_seq`` (this park's transition), the step's timers stamped with the
+        database's ``now()`` and ``wake_at`` the first of them, lease cleared, and its outbox
+        row (WAITING; CANCELLED or PAUSED when the trigger applied a pending request), in one
+        statement (autocommit).
 
+        :param timers: offsets from the park (``{"kind", "afterS", ...}``; none: no timer).
         :returns: the status the row ends in.
         :raises LeaseLost: when the fence matches no row (nothing changed, no event).
         :raises ValueError: for a blank step.
         :raises StoreError: on a database failure.
         """
         checks.text("step", step)
+        params: dict[str, Any] = {"step": scrub_text(step), "timers": None, "wake_s": None}
+        if timers:
+            params["timers"] = checks.jsonb("timers", list(timers), list)
+            params["wake_s"] = min(float(t["afterS"]) for t in timers)
         with self._connection() as conn:
-            row = db.fenced(conn, "job_park_approval", lease, {"step": scrub_text(step)})
+            row = db.fenced(conn, "job_park_approval", lease, params)
         return str(row["status"])
+
+    @db.translated
+    def approval_timers_sweep(self, entry: DecisionEntry, *, limit: int = 100) -> TimerSweep:
+        """Fire the approval timers that are due by the database clock (the sweeper's pass).
+
+        SQL: one transaction: ``approval_timers_due`` locks up to ``limit`` WAITING approval
+        runs whose ``wake_at`` passed (``FOR UPDATE SKIP LOCKED``: several sweepers share the
+        work) and names their due timers; per run, each due escalation is an
+        ``approval_escalate`` (fired, an ``escalate`` transition, an APPROVAL_ESCALATED
+        event); a due expiry ends the wait by its ``onExpire``: ``reject`` is the step's
+        decision (``approval_decide`` with the votes so far, actor ``sweeper``, an
+        APPROVAL_DECIDED event and NOTIFY), ``fail`` and ``pause`` are ``approval_expire``
+        (FAILED or PAUSED, an ``expire`` transition and its event). An expiry never accepts.
+
+        :param entry: builds the checkpoint entry of an expiry's ``reject`` decision.
+        :returns: ``TimerSweep(escalated, expired)``.
+        :raises StoreError: on a database failure.
+        """
+        escalated = expired = 0
+        with self._connection() as conn, conn.transaction():
+            for row in db.rows(conn, "approval_timers_due", {"limit": limit}):
+                timers = json.loads(row["wait_timers"] or "[]")
+                due = json.loads(row["due"] or "[]")
+                step = str(row["outstanding_step"])
+                key = row["job_id"]
+                for i in due:
+                    timer = timers[i]
+                    if timer.get("kind") != "escalate":
+                        continue
+                    timer["fired"] = True
+                    added = [f"role {r}" for r in timer.get("addRoles", [])] + [
+                        f"principal {p}" for p in timer.get("addPrincipals", [])
+                    ]
+                    reason = "escalated: may vote now: " + ", ".join(added)
+                    changed = db.one(
+                        conn,
+                        "approval_escalate",
+                        {
+                            "job_id": key,
+                            "step": step,
+                            "timers": checks.jsonb("timers", timers, list),
+                            "reason": reason,
+                        },
+                    )
+                    if changed is not None:
+                        self._outbox_txn(
+                            conn,
+                            changed,
+                            EventType.TYPE_APPROVAL_ESCALATED,
+                            step=step,
+                            verdict=reason[:500],
+                        )
+                        escalated += 1
+                expiry = next((timers[i] for i in due if timers[i].get("kind") == "expire"), None)
+                if expiry is not None:
+                    self._expire_txn(conn, key, step, row["wait_seq"] or 0, expiry, entry)
+                    expired += 1
+        if escalated or expired:
+            log.info(
+                "approval timers fired: %d escalated, %d expired",
+                escalated,
+                expired,
+                extra={"action": "approval_timers", "escalated": escalated, "expired": expired},
+            )
+        return TimerSweep(escalated, expired)
+
+    def _expire_txn(
+        self,
+        conn: Any,
+        key: uuid.UUID,
+        step: str,
+        opened_seq: int,
+        expiry: dict[str, Any],
+        entry: DecisionEntry,
+    ) -> None:
+        """End an expired approval wait by its ``onExpire`` (the caller holds the row lock)."""
+        how = expiry.get("onExpire", "reject")
+        if how == "reject":
+            votes = [
+                Vote(r["principal"], r["decision"], r["comment"])
+                for r in db.rows(
+                    conn, "approval_votes", {"job_id": key, "step": step, "opened_seq": opened_seq}
+                )
+            ]
+            tally: dict[str, int] = {}
+            for v in votes:
+                tally[v.decision] = tally.get(v.decision, 0) + 1
+            built = entry(step, "reject", tally, votes)
+            row = db.one(
+                conn,
+                "approval_decide",
+                {
+                    "job_id": key,
+                    "step": step,
+                    "entry": checks.jsonb("entry", built, dict),
+                    "actor": "sweeper",
+                    "reason": "expired: decided reject",
+                },
+            )
+            if row is not None:
+                self._outbox_txn(
+                    conn,
+                    row,
+                    EventType.TYPE_APPROVAL_DECIDED,
+                    step=step,
+                    verdict="reject",
+                    notify=True,
+                )
+            return
+        status = "FAILED" if how == "fail" else "PAUSED"
+        error = f"APPROVAL: approval step '{step}' expired"
+        row = db.one(
+            conn,
+            "approval_expire",
+            {"job_id": key, "step": step, "status": status, "error": error},
+        )
+        if row is not None:
+            event = EventType.TYPE_FAILED if status == "FAILED" else EventType.TYPE_PAUSED
+            self._outbox_txn(conn, row, event, step=step, error=error)
 
     @db.translated
     def approval_votes_open(self, job_id: uuid.UUID | str, step: str) -> list[Vote]:

@@ -152,7 +152,7 @@ SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
        priority, queue, fairness_key, dedup_key, deadline_at,
        control::text AS control, paused_from, history_seq,
        effect_intents::text AS effect_intents, step_generations::text AS step_generations,
-       wait_kind, submitted_by
+       wait_kind, submitted_by, wait_timers::text AS wait_timers
   FROM workflow_run
  WHERE job_id = %(job_id)s
 
@@ -180,7 +180,7 @@ SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
        priority, queue, fairness_key, dedup_key, deadline_at,
        control::text AS control, paused_from, history_seq,
        effect_intents::text AS effect_intents, step_generations::text AS step_generations,
-       wait_kind, wait_seq, submitted_by
+       wait_kind, wait_seq, submitted_by, wait_timers::text AS wait_timers
   FROM workflow_run
  WHERE job_id = %(job_id)s
    FOR UPDATE
@@ -363,6 +363,8 @@ WITH moved AS (
        SET status = 'WAITING',
            outstanding_step = %(step)s,
            wait_kind = NULL,
+           wake_at = NULL,
+           wait_timers = NULL,
            lease_owner = NULL,
            lease_token = NULL,
            lease_until = NULL,
@@ -1239,13 +1241,18 @@ RETURNING w.job_id, w.status, w.history_seq
 -- ---------------------------------------------------------------------------------------------
 
 -- name: job_park_approval
--- description: fenced (status, lease_owner, attempt, lease_token): WAITING on the approval step outstanding_step with wait_kind 'approval', lease cleared, with its WAITING event (or the CANCELLED/PAUSED event of a pending request the trigger applied); one statement.
+-- description: fenced (status, lease_owner, attempt, lease_token): WAITING on the approval step outstanding_step with wait_kind 'approval', wait_seq (this park's transition), its timers stamped with database time and wake_at the first of them, lease cleared, with its WAITING event (or the CANCELLED/PAUSED event of a pending request the trigger applied); one statement.
 WITH moved AS (
     UPDATE workflow_run
        SET status = 'WAITING',
            outstanding_step = %(step)s,
            wait_kind = 'approval',
            wait_seq = history_seq + 1,
+           wait_timers = (SELECT jsonb_agg(t || jsonb_build_object(
+                                     'at', now() + make_interval(secs => (t->>'afterS')::float8))
+                                     ORDER BY (t->>'afterS')::float8)
+                            FROM jsonb_array_elements(%(timers)s::jsonb) AS t),
+           wake_at = now() + make_interval(secs => %(wake_s)s::float8),
            lease_owner = NULL,
            lease_token = NULL,
            lease_until = NULL,
@@ -1314,6 +1321,8 @@ UPDATE workflow_run
        checkpoints = checkpoints || jsonb_build_array(workflow_checkpoint_stamp(%(entry)s::jsonb)),
        outstanding_step = NULL,
        wait_kind = NULL,
+       wake_at = NULL,
+       wait_timers = NULL,
        attempt = 0,
        run_after = now(),
        updated_at = now(),
@@ -1332,3 +1341,51 @@ SELECT v.principal, v.decision, v.comment, v.at
   JOIN workflow_run AS w ON w.job_id = v.job_id AND v.opened_seq = w.wait_seq
  WHERE v.job_id = %(job_id)s AND v.step = %(step)s
  ORDER BY v.at, v.principal
+
+-- name: approval_timers_due
+-- description: WAITING approval runs whose wake_at has passed (idx_workflow_run_wake), oldest first, locked (SKIP LOCKED: sweepers in several processes share the work), with the indexes of their timers now due by the database clock.
+SELECT w.job_id, w.workflow_name, w.status, w.attempt, w.outstanding_step, w.wait_seq,
+       w.wait_timers::text AS wait_timers,
+       (SELECT coalesce(jsonb_agg(t.i - 1 ORDER BY t.i), '[]'::jsonb)
+          FROM jsonb_array_elements(w.wait_timers) WITH ORDINALITY AS t (v, i)
+         WHERE NOT coalesce((t.v->>'fired')::boolean, false)
+           AND (t.v->>'at')::timestamptz <= now())::text AS due,
+       now() AS tx_now
+  FROM workflow_run AS w
+ WHERE w.wake_at <= now() AND w.status = 'WAITING' AND w.wait_kind = 'approval'
+ ORDER BY w.wake_at
+ LIMIT %(limit)s
+   FOR UPDATE OF w SKIP LOCKED
+
+-- name: approval_escalate
+-- description: an approval step's escalation fired (the sweeper holds the row lock): store the timers with it marked fired, move wake_at to the next timer not fired, and record an 'escalate' transition (status unchanged).
+UPDATE workflow_run
+   SET wait_timers = %(timers)s::jsonb,
+       wake_at = (SELECT min((t->>'at')::timestamptz)
+                    FROM jsonb_array_elements(%(timers)s::jsonb) AS t
+                   WHERE NOT coalesce((t->>'fired')::boolean, false)),
+       updated_at = now(),
+       change_kind = 'escalate',
+       change_actor = 'sweeper',
+       change_reason = %(reason)s,
+       change_step = %(step)s
+ WHERE job_id = %(job_id)s AND status = 'WAITING' AND wait_kind = 'approval'
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+
+-- name: approval_expire
+-- description: an approval step expired with onExpire fail or pause (the sweeper holds the row lock): FAILED (error, completed_at) or PAUSED (paused_from WAITING, the step kept), timers cleared, an 'expire' transition.
+UPDATE workflow_run
+   SET status = %(status)s,
+       error = CASE WHEN %(status)s::text = 'FAILED' THEN %(error)s ELSE error END,
+       completed_at = CASE WHEN %(status)s::text = 'FAILED' THEN now() END,
+       outstanding_step = CASE WHEN %(status)s::text = 'FAILED' THEN NULL ELSE outstanding_step END,
+       paused_from = CASE WHEN %(status)s::text = 'PAUSED' THEN 'WAITING' END,
+       wake_at = NULL,
+       wait_timers = NULL,
+       updated_at = now(),
+       change_kind = 'expire',
+       change_actor = 'sweeper',
+       change_reason = %(error)s,
+       change_step = %(step)s
+ WHERE job_id = %(job_id)s AND status = 'WAITING' AND wait_kind = 'approval'
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now

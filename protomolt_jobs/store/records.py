@@ -75,6 +75,7 @@ _JSON_COLUMNS: tuple[tuple[str, tuple[type, ...]], ...] = (
     ("control", (dict,)),
     ("effect_intents", (dict,)),
     ("step_generations", (dict,)),
+    ("wait_timers", (list,)),
 )
 
 
@@ -83,6 +84,7 @@ _OPTIONAL_COLUMNS = frozenset(
     {
         "wait_kind",
         "wait_seq",
+        "wait_timers",
         "submitted_by",
         "priority",
         "queue",
@@ -178,6 +180,9 @@ class JobRecord:
     wait_kind: str | None = None
     wait_seq: int | None = None
     submitted_by: str | None = None
+    #: An approval step's timers as stamped by its park (``[{kind, at, fired?, ...}]``;
+    #: read by ``job_get``, ``job_lock`` and the timer sweep).
+    wait_timers: list[Any] | None = None
 
     @property
     def lease(self) -> Lease:

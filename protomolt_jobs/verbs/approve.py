@@ -115,7 +115,7 @@ class ApproveStepAction(JobVerb):
                 f"{', '.join(spec.decisions)}",
             )
         principal, groups = actor(), current_groups()
-        why = approver_refusal(step, principal, groups)
+        why = approver_refusal(step, principal, groups, job.wait_timers)
         if why is not None:
             store.transition_record_denied(
                 job_id, actor=principal, reason=f"permission-denied: approve-step: {why}"

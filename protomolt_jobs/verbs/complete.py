@@ -96,7 +96,7 @@ class CompleteStepAction(JobVerb):
             ):
                 _, done = resolve_step(job, step_name, self.runtime)
                 if done.approval is not None:
-                    return self._approval_step(store, job_id, done)
+                    return self._approval_step(store, job_id, done, job.wait_timers)
                 if not done.external:
                     return _not_external(job.status, step_name, done)
                 return {"ok": True, "status": job.status}
@@ -104,7 +104,7 @@ class CompleteStepAction(JobVerb):
 
         stored, step = resolve_step(job, step_name, self.runtime)
         if step.approval is not None:
-            return self._approval_step(store, job_id, step)
+            return self._approval_step(store, job_id, step, job.wait_timers)
         if not step.external:
             return _not_external(job.status, step_name, step)
         message = parse_response(step, response)
@@ -144,12 +144,14 @@ class CompleteStepAction(JobVerb):
             )
         return _answer(job_id, step_name, outcome)
 
-    def _approval_step(self, store: Any, job_id: uuid.UUID, step: Any) -> dict[str, Any]:
+    def _approval_step(
+        self, store: Any, job_id: uuid.UUID, step: Any, timers: Any
+    ) -> dict[str, Any]:
         """complete-step on an approval step: votes decide it, never a response. A caller
         who is not one of its approvers is ``permission-denied`` (recorded as a ``denied``
         row of the job's history); an approver is pointed to ``approve-step``."""
         principal = actor()
-        why = approver_refusal(step, principal, current_groups())
+        why = approver_refusal(step, principal, current_groups(), timers)
         if why is not None:
             store.transition_record_denied(
                 job_id, actor=principal, reason=f"permission-denied: complete-step: {why}"

@@ -116,6 +116,8 @@ class Halted:
     how: Literal["parked", "approval", "recovery"]
     step: str
     reason: str = ""
+    #: an approval step's timers, offsets from the park (``Parked.timers``).
+    timers: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,7 @@ class Write:
     result: dict[str, Any] = field(default_factory=dict)
     verdict: str = ""
     final_entry: dict[str, Any] | None = None
+    timers: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def complete(
@@ -209,8 +212,8 @@ class Write:
         return cls(WriteKind.PARK, step=step)
 
     @classmethod
-    def park_approval(cls, step: str) -> Write:
-        return cls(WriteKind.PARK_APPROVAL, step=step)
+    def park_approval(cls, step: str, timers: tuple[dict[str, Any], ...] = ()) -> Write:
+        return cls(WriteKind.PARK_APPROVAL, step=step, timers=timers)
 
     @classmethod
     def recovery(cls, step: str, reason: str) -> Write:
@@ -277,8 +280,8 @@ def decide(outcome: Outcome, job: AttemptedJob, policies: Policies) -> Write | N
             return Write.complete(result, verdict, entry)
         case Halted(how="parked", step=step):
             return Write.park(step)
-        case Halted(how="approval", step=step):
-            return Write.park_approval(step)
+        case Halted(how="approval", step=step, timers=timers):
+            return Write.park_approval(step, timers)
         case Halted(step=step, reason=reason):
             return Write.recovery(step, reason)
         case OverBudget(step=step, detail=detail) if policies.budget.pauses:

@@ -32,6 +32,7 @@ from protomolt_jobs.workflow.types import (
     CompiledWorkflow,
     FailureKind,
     Finding,
+    Parked,
     Step,
     WorkflowExecutionError,
 )
@@ -42,8 +43,38 @@ __all__ = [
     "decision_entry",
     "decision_of",
     "findings",
+    "parked",
     "sequential_failure",
+    "timers_of",
 ]
+
+
+def timers_of(step: Step) -> tuple[dict[str, Any], ...]:
+    """An approval step's timers as offsets from its park (the park stamps them with database
+    time): each escalation ``{"kind": "escalate", "afterS", "index", "addRoles",
+    "addPrincipals"}`` and the expiry ``{"kind": "expire", "afterS", "onExpire"}``; none for
+    any other step."""
+    spec = step.approval
+    if spec is None:
+        return ()
+    out: list[dict[str, Any]] = [
+        {
+            "kind": "escalate",
+            "afterS": after_s,
+            "index": i,
+            "addRoles": list(roles),
+            "addPrincipals": list(principals),
+        }
+        for i, (after_s, roles, principals) in enumerate(spec.escalate)
+    ]
+    if spec.expires_s is not None:
+        out.append({"kind": "expire", "afterS": spec.expires_s, "onExpire": spec.on_expire})
+    return tuple(out)
+
+
+def parked(step: Step) -> Parked:
+    """The :class:`Parked` a run stops with at ``step`` (external or approval)."""
+    return Parked(step.name, step.completion, timers_of(step))
 
 
 def decision_of(step: Step, entry: Any) -> str | None:
@@ -55,14 +86,25 @@ def decision_of(step: Step, entry: Any) -> str | None:
     return decision if isinstance(decision, str) and decision else None
 
 
-def approver_refusal(step: Step, principal: str, groups: Iterable[str]) -> str | None:
-    """Why ``principal`` (in ``groups``) may not vote on ``step``, or None when it may."""
+def approver_refusal(
+    step: Step, principal: str, groups: Iterable[str], timers: Any = None
+) -> str | None:
+    """Why ``principal`` (in ``groups``) may not vote on ``step``, or None when it may.
+
+    :param timers: the run's stored timers (``wait_timers``): the escalations that fired
+        widen the approvers.
+    """
     spec = step.approval
     if spec is None:
         return f"step '{step.name}' is not an approval step"
-    if principal in spec.principals or set(groups) & set(spec.roles):
+    roles, principals = list(spec.roles), list(spec.principals)
+    for timer in timers if isinstance(timers, list) else []:
+        if isinstance(timer, dict) and timer.get("kind") == "escalate" and timer.get("fired"):
+            roles += [r for r in timer.get("addRoles", []) if isinstance(r, str)]
+            principals += [p for p in timer.get("addPrincipals", []) if isinstance(p, str)]
+    if principal in principals or set(groups) & set(roles):
         return None
-    allowed = [f"role '{r}'" for r in spec.roles] + [f"principal '{p}'" for p in spec.principals]
+    allowed = [f"role '{r}'" for r in roles] + [f"principal '{p}'" for p in principals]
     return (
         f"'{principal}' is not an approver of step '{step.name}' (approvers: {', '.join(allowed)})"
     )

@@ -784,7 +784,103 @@ def _parse_step(
 
 
 #: The keys of an approval step's ``approval`` object (docs/approvals.md lists each).
-APPROVAL_KEYS = ("approvers", "quorum", "decisions", "veto", "distinctFrom", "end")
+APPROVAL_KEYS = (
+    "approvers",
+    "quorum",
+    "decisions",
+    "veto",
+    "distinctFrom",
+    "end",
+    "expires",
+    "onExpire",
+    "escalate",
+)
+#: What an expired approval step does (``approval.onExpire``): never accept.
+ON_EXPIRE = ("reject", "fail", "pause")
+_DURATION = re.compile(
+    r"P(?:(?P<w>\d+(?:\.\d+)?)W)?(?:(?P<d>\d+(?:\.\d+)?)D)?"
+    r"(?:T(?:(?P<h>\d+(?:\.\d+)?)H)?(?:(?P<m>\d+(?:\.\d+)?)M)?(?:(?P<s>\d+(?:\.\d+)?)S)?)?"
+)
+
+
+def duration_s(text: Any) -> float | None:
+    """An ISO-8601 duration (``P3D``, ``PT24H``, ``PT1.5S``; weeks, days, hours, minutes,
+    seconds) in seconds, or None when ``text`` is not one (or is zero)."""
+    if not isinstance(text, str):
+        return None
+    m = _DURATION.fullmatch(text.strip())
+    if m is None or text.strip() in ("P", "PT") or text.strip().endswith("T"):
+        return None
+    parts = {k: float(v) for k, v in m.groupdict().items() if v is not None}
+    total = (
+        parts.get("w", 0) * 604800
+        + parts.get("d", 0) * 86400
+        + parts.get("h", 0) * 3600
+        + parts.get("m", 0) * 60
+        + parts.get("s", 0)
+    )
+    return total if total > 0 else None
+
+
+def _parse_timers(
+    value: dict[str, Any], step: str, decisions: tuple[str, ...]
+) -> tuple[float | None, str, tuple[tuple[float, tuple[str, ...], tuple[str, ...]], ...]]:
+    """``expires``, ``onExpire`` and ``escalate`` of an ``approval`` object."""
+    expires_s = None
+    if "expires" in value:
+        expires_s = duration_s(value["expires"])
+        if expires_s is None:
+            raise WorkflowParseError(
+                step,
+                "'approval.expires' must be a positive ISO-8601 duration (P3D, PT24H, PT30S); "
+                f"got {_brief(value['expires'])}",
+            )
+    on_expire = value.get("onExpire", "reject")
+    if "onExpire" in value and expires_s is None:
+        raise WorkflowParseError(step, "'approval.onExpire' needs 'approval.expires'")
+    if on_expire not in ON_EXPIRE:
+        raise WorkflowParseError(
+            step,
+            f"'approval.onExpire' must be reject, fail or pause (an expiry never accepts); "
+            f"got {_brief(on_expire)}",
+        )
+    if expires_s is not None and on_expire == "reject" and "reject" not in decisions:
+        raise WorkflowParseError(
+            step, "'approval.onExpire' is reject, which is not a declared decision"
+        )
+    escalate = value.get("escalate", [])
+    if not isinstance(escalate, list):
+        raise WorkflowParseError(
+            step,
+            f"'approval.escalate' must be an array of {{after, addRoles, addPrincipals}}; got {_brief(escalate)}",
+        )
+    out = []
+    for i, item in enumerate(escalate):
+        where = f"'approval.escalate[{i}]'"
+        if not isinstance(item, dict) or any(
+            k not in ("after", "addRoles", "addPrincipals") for k in item
+        ):
+            raise WorkflowParseError(
+                step,
+                f"{where} must be an object {{after, addRoles, addPrincipals}}; got {_brief(item)}",
+            )
+        after_s = duration_s(item.get("after"))
+        if after_s is None:
+            raise WorkflowParseError(
+                step,
+                f"{where}.after must be a positive ISO-8601 duration; got {_brief(item.get('after'))}",
+            )
+        if expires_s is not None and after_s >= expires_s:
+            raise WorkflowParseError(step, f"{where}.after is not before 'approval.expires'")
+        roles = _names(item.get("addRoles"), step, f"escalate[{i}].addRoles")
+        principals = _names(item.get("addPrincipals"), step, f"escalate[{i}].addPrincipals")
+        if not roles and not principals:
+            raise WorkflowParseError(step, f"{where} adds no role and no principal")
+        out.append((after_s, roles, principals))
+    out.sort(key=lambda e: e[0])
+    return expires_s, on_expire, tuple(out)
+
+
 #: What a decision may end the run with (``approval.end``).
 APPROVAL_ENDS = ("fail", "complete")
 
@@ -862,7 +958,11 @@ def _parse_approval(value: Any, step: str) -> ApprovalSpec:
             raise WorkflowParseError(
                 step, f"'approval.end.{d}' must be 'fail' or 'complete'; got {_brief(how)}"
             )
+    expires_s, on_expire, escalate = _parse_timers(value, step, decisions)
     return ApprovalSpec(
+        expires_s=expires_s,
+        on_expire=on_expire,
+        escalate=escalate,
         roles=roles,
         principals=principals,
         quorum=quorum,

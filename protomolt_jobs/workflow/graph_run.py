@@ -419,7 +419,7 @@ def _schedule(run: _Run) -> Parked | None:
         pending = {s.name for s in state.pending()}
         for step in external:
             if step.name in pending:
-                return Parked(step.name, step.completion)
+                return approval.parked(step)
     return None
 
 

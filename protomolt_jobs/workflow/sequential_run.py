@@ -126,7 +126,7 @@ def run_steps(
                         break  # approval.end: complete
                 continue
             if step.parks:
-                return Parked(step.name, step.completion)
+                return approval.parked(step)
             if step.when.strip() and not gate_open(step, scope):
                 scope.bind(step.name, message_class(step.output_type)())
                 outcomes.append({"name": step.name, "skipped": True})

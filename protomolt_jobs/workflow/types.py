@@ -224,6 +224,9 @@ class ApprovalSpec:
     :ivar veto: decisions one vote of which decides at once.
     :ivar distinct_from: approval steps whose voters may not vote here.
     :ivar end: decision -> ``fail`` or ``complete``: the decisions that end the run.
+    :ivar expires_s: ``expires`` in seconds (None: the step never expires).
+    :ivar on_expire: ``reject``, ``fail`` or ``pause`` (never accept).
+    :ivar escalate: ``(after_s, add_roles, add_principals)`` in ``after`` order.
     """
 
     roles: tuple[str, ...] = ()
@@ -233,6 +236,9 @@ class ApprovalSpec:
     veto: tuple[str, ...] = ()
     distinct_from: tuple[str, ...] = ()
     end: tuple[tuple[str, str], ...] = ()
+    expires_s: float | None = None
+    on_expire: str = "reject"
+    escalate: tuple[tuple[float, tuple[str, ...], tuple[str, ...]], ...] = ()
 
     def ending(self, decision: str) -> str:
         """``fail``, ``complete`` or "" (the decision's edges decide) for ``decision``."""
@@ -452,3 +458,6 @@ class Parked:
 
     step: str
     wait_kind: str = EXTERNAL
+    #: an approval step's timers (escalations, expiry), offsets from the park in seconds:
+    #: ``{"kind": "escalate"|"expire", "afterS", ...}`` (``approval.timers_of``).
+    timers: tuple[dict[str, Any], ...] = ()
