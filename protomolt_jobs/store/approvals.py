@@ -25,8 +25,15 @@ A vote is one transaction (:meth:`ApprovalMixin.approval_vote`):
    transition, and its APPROVAL_DECIDED event with ``NOTIFY``: a worker claims the run and
    goes on along the decision's edge.
 
-Who may vote (the approvers, the submitter) is the verb's to decide before it calls here; the
-store counts. :class:`ApprovalMixin` is one of :class:`~protomolt_jobs.store.store.JobStore`'s
+Timers (``expires``, ``escalate``): the park stamps them with the database's ``now()``
+(``wait_timers``, ``wake_at`` the first); :meth:`ApprovalMixin.approval_timers_sweep` (the
+sweeper's pass) locks the runs whose ``wake_at`` passed (``FOR UPDATE SKIP LOCKED`` over the
+partial index ``idx_workflow_run_wake``) and fires what is due: an escalation is marked fired
+(an ``escalate`` transition, APPROVAL_ESCALATED), an expiry decides ``reject`` or ends the run
+FAILED or PAUSED (never an accept). A decision clears the timers.
+
+Who may vote (the approvers, widened by fired escalations; the submitter) is the verb's to
+decide before it calls here; the store counts. :class:`ApprovalMixin` is one of :class:`~protomolt_jobs.store.store.JobStore`'s
 concern mixins.
 """
 

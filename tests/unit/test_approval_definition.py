@@ -172,3 +172,61 @@ def test_a_skip_behind_a_branch_not_taken_is_not_taken_too():
     state.ended("announce", "skipped", skip[0][1])
     state.ended("rework", "succeeded")
     assert state.verdict()[0] is True
+
+
+def test_timers_parse_and_never_accept():
+    wf = parse(
+        flow(
+            review(
+                end={"reject": "fail"},
+                expires="P3D",
+                onExpire="reject",
+                escalate=[
+                    {"after": "PT24H", "addRoles": ["chief-editor"]},
+                    {"after": "PT1H", "addPrincipals": ["carol"]},
+                ],
+            ),
+            branches()[0],
+        )
+    )
+    spec = wf.step("review").approval
+    assert spec.expires_s == 3 * 86400 and spec.on_expire == "reject"
+    assert spec.escalate == ((3600.0, (), ("carol",)), (86400.0, ("chief-editor",), ()))
+    from protomolt_jobs.workflow.approval import timers_of
+
+    assert [(t["kind"], t["afterS"]) for t in timers_of(wf.step("review"))] == [
+        ("escalate", 3600.0),
+        ("escalate", 86400.0),
+        ("expire", 259200.0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ({"expires": "3 days"}, "'approval.expires' must be a positive ISO-8601 duration"),
+        ({"expires": "PT0S"}, "'approval.expires' must be a positive ISO-8601 duration"),
+        ({"expires": "P1D", "onExpire": "accept"}, "an expiry never accepts"),
+        ({"onExpire": "fail"}, "'approval.onExpire' needs 'approval.expires'"),
+        ({"escalate": {"after": "PT1H"}}, "'approval.escalate' must be an array"),
+        ({"escalate": [{"after": "PT1H"}]}, "'approval.escalate[0]' adds no role"),
+        ({"escalate": [{"after": "soon", "addRoles": ["c"]}]}, "escalate[0]'.after must be"),
+        (
+            {"escalate": [{"after": "PT1H", "addRoles": ["c"], "lowerQuorum": 1}]},
+            "must be an object",
+        ),
+        (
+            {"expires": "PT1H", "escalate": [{"after": "PT2H", "addRoles": ["c"]}]},
+            "is not before 'approval.expires'",
+        ),
+    ],
+)
+def test_malformed_timers_are_refused_naming_the_key(keys, message):
+    with pytest.raises(WorkflowParseError) as refused:
+        parse(flow(review(end={"reject": "fail"}, **keys)))
+    assert message in str(refused.value)
+
+
+def test_on_expire_reject_needs_a_reject_decision():
+    with pytest.raises(WorkflowParseError, match="not a declared decision"):
+        parse(flow(review(decisions=["accept", "fix"], expires="P1D")))
