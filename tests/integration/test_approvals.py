@@ -349,14 +349,17 @@ def test_fifty_races_of_a_cancel_and_the_deciding_vote_end_one_way(node, service
             assert answer["decided"] is True and answer["decision"] == "accept"
             assert len(review) == 1 and review[0]["decision"] == "accept"
             assert kinds.count("decision") == 1
-            assert kinds.index("decision") < kinds.index("cancel")
+            # The cancel found the run queued again (cancel) or already claimed (a request the
+            # worker honours at its next boundary, cancel-request): always after the decision.
+            stop = next(i for i, k in enumerate(kinds) if k in ("cancel", "cancel-request"))
+            assert kinds.index("decision") < stop
             decided += 1
         else:
             # The cancel won: the vote found the run closed; no decision anywhere.
             assert answer["error"] == "not-open" and answer["status"] == "CANCELLED", answer
             assert review == [] and "decision" not in kinds
+            assert kinds.count("cancel") == 1
             cancelled_first += 1
-        assert kinds.count("cancel") == 1
     assert decided + cancelled_first == RACES
     print(f"cancel races: the vote decided {decided}, the cancel came first {cancelled_first}")
 
