@@ -137,7 +137,7 @@ class ApproveStepAction(JobVerb):
                 | ({"comment": v.comment} if v.comment else {})
                 for v in votes
             ]
-            return decision_entry(step_name, chosen, tally, voters)
+            return decision_entry(step_name, chosen, tally, voters, job.checkpoints or [])
 
         try:
             outcome = store.approval_vote(

@@ -21,6 +21,8 @@ Replaying that entry, the run goes on by the decision:
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -140,24 +142,32 @@ def decision_entry(
     decision: str,
     tally: dict[str, int],
     voters: list[dict[str, Any]],
+    seen: list[Any] | None = None,
 ) -> dict[str, Any]:
     """The checkpoint entry of a decided approval step (``approve-step`` stores it).
 
     :param tally: decision -> distinct voters.
     :param voters: ``{principal, decision, comment?}`` in vote order.
+    :param seen: the run's checkpoints while the step waited (what the approvers saw; they
+        cannot change while the run waits): recorded as ``seenSha256``, the SHA-256 of their
+        canonical JSON. None: not recorded.
     """
     response = {
         "decision": decision,
         "tally": dict(tally),
         "voters": [v["principal"] for v in voters],
     }
-    return {
+    entry: dict[str, Any] = {
         "name": step,
         "decision": decision,
         "tally": dict(tally),
         "voters": voters,
         "response": response,
     }
+    if seen is not None:
+        canonical = json.dumps(seen, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        entry["seenSha256"] = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    return entry
 
 
 def findings(workflow: CompiledWorkflow) -> list[Finding]:

@@ -9,6 +9,7 @@ accept; ``fix`` sends the draft to ``rework``; one ``reject`` vetoes and fails t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -160,6 +161,10 @@ def test_quorum_two_of_three_duplicate_self_approval_and_the_accept_edge(node, s
     assert entry["tally"] == {"accept": 2}
     assert [v["principal"] for v in entry["voters"]] == ["ed-2", "ed-3"]
     assert entry["voters"][0]["comment"] == "looks right"
+    # What the approvers saw: the checkpoints before the decision (draft's), hashed.
+    seen = [c for c in done["checkpoints"] if c["name"] == "draft"]
+    canonical = json.dumps(seen, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert entry["seenSha256"] == hashlib.sha256(canonical.encode()).hexdigest()
 
     # A late vote: already decided.
     _, answer, _ = vote(url, job_id, "ed-2", "reject")
