@@ -8,9 +8,11 @@ the run's row lock). In order:
    (``invalid-input``, field ``decision``);
 2. the caller is one of the step's approvers, by principal or by group (else
    ``permission-denied`` naming why, recorded as a ``denied`` row of the job's history);
-3. the caller is not the principal that submitted the run (``ok: false``, ``self-approval``);
-4. the store counts the vote (``not-open``, ``already-decided``, ``distinct-from``, or the
-   tally; at quorum or veto the decision is checkpointed and the job queued).
+3. the caller is not the principal that submitted the run (``ok: false``, ``self-approval``,
+   recorded as a ``denied`` row of the job's history);
+4. the store counts the vote (``not-open``, ``already-decided``, ``distinct-from`` (recorded
+   as ``denied`` too), or the tally; at quorum or veto the decision is checkpointed and the
+   job queued).
 
 Answers ``{ok: true, decided, decision?, tally: {decision: n}, needed, status}`` or
 ``{ok: false, error: <why>, message, status?, tally?}`` (docs/approvals.md).
@@ -124,12 +126,11 @@ class ApproveStepAction(JobVerb):
                 f"permission denied: {why}", {"principal": principal, "step": step_name}
             )
         if job.submitted_by is not None and job.submitted_by == principal:
-            return {
-                "ok": False,
-                "status": job.status,
-                "error": "self-approval",
-                "message": f"'{principal}' submitted job {job_id} and may not vote on it",
-            }
+            message = f"'{principal}' submitted job {job_id} and may not vote on it"
+            store.transition_record_denied(
+                job_id, actor=principal, reason=f"self-approval: approve-step: {message}"
+            )
+            return {"ok": False, "status": job.status, "error": "self-approval", "message": message}
 
         def entry(chosen: str, tally: dict[str, int], votes: list[Vote]) -> dict[str, Any]:
             voters = [
@@ -169,7 +170,12 @@ class ApproveStepAction(JobVerb):
                 "result": outcome.result,
             },
         )
-        return _answer(outcome, step_name, principal, spec.quorum)
+        answer = _answer(outcome, step_name, principal, spec.quorum)
+        if outcome.result == "distinct-from":  # a refused voter: no silent path
+            store.transition_record_denied(
+                job_id, actor=principal, reason=f"distinct-from: approve-step: {answer['message']}"
+            )
+        return answer
 
 
 def _answer(outcome: VoteOutcome, step: str, principal: str, needed: int) -> dict[str, Any]:

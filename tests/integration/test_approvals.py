@@ -178,6 +178,7 @@ def test_quorum_two_of_three_duplicate_self_approval_and_the_accept_edge(node, s
     assert ("vote", "ed-2") in kinds and ("vote", "ed-3") in kinds
     assert ("decision", "ed-3") in kinds
     assert sum(1 for k, _ in kinds if k == "vote") == 2  # the duplicate inserted nothing
+    assert ("denied", "ed-1") in kinds  # the self-approval refusal
 
 
 def test_a_fix_decision_takes_the_fix_edge(node, services):
@@ -392,6 +393,9 @@ def test_a_sequential_workflow_goes_on_after_accept_and_distinct_from_holds(node
     _, answer, _ = vote(url, job_id, "ed-2", "accept")
     assert answer["ok"] is False and answer["error"] == "distinct-from", answer
     assert "voted on step 'legal'" in answer["message"]
+    _, history, _ = post(url, "job-history", {"jobId": job_id}, "root")
+    denied = [t for t in history["transitions"] if t["kind"] == "denied"]
+    assert [t["actor"] for t in denied] == ["ed-2"] and "distinct-from" in denied[0]["reason"]
     _, answer, _ = vote(url, job_id, "ed-3", "accept")
     assert answer["decided"] is True
     wait_for(lambda: get_job(url, job_id)["status"] == "COMPLETED")
