@@ -353,8 +353,15 @@ def report_from_checkpoints(
         elif entry.get("skipped") is True:
             state.ended(name, SKIPPED, str(entry.get("reason", "")))
         else:
-            decision = entry.get("decision")
-            state.ended(name, SUCCEEDED, "", decision if isinstance(decision, str) else "")
+            found = entry.get("decision")
+            decision = found if isinstance(found, str) else ""
+            step = workflow.step(name)
+            spec = step.approval if step is not None else None
+            if decision and spec is not None and spec.ending(decision) == "fail":
+                reason = f"approval step '{name}' decided '{decision}'"
+                state.ended(name, FAILED, reason, decision)
+            else:
+                state.ended(name, SUCCEEDED, "", decision)
     completed, sentence = state.verdict()
     if status != "COMPLETED" and completed:
         sentence = f"the run ended {status}" + (f": {error}" if error else "")

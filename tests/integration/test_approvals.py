@@ -217,6 +217,9 @@ def test_one_reject_vetoes_and_fails_the_run(node, services):
     failed = wait_for(lambda: (j := get_job(url, job_id))["status"] == "FAILED" and j)
     assert "approval step 'review' decided 'reject'" in failed["error"]
     assert services.step_calls("publish") == 0 and services.step_calls("rework") == 0
+    report = {s["name"]: s for s in failed["report"]["steps"]}
+    assert report["review"]["status"] == "failed"
+    assert report["review"]["reason"] == "approval step 'review' decided 'reject'"
 
 
 def test_a_token_without_the_approver_role_is_denied_on_approve_and_complete(node, services):
