@@ -179,6 +179,9 @@ def test_quorum_two_of_three_duplicate_self_approval_and_the_accept_edge(node, s
     assert ("decision", "ed-3") in kinds
     assert sum(1 for k, _ in kinds if k == "vote") == 2  # the duplicate inserted nothing
     assert ("denied", "ed-1") in kinds  # the self-approval refusal
+    # The final report lists the votes and the decision with the operator actions.
+    actions = [(a["kind"], a["actor"]) for a in get_job(url, job_id)["report"]["operatorActions"]]
+    assert actions == [("vote", "ed-2"), ("vote", "ed-3"), ("decision", "ed-3")]
 
 
 def test_a_fix_decision_takes_the_fix_edge(node, services):
