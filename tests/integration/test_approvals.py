@@ -260,6 +260,13 @@ def test_a_token_without_the_approver_role_is_denied_on_approve_and_complete(nod
         answer = approve(request, metadata=(("authorization", "Bearer ed-2-secret"),), timeout=10)
         assert answer.ok and not answer.decided and dict(answer.tally) == {"accept": 1}
         assert answer.needed == 2
+        get = channel.unary_unary(
+            f"{SERVICE}/GetJob",
+            request_serializer=pb.GetJobRequest.SerializeToString,
+            response_deserializer=pb.GetJobResponse.FromString,
+        )
+        job = get(pb.GetJobRequest(job_id=job_id), metadata=(("authorization", f"Bearer {ROOT}"),))
+        assert job.job.phase == "waiting_approval" and job.job.outstanding_step == "review"
 
     # Nothing changed; every refusal is a 'denied' row of the history.
     assert get_job(url, job_id)["status"] == "WAITING"
