@@ -44,7 +44,7 @@ import contextlib
 import contextvars
 import dataclasses
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -66,6 +66,7 @@ __all__ = [
     "TypePool",
     "WireContext",
     "WorkflowRepository",
+    "current_groups",
     "current_principal",
     "principal_scope",
 ]
@@ -135,6 +136,9 @@ class JobViews(Protocol):
     - ``statuses(job_ids)``: job summaries (camelCase dicts), read without payloads.
     - ``events(job_id)``: the job's outbox rows in order, each with ``seq``, ``event_type``,
       ``status``, ``created_at`` and a decoded ``detail`` dict.
+    - ``approval(job_id, step_name)``: an approval step's approvers, quorum and decisions and
+      the votes on its current opening (``{step, roles, principals, quorum, decisions, veto,
+      votes, tally}``), or None.
 
     Each raises the role's store error when its store is unavailable.
     """
@@ -148,6 +152,8 @@ class JobViews(Protocol):
     def statuses(self, job_ids: list[str]) -> list[dict[str, Any]]: ...
 
     def events(self, job_id: str) -> list[Any]: ...
+
+    def approval(self, job_id: str, step_name: str) -> dict[str, Any] | None: ...
 
 
 #: The scope names verbs and routes declare, and ``[node.scopes]`` grants:
@@ -529,11 +535,26 @@ def current_principal() -> str:
     return _PRINCIPAL.get()
 
 
+#: The groups of the principal of the verb call running in this context.
+_GROUPS: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "protomolt_groups", default=frozenset()
+)
+
+
+def current_groups() -> frozenset[str]:
+    """The groups (``[node.groups]`` or an identity hook) of :func:`current_principal`:
+    what an approval step's ``approvers.roles`` are matched against. Empty outside any
+    surface and for a principal in no group."""
+    return _GROUPS.get()
+
+
 @contextlib.contextmanager
-def principal_scope(name: str) -> Iterator[None]:
-    """Run the body as ``name`` (the host's catalog wraps each verb call in it)."""
+def principal_scope(name: str, groups: Iterable[str] = ()) -> Iterator[None]:
+    """Run the body as ``name`` in ``groups`` (the host's catalog wraps each verb call in it)."""
     token = _PRINCIPAL.set(name)
+    group_token = _GROUPS.set(frozenset(groups))
     try:
         yield
     finally:
+        _GROUPS.reset(group_token)
         _PRINCIPAL.reset(token)

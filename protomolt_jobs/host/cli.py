@@ -348,6 +348,7 @@ CONTROL_COMMANDS = {
     "migrate": "migrate-checkpoint",
     "requeue": "requeue-job",
     "history": "job-history",
+    "approve": "approve-step",
 }
 
 
@@ -368,6 +369,10 @@ def _control(args: argparse.Namespace, console: Any) -> int:
         envelope["outcome"] = args.outcome
     if getattr(args, "migrate_action", None):
         envelope["action"] = args.migrate_action
+    if getattr(args, "decision", None):
+        envelope["decision"] = args.decision
+    if getattr(args, "comment", None):
+        envelope["comment"] = args.comment
     if getattr(args, "response", None):
         try:
             envelope["response"] = json.loads(args.response)
@@ -547,7 +552,8 @@ def build_parser() -> argparse.ArgumentParser:
     jobs_sub = jobs.add_subparsers(
         dest="jobs_command",
         required=True,
-        metavar="list|get|watch|cancel|pause|resume|retry|reconcile|migrate|requeue|history",
+        metavar="list|get|watch|cancel|pause|resume|retry|reconcile|migrate|requeue|history|"
+        "approve",
     )
     for name, text in (("list", "a table of jobs, newest first"), ("watch", "a live table")):
         p = jobs_sub.add_parser(name, help=text)
@@ -584,10 +590,15 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         ("requeue", "queue a DEAD or FAILED job again (requeue-job)"),
         ("history", "the job's transition log and its integrity (job-history)"),
+        ("approve", "vote --decision on the approval step --step a job waits on (approve-step)"),
     ):
         p = jobs_sub.add_parser(name, help=text)
         p.add_argument("job_id")
-        if name != "history":
+        if name == "approve":
+            p.add_argument("--step", required=True, help="the approval step")
+            p.add_argument("--decision", required=True, help="one of the step's decisions")
+            p.add_argument("--comment", help="a comment kept with the vote")
+        elif name != "history":
             p.add_argument("--reason", help="why (kept in the job's history)")
         if name == "resume":
             p.add_argument("--at", help="RFC 3339 time (database clock), e.g. 2026-01-02T22:00:00Z")

@@ -13,6 +13,11 @@ submit as ``deadline_at``): ``JobStore.job_budget_sweep``, FAILED with the budge
 PAUSED (a RUNNING run: asked to pause at its next checkpoint) when ``budget.onExceeded`` is
 ``pause``.
 
+Each pass also fires approval timers that are due (docs/approvals.md *Expiry and
+escalation*): ``JobStore.approval_timers_sweep`` over the partial index on ``wake_at``, in
+database time: an escalation widens who may vote and emits APPROVAL_ESCALATED; an expiry ends
+the wait by its ``onExpire`` (``reject`` decides reject, ``fail``, ``pause``), never accepting.
+
 Several sweepers (one per process) are safe: the store's sweep locks the rows it changes.
 """
 
@@ -23,8 +28,24 @@ from typing import Any
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import StoreError
 from protomolt_jobs.service import PeriodicService
+from protomolt_jobs.workflow.approval import decision_entry
 
-__all__ = ["Sweeper"]
+__all__ = ["Sweeper", "expired_entry"]
+
+
+def expired_entry(
+    step: str, decision: str, tally: dict[str, int], votes: list[Any]
+) -> dict[str, Any]:
+    """The checkpoint entry of an approval step whose expiry decided ``decision`` (reject):
+    the votes cast so far, and ``expired: true``."""
+    voters = [
+        {"principal": v.principal, "decision": v.decision}
+        | ({"comment": v.comment} if v.comment else {})
+        for v in votes
+    ]
+    entry = decision_entry(step, decision, tally, voters)
+    entry["expired"] = True
+    return entry
 
 
 class Sweeper(PeriodicService):
@@ -55,6 +76,11 @@ class Sweeper(PeriodicService):
             # Runs past their whole-run deadline (budget.deadline) end FAILED; the store logs
             # each one.
             budget_sweep()
+        timer_sweep = getattr(self._store, "approval_timers_sweep", None)
+        if timer_sweep is not None:
+            # Approval timers due by the database clock: escalations widen who may vote, an
+            # expiry rejects, fails or pauses (never accepts); the store logs what fired.
+            timer_sweep(expired_entry)
         if result.requeued:
             self.log.info(
                 "expired leases requeued",

@@ -130,6 +130,44 @@ class JobInspector:
                 return step.method.output_type
         return None
 
+    def approval(self, job_id: str, step_name: str) -> dict[str, Any] | None:
+        """The approval step ``step_name`` of the job and the votes cast on its current
+        opening: ``{step, roles, principals, quorum, decisions, veto, votes: [{principal,
+        decision, comment?}], tally: {decision: n}}``; None when the job, its definition or an
+        approval step of that name cannot be resolved.
+
+        :raises StoreError: the store is unavailable.
+        """
+        job = self._open().job_get(job_id)
+        stored = self._stored(job_id)
+        step = stored.workflow.step(step_name) if stored is not None else None
+        if job is None or step is None or step.approval is None:
+            return None
+        spec = step.approval
+        roles, principals = list(spec.roles), list(spec.principals)
+        for timer in job.wait_timers or []:  # escalations that fired widen the approvers
+            if isinstance(timer, dict) and timer.get("kind") == "escalate" and timer.get("fired"):
+                roles += list(timer.get("addRoles", []))
+                principals += list(timer.get("addPrincipals", []))
+        votes = self._open().approval_votes_open(job_id, step_name)
+        tally: dict[str, int] = {}
+        for v in votes:
+            tally[v.decision] = tally.get(v.decision, 0) + 1
+        return {
+            "step": step_name,
+            "roles": roles,
+            "principals": principals,
+            "quorum": spec.quorum,
+            "decisions": list(spec.decisions),
+            "veto": list(spec.veto),
+            "votes": [
+                {"principal": v.principal, "decision": v.decision}
+                | ({"comment": v.comment} if v.comment else {})
+                for v in votes
+            ],
+            "tally": tally,
+        }
+
     def statuses(self, job_ids: list[str]) -> list[dict[str, Any]]:
         """Job summaries (``jobId, workflowName, status, attempt, outstandingStep?, error?,
         createdAt, updatedAt, completedAt?``) of ``job_ids``, read cheaply (no payloads).

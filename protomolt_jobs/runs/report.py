@@ -46,10 +46,14 @@ OPERATOR_KINDS = frozenset(
         "complete-step",
         "fail-step",
         "sql",
+        "vote",
+        "decision",
     }
 )
 #: Kinds whose ``step`` is a step that has just been checkpointed.
-_CHECKPOINT_KINDS = frozenset({"checkpoint", "complete", "complete-step", "cancel", "pause"})
+_CHECKPOINT_KINDS = frozenset(
+    {"checkpoint", "complete", "complete-step", "cancel", "pause", "decision"}
+)
 
 
 def iso_instant(moment: datetime | None) -> str | None:

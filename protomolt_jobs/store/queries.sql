@@ -103,13 +103,13 @@ WITH base AS (
 INSERT INTO workflow_run (job_id, workflow_name, workflow_definition, input, status,
                           max_attempts, error, completed_at, priority, queue, fairness_key,
                           fairness_pass, dedup_key, deadline_at, trace_context, change_actor,
-                          change_reason)
+                          change_reason, submitted_by)
 SELECT %(job_id)s, %(workflow_name)s, %(workflow_definition)s, %(input)s, %(status)s,
        %(max_attempts)s, %(error)s,
        CASE WHEN %(status)s::text IN ('COMPLETED', 'FAILED', 'DEAD') THEN now() END,
        %(priority)s, %(queue)s, %(fairness_key)s, stamp.last_pass, %(dedup_key)s,
        now() + make_interval(secs => %(deadline_s)s), %(trace_context)s,
-       %(actor)s, %(error)s
+       %(actor)s, %(error)s, %(actor)s
   FROM stamp
 ON CONFLICT DO NOTHING
 RETURNING job_id, workflow_name, workflow_definition::text AS workflow_definition,
@@ -151,7 +151,8 @@ SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
        lease_owner, lease_token, lease_until, created_at, updated_at, completed_at,
        priority, queue, fairness_key, dedup_key, deadline_at,
        control::text AS control, paused_from, history_seq,
-       effect_intents::text AS effect_intents, step_generations::text AS step_generations
+       effect_intents::text AS effect_intents, step_generations::text AS step_generations,
+       wait_kind, submitted_by, wait_timers::text AS wait_timers
   FROM workflow_run
  WHERE job_id = %(job_id)s
 
@@ -161,7 +162,7 @@ SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
        input::text AS input, status, attempt, max_attempts, run_after, outstanding_step,
        checkpoints::text AS checkpoints, result::text AS result, verdict, error,
        lease_owner, lease_token, lease_until, created_at, updated_at, completed_at,
-       priority, queue, fairness_key, dedup_key, deadline_at
+       priority, queue, fairness_key, dedup_key, deadline_at, wait_kind
   FROM workflow_run
  WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
    AND (%(workflow_name)s::text IS NULL OR workflow_name = %(workflow_name)s::text)
@@ -178,7 +179,8 @@ SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
        lease_owner, lease_token, lease_until, created_at, updated_at, completed_at,
        priority, queue, fairness_key, dedup_key, deadline_at,
        control::text AS control, paused_from, history_seq,
-       effect_intents::text AS effect_intents, step_generations::text AS step_generations
+       effect_intents::text AS effect_intents, step_generations::text AS step_generations,
+       wait_kind, wait_seq, submitted_by, wait_timers::text AS wait_timers
   FROM workflow_run
  WHERE job_id = %(job_id)s
    FOR UPDATE
@@ -360,6 +362,9 @@ WITH moved AS (
     UPDATE workflow_run
        SET status = 'WAITING',
            outstanding_step = %(step)s,
+           wait_kind = NULL,
+           wake_at = NULL,
+           wait_timers = NULL,
            lease_owner = NULL,
            lease_token = NULL,
            lease_until = NULL,
@@ -1238,3 +1243,157 @@ UPDATE workflow_run AS w
   FROM logged
  WHERE w.job_id = logged.job_id
 RETURNING w.job_id, w.status, w.history_seq
+
+-- ---------------------------------------------------------------------------------------------
+-- approvals (migration 0014): the approval park and approve-step's votes under the row lock
+-- ---------------------------------------------------------------------------------------------
+
+-- name: job_park_approval
+-- description: fenced (status, lease_owner, attempt, lease_token): WAITING on the approval step outstanding_step with wait_kind 'approval', wait_seq (this park's transition), its timers stamped with database time and wake_at the first of them, lease cleared, with its WAITING event (or the CANCELLED/PAUSED event of a pending request the trigger applied); one statement.
+WITH moved AS (
+    UPDATE workflow_run
+       SET status = 'WAITING',
+           outstanding_step = %(step)s,
+           wait_kind = 'approval',
+           wait_seq = history_seq + 1,
+           wait_timers = (SELECT jsonb_agg(t || jsonb_build_object(
+                                     'at', now() + make_interval(secs => (t->>'afterS')::float8))
+                                     ORDER BY (t->>'afterS')::float8)
+                            FROM jsonb_array_elements(%(timers)s::jsonb) AS t),
+           wake_at = now() + make_interval(secs => %(wake_s)s::float8),
+           lease_owner = NULL,
+           lease_token = NULL,
+           lease_until = NULL,
+           updated_at = now(),
+           change_kind = 'park',
+           change_actor = 'worker:' || %(owner)s,
+           change_reason = 'waiting for approval',
+           change_step = %(step)s
+     WHERE job_id = %(job_id)s AND status = 'RUNNING'
+       AND lease_owner = %(owner)s AND attempt = %(attempt)s
+       AND lease_token = %(token)s
+    RETURNING job_id, workflow_name, status, attempt, error
+), events AS (
+    INSERT INTO workflow_run_events_outbox
+        (event_id, event_type, kafka_key, created_at, workflow_name, attempt, status_after,
+         step, verdict, error)
+    SELECT gen_random_uuid(),
+           CASE WHEN m.status IN ('CANCELLED', 'PAUSED') THEN m.status ELSE 'WAITING' END,
+           m.job_id::text, now(), m.workflow_name, m.attempt, m.status, %(step)s, NULL,
+           CASE WHEN m.status = 'CANCELLED' THEN m.error END
+      FROM moved AS m
+    RETURNING 1
+)
+SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
+       (SELECT count(*) FROM events) AS events
+  FROM moved
+
+-- name: approval_votes
+-- description: the votes on one opening (wait_seq) of an approval step of a run, oldest first (read under the run's row lock).
+SELECT principal, decision, comment, at
+  FROM workflow_approval_vote
+ WHERE job_id = %(job_id)s AND step = %(step)s AND opened_seq = %(opened_seq)s
+ ORDER BY at, principal
+
+-- name: approval_voted_elsewhere
+-- description: the first of the approval steps named in steps (distinctFrom) on which the principal voted in this run, if any.
+SELECT step
+  FROM workflow_approval_vote
+ WHERE job_id = %(job_id)s AND step = ANY(%(steps)s) AND principal = %(principal)s
+ ORDER BY step
+ LIMIT 1
+
+-- name: approval_vote_insert
+-- description: one principal's vote on an approval step (one per principal, step and opening: a second vote inserts nothing and returns no row), and its 'vote' transition in the run's hash-chained log (status unchanged; the run's row is already locked by job_lock).
+WITH vote AS (
+    INSERT INTO workflow_approval_vote
+        (job_id, step, opened_seq, principal, groups, decision, comment)
+    VALUES (%(job_id)s, %(step)s, %(opened_seq)s, %(principal)s, %(groups)s, %(decision)s,
+            %(comment)s)
+    ON CONFLICT DO NOTHING
+    RETURNING job_id
+)
+UPDATE workflow_run AS w
+   SET change_kind = 'vote',
+       change_actor = %(principal)s,
+       change_reason = %(reason)s,
+       change_step = %(step)s
+  FROM vote
+ WHERE w.job_id = vote.job_id
+RETURNING w.job_id, w.history_seq
+
+-- name: approval_decide
+-- description: the decision of an approval step: append its checkpoint entry and requeue (WAITING -> QUEUED, wait_kind cleared, attempt reset to 0) with a 'decision' transition; the caller holds the row lock and writes the APPROVAL_DECIDED event.
+UPDATE workflow_run
+   SET status = 'QUEUED',
+       checkpoints = checkpoints || jsonb_build_array(workflow_checkpoint_stamp(%(entry)s::jsonb)),
+       outstanding_step = NULL,
+       wait_kind = NULL,
+       wake_at = NULL,
+       wait_timers = NULL,
+       attempt = 0,
+       run_after = now(),
+       updated_at = now(),
+       change_kind = 'decision',
+       change_actor = %(actor)s,
+       change_reason = %(reason)s,
+       change_step = %(step)s
+ WHERE job_id = %(job_id)s AND status = 'WAITING' AND outstanding_step = %(step)s
+   AND wait_kind = 'approval'
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+
+-- name: approval_votes_open
+-- description: the votes on the current opening (the row's wait_seq) of an approval step of a run, oldest first (the dashboard's votes so far; none when the run does not wait on it).
+SELECT v.principal, v.decision, v.comment, v.at
+  FROM workflow_approval_vote AS v
+  JOIN workflow_run AS w ON w.job_id = v.job_id AND v.opened_seq = w.wait_seq
+ WHERE v.job_id = %(job_id)s AND v.step = %(step)s
+ ORDER BY v.at, v.principal
+
+-- name: approval_timers_due
+-- description: WAITING approval runs whose wake_at has passed (idx_workflow_run_wake), oldest first, locked (SKIP LOCKED: sweepers in several processes share the work), with the indexes of their timers now due by the database clock.
+SELECT w.job_id, w.workflow_name, w.status, w.attempt, w.outstanding_step, w.wait_seq,
+       w.wait_timers::text AS wait_timers,
+       (SELECT coalesce(jsonb_agg(t.i - 1 ORDER BY t.i), '[]'::jsonb)
+          FROM jsonb_array_elements(w.wait_timers) WITH ORDINALITY AS t (v, i)
+         WHERE NOT coalesce((t.v->>'fired')::boolean, false)
+           AND (t.v->>'at')::timestamptz <= now())::text AS due,
+       now() AS tx_now
+  FROM workflow_run AS w
+ WHERE w.wake_at <= now() AND w.status = 'WAITING' AND w.wait_kind = 'approval'
+ ORDER BY w.wake_at
+ LIMIT %(limit)s
+   FOR UPDATE OF w SKIP LOCKED
+
+-- name: approval_escalate
+-- description: an approval step's escalation fired (the sweeper holds the row lock): store the timers with it marked fired, move wake_at to the next timer not fired, and record an 'escalate' transition (status unchanged).
+UPDATE workflow_run
+   SET wait_timers = %(timers)s::jsonb,
+       wake_at = (SELECT min((t->>'at')::timestamptz)
+                    FROM jsonb_array_elements(%(timers)s::jsonb) AS t
+                   WHERE NOT coalesce((t->>'fired')::boolean, false)),
+       updated_at = now(),
+       change_kind = 'escalate',
+       change_actor = 'sweeper',
+       change_reason = %(reason)s,
+       change_step = %(step)s
+ WHERE job_id = %(job_id)s AND status = 'WAITING' AND wait_kind = 'approval'
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+
+-- name: approval_expire
+-- description: an approval step expired with onExpire fail or pause (the sweeper holds the row lock): FAILED (error, completed_at) or PAUSED (paused_from WAITING, the step kept), timers cleared, an 'expire' transition.
+UPDATE workflow_run
+   SET status = %(status)s,
+       error = CASE WHEN %(status)s::text = 'FAILED' THEN %(error)s ELSE error END,
+       completed_at = CASE WHEN %(status)s::text = 'FAILED' THEN now() END,
+       outstanding_step = CASE WHEN %(status)s::text = 'FAILED' THEN NULL ELSE outstanding_step END,
+       paused_from = CASE WHEN %(status)s::text = 'PAUSED' THEN 'WAITING' END,
+       wake_at = NULL,
+       wait_timers = NULL,
+       updated_at = now(),
+       change_kind = 'expire',
+       change_actor = 'sweeper',
+       change_reason = %(error)s,
+       change_step = %(step)s
+ WHERE job_id = %(job_id)s AND status = 'WAITING' AND wait_kind = 'approval'
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now

@@ -75,12 +75,17 @@ _JSON_COLUMNS: tuple[tuple[str, tuple[type, ...]], ...] = (
     ("control", (dict,)),
     ("effect_intents", (dict,)),
     ("step_generations", (dict,)),
+    ("wait_timers", (list,)),
 )
 
 
 #: Columns a row may lack (queries that do not select them): the record keeps the default.
 _OPTIONAL_COLUMNS = frozenset(
     {
+        "wait_kind",
+        "wait_seq",
+        "wait_timers",
+        "submitted_by",
         "priority",
         "queue",
         "fairness_key",
@@ -169,6 +174,15 @@ class JobRecord:
     #: claims, ``job_get`` and ``job_lock`` only).
     effect_intents: dict[str, Any] | None = None
     step_generations: dict[str, Any] | None = None
+    #: Approvals (migration 0014): why a WAITING run waits (None: an external step;
+    #: ``approval``), the transition seq of the park that opened its approval step (read by
+    #: ``job_lock`` only) and the principal that submitted it (``job_get``, ``job_lock``).
+    wait_kind: str | None = None
+    wait_seq: int | None = None
+    submitted_by: str | None = None
+    #: An approval step's timers as stamped by its park (``[{kind, at, fired?, ...}]``;
+    #: read by ``job_get``, ``job_lock`` and the timer sweep).
+    wait_timers: list[Any] | None = None
 
     @property
     def lease(self) -> Lease:

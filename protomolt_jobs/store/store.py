@@ -87,6 +87,7 @@ The mixins share only what :class:`~.db.Database` defines; none imports another.
 
 from __future__ import annotations
 
+from protomolt_jobs.store.approvals import ApprovalMixin
 from protomolt_jobs.store.audit import AuditMixin
 from protomolt_jobs.store.claims import ClaimsMixin
 from protomolt_jobs.store.control import ControlMixin
@@ -113,6 +114,7 @@ __all__ = [
 
 
 class JobStore(
+    ApprovalMixin,
     AuditMixin,
     InsertsMixin,
     ReadsMixin,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from protomolt_jobs.verbs.approve import ApproveStepAction
 from protomolt_jobs.verbs.base import NOT_CONFIGURED, NOT_RUNNING, JobsBackend, Verb
 from protomolt_jobs.verbs.complete import CompleteStepAction
 from protomolt_jobs.verbs.control import (
@@ -40,6 +41,7 @@ __all__ = [
     "NOT_CONFIGURED",
     "NOT_RUNNING",
     "SOURCE_RULE",
+    "ApproveStepAction",
     "CancelJobAction",
     "CheckWorkflowAction",
     "CompleteStepAction",
@@ -63,8 +65,8 @@ __all__ = [
 def jobs_actions(backend: JobsBackend, runtime: Any) -> list[Verb]:
     """The job verbs over one backend, in manifest order: the four of the reference
     (submit-workflow, get-job, list-jobs, complete-step), then the operator verbs (cancel-job,
-    pause-job, resume-job, retry-step, the recovery verbs of step effects, requeue-job) and
-    job-history.
+    pause-job, resume-job, retry-step, the recovery verbs of step effects, requeue-job),
+    job-history and approve-step.
 
     :param backend: the role's late-bound store and submitter.
     :param runtime: the engine's runtime (type pool) for reading stored definitions.
@@ -82,4 +84,5 @@ def jobs_actions(backend: JobsBackend, runtime: Any) -> list[Verb]:
         MigrateCheckpointAction(backend, runtime),
         RequeueJobAction(backend),
         JobHistoryAction(backend),
+        ApproveStepAction(backend, runtime),
     ]

@@ -11,7 +11,8 @@ import logging
 import uuid
 from typing import Any
 
-from protomolt_jobs.errors import NotFound
+from protomolt_jobs.errors import NotFound, PermissionDenied
+from protomolt_jobs.hooks.contract import current_groups
 from protomolt_jobs.store.records import AlreadyDone, ParkedStepCompleted, WrongState
 from protomolt_jobs.verbs.base import (
     VERBS_LOGGER,
@@ -30,6 +31,7 @@ from protomolt_jobs.verbs.responses import (
     parse_response,
     resolve_step,
 )
+from protomolt_jobs.workflow.approval import approver_refusal
 
 __all__ = ["CompleteStepAction", "step_kind"]
 
@@ -93,12 +95,16 @@ class CompleteStepAction(JobVerb):
                 isinstance(c, dict) and c.get("name") == step_name for c in job.checkpoints or []
             ):
                 _, done = resolve_step(job, step_name, self.runtime)
+                if done.approval is not None:
+                    return self._approval_step(store, job_id, done, job.wait_timers)
                 if not done.external:
                     return _not_external(job.status, step_name, done)
                 return {"ok": True, "status": job.status}
             return wrong_state(job_id, job.status, job.outstanding_step, step_name)
 
         stored, step = resolve_step(job, step_name, self.runtime)
+        if step.approval is not None:
+            return self._approval_step(store, job_id, step, job.wait_timers)
         if not step.external:
             return _not_external(job.status, step_name, step)
         message = parse_response(step, response)
@@ -137,6 +143,28 @@ class CompleteStepAction(JobVerb):
                 extra={"action": "parked_step_completed", "job_id": str(job_id), "step": step_name},
             )
         return _answer(job_id, step_name, outcome)
+
+    def _approval_step(
+        self, store: Any, job_id: uuid.UUID, step: Any, timers: Any
+    ) -> dict[str, Any]:
+        """complete-step on an approval step: votes decide it, never a response. A caller
+        who is not one of its approvers is ``permission-denied`` (recorded as a ``denied``
+        row of the job's history); an approver is pointed to ``approve-step``."""
+        principal = actor()
+        why = approver_refusal(step, principal, current_groups(), timers)
+        if why is not None:
+            store.transition_record_denied(
+                job_id, actor=principal, reason=f"permission-denied: complete-step: {why}"
+            )
+            raise PermissionDenied(
+                f"permission denied: {why}", {"principal": principal, "step": step.name}
+            )
+        return {
+            "ok": False,
+            "status": "WAITING",
+            "error": f"step '{step.name}' is an approval step: votes decide it; vote with "
+            "approve-step {jobId, stepName, decision}",
+        }
 
 
 def _answer(job_id: uuid.UUID, step: str, outcome: Any) -> dict[str, Any]:

@@ -32,7 +32,8 @@ def job_json(job: Any, *, full: bool) -> dict[str, Any]:
     """A job row as the verbs show it (camelCase, nulls omitted).
 
     Keys in order: ``jobId, workflowName, status, attempt, outstandingStep?, priority,
-    queue, fairnessKey, dedupKey?, deadlineAt?``, then when ``full`` ``maxAttempts, runAfter,
+    queue, fairnessKey, dedupKey?, deadlineAt?`` (``phase: waiting_approval`` after
+    ``outstandingStep`` when the run waits for approve-step votes), then when ``full`` ``maxAttempts, runAfter,
     control?, input, checkpoints, effectIntents?, stepGenerations?, result?``, then ``verdict?,
     error?, createdAt?, updatedAt?, completedAt?``. Never shown: the lease, the fairness pass,
     the definition.
@@ -45,6 +46,8 @@ def job_json(job: Any, *, full: bool) -> dict[str, Any]:
     }
     if job.outstanding_step is not None:
         body["outstandingStep"] = job.outstanding_step
+    if job.status == "WAITING" and getattr(job, "wait_kind", None) == "approval":
+        body["phase"] = "waiting_approval"  # approve-step votes decide the step
     body["priority"] = getattr(job, "priority", 3)
     body["queue"] = getattr(job, "queue", "default")
     body["fairnessKey"] = getattr(job, "fairness_key", "default")

@@ -274,6 +274,8 @@ class SegmentExecutor:
         if isinstance(returned, engine.RecoveryRequired):
             return Halted("recovery", returned.step, returned.reason)
         if isinstance(returned, engine.Parked):
+            if returned.wait_kind == "approval":
+                return Halted("approval", returned.step, timers=returned.timers)
             return Halted("parked", returned.step)
         name = type(returned).__name__
         return Failed("", f"WORKFLOW: the engine returned {name}, not Completed or Parked")

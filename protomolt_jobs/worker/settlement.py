@@ -11,6 +11,8 @@ outcome                                     write
                                             <type>"``, n counts every step), with the last
                                             step's held checkpoint entry
 :class:`Halted` ``parked``                  ``job_park`` (no lease, no permit after)
+:class:`Halted` ``approval``                ``job_park_approval`` (WAITING with ``wait_kind``
+                                            ``approval``: ``approve-step`` votes decide)
 :class:`Halted` ``recovery``                ``job_recovery_required`` (a step's state cannot
                                             be proven)
 :class:`OverBudget`                         ``job_budget_pause`` when ``budget.onExceeded``
@@ -107,12 +109,15 @@ class Finished:
 @dataclass(frozen=True)
 class Halted:
     """The segment stopped at a step on purpose: ``parked`` (an external step waits for
-    ``complete-step``) or ``recovery`` (the step's state cannot be proven; ``reason`` says why).
+    ``complete-step``), ``approval`` (an approval step waits for ``approve-step`` votes) or
+    ``recovery`` (the step's state cannot be proven; ``reason`` says why).
     """
 
-    how: Literal["parked", "recovery"]
+    how: Literal["parked", "approval", "recovery"]
     step: str
     reason: str = ""
+    #: an approval step's timers, offsets from the park (``Parked.timers``).
+    timers: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -165,6 +170,7 @@ class WriteKind(enum.Enum):
 
     COMPLETE = "complete"
     PARK = "park"
+    PARK_APPROVAL = "park_approval"
     RECOVERY = "recovery"
     BUDGET_PAUSE = "budget_pause"
     FAIL = "fail"
@@ -193,6 +199,7 @@ class Write:
     result: dict[str, Any] = field(default_factory=dict)
     verdict: str = ""
     final_entry: dict[str, Any] | None = None
+    timers: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def complete(
@@ -203,6 +210,10 @@ class Write:
     @classmethod
     def park(cls, step: str) -> Write:
         return cls(WriteKind.PARK, step=step)
+
+    @classmethod
+    def park_approval(cls, step: str, timers: tuple[dict[str, Any], ...] = ()) -> Write:
+        return cls(WriteKind.PARK_APPROVAL, step=step, timers=timers)
 
     @classmethod
     def recovery(cls, step: str, reason: str) -> Write:
@@ -269,6 +280,8 @@ def decide(outcome: Outcome, job: AttemptedJob, policies: Policies) -> Write | N
             return Write.complete(result, verdict, entry)
         case Halted(how="parked", step=step):
             return Write.park(step)
+        case Halted(how="approval", step=step, timers=timers):
+            return Write.park_approval(step, timers)
         case Halted(step=step, reason=reason):
             return Write.recovery(step, reason)
         case OverBudget(step=step, detail=detail) if policies.budget.pauses:

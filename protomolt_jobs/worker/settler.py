@@ -53,6 +53,10 @@ class SettleStore(Protocol):
 
     def job_park(self, lease: Lease, step: str) -> str: ...
 
+    def job_park_approval(
+        self, lease: Lease, step: str, timers: tuple[dict[str, Any], ...] = ()
+    ) -> str: ...
+
     def job_recovery_required(self, lease: Lease, step: str, reason: str) -> str: ...
 
     def job_budget_pause(self, lease: Lease, error: str, step: str = "") -> str: ...
@@ -93,6 +97,11 @@ _ROWS: dict[WriteKind, _Row] = {
         Settlement.PARKED, "job_parked", "job parked on an external step", logging.INFO,
         ("step",),
         lambda s, lease, w: s.job_park(lease, w.step),
+    ),
+    WriteKind.PARK_APPROVAL: _Row(
+        Settlement.PARKED, "job_parked_for_approval", "job waiting for approval",
+        logging.INFO, ("step",),
+        lambda s, lease, w: s.job_park_approval(lease, w.step, w.timers),
     ),
     WriteKind.RECOVERY: _Row(
         Settlement.RECOVERY_REQUIRED, "job_recovery_required",

@@ -57,14 +57,18 @@ from google.protobuf.message import DecodeError, Message
 from protomolt_jobs.workflow import mapping
 from protomolt_jobs.workflow.proto_sources import qualify_rpc_types
 from protomolt_jobs.workflow.types import (
+    APPROVAL,
     DEFAULT_DEADLINE_MS,
+    DEFAULT_DECISIONS,
     DEFAULT_MAX_PARALLEL,
     EFFECT_EXTERNAL,
     EFFECT_IDEMPOTENT,
     EFFECTS,
+    ON_DECISION,
     ON_DONE,
     ON_FAILURE,
     ON_SUCCESS,
+    ApprovalSpec,
     CompiledWorkflow,
     Dependency,
     EdgeSpec,
@@ -607,11 +611,12 @@ def _parse_after(value: Any, step: str) -> tuple[Dependency, ...]:
             out.append(Dependency(item.strip()))
         elif isinstance(item, dict) and _text(item, "step") is not None:
             on = item.get("on", ON_SUCCESS)
-            if on not in _ON:
+            decision = isinstance(on, str) and on.startswith(ON_DECISION) and on[len(ON_DECISION) :]
+            if on not in _ON and not (decision and decision.strip() == decision):
                 raise WorkflowParseError(
                     step,
-                    f"'after' entry for '{item['step']}': 'on' must be 'success', 'failure' or "
-                    f"'done'; got {_brief(on)}",
+                    f"'after' entry for '{item['step']}': 'on' must be 'success', 'failure', "
+                    f"'done' or 'decision:<name>'; got {_brief(on)}",
                 )
             out.append(Dependency(str(item["step"]).strip(), on))
         else:
@@ -701,7 +706,20 @@ def _parse_step(
     method_text = _text(obj, "method") or ""
     method = None
     structured = None
-    if "structured" in obj:
+    approval = None
+    if obj.get("completion") == APPROVAL:
+        if any(k in obj for k in ("target", "method", "edge", "fanOut", "structured")):
+            raise WorkflowParseError(
+                name,
+                'an approval step (completion: "approval") makes no call: it must not '
+                "declare target, method, edge, fanOut or structured",
+            )
+        approval = _parse_approval(obj.get("approval"), name)
+    elif "approval" in obj:
+        raise WorkflowParseError(name, "'approval' is only for a step with completion \"approval\"")
+    if approval is not None:
+        target = ""
+    elif "structured" in obj:
         structured = _parse_structured(obj, name, pool)
         target = "structured-generation"
     else:
@@ -738,6 +756,8 @@ def _parse_step(
         output_type = fan_out.collect_type
     elif structured is not None:
         output_type = structured.target_type
+    elif approval is not None:
+        output_type = _approval_output_type(pool)
     else:
         output_type = method.output_type if method is not None else None
     return Step(
@@ -764,7 +784,208 @@ def _parse_step(
         effect=effect,
         verify=verify,
         adapter_version=adapter_version,
+        approval=approval,
     )
+
+
+#: The keys of an approval step's ``approval`` object (docs/approvals.md lists each).
+APPROVAL_KEYS = (
+    "approvers",
+    "quorum",
+    "decisions",
+    "veto",
+    "distinctFrom",
+    "end",
+    "expires",
+    "onExpire",
+    "escalate",
+)
+#: What an expired approval step does (``approval.onExpire``): never accept.
+ON_EXPIRE = ("reject", "fail", "pause")
+_DURATION = re.compile(
+    r"P(?:(?P<w>\d+(?:\.\d+)?)W)?(?:(?P<d>\d+(?:\.\d+)?)D)?"
+    r"(?:T(?:(?P<h>\d+(?:\.\d+)?)H)?(?:(?P<m>\d+(?:\.\d+)?)M)?(?:(?P<s>\d+(?:\.\d+)?)S)?)?"
+)
+
+
+def duration_s(text: Any) -> float | None:
+    """An ISO-8601 duration (``P3D``, ``PT24H``, ``PT1.5S``; weeks, days, hours, minutes,
+    seconds) in seconds, or None when ``text`` is not one (or is zero)."""
+    if not isinstance(text, str):
+        return None
+    m = _DURATION.fullmatch(text.strip())
+    if m is None or text.strip() in ("P", "PT") or text.strip().endswith("T"):
+        return None
+    parts = {k: float(v) for k, v in m.groupdict().items() if v is not None}
+    total = (
+        parts.get("w", 0) * 604800
+        + parts.get("d", 0) * 86400
+        + parts.get("h", 0) * 3600
+        + parts.get("m", 0) * 60
+        + parts.get("s", 0)
+    )
+    return total if total > 0 else None
+
+
+def _parse_timers(
+    value: dict[str, Any], step: str, decisions: tuple[str, ...]
+) -> tuple[float | None, str, tuple[tuple[float, tuple[str, ...], tuple[str, ...]], ...]]:
+    """``expires``, ``onExpire`` and ``escalate`` of an ``approval`` object."""
+    expires_s = None
+    if "expires" in value:
+        expires_s = duration_s(value["expires"])
+        if expires_s is None:
+            raise WorkflowParseError(
+                step,
+                "'approval.expires' must be a positive ISO-8601 duration (P3D, PT24H, PT30S); "
+                f"got {_brief(value['expires'])}",
+            )
+    on_expire = value.get("onExpire", "reject")
+    if "onExpire" in value and expires_s is None:
+        raise WorkflowParseError(step, "'approval.onExpire' needs 'approval.expires'")
+    if on_expire not in ON_EXPIRE:
+        raise WorkflowParseError(
+            step,
+            f"'approval.onExpire' must be reject, fail or pause (an expiry never accepts); "
+            f"got {_brief(on_expire)}",
+        )
+    if expires_s is not None and on_expire == "reject" and "reject" not in decisions:
+        raise WorkflowParseError(
+            step, "'approval.onExpire' is reject, which is not a declared decision"
+        )
+    escalate = value.get("escalate", [])
+    if not isinstance(escalate, list):
+        raise WorkflowParseError(
+            step,
+            f"'approval.escalate' must be an array of {{after, addRoles, addPrincipals}}; got {_brief(escalate)}",
+        )
+    out = []
+    for i, item in enumerate(escalate):
+        where = f"'approval.escalate[{i}]'"
+        if not isinstance(item, dict) or any(
+            k not in ("after", "addRoles", "addPrincipals") for k in item
+        ):
+            raise WorkflowParseError(
+                step,
+                f"{where} must be an object {{after, addRoles, addPrincipals}}; got {_brief(item)}",
+            )
+        after_s = duration_s(item.get("after"))
+        if after_s is None:
+            raise WorkflowParseError(
+                step,
+                f"{where}.after must be a positive ISO-8601 duration; got {_brief(item.get('after'))}",
+            )
+        if expires_s is not None and after_s >= expires_s:
+            raise WorkflowParseError(step, f"{where}.after is not before 'approval.expires'")
+        roles = _names(item.get("addRoles"), step, f"escalate[{i}].addRoles")
+        principals = _names(item.get("addPrincipals"), step, f"escalate[{i}].addPrincipals")
+        if not roles and not principals:
+            raise WorkflowParseError(step, f"{where} adds no role and no principal")
+        out.append((after_s, roles, principals))
+    out.sort(key=lambda e: e[0])
+    return expires_s, on_expire, tuple(out)
+
+
+#: What a decision may end the run with (``approval.end``).
+APPROVAL_ENDS = ("fail", "complete")
+
+
+def _names(value: Any, step: str, field: str) -> tuple[str, ...]:
+    """An array of non-blank, distinct strings (``approval.<field>``)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(x, str) and x.strip() for x in value):
+        raise WorkflowParseError(
+            step, f"'approval.{field}' must be an array of non-blank names; got {_brief(value)}"
+        )
+    out = tuple(x.strip() for x in value)
+    if len(set(out)) != len(out):
+        raise WorkflowParseError(step, f"'approval.{field}' names one entry twice")
+    return out
+
+
+def _parse_approval(value: Any, step: str) -> ApprovalSpec:
+    """An approval step's ``approval`` object; each malformed key is refused naming it."""
+    if not isinstance(value, dict):
+        raise WorkflowParseError(
+            step, "an approval step needs an 'approval' object naming its 'approvers'"
+        )
+    unknown = sorted(k for k in value if k not in APPROVAL_KEYS)
+    if unknown:
+        raise WorkflowParseError(
+            step,
+            f"'approval' has unknown key(s) {', '.join(unknown)}; known: {', '.join(APPROVAL_KEYS)}",
+        )
+    approvers = value.get("approvers")
+    if not isinstance(approvers, dict) or any(k not in ("roles", "principals") for k in approvers):
+        raise WorkflowParseError(
+            step,
+            "'approval.approvers' must be an object {\"roles\": [group names], "
+            f'"principals": [principals]}}; got {_brief(approvers)}',
+        )
+    roles = _names(approvers.get("roles"), step, "approvers.roles")
+    principals = _names(approvers.get("principals"), step, "approvers.principals")
+    if not roles and not principals:
+        raise WorkflowParseError(step, "'approval.approvers' names no role and no principal")
+    quorum = value.get("quorum", 1)
+    if isinstance(quorum, bool) or not isinstance(quorum, int) or quorum < 1:
+        raise WorkflowParseError(
+            step, f"'approval.quorum' must be a whole number >= 1; got {_brief(quorum)}"
+        )
+    if not roles and quorum > len(principals):
+        raise WorkflowParseError(
+            step,
+            f"'approval.quorum' {quorum} exceeds the {len(principals)} principal(s) who may vote",
+        )
+    decisions = _names(value.get("decisions"), step, "decisions") or DEFAULT_DECISIONS
+    for d in decisions:
+        if not d.replace("_", "").replace("-", "").isalnum():
+            raise WorkflowParseError(
+                step, f"'approval.decisions': '{d}' must be letters, digits, '-' or '_'"
+            )
+    veto = _names(value.get("veto"), step, "veto")
+    for d in veto:
+        if d not in decisions:
+            raise WorkflowParseError(step, f"'approval.veto' names '{d}', not a declared decision")
+    distinct = _names(value.get("distinctFrom"), step, "distinctFrom")
+    if step in distinct:
+        raise WorkflowParseError(step, "'approval.distinctFrom' names the step itself")
+    end = value.get("end", {})
+    if not isinstance(end, dict):
+        raise WorkflowParseError(
+            step,
+            f'\'approval.end\' must be an object {{decision: "fail"|"complete"}}; got {_brief(end)}',
+        )
+    for d, how in end.items():
+        if d not in decisions:
+            raise WorkflowParseError(step, f"'approval.end' names '{d}', not a declared decision")
+        if how not in APPROVAL_ENDS:
+            raise WorkflowParseError(
+                step, f"'approval.end.{d}' must be 'fail' or 'complete'; got {_brief(how)}"
+            )
+    expires_s, on_expire, escalate = _parse_timers(value, step, decisions)
+    return ApprovalSpec(
+        expires_s=expires_s,
+        on_expire=on_expire,
+        escalate=escalate,
+        roles=roles,
+        principals=principals,
+        quorum=quorum,
+        decisions=decisions,
+        veto=veto,
+        distinct_from=distinct,
+        end=tuple(sorted(end.items())),
+    )
+
+
+def _approval_output_type(pool: descriptor_pool.DescriptorPool) -> Any:
+    """What an approval step binds: a ``google.protobuf.Struct`` ``{decision, tally, voters}``."""
+    try:
+        return pool.FindMessageTypeByName("google.protobuf.Struct")
+    except KeyError:
+        from google.protobuf import struct_pb2
+
+        return struct_pb2.Struct.DESCRIPTOR
 
 
 def resolve_depends(steps: tuple[Step, ...]) -> tuple[Step, ...]:

@@ -57,6 +57,8 @@ from typing import Any
 
 from protomolt_jobs.workflow.retry_scope import settled
 from protomolt_jobs.workflow.types import (
+    ACCEPT,
+    ON_DECISION,
     ON_DONE,
     ON_FAILURE,
     ON_SUCCESS,
@@ -84,36 +86,57 @@ SUCCEEDED, FAILED, SKIPPED = "succeeded", "failed", "skipped"
 #: ``maxParallel`` and fan-out bounds (upstream's caps for fan-out).
 MAX_PARALLEL = 64
 CONDITION_FALSE = "condition false: "
+#: The reason of a step skipped because an approval step decided another branch.
+NOT_TAKEN = "branch not taken: "
 
 
-def matches(on: str, outcome: str) -> bool:
-    """Whether an edge ``on`` matches the upstream ``outcome``."""
+def _ended(name: str, outcomes: Mapping[str, str], decisions: Mapping[str, str]) -> str:
+    if name in decisions:
+        return f"decided {decisions[name]}"
+    return outcomes[name]
+
+
+def matches(on: str, outcome: str, decision: str | None = None) -> bool:
+    """Whether an edge ``on`` matches the upstream ``outcome``.
+
+    ``decision`` is the upstream's decision when it is an approval step that decided (None
+    otherwise): ``decision:<d>`` matches that decision only, and ``success`` matches a
+    succeeded approval step only when it decided ``accept`` (docs/approvals.md).
+    """
+    if on.startswith(ON_DECISION):
+        return outcome == SUCCEEDED and decision == on[len(ON_DECISION) :]
     if on == ON_SUCCESS:
-        return outcome == SUCCEEDED
+        return outcome == SUCCEEDED and decision in (None, ACCEPT)
     if on == ON_FAILURE:
         return outcome == FAILED
     return True  # ON_DONE: any end
 
 
-def decide(step: Step, outcomes: Mapping[str, str]) -> tuple[str, str] | None:
+def decide(
+    step: Step, outcomes: Mapping[str, str], decisions: Mapping[str, str] | None = None
+) -> tuple[str, str] | None:
     """The decision table for a step not started yet.
 
     :param outcomes: step name -> ``succeeded``/``failed``/``skipped`` for ended steps.
+    :param decisions: approval step name -> its decision, for the approval steps that decided.
     :returns: ``("run", "")``, ``("skip", reason)`` or None (still waiting).
     """
+    decided = decisions or {}
     deps = step.depends
     if not deps:
         return ("run", "")
     if step.join == "any":
         if any(d.step not in outcomes for d in deps):
             return None
-        if any(matches(d.on, outcomes[d.step]) for d in deps):
+        if any(matches(d.on, outcomes[d.step], decided.get(d.step)) for d in deps):
             return ("run", "")
-        ended = ", ".join(f"{d.step} {outcomes[d.step]}" for d in deps)
+        ended = ", ".join(f"{d.step} {_ended(d.step, outcomes, decided)}" for d in deps)
         return ("skip", f"no upstream edge matched ({ended})")
     for d in deps:
         outcome = outcomes.get(d.step)
-        if outcome is not None and not matches(d.on, outcome):
+        if outcome is not None and not matches(d.on, outcome, decided.get(d.step)):
+            if d.step in decided:
+                return ("skip", f"{NOT_TAKEN}{d.step} decided {decided[d.step]}")
             return ("skip", f"upstream {d.step} {outcome}")
     if all(d.step in outcomes for d in deps):
         return ("run", "")
@@ -164,7 +187,7 @@ def criterion(
         outcome = outcomes.get(name)
         if outcome == SUCCEEDED:
             continue
-        if outcome == SKIPPED and reasons.get(name, "").startswith(CONDITION_FALSE):
+        if outcome == SKIPPED and reasons.get(name, "").startswith((CONDITION_FALSE, NOT_TAKEN)):
             continue
         why = reasons.get(name, "")
         status = outcome or "not run"
@@ -229,6 +252,8 @@ class GraphState:
     running: set[str] = field(default_factory=set)
     #: the first failure no edge handles (the run's verdict), or None.
     unhandled: str | None = None
+    #: approval step name -> its decision, for the approval steps that decided.
+    decisions: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         plan = _plan(self.workflow)
@@ -244,8 +269,11 @@ class GraphState:
         # and outcomes only grow), so each step is decided about once per run.
         self._dirty: set[int] = set(plan.roots)
 
-    def ended(self, name: str, outcome: str, reason: str = "") -> None:
-        """Record that ``name`` ended with ``outcome`` (``reason`` for skips and failures)."""
+    def ended(self, name: str, outcome: str, reason: str = "", decision: str = "") -> None:
+        """Record that ``name`` ended with ``outcome`` (``reason`` for skips and failures;
+        ``decision`` for an approval step that decided)."""
+        if decision:
+            self.decisions[name] = decision
         self.running.discard(name)
         self.outcomes[name] = outcome
         if reason:
@@ -254,7 +282,7 @@ class GraphState:
         mains = self._mains
         for i, on in self._dependants.get(name, ()):
             self._ended[i] += 1
-            if not matches(on, outcome):
+            if not matches(on, outcome, self.decisions.get(name)):
                 self._mismatch[i] = True
             step = mains[i]
             if self._ended[i] >= len(step.depends) or (self._mismatch[i] and step.join != "any"):
@@ -282,7 +310,7 @@ class GraphState:
                 continue
             if step.name in self.running:
                 continue  # stays dirty: a running step given back without an outcome reruns
-            decision = decide(step, self.outcomes)
+            decision = decide(step, self.outcomes, self.decisions)
             if decision is None:
                 self._dirty.discard(i)
                 continue
@@ -290,8 +318,17 @@ class GraphState:
             if decision[0] == "run":
                 start.append(step)
             else:
-                skip.append((step, decision[1]))
+                skip.append((step, self._not_taken(step, decision[1])))
         return start, skip
+
+    def _not_taken(self, step: Step, reason: str) -> str:
+        """A skip behind a branch an approval step did not take is itself not taken."""
+        for d in step.depends:
+            if reason == f"upstream {d.step} {SKIPPED}":
+                above = self.reasons.get(d.step, "")
+                if above.startswith(NOT_TAKEN):
+                    return above
+        return reason
 
     def pending(self) -> list[Step]:
         """Main steps that have not ended."""
@@ -369,7 +406,15 @@ def report_from_checkpoints(
         elif entry.get("skipped") is True:
             state.ended(name, SKIPPED, str(entry.get("reason", "")))
         else:
-            state.ended(name, SUCCEEDED)
+            found = entry.get("decision")
+            decision = found if isinstance(found, str) else ""
+            step = workflow.step(name)
+            spec = step.approval if step is not None else None
+            if decision and spec is not None and spec.ending(decision) == "fail":
+                reason = f"approval step '{name}' decided '{decision}'"
+                state.ended(name, FAILED, reason, decision)
+            else:
+                state.ended(name, SUCCEEDED, "", decision)
     completed, sentence = state.verdict()
     if status != "COMPLETED" and completed:
         sentence = f"the run ended {status}" + (f": {error}" if error else "")
@@ -841,7 +886,8 @@ def _play(
             if step.name == failing:
                 state.ended(step.name, FAILED, SIMULATED_FAILURE)
             else:
-                state.ended(step.name, SUCCEEDED)
+                # an approval step is simulated as accepted
+                state.ended(step.name, SUCCEEDED, "", ACCEPT if step.approval else "")
         if trace is not None:
             w = len(trace.ends)
             trace.ends.append((len(started), len(skipped), len(state.order)))

@@ -52,7 +52,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from protomolt_jobs.workflow import edges, retry_scope
+from protomolt_jobs.workflow import approval, edges, retry_scope
 from protomolt_jobs.workflow import effects as fx
 from protomolt_jobs.workflow import graph as g
 from protomolt_jobs.workflow.calls import SegmentChannels, call_unary
@@ -180,7 +180,21 @@ class _Run:
             self.state.ended(name, g.SKIPPED, str(entry.get("reason", "")))
         else:
             self.values[name] = replayed
-            self.state.ended(name, g.SUCCEEDED)
+            self._decided(step, entry)
+
+    def _decided(self, step: Step, entry: dict[str, Any]) -> None:
+        """A replayed step that succeeded; an approval step by its decision (an ``end: fail``
+        decision fails it)."""
+        decision = approval.decision_of(step, entry)
+        if decision is None:
+            self.state.ended(step.name, g.SUCCEEDED)
+            return
+        failure = approval.approval_failure(step, decision)
+        if failure is not None:
+            self.errors[step.name] = failure
+            self.state.ended(step.name, g.FAILED, failure.message, decision)
+        else:
+            self.state.ended(step.name, g.SUCCEEDED, "", decision)
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -416,7 +430,7 @@ def _schedule(run: _Run) -> Parked | None:
         pending = {s.name for s in state.pending()}
         for step in external:
             if step.name in pending:
-                return Parked(step.name)
+                return approval.parked(step)
     return None
 
 
@@ -454,7 +468,7 @@ def _start_ready(
                     run.skipped(step, f"{g.CONDITION_FALSE}{step.when}")
                     progressed = True
                     continue
-            if step.external:
+            if step.parks:
                 # parks once nothing else can run (its gate, when it has one, said true)
                 if step not in external:
                     external.append(step)

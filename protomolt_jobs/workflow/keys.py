@@ -162,6 +162,8 @@ KINDS: Mapping[str, Kind] = _kinds(
             "adapterVersion": None,
             # the step's cost against budget.maxCost (DESIGN.md 14; worker/budget.py)
             "cost": None,
+            # an approval step's voters, quorum, decisions and timers (docs/approvals.md)
+            "approval": "approval",
         },
     ),
     Kind("after", "an after entry", "steps[i].after[j]", {"step": None, "on": None}),
@@ -216,6 +218,35 @@ KINDS: Mapping[str, Kind] = _kinds(
         "a CEL rule",
         "celRules[j]",
         {"filter": None, "selector": None, "target": None, "fallback": None},
+    ),
+    Kind(
+        "approval",
+        "an approval",
+        "steps[i].approval",
+        {
+            "approvers": "approvers",
+            "quorum": None,
+            "decisions": None,
+            "veto": None,
+            "distinctFrom": None,
+            # decision -> "fail" | "complete": its keys are the step's own decisions
+            "end": None,
+            "expires": None,
+            "onExpire": None,
+            "escalate": "escalation",
+        },
+    ),
+    Kind(
+        "approvers",
+        "the approvers",
+        "steps[i].approval.approvers",
+        {"roles": None, "principals": None},
+    ),
+    Kind(
+        "escalation",
+        "an escalation",
+        "steps[i].approval.escalate[j]",
+        {"after": None, "addRoles": None, "addPrincipals": None},
     ),
     Kind("output", "the output", "output", {"type": None, "rules": None, "celRules": "celRule"}),
     Kind("completion", "the completion", "completion", {"require": None}),

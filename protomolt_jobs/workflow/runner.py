@@ -122,7 +122,7 @@ def run(
     :raises WorkflowExecutionError: as :func:`run_segment`; EXTERNAL with :data:`CANNOT_PARK`.
     """
     for step in workflow.steps:
-        if step.external:
+        if step.parks:
             raise fail(FailureKind.EXTERNAL, step.name, CANNOT_PARK)
     result = run_segment(workflow, input, [], discard_checkpoint, runtime=runtime)
     if isinstance(result, RecoveryRequired):  # cannot happen without stored checkpoints
@@ -141,4 +141,4 @@ def next_target(workflow: CompiledWorkflow, n_done: int) -> str | None:
     if n_done < 0 or n_done >= len(workflow.steps):
         return None
     step = workflow.steps[n_done]
-    return None if step.external else step.target
+    return None if step.parks else step.target

@@ -37,6 +37,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
+from protomolt_jobs.workflow import approval
 from protomolt_jobs.workflow import cel as _cel
 from protomolt_jobs.workflow import effects as fx
 from protomolt_jobs.workflow.calls import SegmentChannels, call_unary
@@ -57,6 +58,7 @@ from protomolt_jobs.workflow.step_run import (
     workflow_output,
 )
 from protomolt_jobs.workflow.types import (
+    ACCEPT,
     EFFECT_EXTERNAL,
     CompiledWorkflow,
     Completed,
@@ -120,9 +122,16 @@ def run_steps(
                 outcomes.append({"name": step.name, "skipped": skipped})
                 if not skipped:
                     last = value
+                decision = approval.decision_of(step, prior[i])
+                if decision is not None:
+                    failure = approval.sequential_failure(step, decision)
+                    if failure is not None:
+                        raise failure
+                    if decision != ACCEPT:
+                        break  # approval.end: complete
                 continue
-            if step.external:
-                return Parked(step.name)
+            if step.parks:
+                return approval.parked(step)
             if step.when.strip() and not gate_open(step, scope):
                 scope.bind(step.name, message_class(step.output_type)())
                 outcomes.append({"name": step.name, "skipped": True})

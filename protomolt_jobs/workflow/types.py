@@ -28,9 +28,14 @@ if TYPE_CHECKING:
     from protomolt_jobs.workflow.mapping import CelRule, TextRule
 
 __all__ = [
+    "ACCEPT",
+    "APPROVAL",
     "DEFAULT_DEADLINE_MS",
+    "DEFAULT_DECISIONS",
     "DEFAULT_MAX_PARALLEL",
     "EXTERNAL",
+    "ON_DECISION",
+    "ApprovalSpec",
     "CompiledWorkflow",
     "Completed",
     "Dependency",
@@ -52,6 +57,14 @@ __all__ = [
 DEFAULT_DEADLINE_MS = 30_000
 #: The one completion mode besides invoking: the step parks until ``complete-step``.
 EXTERNAL = "external"
+#: An approval step: it parks until ``approve-step`` votes reach a decision (docs/approvals.md).
+APPROVAL = "approval"
+#: The prefix of a decision edge's ``on`` (``"decision:fix"``).
+ON_DECISION = "decision:"
+#: The decisions of an approval step that does not list its own.
+DEFAULT_DECISIONS = ("accept", "reject")
+#: The decision that lets a plain (``on: success``) dependant run, and a sequential run go on.
+ACCEPT = "accept"
 #: Ready steps a graph workflow runs at once when it does not say ``maxParallel``.
 DEFAULT_MAX_PARALLEL = 4
 #: Dependency edge kinds (``after: [{"step", "on"}]``): the upstream outcome that lets a step run.
@@ -68,6 +81,8 @@ class FailureKind(str, enum.Enum):
     DEADLINE = "DEADLINE"
     EXTERNAL = "EXTERNAL"
     WORKFLOW = "WORKFLOW"
+    #: an approval step decided a decision whose ``end`` is ``fail`` (never retried).
+    APPROVAL = "APPROVAL"
     #: a structured-generation step failed (no generator, or the generator failed).
     STRUCTURED = "STRUCTURED"
     #: an edge's source, items path, item cap, projection or collection failed.
@@ -200,6 +215,38 @@ class Dependency:
     on: str = ON_SUCCESS
 
 
+@dataclass(frozen=True)
+class ApprovalSpec:
+    """An approval step's ``approval`` object (docs/approvals.md).
+
+    :ivar roles: groups (``[node.groups]``) whose members may vote.
+    :ivar principals: principals who may vote.
+    :ivar quorum: distinct principals whose votes for one decision decide it.
+    :ivar decisions: the allowed decisions (``accept`` and ``reject`` by default).
+    :ivar veto: decisions one vote of which decides at once.
+    :ivar distinct_from: approval steps whose voters may not vote here.
+    :ivar end: decision -> ``fail`` or ``complete``: the decisions that end the run.
+    :ivar expires_s: ``expires`` in seconds (None: the step never expires).
+    :ivar on_expire: ``reject``, ``fail`` or ``pause`` (never accept).
+    :ivar escalate: ``(after_s, add_roles, add_principals)`` in ``after`` order.
+    """
+
+    roles: tuple[str, ...] = ()
+    principals: tuple[str, ...] = ()
+    quorum: int = 1
+    decisions: tuple[str, ...] = DEFAULT_DECISIONS
+    veto: tuple[str, ...] = ()
+    distinct_from: tuple[str, ...] = ()
+    end: tuple[tuple[str, str], ...] = ()
+    expires_s: float | None = None
+    on_expire: str = "reject"
+    escalate: tuple[tuple[float, tuple[str, ...], tuple[str, ...]], ...] = ()
+
+    def ending(self, decision: str) -> str:
+        """``fail``, ``complete`` or "" (the decision's edges decide) for ``decision``."""
+        return dict(self.end).get(decision, "")
+
+
 @dataclass(frozen=True, eq=False)
 class EdgeSpec:
     """Upstream's typed edge: a ``produce_type`` message built from the declared ``sources``
@@ -303,11 +350,18 @@ class Step:
     verify: VerifySpec | None = None
     #: ``adapterVersion`` as declared ("" when absent): recorded in the step's checkpoints.
     adapter_version: str = ""
+    #: the ``approval`` object of a ``completion: "approval"`` step (None otherwise).
+    approval: ApprovalSpec | None = None
 
     @property
     def external(self) -> bool:
         """True when the step parks for ``complete-step`` instead of calling."""
         return self.completion == EXTERNAL
+
+    @property
+    def parks(self) -> bool:
+        """True when the step makes no call and parks the run: external or approval."""
+        return self.completion in (EXTERNAL, APPROVAL)
 
     @property
     def full_method(self) -> str:
@@ -401,6 +455,11 @@ class RecoveryRequired:
 
 @dataclass(frozen=True)
 class Parked:
-    """A segment that stopped at an external step: ``complete-step`` must supply its response."""
+    """A segment that stopped at a step that parks: ``complete-step`` must supply its response
+    (``wait_kind`` ``external``), or ``approve-step`` votes decide it (``approval``)."""
 
     step: str
+    wait_kind: str = EXTERNAL
+    #: an approval step's timers (escalations, expiry), offsets from the park in seconds:
+    #: ``{"kind": "escalate"|"expire", "afterS", ...}`` (``approval.timers_of``).
+    timers: tuple[dict[str, Any], ...] = ()

@@ -62,6 +62,7 @@ def test_verb_names():
         "migrate-checkpoint",
         "requeue-job",
         "job-history",
+        "approve-step",
     }
 
 

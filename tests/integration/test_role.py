@@ -34,6 +34,7 @@ VERBS = [
     "migrate-checkpoint",
     "requeue-job",
     "job-history",
+    "approve-step",
 ]
 
 

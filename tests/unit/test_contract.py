@@ -71,6 +71,12 @@ VALID_EVENTS = {
         "step": "charge",
         "error": "checkpoint-mismatch: step 'charge' descriptorSha256 changed",
     },
+    "APPROVAL_DECIDED": {
+        "type": EventType.TYPE_APPROVAL_DECIDED,
+        "step": "review",
+        "verdict": "fix",
+    },
+    "APPROVAL_ESCALATED": {"type": EventType.TYPE_APPROVAL_ESCALATED, "step": "review"},
 }
 
 
@@ -100,6 +106,9 @@ def test_event_type_numbers_are_the_upstream_ones():
         ("TYPE_REQUEUED", 10),
         ("TYPE_CONTROL_REQUESTED", 11),
         ("TYPE_RECOVERY_REQUIRED", 12),
+        # approvals (issue 26), appended after the last
+        ("TYPE_APPROVAL_DECIDED", 13),
+        ("TYPE_APPROVAL_ESCALATED", 14),
     ]
     assert EventType.TYPE_DEAD == 6 and EventType.Name(4) == "TYPE_COMPLETED"
 

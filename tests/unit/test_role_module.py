@@ -27,6 +27,7 @@ VERBS = [
     "migrate-checkpoint",
     "requeue-job",
     "job-history",
+    "approve-step",
 ]
 
 

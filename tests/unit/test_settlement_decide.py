@@ -34,6 +34,7 @@ ENTRY = {"name": "charge", "skipped": False, "response": {}}
 OUTCOMES = {
     "finished": Finished({"ok": True}, "3 steps, output t.Out", ENTRY),
     "parked": Halted("parked", "review"),
+    "approval": Halted("approval", "review", timers=({"kind": "expire", "afterS": 60.0},)),
     "recovery": Halted("recovery", "charge", "checkpoint-mismatch: the response changed"),
     "over_budget": OverBudget("embed", BUDGET),
     "failed": Failed("charge", "VALIDATION: the verdict says no"),
@@ -65,6 +66,7 @@ ANY = None
 TABLE: list[tuple[str, str | None, str | None, str | None, Any]] = [
     ("finished", ANY, ANY, ANY, (WriteKind.COMPLETE, "", "", 0.0)),
     ("parked", ANY, ANY, ANY, (WriteKind.PARK, "review", "", 0.0)),
+    ("approval", ANY, ANY, ANY, (WriteKind.PARK_APPROVAL, "review", "", 0.0)),
     ("recovery", ANY, ANY, ANY, (WriteKind.RECOVERY, "charge", OUTCOMES["recovery"].reason, 0.0)),
     ("over_budget", ANY, "pause", ANY, (WriteKind.BUDGET_PAUSE, "embed", BUDGET, 0.0)),
     ("over_budget", ANY, "fail", ANY, (WriteKind.FAIL, "embed", BUDGET, 0.0)),
@@ -192,3 +194,9 @@ def test_a_failure_with_no_step_reads_nothing() -> None:
     failed = Failed("", "WORKFLOW: unexpected error in the worker: KeyError: 'x'", retryable=True)
     assert decide(failed, _Job(3, 3), policies).kind is WriteKind.DEAD
     assert rows.reads == 0
+
+
+def test_an_approval_park_carries_its_timers_to_the_write():
+    job = _Job(1, 3)
+    write = decide(OUTCOMES["approval"], job, Policies(RetryPolicy(BASE_S), BudgetPolicy()))
+    assert write.timers == ({"kind": "expire", "afterS": 60.0},)

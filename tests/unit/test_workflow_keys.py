@@ -129,6 +129,27 @@ KIND_CASES = [
     ("completion", {"completion": {"requires": ["a"]}}, "completion.requires", "", "require"),
     ("scheduling", {"scheduling": {"priorty": 2}}, "scheduling.priorty", "", "priority"),
     ("budget", {"budget": {"maxCosts": 3}}, "budget.maxCosts", "", "maxCost"),
+    (
+        "approval",
+        {"steps": [step(completion="approval", approval={"quorm": 2})]},
+        "steps[0].approval.quorm",
+        "s",
+        "quorum",
+    ),
+    (
+        "approvers",
+        {"steps": [step(completion="approval", approval={"approvers": {"rols": ["a"]}})]},
+        "steps[0].approval.approvers.rols",
+        "s",
+        "roles",
+    ),
+    (
+        "escalation",
+        {"steps": [step(completion="approval", approval={"escalate": [{"addRole": ["c"]}]})]},
+        "steps[0].approval.escalate[0].addRole",
+        "s",
+        "addRoles",
+    ),
 ]
 
 

@@ -368,14 +368,27 @@ class Dashboard:
         return {s: sum(n for (status, _), n in runs.items() if status == s) for s in STATUSES}
 
     async def inbox(self, request: Request) -> Response:
-        """``GET /ui/inbox``: the WAITING jobs."""
+        """``GET /ui/inbox``: the WAITING jobs: approvals the signed-in caller may vote on
+        (its principal or one of its groups is an approver; with the votes so far and a vote
+        form), then the jobs parked on an external step."""
         answer, error = await self._verb(request, "list-jobs", {"status": "WAITING", "limit": 500})
+        waiting = answer.get("jobs", [])
+        caller = self._caller(request)
+        approvals = []
+        if "approve-step" in self._verbs(request):
+            for job in waiting:
+                if job.get("phase") != "waiting_approval":
+                    continue
+                view = await self._inspect("approval", job["jobId"], job["outstandingStep"])
+                if view is not None and _may_vote(view, caller):
+                    approvals.append({"job": job, "approval": view})
         return self._render(
             request,
             "inbox.html",
             status=_error_status(error, 200),
             title="Inbox",
-            jobs=answer.get("jobs", []),
+            jobs=[j for j in waiting if j.get("phase") != "waiting_approval"],
+            approvals=approvals,
             error=error,
         )
 
@@ -448,7 +461,12 @@ class Dashboard:
                 history = {"integrity": history_error}
         fields: list[dict[str, Any]] = []
         answer_type = ""
-        if job["status"] == "WAITING" and job.get("outstandingStep"):
+        approval = None
+        if job.get("phase") == "waiting_approval":
+            approval = await self._inspect("approval", job_id, job["outstandingStep"])
+            if approval is not None:
+                approval["mayVote"] = _may_vote(approval, self._caller(request))
+        elif job["status"] == "WAITING" and job.get("outstandingStep"):
             desc = await self._inspect("answer_type", job_id, job["outstandingStep"])
             if desc is not None:
                 answer_type = desc.full_name
@@ -471,7 +489,36 @@ class Dashboard:
             history=history,
             step_names=names or list(done),
             graph=bool(graph),
+            approval=approval,
         )
+
+    async def approve(self, request: Request) -> Response:
+        """``POST /ui/jobs/{id}/approve``: approve-step from the vote form (``stepName``,
+        ``decision``, ``comment``); back to the job page with the answer."""
+        if self._cross_site(request):
+            return self._refused(request)
+        job_id = request.path_params["job_id"]
+        form = await self._form(request)
+        envelope: dict[str, Any] = {
+            "jobId": job_id,
+            "stepName": form.get("stepName", ""),
+            "decision": form.get("decision", ""),
+        }
+        if form.get("comment", "").strip():
+            envelope["comment"] = form["comment"].strip()
+        answer, error = await self._verb(request, "approve-step", envelope)
+        if error.startswith(_UNAVAILABLE):  # no second wait for the same database
+            return self._no_job(request, job_id, error)
+        if error or not answer.get("ok"):
+            why = error or f"{answer.get('error', 'refused')}: {answer.get('message', '')}"
+            return await self.job(request, error=why, status=_error_status(error, 400))
+        if answer.get("decided"):
+            message = f"decided: {answer.get('decision')}"
+        else:
+            message = "vote counted: " + ", ".join(
+                f"{d} {n}/{answer.get('needed')}" for d, n in sorted(answer["tally"].items())
+            )
+        return await self.job(request, message=message)
 
     async def complete(self, request: Request) -> Response:
         """``POST /ui/jobs/{id}/complete``: complete-step from the generated form."""
@@ -557,6 +604,11 @@ class Dashboard:
         return response
 
 
+def _may_vote(approval: dict[str, Any], caller: Caller) -> bool:
+    """Whether ``caller`` is one of an approval step's approvers (by principal or group)."""
+    return caller.name in approval["principals"] or bool(caller.groups & set(approval["roles"]))
+
+
 def _error_status(error: str, otherwise: int) -> int:
     """The page status for a verb error: 503 unreachable database, 403 scope not held."""
     if error.startswith(_UNAVAILABLE):
@@ -582,6 +634,7 @@ def dashboard_mount(catalog: Any, inspector: Any, authority: Authority) -> Mount
             Route("/inbox", board.inbox, methods=["GET"]),
             Route("/jobs/{job_id}", board.job, methods=["GET"]),
             Route("/jobs/{job_id}/complete", board.complete, methods=["POST"]),
+            Route("/jobs/{job_id}/approve", board.approve, methods=["POST"]),
             Route("/jobs/{job_id}/action/{verb}", board.action, methods=["POST"]),
             Route("/login", board.login_form, methods=["GET"]),
             Route("/login", board.login, methods=["POST"]),

@@ -29,6 +29,8 @@ class WorkflowRunEvent(_message.Message):
         TYPE_REQUEUED: _ClassVar[WorkflowRunEvent.Type]
         TYPE_CONTROL_REQUESTED: _ClassVar[WorkflowRunEvent.Type]
         TYPE_RECOVERY_REQUIRED: _ClassVar[WorkflowRunEvent.Type]
+        TYPE_APPROVAL_DECIDED: _ClassVar[WorkflowRunEvent.Type]
+        TYPE_APPROVAL_ESCALATED: _ClassVar[WorkflowRunEvent.Type]
     TYPE_UNSPECIFIED: WorkflowRunEvent.Type
     TYPE_ACCEPTED: WorkflowRunEvent.Type
     TYPE_STEP_CHECKPOINT: WorkflowRunEvent.Type
@@ -42,6 +44,8 @@ class WorkflowRunEvent(_message.Message):
     TYPE_REQUEUED: WorkflowRunEvent.Type
     TYPE_CONTROL_REQUESTED: WorkflowRunEvent.Type
     TYPE_RECOVERY_REQUIRED: WorkflowRunEvent.Type
+    TYPE_APPROVAL_DECIDED: WorkflowRunEvent.Type
+    TYPE_APPROVAL_ESCALATED: WorkflowRunEvent.Type
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_NAME_FIELD_NUMBER: _ClassVar[int]

@@ -44,7 +44,7 @@ class WorkflowRunCheckpoint(_message.Message):
     def __init__(self, name: _Optional[str] = ..., skipped: _Optional[bool] = ..., response: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class WorkflowRun(_message.Message):
-    __slots__ = ("job_id", "workflow_name", "status", "attempt", "outstanding_step", "input", "checkpoints", "result", "error", "created_at", "updated_at", "completed_at", "verdict", "max_attempts", "run_after", "control", "report")
+    __slots__ = ("job_id", "workflow_name", "status", "attempt", "outstanding_step", "input", "checkpoints", "result", "error", "created_at", "updated_at", "completed_at", "verdict", "max_attempts", "run_after", "control", "report", "phase")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_NAME_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class WorkflowRun(_message.Message):
     RUN_AFTER_FIELD_NUMBER: _ClassVar[int]
     CONTROL_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     workflow_name: str
     status: str
@@ -79,7 +80,8 @@ class WorkflowRun(_message.Message):
     run_after: str
     control: _struct_pb2.Struct
     report: _struct_pb2.Struct
-    def __init__(self, job_id: _Optional[str] = ..., workflow_name: _Optional[str] = ..., status: _Optional[str] = ..., attempt: _Optional[int] = ..., outstanding_step: _Optional[str] = ..., input: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., checkpoints: _Optional[_Iterable[_Union[WorkflowRunCheckpoint, _Mapping]]] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[str] = ..., created_at: _Optional[str] = ..., updated_at: _Optional[str] = ..., completed_at: _Optional[str] = ..., verdict: _Optional[str] = ..., max_attempts: _Optional[int] = ..., run_after: _Optional[str] = ..., control: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., report: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    phase: str
+    def __init__(self, job_id: _Optional[str] = ..., workflow_name: _Optional[str] = ..., status: _Optional[str] = ..., attempt: _Optional[int] = ..., outstanding_step: _Optional[str] = ..., input: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., checkpoints: _Optional[_Iterable[_Union[WorkflowRunCheckpoint, _Mapping]]] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[str] = ..., created_at: _Optional[str] = ..., updated_at: _Optional[str] = ..., completed_at: _Optional[str] = ..., verdict: _Optional[str] = ..., max_attempts: _Optional[int] = ..., run_after: _Optional[str] = ..., control: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., report: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., phase: _Optional[str] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)
@@ -336,3 +338,42 @@ class JobHistoryResponse(_message.Message):
     first_bad_seq: int
     error: str
     def __init__(self, ok: _Optional[bool] = ..., job_id: _Optional[str] = ..., transitions: _Optional[_Iterable[_Union[WorkflowRunTransition, _Mapping]]] = ..., integrity: _Optional[str] = ..., first_bad_seq: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ApproveStepRequest(_message.Message):
+    __slots__ = ("job_id", "step_name", "decision", "comment")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_NAME_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    COMMENT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    step_name: str
+    decision: str
+    comment: str
+    def __init__(self, job_id: _Optional[str] = ..., step_name: _Optional[str] = ..., decision: _Optional[str] = ..., comment: _Optional[str] = ...) -> None: ...
+
+class ApproveStepResponse(_message.Message):
+    __slots__ = ("ok", "decided", "decision", "tally", "needed", "error", "status", "message")
+    class TallyEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    OK_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    TALLY_FIELD_NUMBER: _ClassVar[int]
+    NEEDED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    decided: bool
+    decision: str
+    tally: _containers.ScalarMap[str, int]
+    needed: int
+    error: str
+    status: str
+    message: str
+    def __init__(self, ok: _Optional[bool] = ..., decided: _Optional[bool] = ..., decision: _Optional[str] = ..., tally: _Optional[_Mapping[str, int]] = ..., needed: _Optional[int] = ..., error: _Optional[str] = ..., status: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,208 @@
+"""``approve-step``: one principal's vote on the approval step a job waits on.
+
+The verb decides who may vote; the store counts (``store/approvals.py``: one transaction under
+the run's row lock). In order:
+
+1. the job exists and its stored definition has the step, an approval step
+   (``invalid-input`` otherwise), and the decision is one the step declares
+   (``invalid-input``, field ``decision``);
+2. the caller is one of the step's approvers, by principal or by group (else
+   ``permission-denied`` naming why, recorded as a ``denied`` row of the job's history);
+3. the caller is not the principal that submitted the run (``ok: false``, ``self-approval``,
+   recorded as a ``denied`` row of the job's history);
+4. the store counts the vote (``not-open``, ``already-decided``, ``distinct-from`` (recorded
+   as ``denied`` too), or the tally; at quorum or veto the decision is checkpointed and the
+   job queued).
+
+Answers ``{ok: true, decided, decision?, tally: {decision: n}, needed, status}`` or
+``{ok: false, error: <why>, message, status?, tally?}`` (docs/approvals.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from protomolt_jobs.errors import NotFound, PermissionDenied
+from protomolt_jobs.hooks.contract import current_groups
+from protomolt_jobs.store.approvals import Vote, VoteOutcome
+from protomolt_jobs.verbs.base import (
+    VERBS_LOGGER,
+    JobsBackend,
+    JobVerb,
+    actor,
+    as_job_id,
+    invalid,
+    not_found,
+    optional_string,
+    require_string,
+)
+from protomolt_jobs.verbs.responses import resolve_step
+from protomolt_jobs.workflow.approval import approver_refusal, decision_entry
+
+__all__ = ["MAX_COMMENT_CHARS", "ApproveStepAction"]
+
+log = logging.getLogger(VERBS_LOGGER)
+
+#: The longest ``comment`` a vote may carry.
+MAX_COMMENT_CHARS = 2000
+
+_MESSAGES = {
+    "not-open": "the job is not waiting for votes on step '{step}'",
+    "already-decided": "step '{step}' is already decided",
+    "distinct-from": "'{principal}' voted on step '{detail}', which step '{step}' must be "
+    "decided by other principals (approval.distinctFrom)",
+}
+
+
+class ApproveStepAction(JobVerb):
+    """``approve-step`` (scope ``job-approve``): vote on the approval step a job waits on."""
+
+    name = "approve-step"
+    scope = "job-approve"
+    description = (
+        "Vote 'decision' on the approval step 'stepName' a job ('jobId') waits on, with an "
+        "optional 'comment'; at the step's quorum (or on a veto) the decision is recorded and "
+        "the job goes on along that decision's edge."
+    )
+    fields = ("jobId", "stepName", "decision", "comment")
+
+    def __init__(self, backend: JobsBackend, runtime: Any) -> None:
+        super().__init__(backend)
+        self.runtime = runtime
+        self.input_schema = {
+            "type": "object",
+            "properties": {
+                "jobId": {"type": "string", "format": "uuid"},
+                "stepName": {"type": "string"},
+                "decision": {"type": "string", "description": "One of the step's decisions."},
+                "comment": {"type": "string", "maxLength": MAX_COMMENT_CHARS},
+            },
+            "required": ["jobId", "stepName", "decision"],
+            "additionalProperties": False,
+        }
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """Check the vote, then count it (the module docstring's four moves).
+
+        :raises Unavailable: no database configured.
+        :raises InvalidInput: a malformed field, an unknown step, a step that is not an
+            approval step, a decision the step does not declare.
+        :raises PermissionDenied: the caller is not one of the step's approvers.
+        :raises JobCorrupt: the job's stored definition cannot be read.
+        """
+        store, _ = self._accept(input)
+        job_id = as_job_id(require_string(input, "jobId"))
+        step_name = require_string(input, "stepName")
+        decision = require_string(input, "decision")
+        comment = optional_string(input, "comment")
+        if comment is not None and len(comment) > MAX_COMMENT_CHARS:
+            raise invalid("comment", f"'comment' is longer than {MAX_COMMENT_CHARS} characters")
+        comment = comment.strip() or None if comment is not None else None
+
+        job = store.job_get(job_id)
+        if job is None:
+            return not_found(job_id)
+        _, step = resolve_step(job, step_name, self.runtime)
+        spec = step.approval
+        if spec is None:
+            raise invalid(
+                "stepName",
+                f"step '{step_name}' is not an approval step (completion: \"approval\")",
+            )
+        if decision not in spec.decisions:
+            raise invalid(
+                "decision",
+                f"'{decision}' is not a decision of step '{step_name}'; it takes "
+                f"{', '.join(spec.decisions)}",
+            )
+        principal, groups = actor(), current_groups()
+        why = approver_refusal(step, principal, groups, job.wait_timers)
+        if why is not None:
+            store.transition_record_denied(
+                job_id, actor=principal, reason=f"permission-denied: approve-step: {why}"
+            )
+            raise PermissionDenied(
+                f"permission denied: {why}", {"principal": principal, "step": step_name}
+            )
+        if job.submitted_by is not None and job.submitted_by == principal:
+            message = f"'{principal}' submitted job {job_id} and may not vote on it"
+            store.transition_record_denied(
+                job_id, actor=principal, reason=f"self-approval: approve-step: {message}"
+            )
+            return {"ok": False, "status": job.status, "error": "self-approval", "message": message}
+
+        def entry(chosen: str, tally: dict[str, int], votes: list[Vote]) -> dict[str, Any]:
+            voters = [
+                {"principal": v.principal, "decision": v.decision}
+                | ({"comment": v.comment} if v.comment else {})
+                for v in votes
+            ]
+            return decision_entry(step_name, chosen, tally, voters, job.checkpoints or [])
+
+        try:
+            outcome = store.approval_vote(
+                job_id,
+                step_name,
+                principal=principal,
+                groups=sorted(groups),
+                decision=decision,
+                comment=comment,
+                quorum=spec.quorum,
+                veto=spec.veto,
+                distinct_from=spec.distinct_from,
+                entry=entry,
+            )
+        except NotFound:
+            return not_found(job_id)
+        log.info(
+            "approve-step on job %s: %s voted %s on %s: %s",
+            job_id,
+            principal,
+            decision,
+            step_name,
+            outcome.result,
+            extra={
+                "action": "approve_step",
+                "job_id": str(job_id),
+                "step": step_name,
+                "actor": principal,
+                "result": outcome.result,
+            },
+        )
+        answer = _answer(outcome, step_name, principal, spec.quorum)
+        if outcome.result == "distinct-from":  # a refused voter: no silent path
+            store.transition_record_denied(
+                job_id, actor=principal, reason=f"distinct-from: approve-step: {answer['message']}"
+            )
+        return answer
+
+
+def _answer(outcome: VoteOutcome, step: str, principal: str, needed: int) -> dict[str, Any]:
+    if outcome.result in ("counted", "decided", "duplicate"):
+        body: dict[str, Any] = {
+            "ok": True,
+            "decided": outcome.result == "decided",
+            "tally": outcome.tally,
+            "needed": needed,
+            "status": outcome.status,
+        }
+        if outcome.decision is not None:
+            body["decision"] = outcome.decision
+        if outcome.result == "duplicate":
+            body["message"] = f"'{principal}' had already voted on step '{step}'; counted once"
+        return body
+    body = {
+        "ok": False,
+        "status": outcome.status,
+        "error": outcome.result,
+        "message": _MESSAGES[outcome.result].format(
+            step=step, principal=principal, detail=outcome.detail
+        ),
+    }
+    if outcome.result == "already-decided":
+        body["decision"] = outcome.decision
+        body["tally"] = outcome.tally
+    if outcome.outstanding_step:
+        body["outstandingStep"] = outcome.outstanding_step
+    return body
