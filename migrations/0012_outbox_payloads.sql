@@ -73,7 +73,8 @@ BEGIN
         WHEN 'COMPLETED' THEN 4 WHEN 'FAILED' THEN 5 WHEN 'DEAD' THEN 6
         WHEN 'CANCELLED' THEN 7 WHEN 'PAUSED' THEN 8 WHEN 'RESUMED' THEN 9
         WHEN 'REQUEUED' THEN 10 WHEN 'CONTROL_REQUESTED' THEN 11
-        WHEN 'RECOVERY_REQUIRED' THEN 12 ELSE 0 END;
+        WHEN 'RECOVERY_REQUIRED' THEN 12 WHEN 'APPROVAL_DECIDED' THEN 13
+        WHEN 'APPROVAL_ESCALATED' THEN 14 ELSE 0 END;
     texts := ARRAY[event_id::text, coalesce(kafka_key, ''),
                    left(coalesce(workflow_name, ''), 200), left(coalesce(step, ''), 200),
                    left(coalesce(verdict, ''), 500), left(coalesce(error, ''), 4000)];
