@@ -317,6 +317,36 @@ def test_dashboard_pages_answer_without_a_browser(tmp_path, fresh_dsn):
         surfaces.close()
 
 
+def _no_follow(url: str, path: str, headers: dict[str, str] | None = None):
+    """One GET that does not follow a redirect: ``(status, Location header or None, body)``."""
+    import http.client
+
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, resp.getheader("Location"), resp.read()
+    finally:
+        conn.close()
+
+
+def test_ui_without_the_trailing_slash_redirects(tmp_path, fresh_dsn):
+    """``/ui`` is sent to ``/ui/`` (its query kept), not answered with a 404 JSON body; without
+    the token it goes to the login form like every page."""
+    surfaces = start_node(node_environ(tmp_path, fresh_dsn, token=TOKEN))
+    try:
+        url = surfaces.http.url
+        cookie = {"Cookie": f"protomolt_token={TOKEN}"}
+        assert _no_follow(url, "/ui", cookie)[:2] == (307, "/ui/")
+        assert _no_follow(url, "/ui?status=DEAD", cookie)[:2] == (307, "/ui/?status=DEAD")
+        assert _no_follow(url, "/ui")[:2] == (303, "/ui/login")
+        status, body, _ = http("GET", f"{url}/ui", headers=cookie)
+        assert status == 200 and b"<html" in body.lower()
+    finally:
+        surfaces.close()
+
+
 def test_with_the_database_gone_pages_and_forms_are_503_quickly(tmp_path, fresh_dsn):
     """Not 404 "no such job" after three database waits: 503 with the unavailable message,
     within the store's bound (2 s) and a little."""

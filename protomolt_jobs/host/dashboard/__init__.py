@@ -52,7 +52,14 @@ from protomolt_jobs.host.authority import Authority
 from protomolt_jobs.host.catalog import Caller
 from protomolt_jobs.host.http_route import caller_of
 
-__all__ = ["PREFIX", "TOKEN_COOKIE", "dashboard_mount", "is_public", "login_redirect"]
+__all__ = [
+    "PREFIX",
+    "TOKEN_COOKIE",
+    "dashboard_mount",
+    "is_public",
+    "login_redirect",
+    "slash_redirect",
+]
 
 log = logging.getLogger("protomolt_jobs.dashboard")
 
@@ -564,6 +571,18 @@ def _error_status(error: str, otherwise: int) -> int:
     if error.startswith(_DENIED):
         return 403
     return otherwise
+
+
+def slash_redirect() -> Route:
+    """The route for ``/ui`` without its trailing slash: a GET or HEAD is redirected (307) to
+    ``/ui/``, its query string kept (a mount matches only ``/ui/...``, so without this route
+    the actions route answered a 404 JSON body)."""
+
+    async def redirect(request: Request) -> Response:
+        query = request.url.query
+        return RedirectResponse(f"{PREFIX}/" + (f"?{query}" if query else ""), status_code=307)
+
+    return Route(PREFIX, redirect, methods=["GET", "HEAD"])
 
 
 def dashboard_mount(catalog: Any, inspector: Any, authority: Authority) -> Mount:
