@@ -387,12 +387,13 @@ SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
   FROM moved
 
 -- name: job_complete
--- description: fenced (status, lease_owner, attempt, lease_token): COMPLETED with result, verdict and completed_at, with its COMPLETED event (or the CANCELLED/PAUSED event of a pending request the trigger applied); one statement.
+-- description: fenced (status, lease_owner, attempt, lease_token): COMPLETED with result, verdict and completed_at, error cleared (an earlier attempt's failure stays in the history), with its COMPLETED event (or the CANCELLED/PAUSED event of a pending request the trigger applied); one statement.
 WITH moved AS (
     UPDATE workflow_run
        SET status = 'COMPLETED',
            result = %(result)s,
            verdict = %(verdict)s,
+           error = NULL,
            outstanding_step = NULL,
            lease_owner = NULL,
            lease_token = NULL,
@@ -422,13 +423,14 @@ SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
   FROM moved
 
 -- name: job_complete_with_checkpoint
--- description: fenced (status, lease_owner, attempt, lease_token): append the final step's checkpoint entry and COMPLETED, with the STEP_CHECKPOINT (detail.status RUNNING) and COMPLETED events in that order (or CANCELLED/PAUSED for a pending request the trigger applied); one statement.
+-- description: fenced (status, lease_owner, attempt, lease_token): append the final step's checkpoint entry and COMPLETED, error cleared (as job_complete), with the STEP_CHECKPOINT (detail.status RUNNING) and COMPLETED events in that order (or CANCELLED/PAUSED for a pending request the trigger applied); one statement.
 WITH moved AS (
     UPDATE workflow_run
        SET status = 'COMPLETED',
            checkpoints = checkpoints || jsonb_build_array(workflow_checkpoint_stamp(%(entry)s::jsonb)),
            result = %(result)s,
            verdict = %(verdict)s,
+           error = NULL,
            outstanding_step = NULL,
            lease_owner = NULL,
            lease_token = NULL,
