@@ -270,6 +270,14 @@ def cmd_verbs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _literal(value: Any, style: str = "") -> Any:
+    """A stored value as a rich ``Text``: printed as it is, never read as markup (an error
+    ``every sink [effect, fix]: required`` keeps its brackets)."""
+    from rich.text import Text
+
+    return Text("" if value is None else str(value), style=style)
+
+
 def _jobs_table(jobs: list[dict[str, Any]], title: str | None = None) -> Any:
     from rich.table import Table
 
@@ -290,13 +298,13 @@ def _jobs_table(jobs: list[dict[str, Any]], title: str | None = None) -> Any:
         status = job.get("status", "")
         note = job.get("verdict") or job.get("error") or ""
         table.add_row(
-            job.get("jobId", ""),
-            job.get("workflowName", ""),
-            f"[{colours.get(status, 'white')}]{status}[/]",
-            str(job.get("attempt", "")),
-            job.get("outstandingStep", ""),
-            job.get("updatedAt", ""),
-            note[:80],
+            _literal(job.get("jobId")),
+            _literal(job.get("workflowName")),
+            _literal(status, colours.get(status, "white")),
+            _literal(job.get("attempt")),
+            _literal(job.get("outstandingStep")),
+            _literal(job.get("updatedAt")),
+            _literal(note[:80]),
         )
     return table
 
@@ -380,20 +388,25 @@ def _control(args: argparse.Namespace, console: Any) -> int:
         return EXIT_OK
     from rich.table import Table
 
-    table = Table(title=f"job {args.job_id}: integrity {answer.get('integrity')}")
+    table = Table(title=_literal(f"job {args.job_id}: integrity {answer.get('integrity')}"))
     for column in ("seq", "at", "kind", "actor", "status", "attempt", "step", "reason"):
         table.add_column(column, overflow="fold")
     for t in answer.get("transitions", []):
         status = f"{t.get('prevStatus', '-')} -> {t.get('newStatus', '')}"
         table.add_row(
-            str(t.get("seq")),
-            t.get("at", ""),
-            t.get("kind", ""),
-            t.get("actor", ""),
-            status,
-            str(t.get("attempt", "")),
-            t.get("step", ""),
-            (t.get("reason") or "")[:120],
+            *(
+                _literal(value)
+                for value in (
+                    t.get("seq"),
+                    t.get("at"),
+                    t.get("kind"),
+                    t.get("actor"),
+                    status,
+                    t.get("attempt"),
+                    t.get("step"),
+                    (t.get("reason") or "")[:120],
+                )
+            )
         )
     console.print(table)
     return EXIT_OK

@@ -204,6 +204,42 @@ def test_jobs_retry_only_runs_the_named_step_alone(served, services):
     assert (retry["step"], retry["reason"]) == ("b", "scope only")
 
 
+def _parked_job(url: str, services) -> str:
+    """A seed job submitted inline through ``call``, once it is WAITING on review."""
+    sub = call(
+        url,
+        "submit-workflow",
+        {"workflow": seed_workflow(services.target), "input": {"text": "a b c"}},
+    )
+    assert sub.returncode == 0, sub.stderr
+    job_id = json.loads(sub.stdout)["jobId"]
+
+    def waiting():
+        return json.loads(call(url, "get-job", {"jobId": job_id}).stdout)["job"]["status"]
+
+    wait_for(lambda: waiting() == "WAITING")
+    return job_id
+
+
+BRACKETS = "every sink [effect, fix]: required"
+
+
+def test_stored_text_is_printed_literally_not_as_markup(served, services):
+    """Issue 31: square brackets in a stored error or reason are not swallowed as rich markup
+    (``every sink [effect, fix]: required`` printed as ``every sink : required``)."""
+    _, url, _ = served
+    job_id = _parked_job(url, services)
+    cancelled = cli("jobs", "cancel", job_id, "--reason", BRACKETS, "--url", url)
+    assert cancelled.returncode == 0 and json.loads(cancelled.stdout)["status"] == "CANCELLED"
+    wide = {"COLUMNS": "200"}
+    listed = cli("jobs", "list", "--url", url, env=wide)
+    assert listed.returncode == 0, listed.stderr
+    assert f"CANCELLED by anonymous: {BRACKETS}" in listed.stdout, listed.stdout
+    history = cli("jobs", "history", job_id, "--url", url, env=wide)
+    assert history.returncode == 0, history.stderr
+    assert BRACKETS in history.stdout, history.stdout
+
+
 def test_call_exit_codes(served):
     _, url, _ = served
     not_found = call(url, "get-job", {"jobId": "00000000-0000-0000-0000-000000000001"})
