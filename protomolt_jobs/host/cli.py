@@ -28,6 +28,7 @@ The client commands talk HTTP to a running node (``--url``, default ``$PROTOMOLT
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import os
@@ -278,12 +279,43 @@ def _literal(value: Any, style: str = "") -> Any:
     return Text("" if value is None else str(value), style=style)
 
 
-def _jobs_table(jobs: list[dict[str, Any]], title: str | None = None) -> Any:
+#: Characters of a job id the list views show (the dashboard's short id; ``--json`` and
+#: ``jobs get`` give it whole).
+SHORT_ID = 8
+
+
+def compact_time(stamp: str | None, now: datetime.datetime | None = None) -> str:
+    """An ISO-8601 UTC stamp of the API (``2026-12-02T10:04:10.120Z``) in at most 11
+    characters, in UTC: ``10:04:10`` on the day of ``now``, ``12-02 10:04`` in its year, else
+    ``2025-12-02``. A value that is not such a stamp is returned as it is.
+
+    :param stamp: the API's time, or None (``""``).
+    :param now: the reference instant (default: the current time).
+    """
+    if not stamp:
+        return ""
+    try:
+        at = datetime.datetime.fromisoformat(stamp)
+    except ValueError:
+        return stamp
+    if at.tzinfo is None:
+        return stamp
+    at = at.astimezone(datetime.UTC)
+    now = (now or datetime.datetime.now(datetime.UTC)).astimezone(datetime.UTC)
+    if at.date() == now.date():
+        return at.strftime("%H:%M:%S")
+    if at.year == now.year:
+        return at.strftime("%m-%d %H:%M")
+    return at.strftime("%Y-%m-%d")
+
+
+def _jobs_table(jobs: list[dict[str, Any]], width: int, title: str | None = None) -> Any:
+    """The list view in ``width`` columns: one line per job (short ids, compact UTC times; a
+    long workflow name, step or error is cut with an ellipsis, never wrapped; ``--json`` has
+    every value whole). The step column is there only when a job in the list has one; the
+    verdict or error takes what the other columns leave."""
     from rich.table import Table
 
-    table = Table(title=title, show_lines=False)
-    for column in ("job id", "workflow", "status", "attempt", "step", "updated", "verdict / error"):
-        table.add_column(column, overflow="fold" if column == "job id" else "ellipsis")
     colours = {
         "COMPLETED": "green",
         "FAILED": "red",
@@ -294,17 +326,50 @@ def _jobs_table(jobs: list[dict[str, Any]], title: str | None = None) -> Any:
         "RECOVERY_REQUIRED": "bold red",
         "CANCELLED": "bright_black",
     }
+    now = datetime.datetime.now(datetime.UTC)
+    with_step = any(job.get("outstandingStep") for job in jobs)
+    rows: list[dict[str, str]] = []
     for job in jobs:
-        status = job.get("status", "")
-        note = job.get("verdict") or job.get("error") or ""
+        note = str(job.get("verdict") or job.get("error") or "")
+        row = {
+            "id": str(job.get("jobId", ""))[:SHORT_ID],
+            "workflow": str(job.get("workflowName", "")),
+            "status": str(job.get("status", "")),
+            "att": str(job.get("attempt", "")),
+            "step": str(job.get("outstandingStep") or ""),
+            "updated": compact_time(job.get("updatedAt"), now),
+            "verdict / error": note.splitlines()[0] if note else "",
+        }
+        rows.append(row)
+    names = ["id", "workflow", "status", "att"] + (["step"] if with_step else [])
+    names += ["updated", "verdict / error"]
+    caps = {"workflow": 20, "step": 12}
+    widths = {
+        n: min(caps.get(n, 1000), max([len(n), *(len(r[n]) for r in rows)])) for n in names[:-1]
+    }
+    gaps = 2 * (len(names) - 1)
+    # Too narrow for every column at its cap: the workflow and step give way first.
+    for name, floor in (("workflow", 8), ("step", 4)):
+        excess = sum(widths.values()) + gaps + 16 - width
+        if name in widths and excess > 0:
+            widths[name] = max(floor, widths[name] - excess)
+    widths["verdict / error"] = max(8, width - sum(widths.values()) - gaps)
+    table = Table(title=title, box=None, pad_edge=False, header_style="bold", expand=False)
+    for name in names:
+        table.add_column(
+            name,
+            no_wrap=True,
+            overflow="ellipsis",
+            max_width=widths[name],
+            min_width=SHORT_ID if name == "id" else None,
+        )
+    for row in rows:
+        status = row["status"]
         table.add_row(
-            _literal(job.get("jobId")),
-            _literal(job.get("workflowName")),
-            _literal(status, colours.get(status, "white")),
-            _literal(job.get("attempt")),
-            _literal(job.get("outstandingStep")),
-            _literal(job.get("updatedAt")),
-            _literal(note[:80]),
+            *(
+                _literal(row[n], colours.get(status, "white") if n == "status" else "")
+                for n in names
+            )
         )
     return table
 
@@ -338,7 +403,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(answer, indent=2, ensure_ascii=False))
             else:
-                console.print(_jobs_table(answer.get("jobs", [])))
+                console.print(_jobs_table(answer.get("jobs", []), console.width))
             return EXIT_OK
         return _watch(args, console)
     except ActionFailed as failed:
@@ -425,7 +490,7 @@ def _watch(args: argparse.Namespace, console: Any) -> int:
         summary = "  ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "no jobs"
         stamp = time.strftime("%H:%M:%S")
         header = Text(f"{stamp}  newest {len(jobs)} jobs: {summary}  (Ctrl-C to stop)")
-        return Group(header, _jobs_table(jobs))
+        return Group(header, _jobs_table(jobs, console.width))
 
     stop = threading.Event()
     _install_stop_signals(stop)

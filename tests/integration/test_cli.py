@@ -240,6 +240,35 @@ def test_stored_text_is_printed_literally_not_as_markup(served, services):
     assert BRACKETS in history.stdout, history.stdout
 
 
+def test_jobs_list_fits_80_columns_with_short_ids_and_compact_times(served, services):
+    """Issue 31: at COLUMNS=80 no line of ``jobs list`` is longer than 80 characters (it was a
+    UUID folded over four lines and times cut to ``2026-12-...``); the id is its first 8
+    characters, the time ``HH:MM:SS`` (UTC, today), the error cut with an ellipsis but never
+    read as markup; ``--json`` has every value whole."""
+    _, url, _ = served
+    job_id = _parked_job(url, services)
+    other = _parked_job(url, services)
+    cli("jobs", "cancel", job_id, "--reason", "[effect, fix]", "--url", url)
+    narrow = {"COLUMNS": "80"}
+    listed = cli("jobs", "list", "--url", url, env=narrow)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, listed.stdout
+    assert job_id not in listed.stdout and other not in listed.stdout
+    (waiting,) = [line for line in lines if line.startswith(other[:8])]
+    assert "WAITING" in waiting and "review" in waiting, waiting
+    assert re.search(r"  \d\d:\d\d:\d\d  ", waiting), waiting
+    # Alone in the list (no step column), the error's start shows, its bracket kept.
+    only = cli("jobs", "list", "--status", "CANCELLED", "--url", url, env=narrow).stdout
+    assert max(len(line) for line in only.splitlines()) <= 80, only
+    (row,) = [line for line in only.splitlines() if line.startswith(job_id[:8])]
+    assert "CANCELLED by anonymous: [eff" in row, row
+    whole = json.loads(cli("jobs", "list", "--json", "--url", url, env=narrow).stdout)
+    cancelled = next(j for j in whole["jobs"] if j["jobId"] == job_id)
+    assert cancelled["error"] == "CANCELLED by anonymous: [effect, fix]"
+    assert cancelled["updatedAt"].endswith("Z")
+
+
 def test_call_exit_codes(served):
     _, url, _ = served
     not_found = call(url, "get-job", {"jobId": "00000000-0000-0000-0000-000000000001"})
