@@ -32,6 +32,7 @@ import datetime
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -387,11 +388,45 @@ def _list_jobs(args: argparse.Namespace) -> dict[str, Any]:
     return call_verb(args.url, "list-jobs", envelope, _token(args))
 
 
+#: A job id given by its start (the dashboard's 8-character ids): 4 to 32 hex digits.
+_ID_PREFIX = re.compile(r"[0-9a-fA-F]{4,32}")
+#: How many candidates an ambiguous prefix names.
+_CANDIDATES = 10
+
+
+def resolve_job_id(args: argparse.Namespace) -> str:
+    """``args.job_id`` as the verbs want it: a prefix of 4 to 32 hex digits that starts exactly
+    one job's id (``list-jobs`` with ``idPrefix``) is that id; anything else is passed on as
+    given (the verb checks it).
+
+    :raises UsageError: no job's id starts with the prefix, or several do (named, up to 10).
+    :raises ActionFailed: the node refused the lookup.
+    """
+    given = str(args.job_id)
+    if not _ID_PREFIX.fullmatch(given):
+        return given
+    answer = call_verb(
+        args.url, "list-jobs", {"idPrefix": given, "limit": _CANDIDATES + 1}, _token(args)
+    )
+    ids = [str(job.get("jobId", "")) for job in answer.get("jobs", [])]
+    if len(ids) == 1:
+        return ids[0]
+    if not ids:
+        raise UsageError(f"no job id starts with {given!r}")
+    more = " and more" if len(ids) > _CANDIDATES else ""
+    raise UsageError(
+        f"{given!r} starts several job ids ({', '.join(ids[:_CANDIDATES])}{more}); "
+        "give more characters"
+    )
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console()
     try:
+        if getattr(args, "job_id", None) is not None:
+            args.job_id = resolve_job_id(args)
         if args.jobs_command == "get":
             answer = call_verb(args.url, "get-job", {"jobId": args.job_id}, _token(args))
             print(json.dumps(answer, indent=2, ensure_ascii=False))
@@ -645,7 +680,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
             p.add_argument("--count", type=int, help="stop after this many refreshes")
     get = jobs_sub.add_parser("get", help="one job in full (get-job)")
-    get.add_argument("job_id")
+    get.add_argument("job_id", help="the job's id, or its first 4+ hex digits when unique")
     _client_options(get)
     for name, text in (
         ("cancel", "cancel a job (cancel-job); a RUNNING job stops at its next checkpoint"),
@@ -664,7 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("history", "the job's transition log and its integrity (job-history)"),
     ):
         p = jobs_sub.add_parser(name, help=text)
-        p.add_argument("job_id")
+        p.add_argument("job_id", help="the job's id, or its first 4+ hex digits when unique")
         if name != "history":
             p.add_argument("--reason", help="why (kept in the job's history)")
         if name == "resume":

@@ -156,7 +156,7 @@ SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
  WHERE job_id = %(job_id)s
 
 -- name: job_list
--- description: jobs newest first, optionally filtered by status and/or workflow name (NULL = any).
+-- description: jobs newest first, optionally filtered by status, workflow name, queue, fairness key and an id range (an id prefix padded with 0s and fs: the primary key's order is the hex order) (NULL = any).
 SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
        input::text AS input, status, attempt, max_attempts, run_after, outstanding_step,
        checkpoints::text AS checkpoints, result::text AS result, verdict, error,
@@ -167,6 +167,7 @@ SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
    AND (%(workflow_name)s::text IS NULL OR workflow_name = %(workflow_name)s::text)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
    AND (%(fairness_key)s::text IS NULL OR fairness_key = %(fairness_key)s::text)
+   AND (%(id_low)s::uuid IS NULL OR job_id BETWEEN %(id_low)s::uuid AND %(id_high)s::uuid)
  ORDER BY created_at DESC, job_id DESC
  LIMIT %(limit)s OFFSET %(offset)s
 

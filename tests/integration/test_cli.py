@@ -269,6 +269,39 @@ def test_jobs_list_fits_80_columns_with_short_ids_and_compact_times(served, serv
     assert cancelled["updatedAt"].endswith("Z")
 
 
+def test_jobs_get_takes_a_unique_id_prefix_and_names_the_candidates_of_another(served, services):
+    """Issue 31: ``jobs get 38ff9f29`` (the dashboard's short id) is the job when one id starts
+    with it; when several do it is a usage error naming them; the other job commands too."""
+    _, url, _ = served
+    ids = [f"38ff9f29-0000-4000-8000-00000000000{i}" for i in (1, 2)] + [
+        "38ff0000-0000-4000-8000-000000000003"
+    ]
+    for job_id in ids:
+        sub = call(
+            url,
+            "submit-workflow",
+            {"workflow": seed_workflow(services.target), "input": {"text": "a"}, "jobId": job_id},
+        )
+        assert json.loads(sub.stdout)["ok"] is True, sub.stdout
+    got = cli("jobs", "get", "38ff0000", "--url", url)
+    assert got.returncode == 0, got.stderr
+    assert json.loads(got.stdout)["job"]["jobId"] == ids[2]
+    ambiguous = cli("jobs", "get", "38ff9f29", "--url", url)
+    assert ambiguous.returncode == 2
+    assert "starts several job ids" in ambiguous.stderr
+    assert ids[0] in ambiguous.stderr and ids[1] in ambiguous.stderr
+    assert ids[2] not in ambiguous.stderr
+    by_longer = cli("jobs", "get", "38FF9F29000040008000000000000002", "--url", url)
+    assert json.loads(by_longer.stdout)["job"]["jobId"] == ids[1]
+    none = cli("jobs", "get", "0badcafe", "--url", url)
+    assert none.returncode == 2 and "no job id starts with '0badcafe'" in none.stderr
+    history = cli("jobs", "history", "38ff0000", "--json", "--url", url)
+    assert json.loads(history.stdout)["jobId"] == ids[2]
+    # Not a prefix: passed on as given, and the verb refuses it.
+    refused = cli("jobs", "get", "not-a-uuid", "--url", url)
+    assert refused.returncode == 2 and "invalid-input" in refused.stderr
+
+
 def test_call_exit_codes(served):
     _, url, _ = served
     not_found = call(url, "get-job", {"jobId": "00000000-0000-0000-0000-000000000001"})

@@ -347,6 +347,36 @@ def test_ui_without_the_trailing_slash_redirects(tmp_path, fresh_dsn):
         surfaces.close()
 
 
+def test_the_jobs_page_searches_by_id_or_its_start(tmp_path, fresh_dsn):
+    """The id filter: a unique start (or the whole id) opens the job, an ambiguous one lists
+    the candidates, a malformed one shows list-jobs' invalid-input naming idPrefix."""
+    surfaces = start_node(node_environ(tmp_path, fresh_dsn))
+    try:
+        url = surfaces.http.url
+        ids = [
+            "38ff9f29-0000-4000-8000-000000000001",
+            "38ff9f29-0000-4000-8000-000000000002",
+            "38ff0000-0000-4000-8000-000000000003",
+        ]
+        for job_id in ids:
+            status, body, _ = http(
+                "POST",
+                f"{url}/protomolt/actions/submit-workflow",
+                {"workflow": tally_workflow("127.0.0.1:1"), "input": {}, "jobId": job_id},
+            )
+            assert status == 200 and body["ok"], body
+        assert _no_follow(url, "/ui/?id=38ff0000")[:2] == (303, f"/ui/jobs/{ids[2]}")
+        assert _no_follow(url, f"/ui/?id={ids[1]}")[:2] == (303, f"/ui/jobs/{ids[1]}")
+        status, _, page = _no_follow(url, "/ui/?id=38ff9f29")
+        assert status == 200
+        assert ids[0].encode() in page and ids[1].encode() in page
+        assert ids[2].encode() not in page
+        status, _, page = _no_follow(url, "/ui/?id=zz")
+        assert status == 200 and b"invalid-input" in page and b"idPrefix" in page
+    finally:
+        surfaces.close()
+
+
 def test_with_the_database_gone_pages_and_forms_are_503_quickly(tmp_path, fresh_dsn):
     """Not 404 "no such job" after three database waits: 503 with the unavailable message,
     within the store's bound (2 s) and a little."""
