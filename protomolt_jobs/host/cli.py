@@ -617,6 +617,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose commands take options before, between or after their
+    positional arguments (``call VERB --token T '{...}'``): a parser without subcommands
+    parses intermixed. Plain argparse fills an optional positional (``call``'s JSON) with
+    nothing when an option follows the first positional, then refuses the JSON as
+    unrecognized."""
+
+    _intermixed = False
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._subparsers is not None or self._intermixed:
+            return super().parse_known_args(args, namespace)
+        # parse_known_intermixed_args calls parse_known_args itself: those calls go to argparse.
+        self._intermixed = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixed = False
+
+
 def _client_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--url",
@@ -628,7 +650,7 @@ def _client_options(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``protomolt-jobs`` argument parser."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="protomolt-jobs",
         description="Durable workflow jobs on PostgreSQL: run a node, call its verbs, run the demo.",
     )

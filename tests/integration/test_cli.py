@@ -356,6 +356,19 @@ def test_token_on_serve_and_call(tmp_path, fresh_dsn):
             ).returncode
             == 0
         )
+        # Issue 31: options before, between or after the positional arguments.
+        envelope = '{"limit": 1}'
+        for argv in (
+            ("call", "list-jobs", "--token", "t0k", "--url", url, envelope),
+            ("call", "--token", "t0k", "list-jobs", "--url", url, envelope),
+            ("call", "list-jobs", "--token", "t0k", envelope, "--url", url),
+            ("jobs", "list", "--token", "t0k", "--json", "--url", url),
+        ):
+            done = cli(*argv)
+            assert done.returncode == 0, (argv, done.stderr)
+            assert json.loads(done.stdout)["ok"] is True, argv
+        unknown = cli("call", "list-jobs", "--token", "t0k", envelope, "--url", url, "--nope")
+        assert unknown.returncode == 2 and "--nope" in unknown.stderr
     finally:
         assert node.stop() == 0
 
