@@ -10,8 +10,10 @@ metric                                   meaning
 ``protomolt_jobs_claims_total``          jobs this process's workers claimed
 ``protomolt_jobs_settled_total``         segments settled, label ``outcome``: ``completed``,
                                          ``parked``, ``retried``, ``dead``, ``failed``,
-                                         ``abandoned`` (lease lost, or released at a stop),
-                                         ``unsettled`` (the settling write failed)
+                                         ``controlled`` (an operator's cancel or pause, or a
+                                         budget pause, took the run), ``abandoned`` (lease
+                                         lost, or released at a stop), ``unsettled`` (the
+                                         settling write failed)
 ``protomolt_jobs_lease_lost_total``      fenced writes or heartbeats that matched no row
 ``protomolt_jobs_step_duration_seconds`` histogram of step calls, labels ``method``
                                          (``/pkg.Service/Method``) and ``outcome`` (``OK`` or
@@ -23,6 +25,10 @@ A node adds :class:`StoreCollector` (one read, cached :data:`STORE_CACHE_S` seco
 scrapes from several Prometheus servers cost one query): ``protomolt_jobs_runs`` (gauge, labels
 ``status`` and ``queue``), ``protomolt_jobs_outbox_pending`` and ``protomolt_jobs_component_up``
 (label ``component``). Labels are bounded: no job id, no error text.
+
+No ``_created`` series: prometheus-client's per-series creation timestamps are turned off once,
+when this module is imported (:func:`prometheus_client.disable_created_metrics`, which is
+process-wide); every counter and histogram exports its samples alone.
 """
 
 from __future__ import annotations
@@ -33,7 +39,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 __all__ = [
@@ -67,6 +79,10 @@ _STATUSES = (
     "CANCELLED",
 )
 
+# One ``_created`` series per counter and histogram child doubles the series count for a
+# timestamp no query of ours reads (Prometheus infers resets from the counter itself).
+disable_created_metrics()
+
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 CLAIMS = Counter(
@@ -96,7 +112,16 @@ RELAY_PUBLISHED = Counter(
     registry=REGISTRY,
 )
 
-for _outcome in ("completed", "parked", "retried", "dead", "failed", "abandoned", "unsettled"):
+for _outcome in (
+    "completed",
+    "parked",
+    "retried",
+    "dead",
+    "failed",
+    "controlled",
+    "abandoned",
+    "unsettled",
+):
     SETTLED.labels(_outcome)  # exported at 0 from the start
 
 # Labelled children, cached: ``labels()`` costs more than the observation itself, and the

@@ -68,6 +68,10 @@ def test_metrics_after_jobs_show_completions_step_histograms_and_run_counts(tmp_
             assert status == 200
             families = _families(text)
             assert _value(families, "protomolt_jobs_settled_total", outcome="completed") >= 5
+            # Issue 31: every outcome exported from the start, no _created series.
+            settled = {s.labels["outcome"] for s in families["protomolt_jobs_settled"].samples}
+            assert {"controlled", "abandoned", "unsettled"} <= settled, settled
+            assert "_created" not in text, [ln for ln in text.splitlines() if "_created" in ln]
             assert _value(families, "protomolt_jobs_claims_total") >= 5
             method = "/jobs.test.Tokenizer/Tokenize"
             assert (
