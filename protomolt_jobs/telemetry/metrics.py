@@ -11,7 +11,8 @@ metric                                   meaning
 ``protomolt_jobs_settled_total``         segments settled, label ``outcome``: ``completed``,
                                          ``parked``, ``retried``, ``dead``, ``failed``,
                                          ``controlled`` (an operator's cancel or pause, or a
-                                         budget pause, took the run), ``abandoned`` (lease
+                                         budget pause, took the run), ``recovery_required``
+                                         (a step's state cannot be proven), ``abandoned`` (lease
                                          lost, or released at a stop), ``unsettled`` (the
                                          settling write failed)
 ``protomolt_jobs_lease_lost_total``      fenced writes or heartbeats that matched no row
@@ -19,6 +20,11 @@ metric                                   meaning
                                          (``/pkg.Service/Method``) and ``outcome`` (``OK`` or
                                          the gRPC status name)
 ``protomolt_jobs_relay_published_total`` outbox events the relay published to Kafka
+``protomolt_jobs_queue_wait_seconds``    histogram, labels ``workflow`` and ``queue``: submit
+                                         to the run's first claim (database times)
+``protomolt_jobs_end_to_end_seconds``    histogram, labels ``workflow`` and ``queue``: submit
+                                         to a terminal settlement by a worker (completed,
+                                         failed, dead)
 ======================================== ======================================================
 
 A node adds :class:`StoreCollector` (one read, cached :data:`STORE_CACHE_S` seconds, so
@@ -50,7 +56,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 __all__ = [
     "CLAIMS",
+    "END_TO_END_SECONDS",
     "LEASE_LOST",
+    "QUEUE_WAIT_SECONDS",
     "REGISTRY",
     "RELAY_PUBLISHED",
     "SETTLED",
@@ -59,6 +67,7 @@ __all__ = [
     "StoreCollector",
     "count_settled",
     "exposition",
+    "observe_run",
     "observe_step",
 ]
 
@@ -106,6 +115,21 @@ STEP_SECONDS = Histogram(
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
     registry=REGISTRY,
 )
+QUEUE_WAIT_SECONDS = Histogram(
+    "protomolt_jobs_queue_wait_seconds",
+    "Runs, seconds from submit to their first claim (database times), by workflow and queue.",
+    ["workflow", "queue"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400),
+    registry=REGISTRY,
+)
+END_TO_END_SECONDS = Histogram(
+    "protomolt_jobs_end_to_end_seconds",
+    "Runs, seconds from submit to a terminal settlement by a worker (completed, failed, dead), "
+    "by workflow and queue.",
+    ["workflow", "queue"],
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400, 604800),
+    registry=REGISTRY,
+)
 RELAY_PUBLISHED = Counter(
     "protomolt_jobs_relay_published",
     "Outbox events the relay published to Kafka.",
@@ -119,6 +143,7 @@ for _outcome in (
     "dead",
     "failed",
     "controlled",
+    "recovery_required",
     "abandoned",
     "unsettled",
 ):
@@ -128,6 +153,7 @@ for _outcome in (
 # label sets are few (a method and an outcome; an outcome).
 _step_children: dict[tuple[str, str], Any] = {}
 _settled_children: dict[str, Any] = {}
+_run_children: dict[tuple[Any, str, str], Any] = {}
 
 
 def observe_step(method: str, outcome: str, seconds: float) -> None:
@@ -144,6 +170,22 @@ def count_settled(outcome: str) -> None:
     if child is None:
         child = _settled_children.setdefault(outcome, SETTLED.labels(outcome))
     child.inc()
+
+
+def observe_run(
+    workflow: str, queue: str, *, waited_s: float | None = None, total_s: float | None = None
+) -> None:
+    """Record a run's latencies: ``waited_s`` in :data:`QUEUE_WAIT_SECONDS` (its first claim),
+    ``total_s`` in :data:`END_TO_END_SECONDS` (its terminal settlement); None skips one.
+    Negative values (clock steps of the database) are recorded as 0."""
+    for histogram, seconds in ((QUEUE_WAIT_SECONDS, waited_s), (END_TO_END_SECONDS, total_s)):
+        if seconds is None:
+            continue
+        key = (histogram, workflow, queue)
+        child = _run_children.get(key)
+        if child is None:
+            child = _run_children.setdefault(key, histogram.labels(workflow, queue))
+        child.observe(max(0.0, seconds))
 
 
 class StoreCollector:
