@@ -4,8 +4,9 @@ open a job, a wrong answer in the complete-step form shows the verb's error, a r
 the job to COMPLETED. A real node, real PostgreSQL, real gRPC step servers.
 
 On failure a screenshot and the page source go to ``$PROTOMOLT_TEST_ARTIFACTS`` (default
-``test-artifacts/``). Without the browser the module fails to load with the install command
-(``.ci/run`` installs it when missing); it is never skipped.
+``test-artifacts/``). Without the browser the tests that drive it fail at their ``browser``
+fixture with the install command (``.ci/run`` installs it when missing); they are never
+skipped, and the other tests here and in the suite still run (``tests/support/browser.py``).
 """
 
 from __future__ import annotations
@@ -23,22 +24,15 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
+from tests.support.browser import browser_paths, require_browser
 from tests.support.factories import parked_job
 from tests.support.grpc_servers import TestServices, descriptor_set_b64, seed_workflow
 from tests.support.node import http, node_environ, start_node, start_node_with_file, wait_for
 
 TOKEN = "dashboard-secret"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+CHROMIUM, CHROMEDRIVER = browser_paths()
 JOBS = 200
 ARTIFACTS = Path(os.environ.get("PROTOMOLT_TEST_ARTIFACTS", "test-artifacts"))
-
-if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
-    # A real browser is part of the test suite, like PostgreSQL: never skip silently.
-    raise RuntimeError(
-        f"the dashboard tests need Debian's chromium and chromium-driver ({CHROMIUM}, "
-        f"{CHROMEDRIVER}): apt-get install chromium chromium-driver (.ci/run does this)"
-    )
 
 
 def tally_workflow(target: str) -> dict:
@@ -60,6 +54,7 @@ def tally_workflow(target: str) -> dict:
 
 @pytest.fixture
 def browser(request):
+    require_browser(CHROMIUM, CHROMEDRIVER)  # fails this test alone, with the apt-get hint
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     profile = tempfile.mkdtemp(prefix="pmj-chromium-")
