@@ -82,6 +82,7 @@ def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfa
             routes=node.contributions.all(HttpRoute),
             extra=[
                 metrics_route(node.contributions.all(StoreCollector)),
+                dashboard.slash_redirect(),
                 dashboard.dashboard_mount(
                     node.catalog, node.contributions.first(JobViews), authority
                 ),

@@ -28,9 +28,11 @@ The client commands talk HTTP to a running node (``--url``, default ``$PROTOMOLT
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -270,12 +272,51 @@ def cmd_verbs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _jobs_table(jobs: list[dict[str, Any]], title: str | None = None) -> Any:
+def _literal(value: Any, style: str = "") -> Any:
+    """A stored value as a rich ``Text``: printed as it is, never read as markup (an error
+    ``every sink [effect, fix]: required`` keeps its brackets)."""
+    from rich.text import Text
+
+    return Text("" if value is None else str(value), style=style)
+
+
+#: Characters of a job id the list views show (the dashboard's short id; ``--json`` and
+#: ``jobs get`` give it whole).
+SHORT_ID = 8
+
+
+def compact_time(stamp: str | None, now: datetime.datetime | None = None) -> str:
+    """An ISO-8601 UTC stamp of the API (``2026-12-02T10:04:10.120Z``) in at most 11
+    characters, in UTC: ``10:04:10`` on the day of ``now``, ``12-02 10:04`` in its year, else
+    ``2025-12-02``. A value that is not such a stamp is returned as it is.
+
+    :param stamp: the API's time, or None (``""``).
+    :param now: the reference instant (default: the current time).
+    """
+    if not stamp:
+        return ""
+    try:
+        at = datetime.datetime.fromisoformat(stamp)
+    except ValueError:
+        return stamp
+    if at.tzinfo is None:
+        return stamp
+    at = at.astimezone(datetime.UTC)
+    now = (now or datetime.datetime.now(datetime.UTC)).astimezone(datetime.UTC)
+    if at.date() == now.date():
+        return at.strftime("%H:%M:%S")
+    if at.year == now.year:
+        return at.strftime("%m-%d %H:%M")
+    return at.strftime("%Y-%m-%d")
+
+
+def _jobs_table(jobs: list[dict[str, Any]], width: int, title: str | None = None) -> Any:
+    """The list view in ``width`` columns: one line per job (short ids, compact UTC times; a
+    long workflow name, step or error is cut with an ellipsis, never wrapped; ``--json`` has
+    every value whole). The step column is there only when a job in the list has one; the
+    verdict or error takes what the other columns leave."""
     from rich.table import Table
 
-    table = Table(title=title, show_lines=False)
-    for column in ("job id", "workflow", "status", "attempt", "step", "updated", "verdict / error"):
-        table.add_column(column, overflow="fold" if column == "job id" else "ellipsis")
     colours = {
         "COMPLETED": "green",
         "FAILED": "red",
@@ -286,17 +327,50 @@ def _jobs_table(jobs: list[dict[str, Any]], title: str | None = None) -> Any:
         "RECOVERY_REQUIRED": "bold red",
         "CANCELLED": "bright_black",
     }
+    now = datetime.datetime.now(datetime.UTC)
+    with_step = any(job.get("outstandingStep") for job in jobs)
+    rows: list[dict[str, str]] = []
     for job in jobs:
-        status = job.get("status", "")
-        note = job.get("verdict") or job.get("error") or ""
+        note = str(job.get("verdict") or job.get("error") or "")
+        row = {
+            "id": str(job.get("jobId", ""))[:SHORT_ID],
+            "workflow": str(job.get("workflowName", "")),
+            "status": str(job.get("status", "")),
+            "att": str(job.get("attempt", "")),
+            "step": str(job.get("outstandingStep") or ""),
+            "updated": compact_time(job.get("updatedAt"), now),
+            "verdict / error": note.splitlines()[0] if note else "",
+        }
+        rows.append(row)
+    names = ["id", "workflow", "status", "att"] + (["step"] if with_step else [])
+    names += ["updated", "verdict / error"]
+    caps = {"workflow": 20, "step": 12}
+    widths = {
+        n: min(caps.get(n, 1000), max([len(n), *(len(r[n]) for r in rows)])) for n in names[:-1]
+    }
+    gaps = 2 * (len(names) - 1)
+    # Too narrow for every column at its cap: the workflow and step give way first.
+    for name, floor in (("workflow", 8), ("step", 4)):
+        excess = sum(widths.values()) + gaps + 16 - width
+        if name in widths and excess > 0:
+            widths[name] = max(floor, widths[name] - excess)
+    widths["verdict / error"] = max(8, width - sum(widths.values()) - gaps)
+    table = Table(title=title, box=None, pad_edge=False, header_style="bold", expand=False)
+    for name in names:
+        table.add_column(
+            name,
+            no_wrap=True,
+            overflow="ellipsis",
+            max_width=widths[name],
+            min_width=SHORT_ID if name == "id" else None,
+        )
+    for row in rows:
+        status = row["status"]
         table.add_row(
-            job.get("jobId", ""),
-            job.get("workflowName", ""),
-            f"[{colours.get(status, 'white')}]{status}[/]",
-            str(job.get("attempt", "")),
-            job.get("outstandingStep", ""),
-            job.get("updatedAt", ""),
-            note[:80],
+            *(
+                _literal(row[n], colours.get(status, "white") if n == "status" else "")
+                for n in names
+            )
         )
     return table
 
@@ -314,11 +388,45 @@ def _list_jobs(args: argparse.Namespace) -> dict[str, Any]:
     return call_verb(args.url, "list-jobs", envelope, _token(args))
 
 
+#: A job id given by its start (the dashboard's 8-character ids): 4 to 32 hex digits.
+_ID_PREFIX = re.compile(r"[0-9a-fA-F]{4,32}")
+#: How many candidates an ambiguous prefix names.
+_CANDIDATES = 10
+
+
+def resolve_job_id(args: argparse.Namespace) -> str:
+    """``args.job_id`` as the verbs want it: a prefix of 4 to 32 hex digits that starts exactly
+    one job's id (``list-jobs`` with ``idPrefix``) is that id; anything else is passed on as
+    given (the verb checks it).
+
+    :raises UsageError: no job's id starts with the prefix, or several do (named, up to 10).
+    :raises ActionFailed: the node refused the lookup.
+    """
+    given = str(args.job_id)
+    if not _ID_PREFIX.fullmatch(given):
+        return given
+    answer = call_verb(
+        args.url, "list-jobs", {"idPrefix": given, "limit": _CANDIDATES + 1}, _token(args)
+    )
+    ids = [str(job.get("jobId", "")) for job in answer.get("jobs", [])]
+    if len(ids) == 1:
+        return ids[0]
+    if not ids:
+        raise UsageError(f"no job id starts with {given!r}")
+    more = " and more" if len(ids) > _CANDIDATES else ""
+    raise UsageError(
+        f"{given!r} starts several job ids ({', '.join(ids[:_CANDIDATES])}{more}); "
+        "give more characters"
+    )
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console()
     try:
+        if getattr(args, "job_id", None) is not None:
+            args.job_id = resolve_job_id(args)
         if args.jobs_command == "get":
             answer = call_verb(args.url, "get-job", {"jobId": args.job_id}, _token(args))
             print(json.dumps(answer, indent=2, ensure_ascii=False))
@@ -330,7 +438,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(answer, indent=2, ensure_ascii=False))
             else:
-                console.print(_jobs_table(answer.get("jobs", [])))
+                console.print(_jobs_table(answer.get("jobs", []), console.width))
             return EXIT_OK
         return _watch(args, console)
     except ActionFailed as failed:
@@ -385,20 +493,25 @@ def _control(args: argparse.Namespace, console: Any) -> int:
         return EXIT_OK
     from rich.table import Table
 
-    table = Table(title=f"job {args.job_id}: integrity {answer.get('integrity')}")
+    table = Table(title=_literal(f"job {args.job_id}: integrity {answer.get('integrity')}"))
     for column in ("seq", "at", "kind", "actor", "status", "attempt", "step", "reason"):
         table.add_column(column, overflow="fold")
     for t in answer.get("transitions", []):
         status = f"{t.get('prevStatus', '-')} -> {t.get('newStatus', '')}"
         table.add_row(
-            str(t.get("seq")),
-            t.get("at", ""),
-            t.get("kind", ""),
-            t.get("actor", ""),
-            status,
-            str(t.get("attempt", "")),
-            t.get("step", ""),
-            (t.get("reason") or "")[:120],
+            *(
+                _literal(value)
+                for value in (
+                    t.get("seq"),
+                    t.get("at"),
+                    t.get("kind"),
+                    t.get("actor"),
+                    status,
+                    t.get("attempt"),
+                    t.get("step"),
+                    (t.get("reason") or "")[:120],
+                )
+            )
         )
     console.print(table)
     return EXIT_OK
@@ -417,7 +530,7 @@ def _watch(args: argparse.Namespace, console: Any) -> int:
         summary = "  ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "no jobs"
         stamp = time.strftime("%H:%M:%S")
         header = Text(f"{stamp}  newest {len(jobs)} jobs: {summary}  (Ctrl-C to stop)")
-        return Group(header, _jobs_table(jobs))
+        return Group(header, _jobs_table(jobs, console.width))
 
     stop = threading.Event()
     _install_stop_signals(stop)
@@ -509,6 +622,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose commands take options before, between or after their
+    positional arguments (``call VERB --token T '{...}'``): a parser without subcommands
+    parses intermixed. Plain argparse fills an optional positional (``call``'s JSON) with
+    nothing when an option follows the first positional, then refuses the JSON as
+    unrecognized."""
+
+    _intermixed = False
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._subparsers is not None or self._intermixed:
+            return super().parse_known_args(args, namespace)
+        # parse_known_intermixed_args calls parse_known_args itself: those calls go to argparse.
+        self._intermixed = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixed = False
+
+
 def _client_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--url",
@@ -520,7 +655,7 @@ def _client_options(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``protomolt-jobs`` argument parser."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="protomolt-jobs",
         description="Durable workflow jobs on PostgreSQL: run a node, call its verbs, run the demo.",
     )
@@ -573,7 +708,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
             p.add_argument("--count", type=int, help="stop after this many refreshes")
     get = jobs_sub.add_parser("get", help="one job in full (get-job)")
-    get.add_argument("job_id")
+    get.add_argument("job_id", help="the job's id, or its first 4+ hex digits when unique")
     _client_options(get)
     for name, text in (
         ("cancel", "cancel a job (cancel-job); a RUNNING job stops at its next checkpoint"),
@@ -593,7 +728,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("approve", "vote --decision on the approval step --step a job waits on (approve-step)"),
     ):
         p = jobs_sub.add_parser(name, help=text)
-        p.add_argument("job_id")
+        p.add_argument("job_id", help="the job's id, or its first 4+ hex digits when unique")
         if name == "approve":
             p.add_argument("--step", required=True, help="the approval step")
             p.add_argument("--decision", required=True, help="one of the step's decisions")

@@ -522,6 +522,7 @@ def run_demo(
     from concurrent.futures import ThreadPoolExecutor
 
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from protomolt_jobs.config import ConfigError
@@ -534,7 +535,7 @@ def run_demo(
     console = console or Console()
     source = Path(path) if path is not None else samples_dir()
     if not source.exists():
-        console.print(f"[red]no such file or directory: {source}[/]")
+        console.print(f"[red]no such file or directory: {escape(str(source))}[/]")
         return 2
     reporter = Reporter(console, progress_interval_s)
     with reporter:
@@ -547,16 +548,16 @@ def run_demo(
         )
         reporter.update(collected.scanned, f"{len(collected.documents)} text files", final=True)
     for name, reason in collected.skipped:
-        console.print(f"[yellow]skipped[/] {name}: {reason}", soft_wrap=True)
+        console.print(f"[yellow]skipped[/] {escape(name)}: {escape(reason)}", soft_wrap=True)
     for name in collected.truncated:
-        console.print(f"[yellow]truncated[/] {name} to its first MiB (the parser's limit)")
+        console.print(f"[yellow]truncated[/] {escape(name)} to its first MiB (the parser's limit)")
     for name in collected.latin1:
         console.print(
-            f"[yellow]warning[/] {name} is not UTF-8: read as Latin-1 (check its characters)",
+            f"[yellow]warning[/] {escape(name)} is not UTF-8: read as Latin-1 (check its characters)",
             soft_wrap=True,
         )
     if not collected.documents:
-        console.print(f"[red]no text files under {source}[/]")
+        console.print(f"[red]no text files under {escape(str(source))}[/]")
         return 2
 
     port = pick_port() if http_port is None else http_port
@@ -570,13 +571,13 @@ def run_demo(
     try:
         config, embedded, notes = load_config(None, environ)
     except ConfigError as exc:
-        console.print(f"[red]configuration error:[/] {exc}")
+        console.print(f"[red]configuration error:[/] {escape(str(exc))}")
         return 2
     except EmbeddedPostgresError as exc:
-        console.print(f"[red]error:[/] {exc}", soft_wrap=True)
+        console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
         return 1
     for note in notes:
-        console.print(note, soft_wrap=True)
+        console.print(note, soft_wrap=True, markup=False)
 
     stop = threading.Event()
     previous = (
@@ -595,13 +596,15 @@ def run_demo(
             surfaces = start_surfaces(compose(config), config, embedded=embedded)
         except (ComposerError, OSError, RuntimeError) as exc:
             # A busy port, an unreachable database: one line, no traceback.
-            console.print(f"[red]error:[/] the demo node did not start: {exc}", soft_wrap=True)
+            console.print(
+                f"[red]error:[/] the demo node did not start: {escape(str(exc))}", soft_wrap=True
+            )
             return 1
         node = surfaces.node
         repository = node.contributions.first(WorkflowRepository)
         repository.put(WORKFLOW_NAME, demo_workflow(services.target))
         url = surfaces.http.url
-        console.print(f"data dir: {config.data_dir}")
+        console.print(f"data dir: {config.data_dir}", markup=False)
         console.print(f"actions route: {surfaces.actions_url}")
         console.print(f"dashboard: {url}/ui/   metrics: {url}/metrics")
         if http_port is None and surfaces.http.port != DEFAULT_PORT:
@@ -661,7 +664,9 @@ def run_demo(
                         break
             reporter.update(len(job_ids) + len(refused), f"{len(job_ids)} accepted", final=True)
             for name, error in refused:
-                reporter.print(f"[red]submit refused[/] {name}: {error}", soft_wrap=True)
+                reporter.print(
+                    f"[red]submit refused[/] {escape(name)}: {escape(error)}", soft_wrap=True
+                )
             tracker.job_ids = set(job_ids)
             reporter.phase("jobs", len(job_ids))
 

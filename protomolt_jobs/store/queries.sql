@@ -157,7 +157,7 @@ SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
  WHERE job_id = %(job_id)s
 
 -- name: job_list
--- description: jobs newest first, optionally filtered by status and/or workflow name (NULL = any).
+-- description: jobs newest first, optionally filtered by status, workflow name, queue, fairness key and an id range (an id prefix padded with 0s and fs: the primary key's order is the hex order) (NULL = any).
 SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
        input::text AS input, status, attempt, max_attempts, run_after, outstanding_step,
        checkpoints::text AS checkpoints, result::text AS result, verdict, error,
@@ -168,6 +168,7 @@ SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
    AND (%(workflow_name)s::text IS NULL OR workflow_name = %(workflow_name)s::text)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
    AND (%(fairness_key)s::text IS NULL OR fairness_key = %(fairness_key)s::text)
+   AND (%(id_low)s::uuid IS NULL OR job_id BETWEEN %(id_low)s::uuid AND %(id_high)s::uuid)
  ORDER BY created_at DESC, job_id DESC
  LIMIT %(limit)s OFFSET %(offset)s
 
@@ -392,12 +393,13 @@ SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
   FROM moved
 
 -- name: job_complete
--- description: fenced (status, lease_owner, attempt, lease_token): COMPLETED with result, verdict and completed_at, with its COMPLETED event (or the CANCELLED/PAUSED event of a pending request the trigger applied); one statement.
+-- description: fenced (status, lease_owner, attempt, lease_token): COMPLETED with result, verdict and completed_at, error cleared (an earlier attempt's failure stays in the history), with its COMPLETED event (or the CANCELLED/PAUSED event of a pending request the trigger applied); one statement.
 WITH moved AS (
     UPDATE workflow_run
        SET status = 'COMPLETED',
            result = %(result)s,
            verdict = %(verdict)s,
+           error = NULL,
            outstanding_step = NULL,
            lease_owner = NULL,
            lease_token = NULL,
@@ -427,13 +429,14 @@ SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
   FROM moved
 
 -- name: job_complete_with_checkpoint
--- description: fenced (status, lease_owner, attempt, lease_token): append the final step's checkpoint entry and COMPLETED, with the STEP_CHECKPOINT (detail.status RUNNING) and COMPLETED events in that order (or CANCELLED/PAUSED for a pending request the trigger applied); one statement.
+-- description: fenced (status, lease_owner, attempt, lease_token): append the final step's checkpoint entry and COMPLETED, error cleared (as job_complete), with the STEP_CHECKPOINT (detail.status RUNNING) and COMPLETED events in that order (or CANCELLED/PAUSED for a pending request the trigger applied); one statement.
 WITH moved AS (
     UPDATE workflow_run
        SET status = 'COMPLETED',
            checkpoints = checkpoints || jsonb_build_array(workflow_checkpoint_stamp(%(entry)s::jsonb)),
            result = %(result)s,
            verdict = %(verdict)s,
+           error = NULL,
            outstanding_step = NULL,
            lease_owner = NULL,
            lease_token = NULL,

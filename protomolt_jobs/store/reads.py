@@ -4,18 +4,21 @@ decoded after it (:meth:`~.records.JobRecord.from_row` never raises)."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
 from protomolt_jobs.store import checks, db
 from protomolt_jobs.store.records import JOB_STATUSES, History, JobRecord, Transition
 
-__all__ = ["LIST_LIMIT_DEFAULT", "LIST_LIMIT_MAX", "ReadsMixin"]
+__all__ = ["ID_PREFIX", "LIST_LIMIT_DEFAULT", "LIST_LIMIT_MAX", "ReadsMixin"]
 
 #: ``job_list`` page size when the caller asks for 0.
 LIST_LIMIT_DEFAULT = 50
 #: ``job_list`` page size ceiling.
 LIST_LIMIT_MAX = 500
+#: ``job_list``'s ``id_prefix``: the first 4 to 32 hex digits of an id (dashes left out).
+ID_PREFIX = re.compile(r"[0-9a-fA-F]{4,32}")
 
 
 class ReadsMixin(db.Database):
@@ -51,6 +54,7 @@ class ReadsMixin(db.Database):
         *,
         queue: str | None = None,
         fairness_key: str | None = None,
+        id_prefix: str | None = None,
     ) -> list[JobRecord]:
         """Jobs newest first (``created_at DESC, job_id DESC``), optionally filtered.
 
@@ -63,9 +67,12 @@ class ReadsMixin(db.Database):
         :param workflow_name: exact name, or None.
         :param queue: exact queue, or None.
         :param fairness_key: exact fairness key, or None.
+        :param id_prefix: the first 4 to 32 hex digits of the id (dashes left out, any case),
+            or None: the ids between the prefix padded with ``0`` and with ``f``.
         :param limit: page size, >= 0.
         :param offset: rows to skip, >= 0.
-        :raises ValueError: for an unknown status, or a negative limit or offset.
+        :raises ValueError: for an unknown status, a malformed ``id_prefix``, or a negative
+            limit or offset.
         :raises StoreError: on a database failure.
         """
         if status is not None and status not in JOB_STATUSES:
@@ -75,7 +82,15 @@ class ReadsMixin(db.Database):
         checks.non_negative_int("limit", limit)
         checks.non_negative_int("offset", offset)
         effective = LIST_LIMIT_DEFAULT if limit == 0 else min(limit, LIST_LIMIT_MAX)
+        id_low = id_high = None
+        if id_prefix is not None:
+            if not ID_PREFIX.fullmatch(id_prefix):
+                raise ValueError(f"id_prefix: must be 4 to 32 hex digits; got {id_prefix!r}")
+            id_low = uuid.UUID(id_prefix.lower().ljust(32, "0"))
+            id_high = uuid.UUID(id_prefix.lower().ljust(32, "f"))
         params = {
+            "id_low": id_low,
+            "id_high": id_high,
             "status": status,
             "workflow_name": workflow_name,
             "queue": queue,

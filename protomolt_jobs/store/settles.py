@@ -102,7 +102,8 @@ class SettlesMixin(db.Database):
         checkpoint; a resume completes it without calling any step). Returns the status.
 
         SQL: fenced ``UPDATE ... SET status='COMPLETED', result, verdict, completed_at=now()``,
-        lease cleared; then one outbox row (COMPLETED, verdict). With ``final_entry`` the same
+        ``error`` and the lease cleared (a failure of an earlier attempt stays in the history:
+        the retry's transition reason; a pending cancel sets its own error); then one outbox row (COMPLETED, verdict). With ``final_entry`` the same
         fenced UPDATE also appends it to ``checkpoints``, and the outbox gets STEP_CHECKPOINT
         (step = ``final_entry["name"]``, ``detail.status`` RUNNING, as :meth:`job_checkpoint`
         writes it) before COMPLETED: the events a separate checkpoint would have written, in

@@ -10,19 +10,31 @@ metric                                   meaning
 ``protomolt_jobs_claims_total``          jobs this process's workers claimed
 ``protomolt_jobs_settled_total``         segments settled, label ``outcome``: ``completed``,
                                          ``parked``, ``retried``, ``dead``, ``failed``,
-                                         ``abandoned`` (lease lost, or released at a stop),
-                                         ``unsettled`` (the settling write failed)
+                                         ``controlled`` (an operator's cancel or pause, or a
+                                         budget pause, took the run), ``recovery_required``
+                                         (a step's state cannot be proven), ``abandoned`` (lease
+                                         lost, or released at a stop), ``unsettled`` (the
+                                         settling write failed)
 ``protomolt_jobs_lease_lost_total``      fenced writes or heartbeats that matched no row
 ``protomolt_jobs_step_duration_seconds`` histogram of step calls, labels ``method``
                                          (``/pkg.Service/Method``) and ``outcome`` (``OK`` or
                                          the gRPC status name)
 ``protomolt_jobs_relay_published_total`` outbox events the relay published to Kafka
+``protomolt_jobs_queue_wait_seconds``    histogram, labels ``workflow`` and ``queue``: submit
+                                         to the run's first claim (database times)
+``protomolt_jobs_end_to_end_seconds``    histogram, labels ``workflow`` and ``queue``: submit
+                                         to a terminal settlement by a worker (completed,
+                                         failed, dead)
 ======================================== ======================================================
 
 A node adds :class:`StoreCollector` (one read, cached :data:`STORE_CACHE_S` seconds, so
 scrapes from several Prometheus servers cost one query): ``protomolt_jobs_runs`` (gauge, labels
 ``status`` and ``queue``), ``protomolt_jobs_outbox_pending`` and ``protomolt_jobs_component_up``
 (label ``component``). Labels are bounded: no job id, no error text.
+
+No ``_created`` series: prometheus-client's per-series creation timestamps are turned off once,
+when this module is imported (:func:`prometheus_client.disable_created_metrics`, which is
+process-wide); every counter and histogram exports its samples alone.
 """
 
 from __future__ import annotations
@@ -33,12 +45,20 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 __all__ = [
     "CLAIMS",
+    "END_TO_END_SECONDS",
     "LEASE_LOST",
+    "QUEUE_WAIT_SECONDS",
     "REGISTRY",
     "RELAY_PUBLISHED",
     "SETTLED",
@@ -47,6 +67,7 @@ __all__ = [
     "StoreCollector",
     "count_settled",
     "exposition",
+    "observe_run",
     "observe_step",
 ]
 
@@ -66,6 +87,10 @@ _STATUSES = (
     "DEAD",
     "CANCELLED",
 )
+
+# One ``_created`` series per counter and histogram child doubles the series count for a
+# timestamp no query of ours reads (Prometheus infers resets from the counter itself).
+disable_created_metrics()
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -90,19 +115,45 @@ STEP_SECONDS = Histogram(
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
     registry=REGISTRY,
 )
+QUEUE_WAIT_SECONDS = Histogram(
+    "protomolt_jobs_queue_wait_seconds",
+    "Runs, seconds from submit to their first claim (database times), by workflow and queue.",
+    ["workflow", "queue"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400),
+    registry=REGISTRY,
+)
+END_TO_END_SECONDS = Histogram(
+    "protomolt_jobs_end_to_end_seconds",
+    "Runs, seconds from submit to a terminal settlement by a worker (completed, failed, dead), "
+    "by workflow and queue.",
+    ["workflow", "queue"],
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400, 604800),
+    registry=REGISTRY,
+)
 RELAY_PUBLISHED = Counter(
     "protomolt_jobs_relay_published",
     "Outbox events the relay published to Kafka.",
     registry=REGISTRY,
 )
 
-for _outcome in ("completed", "parked", "retried", "dead", "failed", "abandoned", "unsettled"):
+for _outcome in (
+    "completed",
+    "parked",
+    "retried",
+    "dead",
+    "failed",
+    "controlled",
+    "recovery_required",
+    "abandoned",
+    "unsettled",
+):
     SETTLED.labels(_outcome)  # exported at 0 from the start
 
 # Labelled children, cached: ``labels()`` costs more than the observation itself, and the
 # label sets are few (a method and an outcome; an outcome).
 _step_children: dict[tuple[str, str], Any] = {}
 _settled_children: dict[str, Any] = {}
+_run_children: dict[tuple[Any, str, str], Any] = {}
 
 
 def observe_step(method: str, outcome: str, seconds: float) -> None:
@@ -119,6 +170,22 @@ def count_settled(outcome: str) -> None:
     if child is None:
         child = _settled_children.setdefault(outcome, SETTLED.labels(outcome))
     child.inc()
+
+
+def observe_run(
+    workflow: str, queue: str, *, waited_s: float | None = None, total_s: float | None = None
+) -> None:
+    """Record a run's latencies: ``waited_s`` in :data:`QUEUE_WAIT_SECONDS` (its first claim),
+    ``total_s`` in :data:`END_TO_END_SECONDS` (its terminal settlement); None skips one.
+    Negative values (clock steps of the database) are recorded as 0."""
+    for histogram, seconds in ((QUEUE_WAIT_SECONDS, waited_s), (END_TO_END_SECONDS, total_s)):
+        if seconds is None:
+            continue
+        key = (histogram, workflow, queue)
+        child = _run_children.get(key)
+        if child is None:
+            child = _run_children.setdefault(key, histogram.labels(workflow, queue))
+        child.observe(max(0.0, seconds))
 
 
 class StoreCollector:

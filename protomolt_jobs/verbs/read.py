@@ -7,6 +7,7 @@ from typing import Any
 
 from protomolt_jobs.runs.report import history_json, iso_instant, report_json
 from protomolt_jobs.runs.stored_run import SnapshotError, StoredRun
+from protomolt_jobs.store.reads import ID_PREFIX
 from protomolt_jobs.store.records import JOB_STATUSES, TERMINAL_STATUSES
 from protomolt_jobs.verbs.base import (
     JobsBackend,
@@ -161,10 +162,10 @@ class ListJobsAction(JobVerb):
     scope = "service-invoke"
     description = (
         "List workflow jobs newest first, optionally filtered by 'status', 'workflowName', "
-        "'queue' and 'fairnessKey'; 'limit' (default 50, at most 500) and 'offset' page "
-        "through them."
+        "'queue', 'fairnessKey' and 'idPrefix' (the first 4 to 32 hex digits of the id); "
+        "'limit' (default 50, at most 500) and 'offset' page through them."
     )
-    fields = ("status", "workflowName", "queue", "fairnessKey", "limit", "offset")
+    fields = ("status", "workflowName", "queue", "fairnessKey", "idPrefix", "limit", "offset")
 
     def __init__(self, backend: JobsBackend) -> None:
         super().__init__(backend)
@@ -175,6 +176,11 @@ class ListJobsAction(JobVerb):
                 "workflowName": {"type": "string"},
                 "queue": {"type": "string"},
                 "fairnessKey": {"type": "string"},
+                "idPrefix": {
+                    "type": "string",
+                    "pattern": "^[0-9a-fA-F]{4,32}$",
+                    "description": "the first 4 to 32 hex digits of the job id (no dashes).",
+                },
                 "limit": {
                     "type": "integer",
                     "minimum": 0,
@@ -189,7 +195,8 @@ class ListJobsAction(JobVerb):
         """:returns: ``{ok: true, jobs: [summary...]}``.
 
         :raises Unavailable: no database configured.
-        :raises InvalidInput: unknown status, mistyped fields, negative limit or offset.
+        :raises InvalidInput: unknown status, mistyped fields, an ``idPrefix`` that is not 4
+            to 32 hex digits, negative limit or offset.
         """
         store, _ = self._accept(input)
         status = optional_string(input, "status")
@@ -201,6 +208,13 @@ class ListJobsAction(JobVerb):
         workflow_name = optional_string(input, "workflowName")
         queue = optional_string(input, "queue")
         fairness_key = optional_string(input, "fairnessKey")
+        id_prefix = optional_string(input, "idPrefix")
+        if id_prefix is not None and not ID_PREFIX.fullmatch(id_prefix):
+            raise invalid(
+                "idPrefix",
+                f"'idPrefix' must be the first 4 to 32 hex digits of a job id (no dashes); "
+                f"got {id_prefix[:40]!r}",
+            )
         limit = 0
         if input.get("limit") is not None:
             limit_value = as_integer(input["limit"])
@@ -222,6 +236,8 @@ class ListJobsAction(JobVerb):
             filters["queue"] = queue
         if fairness_key is not None:
             filters["fairness_key"] = fairness_key
+        if id_prefix is not None:
+            filters["id_prefix"] = id_prefix
         jobs = store.job_list(
             status=status, workflow_name=workflow_name, limit=limit, offset=offset, **filters
         )

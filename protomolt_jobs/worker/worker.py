@@ -301,6 +301,7 @@ class Worker:
         return job
 
     def _execute(self, job: JobRecord) -> Settlement:
+        started = time.monotonic()
         if tracing.enabled():
             with tracing.segment_span(job, self.worker_id) as span:
                 settlement = self.executor.execute(job)
@@ -308,4 +309,32 @@ class Worker:
         else:
             settlement = self.executor.execute(job)
         metrics.count_settled(settlement.value)
+        _observe_latencies(job, settlement, time.monotonic() - started)
         return settlement
+
+
+#: Settlements after which the run is finished (an operator's cancel is the operator's).
+_TERMINAL = frozenset({Settlement.COMPLETED, Settlement.FAILED, Settlement.DEAD})
+
+
+def _observe_latencies(job: JobRecord, settlement: Settlement, segment_s: float) -> None:
+    """The run's queue wait and end-to-end time, from the claimed row's times and no statement.
+
+    The claim wrote ``updated_at = now()``, so ``updated_at - created_at`` is submit to this
+    claim in database time. It is the queue wait when this was the run's first claim:
+    attempt 1 with nothing recorded yet (no checkpoint, no retry-step generation, no effect
+    intent). A segment that wrote nothing (abandoned, released at a stop: the attempt is given
+    back) is not counted, so its next claim is. A requeued run that had recorded nothing
+    counts again. The end-to-end time adds this segment's duration (the worker's monotonic
+    clock, never compared with the database's) when it settled the run for good.
+    """
+    if settlement in (Settlement.ABANDONED, Settlement.UNSETTLED):
+        return
+    claimed_s = (job.updated_at - job.created_at).total_seconds()
+    first = job.attempt == 1 and not (job.checkpoints or job.step_generations or job.effect_intents)
+    metrics.observe_run(
+        job.workflow_name,
+        job.queue,
+        waited_s=claimed_s if first else None,
+        total_s=claimed_s + segment_s if settlement in _TERMINAL else None,
+    )

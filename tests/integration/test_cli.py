@@ -204,6 +204,104 @@ def test_jobs_retry_only_runs_the_named_step_alone(served, services):
     assert (retry["step"], retry["reason"]) == ("b", "scope only")
 
 
+def _parked_job(url: str, services) -> str:
+    """A seed job submitted inline through ``call``, once it is WAITING on review."""
+    sub = call(
+        url,
+        "submit-workflow",
+        {"workflow": seed_workflow(services.target), "input": {"text": "a b c"}},
+    )
+    assert sub.returncode == 0, sub.stderr
+    job_id = json.loads(sub.stdout)["jobId"]
+
+    def waiting():
+        return json.loads(call(url, "get-job", {"jobId": job_id}).stdout)["job"]["status"]
+
+    wait_for(lambda: waiting() == "WAITING")
+    return job_id
+
+
+BRACKETS = "every sink [effect, fix]: required"
+
+
+def test_stored_text_is_printed_literally_not_as_markup(served, services):
+    """Issue 31: square brackets in a stored error or reason are not swallowed as rich markup
+    (``every sink [effect, fix]: required`` printed as ``every sink : required``)."""
+    _, url, _ = served
+    job_id = _parked_job(url, services)
+    cancelled = cli("jobs", "cancel", job_id, "--reason", BRACKETS, "--url", url)
+    assert cancelled.returncode == 0 and json.loads(cancelled.stdout)["status"] == "CANCELLED"
+    wide = {"COLUMNS": "200"}
+    listed = cli("jobs", "list", "--url", url, env=wide)
+    assert listed.returncode == 0, listed.stderr
+    assert f"CANCELLED by anonymous: {BRACKETS}" in listed.stdout, listed.stdout
+    history = cli("jobs", "history", job_id, "--url", url, env=wide)
+    assert history.returncode == 0, history.stderr
+    assert BRACKETS in history.stdout, history.stdout
+
+
+def test_jobs_list_fits_80_columns_with_short_ids_and_compact_times(served, services):
+    """Issue 31: at COLUMNS=80 no line of ``jobs list`` is longer than 80 characters (it was a
+    UUID folded over four lines and times cut to ``2026-12-...``); the id is its first 8
+    characters, the time ``HH:MM:SS`` (UTC, today), the error cut with an ellipsis but never
+    read as markup; ``--json`` has every value whole."""
+    _, url, _ = served
+    job_id = _parked_job(url, services)
+    other = _parked_job(url, services)
+    cli("jobs", "cancel", job_id, "--reason", "[effect, fix]", "--url", url)
+    narrow = {"COLUMNS": "80"}
+    listed = cli("jobs", "list", "--url", url, env=narrow)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, listed.stdout
+    assert job_id not in listed.stdout and other not in listed.stdout
+    (waiting,) = [line for line in lines if line.startswith(other[:8])]
+    assert "WAITING" in waiting and "review" in waiting, waiting
+    assert re.search(r"  \d\d:\d\d:\d\d  ", waiting), waiting
+    # Alone in the list (no step column), the error's start shows, its bracket kept.
+    only = cli("jobs", "list", "--status", "CANCELLED", "--url", url, env=narrow).stdout
+    assert max(len(line) for line in only.splitlines()) <= 80, only
+    (row,) = [line for line in only.splitlines() if line.startswith(job_id[:8])]
+    assert "CANCELLED by anonymous: [eff" in row, row
+    whole = json.loads(cli("jobs", "list", "--json", "--url", url, env=narrow).stdout)
+    cancelled = next(j for j in whole["jobs"] if j["jobId"] == job_id)
+    assert cancelled["error"] == "CANCELLED by anonymous: [effect, fix]"
+    assert cancelled["updatedAt"].endswith("Z")
+
+
+def test_jobs_get_takes_a_unique_id_prefix_and_names_the_candidates_of_another(served, services):
+    """Issue 31: ``jobs get 38ff9f29`` (the dashboard's short id) is the job when one id starts
+    with it; when several do it is a usage error naming them; the other job commands too."""
+    _, url, _ = served
+    ids = [f"38ff9f29-0000-4000-8000-00000000000{i}" for i in (1, 2)] + [
+        "38ff0000-0000-4000-8000-000000000003"
+    ]
+    for job_id in ids:
+        sub = call(
+            url,
+            "submit-workflow",
+            {"workflow": seed_workflow(services.target), "input": {"text": "a"}, "jobId": job_id},
+        )
+        assert json.loads(sub.stdout)["ok"] is True, sub.stdout
+    got = cli("jobs", "get", "38ff0000", "--url", url)
+    assert got.returncode == 0, got.stderr
+    assert json.loads(got.stdout)["job"]["jobId"] == ids[2]
+    ambiguous = cli("jobs", "get", "38ff9f29", "--url", url)
+    assert ambiguous.returncode == 2
+    assert "starts several job ids" in ambiguous.stderr
+    assert ids[0] in ambiguous.stderr and ids[1] in ambiguous.stderr
+    assert ids[2] not in ambiguous.stderr
+    by_longer = cli("jobs", "get", "38FF9F29000040008000000000000002", "--url", url)
+    assert json.loads(by_longer.stdout)["job"]["jobId"] == ids[1]
+    none = cli("jobs", "get", "0badcafe", "--url", url)
+    assert none.returncode == 2 and "no job id starts with '0badcafe'" in none.stderr
+    history = cli("jobs", "history", "38ff0000", "--json", "--url", url)
+    assert json.loads(history.stdout)["jobId"] == ids[2]
+    # Not a prefix: passed on as given, and the verb refuses it.
+    refused = cli("jobs", "get", "not-a-uuid", "--url", url)
+    assert refused.returncode == 2 and "invalid-input" in refused.stderr
+
+
 def test_call_exit_codes(served):
     _, url, _ = served
     not_found = call(url, "get-job", {"jobId": "00000000-0000-0000-0000-000000000001"})
@@ -258,6 +356,19 @@ def test_token_on_serve_and_call(tmp_path, fresh_dsn):
             ).returncode
             == 0
         )
+        # Issue 31: options before, between or after the positional arguments.
+        envelope = '{"limit": 1}'
+        for argv in (
+            ("call", "list-jobs", "--token", "t0k", "--url", url, envelope),
+            ("call", "--token", "t0k", "list-jobs", "--url", url, envelope),
+            ("call", "list-jobs", "--token", "t0k", envelope, "--url", url),
+            ("jobs", "list", "--token", "t0k", "--json", "--url", url),
+        ):
+            done = cli(*argv)
+            assert done.returncode == 0, (argv, done.stderr)
+            assert json.loads(done.stdout)["ok"] is True, argv
+        unknown = cli("call", "list-jobs", "--token", "t0k", envelope, "--url", url, "--nope")
+        assert unknown.returncode == 2 and "--nope" in unknown.stderr
     finally:
         assert node.stop() == 0
 

@@ -4,8 +4,9 @@ open a job, a wrong answer in the complete-step form shows the verb's error, a r
 the job to COMPLETED. A real node, real PostgreSQL, real gRPC step servers.
 
 On failure a screenshot and the page source go to ``$PROTOMOLT_TEST_ARTIFACTS`` (default
-``test-artifacts/``). Without the browser the module fails to load with the install command
-(``.ci/run`` installs it when missing); it is never skipped.
+``test-artifacts/``). Without the browser the tests that drive it fail at their ``browser``
+fixture with the install command (``.ci/run`` installs it when missing); they are never
+skipped, and the other tests here and in the suite still run (``tests/support/browser.py``).
 """
 
 from __future__ import annotations
@@ -23,22 +24,15 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
+from tests.support.browser import browser_paths, require_browser
 from tests.support.factories import parked_job
 from tests.support.grpc_servers import TestServices, descriptor_set_b64, seed_workflow
 from tests.support.node import http, node_environ, start_node, start_node_with_file, wait_for
 
 TOKEN = "dashboard-secret"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+CHROMIUM, CHROMEDRIVER = browser_paths()
 JOBS = 200
 ARTIFACTS = Path(os.environ.get("PROTOMOLT_TEST_ARTIFACTS", "test-artifacts"))
-
-if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
-    # A real browser is part of the test suite, like PostgreSQL: never skip silently.
-    raise RuntimeError(
-        f"the dashboard tests need Debian's chromium and chromium-driver ({CHROMIUM}, "
-        f"{CHROMEDRIVER}): apt-get install chromium chromium-driver (.ci/run does this)"
-    )
 
 
 def tally_workflow(target: str) -> dict:
@@ -60,6 +54,7 @@ def tally_workflow(target: str) -> dict:
 
 @pytest.fixture
 def browser(request):
+    require_browser(CHROMIUM, CHROMEDRIVER)  # fails this test alone, with the apt-get hint
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     profile = tempfile.mkdtemp(prefix="pmj-chromium-")
@@ -313,6 +308,66 @@ def test_dashboard_pages_answer_without_a_browser(tmp_path, fresh_dsn):
         # The API stays JSON: a verb without the token is a 401 envelope, not a redirect.
         status, body, _ = http("GET", f"{url}/protomolt/actions")
         assert status == 401 and body["error"] == "unauthenticated"
+    finally:
+        surfaces.close()
+
+
+def _no_follow(url: str, path: str, headers: dict[str, str] | None = None):
+    """One GET that does not follow a redirect: ``(status, Location header or None, body)``."""
+    import http.client
+
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, resp.getheader("Location"), resp.read()
+    finally:
+        conn.close()
+
+
+def test_ui_without_the_trailing_slash_redirects(tmp_path, fresh_dsn):
+    """``/ui`` is sent to ``/ui/`` (its query kept), not answered with a 404 JSON body; without
+    the token it goes to the login form like every page."""
+    surfaces = start_node(node_environ(tmp_path, fresh_dsn, token=TOKEN))
+    try:
+        url = surfaces.http.url
+        cookie = {"Cookie": f"protomolt_token={TOKEN}"}
+        assert _no_follow(url, "/ui", cookie)[:2] == (307, "/ui/")
+        assert _no_follow(url, "/ui?status=DEAD", cookie)[:2] == (307, "/ui/?status=DEAD")
+        assert _no_follow(url, "/ui")[:2] == (303, "/ui/login")
+        status, body, _ = http("GET", f"{url}/ui", headers=cookie)
+        assert status == 200 and b"<html" in body.lower()
+    finally:
+        surfaces.close()
+
+
+def test_the_jobs_page_searches_by_id_or_its_start(tmp_path, fresh_dsn):
+    """The id filter: a unique start (or the whole id) opens the job, an ambiguous one lists
+    the candidates, a malformed one shows list-jobs' invalid-input naming idPrefix."""
+    surfaces = start_node(node_environ(tmp_path, fresh_dsn))
+    try:
+        url = surfaces.http.url
+        ids = [
+            "38ff9f29-0000-4000-8000-000000000001",
+            "38ff9f29-0000-4000-8000-000000000002",
+            "38ff0000-0000-4000-8000-000000000003",
+        ]
+        for job_id in ids:
+            status, body, _ = http(
+                "POST",
+                f"{url}/protomolt/actions/submit-workflow",
+                {"workflow": tally_workflow("127.0.0.1:1"), "input": {}, "jobId": job_id},
+            )
+            assert status == 200 and body["ok"], body
+        assert _no_follow(url, "/ui/?id=38ff0000")[:2] == (303, f"/ui/jobs/{ids[2]}")
+        assert _no_follow(url, f"/ui/?id={ids[1]}")[:2] == (303, f"/ui/jobs/{ids[1]}")
+        status, _, page = _no_follow(url, "/ui/?id=38ff9f29")
+        assert status == 200
+        assert ids[0].encode() in page and ids[1].encode() in page
+        assert ids[2].encode() not in page
+        status, _, page = _no_follow(url, "/ui/?id=zz")
+        assert status == 200 and b"invalid-input" in page and b"idPrefix" in page
     finally:
         surfaces.close()
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import grpc
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from protomolt_jobs.telemetry.metrics import REGISTRY
 from tests.support.grpc_servers import TestServices, seed_workflow
 from tests.support.node import http, node_environ, start_node, wait_for
 
@@ -42,6 +45,11 @@ def test_metrics_after_jobs_show_completions_step_histograms_and_run_counts(tmp_
         try:
             url = surfaces.http.url
             flow = seed_workflow(services.target, review="invoke")
+            # The process's registry may hold other tests' runs: compare with its values before
+            # (read in process: a scrape now would also cache the run counts for 5 s).
+            before = _families(generate_latest(REGISTRY).decode())
+            # One run is retried: its second claim is not a first claim.
+            services.fail_next("Tokenize", 1, grpc.StatusCode.UNAVAILABLE, "warming up")
             ids = []
             for i in range(5):
                 status, answer, _ = http(
@@ -68,6 +76,19 @@ def test_metrics_after_jobs_show_completions_step_histograms_and_run_counts(tmp_
             assert status == 200
             families = _families(text)
             assert _value(families, "protomolt_jobs_settled_total", outcome="completed") >= 5
+            # Issue 31: every outcome exported from the start, no _created series.
+            settled = {s.labels["outcome"] for s in families["protomolt_jobs_settled"].samples}
+            assert {"controlled", "abandoned", "unsettled"} <= settled, settled
+            assert "_created" not in text, [ln for ln in text.splitlines() if "_created" in ln]
+            # Queue wait and end-to-end by workflow and queue: one sample per run.
+            run = {"workflow": "seed-review", "queue": "default"}
+            assert _value(families, "protomolt_jobs_settled_total", outcome="retried") >= 1
+            for name in ("queue_wait", "end_to_end"):
+                count = _value(families, f"protomolt_jobs_{name}_seconds_count", **run)
+                count -= _value(before, f"protomolt_jobs_{name}_seconds_count", **run)
+                assert count == 5, (name, count)
+                total = _value(families, f"protomolt_jobs_{name}_seconds_sum", **run)
+                assert total > _value(before, f"protomolt_jobs_{name}_seconds_sum", **run), name
             assert _value(families, "protomolt_jobs_claims_total") >= 5
             method = "/jobs.test.Tokenizer/Tokenize"
             assert (

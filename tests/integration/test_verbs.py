@@ -289,6 +289,34 @@ def test_list_jobs_filters_order_and_paging(verbs):
     assert verbs("list-jobs", {"offset": 2**63 - 1})["jobs"] == []
 
 
+def test_list_jobs_by_id_prefix(verbs):
+    """Issue 31: ``idPrefix`` (4 to 32 hex digits, any case, no dashes) lists the jobs whose id
+    starts with it; anything else is invalid-input naming the field."""
+    ids = [
+        "abcd1234-0000-4000-8000-000000000001",
+        "abcd1234-0000-4000-8000-000000000002",
+        "abcd9999-0000-4000-8000-000000000003",
+        "ffffffff-ffff-4fff-bfff-ffffffffffff",
+    ]
+    for job_id in ids:
+        verbs("submit-workflow", {"workflowName": "seed-review", "input": {}, "jobId": job_id})
+
+    def listed(prefix):
+        return sorted(j["jobId"] for j in verbs("list-jobs", {"idPrefix": prefix})["jobs"])
+
+    assert listed("abcd") == sorted(ids[:3])
+    assert listed("abcd1234") == sorted(ids[:2])
+    assert listed("ABCD9999") == [ids[2]]
+    assert listed(ids[0].replace("-", "")) == [ids[0]]
+    assert listed("ffffffff") == [ids[3]]
+    assert listed("0123abcd") == []
+    assert verbs("list-jobs", {"idPrefix": "abcd", "status": "RUNNING"})["jobs"] == []
+    for bad in ("abc", "abcd-1234", "xyz12345", "a" * 33, " abcd", 1234, ["abcd"]):
+        with pytest.raises(InvalidInput) as info:
+            verbs("list-jobs", {"idPrefix": bad})
+        assert info.value.details["field"] == "idPrefix", (bad, info.value.message)
+
+
 # ---------------------------------------------------------------------------- complete-step
 
 

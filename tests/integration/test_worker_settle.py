@@ -460,3 +460,43 @@ def test_a_settled_job_never_logs_a_lost_lease(store, fresh_dsn, services, caplo
         assert lost == []
     finally:
         worker.stop()
+
+
+def test_a_completed_job_carries_no_error_of_an_earlier_attempt(tmp_path, fresh_dsn, services):
+    """Issue 31: embed answers UNAVAILABLE once, the retry completes the job. get-job and the
+    dashboard show no error on the COMPLETED row; the failure stays in the history (the
+    retry's reason) and the page's history table."""
+    from tests.support.node import http, node_environ, start_node
+    from tests.support.node import wait_for as wait_until
+
+    services.fail_next("Embed", 1, grpc.StatusCode.UNAVAILABLE, "model loading")
+    surfaces = start_node(node_environ(tmp_path, fresh_dsn))
+    try:
+        url = surfaces.http.url
+        status, body, _ = http(
+            "POST",
+            f"{url}/protomolt/actions/submit-workflow",
+            {"workflow": seed_workflow(services.target, review="invoke"), "input": {"text": "hi"}},
+        )
+        assert status == 200 and body["ok"], body
+        job_id = body["jobId"]
+
+        def completed():
+            _, got, _ = http("POST", f"{url}/protomolt/actions/get-job", {"jobId": job_id})
+            return got["job"] if got["job"]["status"] == "COMPLETED" else None
+
+        job = wait_until(completed, timeout_s=30)
+        assert "error" not in job, job
+        assert services.calls("Embed") == 2
+        _, history, _ = http("POST", f"{url}/protomolt/actions/job-history", {"jobId": job_id})
+        retries = [t for t in history["transitions"] if t["kind"] == "retry"]
+        assert len(retries) == 1 and "GRPC: gRPC UNAVAILABLE" in retries[0]["reason"], retries
+        assert history["integrity"] == "ok"
+        status, page, _ = http("GET", f"{url}/ui/jobs/{job_id}")
+        assert status == 200
+        assert b"error-text" not in page
+        assert b"GRPC: gRPC UNAVAILABLE" in page  # in the history table only
+        (stored,) = _sql(fresh_dsn, "SELECT error FROM workflow_run WHERE job_id = %s", job_id)
+        assert stored is None
+    finally:
+        surfaces.close()

@@ -52,7 +52,14 @@ from protomolt_jobs.host.authority import Authority
 from protomolt_jobs.host.catalog import Caller
 from protomolt_jobs.host.http_route import caller_of
 
-__all__ = ["PREFIX", "TOKEN_COOKIE", "dashboard_mount", "is_public", "login_redirect"]
+__all__ = [
+    "PREFIX",
+    "TOKEN_COOKIE",
+    "dashboard_mount",
+    "is_public",
+    "login_redirect",
+    "slash_redirect",
+]
 
 log = logging.getLogger("protomolt_jobs.dashboard")
 
@@ -288,11 +295,14 @@ class Dashboard:
     # -- pages -----------------------------------------------------------------------------
 
     async def jobs(self, request: Request) -> Response:
-        """``GET /ui``: the jobs list (filters: status, workflow, after; page)."""
+        """``GET /ui``: the jobs list (filters: status, workflow, queue, id, after; page). The id
+        filter takes a job id or its start (dashes left out: ``list-jobs``' ``idPrefix``); when
+        exactly one job matches, the page redirects to it."""
         q = request.query_params
         status = q.get("status", "")
         workflow = q.get("workflow", "").strip()
         queue = q.get("queue", "").strip()
+        job_id = q.get("id", "").strip()
         after = q.get("after", "").strip()
         try:
             page = max(int(q.get("page", "1")), 1)
@@ -309,9 +319,14 @@ class Dashboard:
             envelope["workflowName"] = workflow
         if queue:
             envelope["queue"] = queue
+        if job_id:
+            envelope["idPrefix"] = job_id.replace("-", "")
         answer, error = await self._verb(request, "list-jobs", envelope)
         error = page_error or error
         jobs = list(answer.get("jobs", [])) if not page_error else []
+        if job_id and len(jobs) == 1 and not error and request.headers.get("x-live") != "1":
+            found = urllib.parse.quote(str(jobs[0].get("jobId", "")))
+            return RedirectResponse(f"{PREFIX}/jobs/{found}", status_code=303)
         more = len(jobs) > PAGE_SIZE
         jobs = jobs[:PAGE_SIZE]
         if after and not error:
@@ -328,9 +343,15 @@ class Dashboard:
                 error = f"invalid-input: 'after' must be a date and time like 2026-01-31T12:00; got {after!r}"
         counts = None
         down = error.startswith(_UNAVAILABLE)
-        if page == 1 and not status and not workflow and not queue and not after and not error:
+        if page == 1 and not (status or workflow or queue or job_id or after or error):
             counts = await self._counts()
-        filters = {"status": status, "workflow": workflow, "queue": queue, "after": after}
+        filters = {
+            "status": status,
+            "workflow": workflow,
+            "queue": queue,
+            "id": job_id,
+            "after": after,
+        }
         base = {k: v for k, v in filters.items() if v}
         return self._render(
             request,
@@ -616,6 +637,18 @@ def _error_status(error: str, otherwise: int) -> int:
     if error.startswith(_DENIED):
         return 403
     return otherwise
+
+
+def slash_redirect() -> Route:
+    """The route for ``/ui`` without its trailing slash: a GET or HEAD is redirected (307) to
+    ``/ui/``, its query string kept (a mount matches only ``/ui/...``, so without this route
+    the actions route answered a 404 JSON body)."""
+
+    async def redirect(request: Request) -> Response:
+        query = request.url.query
+        return RedirectResponse(f"{PREFIX}/" + (f"?{query}" if query else ""), status_code=307)
+
+    return Route(PREFIX, redirect, methods=["GET", "HEAD"])
 
 
 def dashboard_mount(catalog: Any, inspector: Any, authority: Authority) -> Mount:
