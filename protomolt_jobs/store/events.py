@@ -52,7 +52,6 @@ __all__ = [
 ]
 
 
-
 class EventViolation(NamedTuple):
     """One broken rule of the event contract; the fields of ``validation.Violation``
     (``path`` is ``""`` for a message-level CEL rule)."""
