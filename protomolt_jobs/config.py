@@ -837,7 +837,7 @@ def kafka_client_settings(
 def _leaf_paths(table: Mapping[Any, Any]) -> list[str]:
     """The dotted paths to the leaves of nested tables (``{"timeout": {"ms": 1}}`` ->
     ``["timeout.ms"]``)."""
-    paths = []
+    paths: list[str] = []
     for key, value in table.items():
         if isinstance(value, Mapping):
             paths.extend(f"{key}.{path}" for path in _leaf_paths(value))
