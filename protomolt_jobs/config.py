@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from protomolt_jobs.errors import ProtomoltJobsError
+from protomolt_jobs.limits import MAX_EVENT_BYTES, MAX_EVENT_RECORD_BYTES
 
 __all__ = [
     "ADMIN_SETTING_PREFIXES",
@@ -229,6 +230,30 @@ class JobsConfig:
         _check_weights(self.fairness_weights)
         if not self.events_topic or not str(self.events_topic).strip():
             raise ConfigError("jobs.events_topic must not be blank")
+        _check_topic("jobs.events_topic", self.events_topic)
+        if self.extended_topic is not None:
+            _check_topic(
+                "jobs.events_topic",
+                self.extended_topic,
+                f"its extended sibling {_shown(self.extended_topic)} ({len(self.extended_topic)} "
+                'characters), where event_types = "upstream" puts event types 7 and above,',
+            )
+        if self.request_topic is not None:
+            _check_topic("jobs.request_topic", self.request_topic)
+            if self.request_topic in (self.events_topic, self.extended_topic):
+                which = (
+                    "the events topic"
+                    if self.request_topic == self.events_topic
+                    else (
+                        '<jobs.events_topic>.extended, where event_types = "upstream" puts event '
+                        "types 7 and above"
+                    )
+                )
+                raise ConfigError(
+                    f"jobs.request_topic {self.request_topic!r} is {which} (jobs.events_topic "
+                    f"= {self.events_topic!r}): the request consumer would read our own events "
+                    "as requests and reject them; choose another request topic"
+                )
         if self.request_topic is not None and not self.kafka_bootstrap:
             raise ConfigError(
                 "jobs.request_topic is set but jobs.kafka_bootstrap is not: "
@@ -346,6 +371,21 @@ def _is_name(value: Any) -> bool:
         and value == value.strip()
         and len(value) <= _NAME_MAX
         and not any(ord(c) < 32 for c in value)
+    )
+
+
+#: Kafka's rule for a topic name: these characters, at most 249 of them, never ``.`` or ``..``.
+_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}\Z")
+
+
+def _check_topic(key: str, topic: Any, what: str = "") -> None:
+    """Refuse a topic name Kafka would refuse, at load rather than at the first produce."""
+    if isinstance(topic, str) and _TOPIC_NAME.match(topic) and topic not in (".", ".."):
+        return
+    subject = f"{key} = {_shown(topic)}: {what}" if what else f"{key} = {_shown(topic)}"
+    raise ConfigError(
+        f"{subject} is not a legal Kafka topic name (letters, digits, '.', '_' and '-', at most "
+        "249 characters, not '.' or '..')"
     )
 
 
@@ -594,7 +634,28 @@ _KAFKA_BOUNDS: Mapping[str, Mapping[str, tuple[int, int, str]]] = {
                 "one; the claim lease on outbox rows is twice this plus 10 s"
             ),
         ),
+        "message.max.bytes": (
+            MAX_EVENT_RECORD_BYTES,
+            1_000_000_000,
+            (
+                f"the largest event the contract allows is {MAX_EVENT_BYTES} bytes (error, "
+                "verdict, step and workflow name at their max_len of four-byte characters); "
+                f"framed, keyed and batched it is a {MAX_EVENT_RECORD_BYTES}-byte record, and "
+                "a smaller limit would fail a valid event as MSG_SIZE_TOO_LARGE until it is "
+                "marked FAILED; 1000000000 is librdkafka's most"
+            ),
+        ),
     },
+}
+#: Consumer settings that only apply under the KIP-848 ``consumer`` group protocol, which the
+#: request consumer never uses (``group.protocol`` is owned as ``classic``): librdkafka would
+#: ignore them.
+_CONSUMER_PROTOCOL_ONLY: Mapping[str, str] = {
+    "group.remote.assignor": (
+        "it picks the broker-side assignor of the KIP-848 'consumer' group protocol, and the "
+        "request consumer uses the classic protocol (group.protocol is owned), so librdkafka "
+        "would ignore it; for the classic protocol set partition.assignment.strategy"
+    ),
 }
 #: Connection properties the topic admin client takes from the producer's settings, so a
 #: secured cluster's topics are created with the same credentials.
@@ -603,6 +664,9 @@ ADMIN_SETTING_PREFIXES = (
     "ssl.",
     "sasl.",
     "enable.ssl.",
+    "enable.sasl.",
+    "ssl_engine.",
+    "https.",
     "client.dns.",
     "broker.address.",
 )
@@ -675,7 +739,10 @@ def kafka_client_settings(
     and callbacks are refused with the reason; with ``broker_bounds``, the bounds a stock
     Apache Kafka broker enforces (consumer ``session.timeout.ms`` 6000..1800000, a
     ``heartbeat.interval.ms`` below the session timeout, producer ``message.timeout.ms``
-    1..3600000); with ``probe``, librdkafka itself builds a client from the settings (no
+    1..3600000, and a producer ``message.max.bytes`` that carries the largest event the
+    contract allows, :data:`~protomolt_jobs.limits.MAX_EVENT_RECORD_BYTES`); non-finite
+    numbers, NUL characters, KIP-848-only consumer settings and unquoted dotted TOML keys are
+    refused naming the key; with ``probe``, librdkafka itself builds a client from the settings (no
     broker is contacted), which refuses unknown names, malformed values, its own ranges and
     combinations (``max.poll.interval.ms`` below the session timeout), and a property of the
     other client kind is refused as it would be ignored.
@@ -707,11 +774,24 @@ def kafka_client_settings(
             )
         if key.endswith("_cb") or key in _KAFKA_CALLBACKS:
             raise ConfigError(f"{where}.{key} is a callback; the lane sets its own")
-        if isinstance(value, Mapping | list | tuple) or not isinstance(
-            value, str | int | float | bool
-        ):
+        if isinstance(value, Mapping):
+            # TOML reads an unquoted `session.timeout.ms = 1000` as nested tables.
+            dotted = ", ".join(f"{key}.{path}" for path in _leaf_paths(value))
+            raise ConfigError(
+                f"{where}.{key} is a table, not a setting: an unquoted dotted key like "
+                f"{dotted or key} = ... is read by TOML as nested tables; quote the property "
+                f'name: "{dotted.split(", ")[0] if dotted else key}" = ...'
+            )
+        if isinstance(value, list | tuple) or not isinstance(value, str | int | float | bool):
             raise ConfigError(
                 f"{where}.{key} must be a string, number or boolean; got {_shown(value)}"
+            )
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{where}.{key} must be a finite number; got {_shown(value)}")
+        if isinstance(value, str) and "\x00" in value:
+            raise ConfigError(
+                f"{where}.{key} must not contain a NUL character: librdkafka reads C strings "
+                f"and would silently cut the value there; got {_shown(value)}"
             )
         name = _KAFKA_ALIASES.get(key, key)
         if name in given:
@@ -722,6 +802,8 @@ def kafka_client_settings(
         if name in owned:
             spelled = key if key == name else f"{key} (an alias of {name})"
             raise ConfigError(f"{where}.{spelled} cannot be set: {owned[name]}")
+        if kind == "consumer" and name in _CONSUMER_PROTOCOL_ONLY:
+            raise ConfigError(f"{where}.{key} cannot be set: {_CONSUMER_PROTOCOL_ONLY[name]}")
         given[name] = (key, value)
     merged = {**defaults, **{name: value for name, (_key, value) in given.items()}}
     if not with_defaults:
@@ -748,8 +830,20 @@ def kafka_client_settings(
                     f"less often than that is expelled from the group; got {beat}"
                 )
     if probe:
-        _probe(kind, merged)
+        _probe(kind, merged, {name: key for name, (key, _value) in given.items()})
     return merged
+
+
+def _leaf_paths(table: Mapping[Any, Any]) -> list[str]:
+    """The dotted paths to the leaves of nested tables (``{"timeout": {"ms": 1}}`` ->
+    ``["timeout.ms"]``)."""
+    paths: list[str] = []
+    for key, value in table.items():
+        if isinstance(value, Mapping):
+            paths.extend(f"{key}.{path}" for path in _leaf_paths(value))
+        else:
+            paths.append(str(key))
+    return paths
 
 
 class _WarningSink:
@@ -763,9 +857,10 @@ class _WarningSink:
         self.messages.append(message % args if args else message)
 
 
-def _probe(kind: str, settings: Mapping[str, Any]) -> None:
+def _probe(kind: str, settings: Mapping[str, Any], written: Mapping[str, str]) -> None:
     """Let librdkafka build a client from ``settings`` (and the owned values the lane sets),
-    without a broker; its refusal becomes a :class:`ConfigError`."""
+    without a broker; its refusal becomes a :class:`ConfigError`. ``written`` maps a
+    setting's name here to the key as the user wrote it, so a refusal names that key."""
     from confluent_kafka import Consumer, KafkaException, Producer
 
     where = f"jobs.kafka.{kind}"
@@ -800,7 +895,10 @@ def _probe(kind: str, settings: Mapping[str, Any]) -> None:
         found = _MISPLACED.search(message)
         if found:
             prop, other = found.groups()
+            # librdkafka names its canonical property (queue.buffering.max.ms for linger.ms)
+            key = written.get(_KAFKA_ALIASES.get(prop, prop), prop)
+            spelled = key if key == prop else f"{key} (librdkafka's {prop})"
             raise ConfigError(
-                f"{where} sets {prop}, a {other} property: the {kind} would ignore it "
+                f"{where} sets {spelled}, a {other} property: the {kind} would ignore it "
                 f"(put it in [jobs.kafka.{other}])"
             )

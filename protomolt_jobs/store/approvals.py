@@ -163,6 +163,7 @@ class ApprovalMixin(db.Database):
                 due = json.loads(row["due"] or "[]")
                 step = str(row["outstanding_step"])
                 key = row["job_id"]
+                written = 0  # this job's events so far in the transaction, in order
                 for i in due:
                     timer = timers[i]
                     if timer.get("kind") != "escalate":
@@ -189,11 +190,15 @@ class ApprovalMixin(db.Database):
                             EventType.TYPE_APPROVAL_ESCALATED,
                             step=step,
                             verdict=reason[:500],
+                            later=written,
                         )
+                        written += 1
                         escalated += 1
                 expiry = next((timers[i] for i in due if timers[i].get("kind") == "expire"), None)
                 if expiry is not None:
-                    self._expire_txn(conn, key, step, row["wait_seq"] or 0, expiry, entry)
+                    self._expire_txn(
+                        conn, key, step, row["wait_seq"] or 0, expiry, entry, later=written
+                    )
                     expired += 1
         if escalated or expired:
             log.info(
@@ -212,8 +217,10 @@ class ApprovalMixin(db.Database):
         opened_seq: int,
         expiry: dict[str, Any],
         entry: DecisionEntry,
+        later: int = 0,
     ) -> None:
-        """End an expired approval wait by its ``onExpire`` (the caller holds the row lock)."""
+        """End an expired approval wait by its ``onExpire`` (the caller holds the row lock).
+        ``later``: the job's events the transaction wrote before (``_outbox_txn``)."""
         how = expiry.get("onExpire", "reject")
         if how == "reject":
             votes = [
@@ -245,6 +252,7 @@ class ApprovalMixin(db.Database):
                     step=step,
                     verdict="reject",
                     notify=True,
+                    later=later,
                 )
             return
         status = "FAILED" if how == "fail" else "PAUSED"
@@ -256,7 +264,7 @@ class ApprovalMixin(db.Database):
         )
         if row is not None:
             event = EventType.TYPE_FAILED if status == "FAILED" else EventType.TYPE_PAUSED
-            self._outbox_txn(conn, row, event, step=step, error=error)
+            self._outbox_txn(conn, row, event, step=step, error=error, later=later)
 
     @db.translated
     def approval_votes_open(self, job_id: uuid.UUID | str, step: str) -> list[Vote]:

@@ -23,6 +23,7 @@ import select
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any, ParamSpec, Self, TypeVar
 
 import psycopg
@@ -314,17 +315,21 @@ class Database:
         verdict: str = "",
         error: str = "",
         notify: bool = False,
+        later: int = 0,
     ) -> None:
         """Write the event of a change in the change's transaction. ``row`` carries job_id,
         workflow_name, status (after), attempt and tx_now (the transaction's now()). With
-        ``notify`` the same statement also sends ``NOTIFY protomolt_jobs``."""
+        ``notify`` the same statement also sends ``NOTIFY protomolt_jobs``. ``later``: the
+        job's events this transaction wrote before this one; the row's ``created_at`` (and the
+        event's ``occurred_at``) is that many microseconds after now(), so a Java relay, which
+        claims by ``(created_at, event_id)``, keeps the job's order (docs/interop.md)."""
         event = build_event(
             job_id=row["job_id"],
             workflow_name=row["workflow_name"],
             type=type,
             attempt=row["attempt"],
             status_after=row["status"],
-            occurred_at=row["tx_now"],
+            occurred_at=row["tx_now"] + timedelta(microseconds=later),
             step=step,
             verdict=verdict,
             error=error,
@@ -337,6 +342,7 @@ class Database:
                 "event_type": event.event_type,
                 "payload": event.payload,
                 "kafka_key": event.kafka_key,
+                "later": later,
             },
         )
 

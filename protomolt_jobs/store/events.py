@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 from google.protobuf import struct_pb2
 
+from protomolt_jobs.limits import MAX_ERROR_CHARS, MAX_NAME_CHARS, MAX_VERDICT_CHARS
 from protomolt_jobs.pb.ai.pipestream.proto.jobs.v1.jobs_pb2 import WorkflowRunEvent
 
 EventType = WorkflowRunEvent.Type
@@ -49,13 +50,6 @@ __all__ = [
     "event_type_name",
     "event_violations",
 ]
-
-#: ``WorkflowRunEvent.error`` max_len (code points).
-MAX_ERROR_CHARS = 4000
-#: ``WorkflowRunEvent.verdict`` max_len (code points).
-MAX_VERDICT_CHARS = 500
-#: ``WorkflowRunEvent.step`` and ``workflow_name`` max_len (code points).
-MAX_NAME_CHARS = 200
 
 
 class EventViolation(NamedTuple):

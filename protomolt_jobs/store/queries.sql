@@ -325,7 +325,7 @@ UPDATE workflow_run
 RETURNING lease_until, control::text AS control
 
 -- name: job_checkpoint
--- description: fenced (status, lease_owner, attempt, lease_token): append one entry to checkpoints and write its STEP_CHECKPOINT event (detail.status RUNNING), then the CANCELLED/PAUSED event when the trigger applied a pending request; one statement.
+-- description: fenced (status, lease_owner, attempt, lease_token): append one entry to checkpoints and write its STEP_CHECKPOINT event (detail.status RUNNING), then the CANCELLED/PAUSED event when the trigger applied a pending request; one statement. The second event's created_at (and so its occurred_at) is now() + 1 microsecond, so it sorts after the first by (created_at, event_id), the order a Java relay claims in.
 WITH moved AS (
     UPDATE workflow_run
        SET checkpoints = checkpoints || jsonb_build_array(workflow_checkpoint_stamp(%(entry)s::jsonb)),
@@ -341,7 +341,8 @@ WITH moved AS (
     INSERT INTO workflow_run_events_outbox
         (event_id, event_type, kafka_key, created_at, workflow_name, attempt, status_after,
          step, verdict, error)
-    SELECT gen_random_uuid(), e.event_type, m.job_id::text, now(), m.workflow_name, m.attempt,
+    SELECT gen_random_uuid(), e.event_type, m.job_id::text,
+           now() + (e.ord - 1) * interval '1 microsecond', m.workflow_name, m.attempt,
            e.status_after, %(step)s, NULL, e.error
       FROM moved AS m
      CROSS JOIN LATERAL (VALUES
@@ -429,7 +430,7 @@ SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
   FROM moved
 
 -- name: job_complete_with_checkpoint
--- description: fenced (status, lease_owner, attempt, lease_token): append the final step's checkpoint entry and COMPLETED, error cleared (as job_complete), with the STEP_CHECKPOINT (detail.status RUNNING) and COMPLETED events in that order (or CANCELLED/PAUSED for a pending request the trigger applied); one statement.
+-- description: fenced (status, lease_owner, attempt, lease_token): append the final step's checkpoint entry and COMPLETED, error cleared (as job_complete), with the STEP_CHECKPOINT (detail.status RUNNING) and COMPLETED events in that order (or CANCELLED/PAUSED for a pending request the trigger applied); one statement. The second event's created_at (and so its occurred_at) is now() + 1 microsecond, so it sorts after the first by (created_at, event_id), the order a Java relay claims in.
 WITH moved AS (
     UPDATE workflow_run
        SET status = 'COMPLETED',
@@ -454,7 +455,8 @@ WITH moved AS (
     INSERT INTO workflow_run_events_outbox
         (event_id, event_type, kafka_key, created_at, workflow_name, attempt, status_after,
          step, verdict, error)
-    SELECT gen_random_uuid(), e.event_type, m.job_id::text, now(), m.workflow_name, m.attempt,
+    SELECT gen_random_uuid(), e.event_type, m.job_id::text,
+           now() + (e.ord - 1) * interval '1 microsecond', m.workflow_name, m.attempt,
            e.status_after, e.step, e.verdict, e.error
       FROM moved AS m
      CROSS JOIN LATERAL (VALUES
@@ -985,15 +987,17 @@ SELECT head.history_seq, head.history_head, log.*
 -- ---------------------------------------------------------------------------------------------
 
 -- name: outbox_insert
--- description: one PENDING outbox row, created_at = the transaction's now() (same tx as the job change).
+-- description: one PENDING outbox row, created_at = the transaction's now() plus %(later)s microseconds (the job's events this transaction wrote before it; same tx as the job change).
 INSERT INTO workflow_run_events_outbox (event_id, event_type, payload, kafka_key, created_at)
-VALUES (%(event_id)s, %(event_type)s, %(payload)s, %(kafka_key)s, now())
+VALUES (%(event_id)s, %(event_type)s, %(payload)s, %(kafka_key)s,
+        now() + %(later)s * interval '1 microsecond')
 
 -- name: outbox_insert_notify
 -- description: outbox_insert and pg_notify('protomolt_jobs') in one statement (an enqueue's event and wake-up; the notification is delivered only if the transaction commits).
 WITH event AS (
     INSERT INTO workflow_run_events_outbox (event_id, event_type, payload, kafka_key, created_at)
-    VALUES (%(event_id)s, %(event_type)s, %(payload)s, %(kafka_key)s, now())
+    VALUES (%(event_id)s, %(event_type)s, %(payload)s, %(kafka_key)s,
+            now() + %(later)s * interval '1 microsecond')
     RETURNING 1
 )
 SELECT pg_notify('protomolt_jobs', '') FROM event
