@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import psycopg
 import pytest
 
 from protomolt_jobs.store import JobStore
@@ -83,10 +84,14 @@ def test_many_threads_one_queue_unique(store):
 
 
 def test_chains_written_before_0011_still_verify_after_it(empty_dsn, tmp_path):
+    """A run's chain written by the schema before 0011 (its submit, claim and first checkpoint,
+    written here with that schema's own SQL: today's store writes columns later migrations
+    add) verifies after 0011 and every later migration, and grows on from there."""
     import shutil
+    import uuid as _uuid
 
     from protomolt_jobs.store.migrate import migrate, migrations_dir
-    from tests.support.factories import claimed_job as _claimed
+    from protomolt_jobs.store.records import Lease
 
     old = tmp_path / "m"
     old.mkdir()
@@ -94,13 +99,33 @@ def test_chains_written_before_0011_still_verify_after_it(empty_dsn, tmp_path):
         if f.name.endswith(".sql") and f.name < "0011":
             shutil.copy(str(f), old / f.name)
     migrate(empty_dsn, directory=old)
+    job_id = _uuid.uuid4()
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO workflow_run (job_id, workflow_name, workflow_definition, input, status,"
+            " max_attempts, change_actor) VALUES (%s, 'wf', '{}', '{}', 'QUEUED', 3, 'test')",
+            (job_id,),
+        )
+        (token,) = conn.execute(
+            "UPDATE workflow_run SET status = 'RUNNING', attempt = attempt + 1,"
+            " lease_owner = 'w1', lease_token = gen_random_uuid(),"
+            " lease_until = now() + interval '60 seconds', change_kind = 'claim',"
+            " change_actor = 'worker:w1' WHERE job_id = %s RETURNING lease_token",
+            (job_id,),
+        ).fetchone()
+        conn.execute(
+            "UPDATE workflow_run SET checkpoints = coalesce(checkpoints, '[]'::jsonb)"
+            ' || \'[{"name": "first", "skipped": false, "response": {}}]\'::jsonb,'
+            " change_kind = 'checkpoint', change_actor = 'worker:w1', change_step = 'first'"
+            " WHERE job_id = %s",
+            (job_id,),
+        )
+    assert migrate(empty_dsn)[0] == "0011_transition_hash_stable.sql"  # and any later
     s = JobStore.open(empty_dsn, max_size=2)
     try:
-        job = _claimed(s)
-        s.job_checkpoint(job.lease, {"name": "first", "skipped": False, "response": {}})
-        assert migrate(empty_dsn)[0] == "0011_transition_hash_stable.sql"  # and any later
-        s.job_checkpoint(job.lease, {"name": "second", "skipped": False, "response": {}})
-        history = s.job_history(job.job_id)
+        lease = Lease(job_id, "w1", 1, token)
+        s.job_checkpoint(lease, {"name": "second", "skipped": False, "response": {}})
+        history = s.job_history(job_id)
         assert [t.kind for t in history.transitions] == [
             "submit",
             "claim",
