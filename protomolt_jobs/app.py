@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from protomolt_jobs.config import JobsConfig
+from protomolt_jobs.config import ConfigError, JobsConfig
 from protomolt_jobs.errors import StoreError
 from protomolt_jobs.kafka.relay import Relay
 from protomolt_jobs.kafka.request_consumer import RequestConsumer
@@ -35,13 +35,25 @@ from protomolt_jobs.service import Startable
 from protomolt_jobs.store.migrate import migrate
 from protomolt_jobs.store.store import JobStore
 from protomolt_jobs.worker.worker import Worker
+from protomolt_jobs.workflow.floors import Floor, FloorError, compile_floors
 
-__all__ = ["DatabaseProbe", "JobsApp", "Lanes"]
+__all__ = ["DatabaseProbe", "JobsApp", "Lanes", "node_floors"]
 
 log = logging.getLogger("protomolt_jobs.app")
 
 #: Longest wait for the database probe of a readiness check, seconds.
 PROBE_TIMEOUT_S = 1.0
+
+
+def node_floors(config: JobsConfig) -> tuple[Floor, ...]:
+    """The node's policy floors (``[[jobs.approval_floors]]``), compiled.
+
+    :raises ConfigError: a malformed floor, naming its key (``jobs.approval_floors[0].when``).
+    """
+    try:
+        return compile_floors(config.approval_floors)
+    except FloorError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -135,6 +147,7 @@ class JobsApp:
             runtime,
             config.max_attempts,
             fairness_weights=config.fairness_weights,
+            floors=node_floors(config),
         )
         self.probe = DatabaseProbe(store)
         self._kafka = bool(config.kafka_bootstrap)

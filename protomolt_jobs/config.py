@@ -169,6 +169,12 @@ class JobsConfig:
     #: Whether the pruner also deletes rows our store did not write (``origin`` NULL,
     #: migration 0013: a Java node's runs and outbox rows, which upstream keeps forever).
     prune_foreign_rows: bool = False
+    #: Policy floors (``[[jobs.approval_floors]]``; ``PROTOMOLT_JOBS_APPROVAL_FLOORS`` as a
+    #: JSON list): tables ``{name, when, quorum?, approvers?, veto?}`` that select steps and
+    #: set the weakest approval they may have (docs/approvals.md, *Policy floors*). Checked
+    #: here for shape; the jobs role compiles them (``workflow/floors.py``) and refuses a
+    #: malformed one naming its key.
+    approval_floors: tuple[Mapping[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.worker_id is None or not str(self.worker_id).strip():
@@ -221,6 +227,13 @@ class JobsConfig:
         if not isinstance(self.prune_foreign_rows, bool):
             raise ConfigError(
                 f"jobs.prune_foreign_rows must be true or false; got {_shown(self.prune_foreign_rows)}"
+            )
+        if not isinstance(self.approval_floors, tuple) or not all(
+            isinstance(t, Mapping) for t in self.approval_floors
+        ):
+            raise ConfigError(
+                "jobs.approval_floors must be a list of tables ([[jobs.approval_floors]]); got "
+                f"{_shown(self.approval_floors)}"
             )
         # Refused here, before anything starts: misspelt, owned or out-of-bounds settings.
         kafka_client_settings("producer", self.kafka_producer, probe=bool(self.kafka_producer))
@@ -485,6 +498,9 @@ def _coerce(key: str, raw: Any, field: dataclasses.Field) -> Any:
         return raw
     if key in ("queue_limits", "fairness_weights"):
         return _json_table(key, raw)
+    if key == "approval_floors":
+        floors = _json_table(key, raw)
+        return tuple(floors) if isinstance(floors, list) else floors
     if key in ("kafka_producer", "kafka_consumer"):
         table = _json_table(key, raw)
         if not isinstance(table, Mapping):

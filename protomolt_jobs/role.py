@@ -32,7 +32,7 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2
 
-from protomolt_jobs.app import JobsApp
+from protomolt_jobs.app import JobsApp, node_floors
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import StoreError
 from protomolt_jobs.hooks.contract import (
@@ -124,9 +124,9 @@ class JobsModule:
         """Early validation of the ``[jobs]`` table (the host calls it when it loads the node
         configuration, before anything starts).
 
-        :raises ConfigError: naming the key and the expected form.
+        :raises ConfigError: naming the key and the expected form (a policy floor's key too).
         """
-        JobsConfig.from_mapping(settings)
+        node_floors(JobsConfig.from_mapping(settings))
 
     def wire(self, ctx: WireContext) -> JobsMount:
         """Contribute the six actions; open nothing.
@@ -149,10 +149,11 @@ class JobsModule:
             structured_generator=config.structured_generator,
         )
         backend = JobsBackend(configured=config.configured)
-        for action in jobs_actions(backend, runtime):
+        floors = node_floors(config)
+        for action in jobs_actions(backend, runtime, floors):
             ctx.contributions.contribute(Action, action)
         ctx.contributions.contribute(Action, RunWorkflowAction(runtime, repository))
-        ctx.contributions.contribute(Action, CheckWorkflowAction(runtime, repository))
+        ctx.contributions.contribute(Action, CheckWorkflowAction(runtime, repository, floors))
         mount = JobsMount(
             config=config,
             repository=repository,

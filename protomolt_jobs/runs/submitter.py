@@ -9,7 +9,9 @@ Checks run in the reference's order (upstream ``WorkflowRunSubmitter``):
    ``field`` ``workflow``, or ``workflowName`` for a stored one, and ``path``, the key's path
    in the definition; a typo never silently drops a setting);
 3. parse the definition (the engine's ``parse_workflow``);
-4. verify it (the engine's ``verify``);
+4. verify it (the engine's ``verify``), then hold it against the node's policy floors (a
+   step weaker than a floor that selects it is ``invalid-input``, ``weakens_policy`` naming
+   the rule: ``workflow/floors.py``);
 5. check the input against the workflow's ``inputType`` (the engine's ``parse_input``);
 6. resolve the scheduling fields and the budget (:mod:`~protomolt_jobs.runs.scheduling`): a
    submitted value that is malformed is ``invalid-input``, a workflow's own ``scheduling`` or
@@ -30,7 +32,7 @@ import dataclasses
 import logging
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from protomolt_jobs.hooks.contract import WorkflowRepository
@@ -134,6 +136,8 @@ class Submitter:
     :param runtime: the engine's ``Runtime`` (type pool, channel factory).
     :param max_attempts: attempts stamped into each new row (positive).
     :param fairness_weights: fairness key -> weight (> 0); a key not listed weighs 1.
+    :param floors: the node's policy floors (``workflow/floors.py``); a definition weaker
+        than one is refused ``invalid-input`` (``weakens_policy``, naming the rule).
     :raises ValueError: ``max_attempts`` is not a positive integer.
     """
 
@@ -144,6 +148,7 @@ class Submitter:
         runtime: Any,
         max_attempts: int,
         fairness_weights: Mapping[str, float] | None = None,
+        floors: Sequence[Any] = (),
     ) -> None:
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise ValueError(f"max_attempts must be a positive integer; got {max_attempts!r}")
@@ -152,6 +157,7 @@ class Submitter:
         self.runtime = runtime
         self.max_attempts = max_attempts
         self.fairness_weights = dict(fairness_weights or {})
+        self.floors = tuple(floors)
 
     def submit(
         self,
@@ -250,6 +256,21 @@ class Submitter:
                 f"first: [{first.kind}] {first.error}",
                 first.step,
             )
+        # 4b. The node's policy floors: a definition may only tighten them.
+        if self.floors:
+            from protomolt_jobs.workflow.floors import findings as floor_findings
+
+            weakened = floor_findings(compiled, self.floors)
+            if weakened:
+                first = weakened[0]
+                noun = "finding" if len(weakened) == 1 else "findings"
+                return _refuse(
+                    "invalid-input",
+                    f"weakens_policy: the workflow weakens the node's policy ({len(weakened)} "
+                    f"{noun}); first: step '{first.step}': {first.error}",
+                    first.step,
+                    field="workflowName" if workflow is None and name else "workflow",
+                )
         # 5. The input against inputType.
         try:
             # Strict: a misspelt field ({"txt": ...} for "text") is refused, not dropped.

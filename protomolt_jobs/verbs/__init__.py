@@ -20,6 +20,7 @@ job verbs in manifest order; the role adds ``run-workflow`` and ``check-workflow
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from protomolt_jobs.verbs.approve import ApproveStepAction
@@ -36,6 +37,7 @@ from protomolt_jobs.verbs.read import GetJobAction, JobHistoryAction, ListJobsAc
 from protomolt_jobs.verbs.recovery import MigrateCheckpointAction, ReconcileStepAction
 from protomolt_jobs.verbs.submit import SOURCE_RULE, SubmitWorkflowAction
 from protomolt_jobs.verbs.workflow import CheckWorkflowAction, RunWorkflowAction
+from protomolt_jobs.workflow.floors import Floor
 
 __all__ = [
     "NOT_CONFIGURED",
@@ -62,7 +64,7 @@ __all__ = [
 ]
 
 
-def jobs_actions(backend: JobsBackend, runtime: Any) -> list[Verb]:
+def jobs_actions(backend: JobsBackend, runtime: Any, floors: Sequence[Floor] = ()) -> list[Verb]:
     """The job verbs over one backend, in manifest order: the four of the reference
     (submit-workflow, get-job, list-jobs, complete-step), then the operator verbs (cancel-job,
     pause-job, resume-job, retry-step, the recovery verbs of step effects, requeue-job),
@@ -70,6 +72,7 @@ def jobs_actions(backend: JobsBackend, runtime: Any) -> list[Verb]:
 
     :param backend: the role's late-bound store and submitter.
     :param runtime: the engine's runtime (type pool) for reading stored definitions.
+    :param floors: the node's policy floors (approve-step applies them again at decision time).
     """
     return [
         SubmitWorkflowAction(backend),
@@ -84,5 +87,5 @@ def jobs_actions(backend: JobsBackend, runtime: Any) -> list[Verb]:
         MigrateCheckpointAction(backend, runtime),
         RequeueJobAction(backend),
         JobHistoryAction(backend),
-        ApproveStepAction(backend, runtime),
+        ApproveStepAction(backend, runtime, floors),
     ]

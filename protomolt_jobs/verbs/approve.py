@@ -14,6 +14,13 @@ the run's row lock). In order:
    as ``denied`` too), or the tally; at quorum or veto the decision is checkpointed and the
    job queued).
 
+The node's policy floors in force now (not those of the submit) are applied again to the
+step (``workflow/floors.py``): the quorum needed is the greater of the step's and the floors',
+only decisions every floor allows as a veto decide on one vote, and a voter outside a floor's
+approvers is ``permission-denied`` naming the rule. A decision taken under floors records
+``policy`` (their names) and ``policySha256`` (:func:`~protomolt_jobs.workflow.floors.policy_sha256`)
+in the step's checkpoint entry.
+
 Answers ``{ok: true, decided, decision?, tally: {decision: n}, needed, status}`` or
 ``{ok: false, error: <why>, message, status?, tally?}`` (docs/approvals.md).
 """
@@ -21,6 +28,7 @@ Answers ``{ok: true, decided, decision?, tally: {decision: n}, needed, status}``
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from protomolt_jobs.errors import NotFound, PermissionDenied
@@ -39,6 +47,7 @@ from protomolt_jobs.verbs.base import (
 )
 from protomolt_jobs.verbs.responses import resolve_step
 from protomolt_jobs.workflow.approval import approver_refusal, decision_entry
+from protomolt_jobs.workflow.floors import Floor, policy_sha256, requirement, selecting
 
 __all__ = ["MAX_COMMENT_CHARS", "ApproveStepAction"]
 
@@ -67,9 +76,11 @@ class ApproveStepAction(JobVerb):
     )
     fields = ("jobId", "stepName", "decision", "comment")
 
-    def __init__(self, backend: JobsBackend, runtime: Any) -> None:
+    def __init__(self, backend: JobsBackend, runtime: Any, floors: Sequence[Floor] = ()) -> None:
         super().__init__(backend)
         self.runtime = runtime
+        #: the node's policy floors, applied again at each vote.
+        self.floors = tuple(floors)
         self.input_schema = {
             "type": "object",
             "properties": {
@@ -103,7 +114,7 @@ class ApproveStepAction(JobVerb):
         job = store.job_get(job_id)
         if job is None:
             return not_found(job_id)
-        _, step = resolve_step(job, step_name, self.runtime)
+        stored, step = resolve_step(job, step_name, self.runtime)
         spec = step.approval
         if spec is None:
             raise invalid(
@@ -117,7 +128,11 @@ class ApproveStepAction(JobVerb):
                 f"{', '.join(spec.decisions)}",
             )
         principal, groups = actor(), current_groups()
+        applied = selecting(self.floors, stored.workflow, step)
+        floor = requirement(applied)
         why = approver_refusal(step, principal, groups, job.wait_timers)
+        if why is None and floor is not None:
+            why = floor.approver_refusal(principal, sorted(groups))
         if why is not None:
             store.transition_record_denied(
                 job_id, actor=principal, reason=f"permission-denied: approve-step: {why}"
@@ -138,7 +153,16 @@ class ApproveStepAction(JobVerb):
                 | ({"comment": v.comment} if v.comment else {})
                 for v in votes
             ]
-            return decision_entry(step_name, chosen, tally, voters, job.checkpoints or [])
+            built = decision_entry(step_name, chosen, tally, voters, job.checkpoints or [])
+            if applied:
+                built["policy"] = [f.name for f in applied]
+                built["policySha256"] = policy_sha256(applied)
+            return built
+
+        quorum, veto = spec.quorum, spec.veto
+        if floor is not None:
+            quorum = max(quorum, floor.quorum)
+            veto = tuple(v for v in veto if v in floor.veto)
 
         try:
             outcome = store.approval_vote(
@@ -148,8 +172,8 @@ class ApproveStepAction(JobVerb):
                 groups=sorted(groups),
                 decision=decision,
                 comment=comment,
-                quorum=spec.quorum,
-                veto=spec.veto,
+                quorum=quorum,
+                veto=veto,
                 distinct_from=spec.distinct_from,
                 entry=entry,
             )
@@ -170,7 +194,10 @@ class ApproveStepAction(JobVerb):
                 "result": outcome.result,
             },
         )
-        answer = _answer(outcome, step_name, principal, spec.quorum)
+        answer = _answer(outcome, step_name, principal, quorum)
+        if applied and answer["ok"]:
+            answer["policy"] = [f.name for f in applied]
+            answer["policySha256"] = policy_sha256(applied)
         if outcome.result == "distinct-from":  # a refused voter: no silent path
             store.transition_record_denied(
                 job_id, actor=principal, reason=f"distinct-from: approve-step: {answer['message']}"

@@ -27,6 +27,8 @@ from protomolt_jobs.workflow import (
     verify,
 )
 from protomolt_jobs.workflow.envelope import MAX_GRAPH_STEPS
+from protomolt_jobs.workflow.floors import Floor
+from protomolt_jobs.workflow.floors import findings as floor_findings
 from protomolt_jobs.workflow.graph import simulate
 
 __all__ = ["NO_REPOSITORY", "CheckWorkflowAction", "RunWorkflowAction"]
@@ -194,7 +196,12 @@ class CheckWorkflowAction(Verb):
     Input ``{"workflow": {...}}`` (or ``{"workflowName": "..."}``); answer
     ``{"ok": <no findings>, "findings": [{"step", "kind", "error"}]}``. Any JSON value given as
     ``workflow`` gets findings, never an error; each key the definition's objects do not know
-    is a finding of kind ``unknown-key`` naming its path and the closest known key.
+    is a finding of kind ``unknown-key`` naming its path and the closest known key; a step
+    weaker than a node policy floor that selects it is a finding of kind ``weakens_policy``
+    naming the rule (``workflow/floors.py``). The registry's PUT runs this verb, so such a
+    definition is refused there (422) with the same findings.
+
+    :param floors: the node's policy floors (none: nothing to weaken).
     """
 
     name = "check-workflow"
@@ -205,9 +212,15 @@ class CheckWorkflowAction(Verb):
     scope = "schema-read"
     fields = ("workflow", "workflowName", "simulate")
 
-    def __init__(self, runtime: Runtime, repository: _Repository | None = None) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        repository: _Repository | None = None,
+        floors: tuple[Floor, ...] = (),
+    ) -> None:
         self.runtime = runtime
         self.repository = repository
+        self.floors = tuple(floors)
         self.input_schema = {
             "type": "object",
             "properties": {
@@ -248,7 +261,10 @@ class CheckWorkflowAction(Verb):
         if definition is None:
             findings = [{"step": "", "kind": "workflow", "error": "'workflow' object is required"}]
         else:
-            findings = [f.to_json() for f in check(definition, self.runtime)]
+            found = check(definition, self.runtime)
+            if not found and self.floors:
+                found = floor_findings(parse_workflow(definition, self.runtime), self.floors)
+            findings = [f.to_json() for f in found]
         answer: dict[str, Any] = {"ok": not findings, "findings": findings}
         if simulated and not findings:
             compiled = parse_workflow(definition, self.runtime)

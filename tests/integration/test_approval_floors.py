@@ -1,0 +1,211 @@
+"""docs/approvals.md's *Policy floors* example, as written (blocks marked ``<!-- floor-example:
+... -->``, with the proto and workflow of the approvals example): a real node (real
+PostgreSQL, the HTTP surface, the doc's tokens) with the doc's floor refuses a workflow that
+lowers it at PUT (422, a ``weakens_policy`` finding naming the rule), at submit
+(``invalid-input``) and in check-workflow; restarted with the floor raised, it applies the
+new floor to a run already waiting and stores the floor's hash with the decision."""
+
+from __future__ import annotations
+
+import copy
+import importlib.resources
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from protomolt_jobs.workflow.floors import compile_floors, policy_sha256
+from tests.integration.test_approvals_guide import GUIDE, PROTO, Desk, _job, _post, _workflow
+from tests.support.node import http, start_node_with_file, wait_for
+
+_BLOCK = re.compile(
+    r"<!-- (?P<kind>approval|floor)-example: (?P<directive>[^>]*?) -->\n```[^\n]*\n"
+    r"(?P<body>.*?)```",
+    re.DOTALL,
+)
+
+
+@pytest.fixture(scope="module")
+def blocks() -> dict[str, str]:
+    text = GUIDE.read_text(encoding="utf-8")
+    found = {
+        f"{m.group('kind')} {m.group('directive').strip()}": m.group("body")
+        for m in _BLOCK.finditer(text)
+    }
+    assert {k for k in found if k.startswith("floor ")} == {
+        "floor node protomolt.toml",
+        "floor answer put-refused",
+        "floor answer second-vote",
+    }
+    return found
+
+
+@pytest.fixture(scope="module")
+def descriptor_set(blocks) -> bytes:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / PROTO
+        path.parent.mkdir(parents=True)
+        path.write_text(blocks[f"approval proto {PROTO}"], encoding="utf-8")
+        out = Path(tmp) / "newsroom.pb"
+        wkt = importlib.resources.files("grpc_tools") / "_proto"
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "grpc_tools.protoc",
+                f"-I{tmp}",
+                f"-I{wkt}",
+                "--include_imports",
+                f"--descriptor_set_out={out}",
+                PROTO,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=tmp,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return out.read_bytes()
+
+
+@pytest.fixture
+def desk(descriptor_set):
+    d = Desk(descriptor_set)
+    yield d
+    d.stop()
+
+
+def _tokens(toml: str) -> dict[str, str]:
+    config = tomllib.loads(toml)
+    return {"root": config["node"]["api_token"], **config["node"]["tokens"]}
+
+
+def _guide_blocks(blocks) -> dict[str, str]:
+    return {"workflow newsroom": blocks["approval workflow newsroom"]}
+
+
+def _lowered(workflow: dict) -> dict:
+    low = copy.deepcopy(workflow)
+    for s in low["steps"]:
+        if s["name"] == "review":
+            s["approval"]["quorum"] = 1
+    return low
+
+
+def test_a_workflow_lowering_the_floor_is_refused_at_put_submit_and_check(
+    tmp_path, fresh_dsn, blocks, descriptor_set, desk
+):
+    toml = blocks["floor node protomolt.toml"]
+    node = start_node_with_file(tmp_path, fresh_dsn, toml)
+    try:
+        url, tokens = node.http.url, _tokens(toml)
+        workflow = _workflow(_guide_blocks(blocks), descriptor_set, desk.target)
+        auth = {"Authorization": f"Bearer {tokens['writer-1']}"}
+        expected = json.loads(blocks["floor answer put-refused"])
+
+        status, answer, _ = http(
+            "PUT", f"{url}/protomolt/workflows/newsroom", _lowered(workflow), headers=auth
+        )
+        assert status == 422 and answer["error"] == "does-not-verify", answer
+        assert answer["findings"] == [expected]
+        root = {"Authorization": f"Bearer {tokens['root']}"}
+        status, answer, _ = http("GET", f"{url}/protomolt/workflows/newsroom", None, headers=root)
+        assert status == 404  # nothing stored
+
+        status, answer, _ = _post(
+            url,
+            "submit-workflow",
+            {"workflow": _lowered(workflow), "input": {"slug": "s", "body": "b"}},
+            tokens["writer-1"],
+        )
+        assert status == 400 and answer["error"] == "invalid-input", answer
+        assert answer["message"].startswith("weakens_policy: ")
+        assert "policy floor 'newsroom-review'" in answer["message"]
+        assert "step 'review'" in answer["message"]
+
+        status, answer, _ = _post(
+            url, "check-workflow", {"workflow": _lowered(workflow)}, tokens["root"]
+        )
+        assert status == 200 and answer == {"ok": False, "findings": [expected]}
+
+        # An escalation widening past the floor, a veto on accept, a review that is no gate.
+        wider = copy.deepcopy(workflow)
+        review = next(s for s in wider["steps"] if s["name"] == "review")
+        review["approval"]["escalate"][0]["addRoles"] = ["intern"]
+        review["approval"]["veto"] = ["reject", "accept"]
+        _, answer, _ = _post(url, "check-workflow", {"workflow": wider}, tokens["root"])
+        errors = [f["error"] for f in answer["findings"]]
+        assert [f["kind"] for f in answer["findings"]] == ["weakens_policy"] * 2
+        assert "role 'intern', outside the floor's approvers" in errors[0]
+        assert "approval.veto lets one vote decide accept" in errors[1]
+
+        # The example's own workflow is stored and runs.
+        status, answer, _ = http(
+            "PUT", f"{url}/protomolt/workflows/newsroom", workflow, headers=auth
+        )
+        assert status == 200, answer
+    finally:
+        node.close()
+
+
+def test_a_raised_floor_applies_to_a_waiting_run_and_its_hash_is_stored(
+    tmp_path, fresh_dsn, blocks, descriptor_set, desk
+):
+    toml = blocks["floor node protomolt.toml"]
+    tokens = _tokens(toml)
+    workflow = _workflow(_guide_blocks(blocks), descriptor_set, desk.target)
+    node = start_node_with_file(tmp_path, fresh_dsn, toml)
+    try:
+        url = node.http.url
+        status, answer, _ = _post(
+            url,
+            "submit-workflow",
+            {"workflow": workflow, "input": {"slug": "budget-2027", "body": "..."}},
+            tokens["writer-1"],
+        )
+        assert status == 200 and answer["ok"], answer
+        job_id = answer["jobId"]
+        wait_for(lambda: _job(url, job_id, tokens["root"]).get("phase") == "waiting_approval")
+    finally:
+        node.close()
+
+    raised = toml.replace("quorum = 2", "quorum = 3")
+    assert raised != toml
+    node = start_node_with_file(tmp_path, fresh_dsn, raised)
+    try:
+        url = node.http.url
+        floors = compile_floors(tomllib.loads(raised)["jobs"]["approval_floors"])
+        digest = policy_sha256(floors)
+
+        def vote(who):
+            body = {"jobId": job_id, "stepName": "review", "decision": "accept"}
+            status, answer, _ = _post(url, "approve-step", body, tokens[who])
+            assert status == 200, answer
+            return answer
+
+        vote("ed-1")
+        second = vote("ed-2")
+        assert second == json.loads(blocks["floor answer second-vote"]) | {"policySha256": digest}
+        third = vote("ed-3")
+        assert third["decided"] is True and third["needed"] == 3
+        done = wait_for(
+            lambda: (j := _job(url, job_id, tokens["root"]))["status"] == "COMPLETED" and j
+        )
+        assert desk.calls == ["Draft", "Publish"]
+        assert done["result"]["url"] == "https://news.example/budget-2027"
+        entry = next(c for c in _checkpoints(url, job_id, tokens) if c.get("name") == "review")
+        assert entry["policy"] == ["newsroom-review"]
+        assert entry["policySha256"] == digest
+        assert [v["principal"] for v in entry["voters"]] == ["ed-1", "ed-2", "ed-3"]
+    finally:
+        node.close()
+
+
+def _checkpoints(url, job_id, tokens) -> list[dict]:
+    job = _job(url, job_id, tokens["root"])
+    return job.get("checkpoints") or []
