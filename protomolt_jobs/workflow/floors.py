@@ -39,6 +39,7 @@ from typing import Any
 from celpy import celtypes
 from celpy.evaluation import CELEvalError
 
+from protomolt_jobs.errors import ProtomoltJobsError
 from protomolt_jobs.workflow import celenv
 from protomolt_jobs.workflow.types import CompiledWorkflow, Finding, Step
 
@@ -63,7 +64,7 @@ _KEYS = ("name", "when", "quorum", "approvers", "veto")
 _MAX_QUORUM = 1000
 
 
-class FloorError(ValueError):
+class FloorError(ProtomoltJobsError, ValueError):
     """A floor of the configuration is malformed.
 
     :ivar key: the key as written in the configuration (``jobs.approval_floors[0].quorum``).
