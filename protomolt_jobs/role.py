@@ -152,7 +152,7 @@ class JobsModule:
         floors = node_floors(config)
         for action in jobs_actions(backend, runtime, floors):
             ctx.contributions.contribute(Action, action)
-        ctx.contributions.contribute(Action, RunWorkflowAction(runtime, repository))
+        ctx.contributions.contribute(Action, RunWorkflowAction(runtime, repository, floors))
         ctx.contributions.contribute(Action, CheckWorkflowAction(runtime, repository, floors))
         mount = JobsMount(
             config=config,

@@ -99,9 +99,15 @@ class RunWorkflowAction(Verb):
     scope = "workflow-run"
     fields = ("workflow", "workflowName", "input")
 
-    def __init__(self, runtime: Runtime, repository: _Repository | None = None) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        repository: _Repository | None = None,
+        floors: tuple[Floor, ...] = (),
+    ) -> None:
         self.runtime = runtime
         self.repository = repository
+        self.floors = tuple(floors)
         self.input_schema = {
             "type": "object",
             "properties": {
@@ -118,7 +124,8 @@ class RunWorkflowAction(Verb):
 
         :raises InvalidInput: the input is not an object, ``workflow`` is not an object,
             ``workflowName`` is not a string, ``input`` is not an object or not proto3 JSON of
-            the input type (an unknown field included: ``details.path`` names it); a field
+            the input type (an unknown field included: ``details.path`` names it); a step
+            weaker than a node policy floor that selects it (``weakens_policy``); a field
             other than ``workflow``, ``workflowName``, ``input``; the workflow holds a key its
             objects do not know (``details.field`` is ``workflow``, or ``workflowName`` for a
             stored one; ``details.path`` the first key's path, e.g. ``steps[1].maxAtempts``).
@@ -160,6 +167,18 @@ class RunWorkflowAction(Verb):
                 "error": f"workflow does not verify ({len(findings)} {plural}); first: "
                 f"[{first.kind}] {first.error}",
             }
+        weakened = floor_findings(workflow, self.floors) if self.floors else []
+        if weakened:
+            # As submit-workflow: a step a node policy floor selects runs only behind a gate
+            # at least as strict (this verb cannot park, so such a workflow never runs here).
+            first = weakened[0]
+            source = "workflow" if input.get("workflow") is not None else "workflowName"
+            raise invalid(
+                source,
+                f"weakens_policy: the workflow weakens the node's policy ({len(weakened)} "
+                f"finding{'s' if len(weakened) > 1 else ''}); first: step '{first.step}': "
+                f"{first.error}",
+            )
         try:
             # Strict, as submit-workflow: a misspelt field is refused naming it, not dropped.
             message = parse_input(workflow, input["input"], ignore_unknown_fields=False)

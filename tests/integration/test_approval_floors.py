@@ -129,6 +129,15 @@ def test_a_workflow_lowering_the_floor_is_refused_at_put_submit_and_check(
         assert "step 'review'" in answer["message"]
 
         status, answer, _ = _post(
+            url,
+            "run-workflow",
+            {"workflow": _lowered(workflow), "input": {"slug": "s", "body": "b"}},
+            tokens["writer-1"],
+        )
+        assert status == 400 and answer["message"].startswith("weakens_policy: "), answer
+        assert desk.calls == []
+
+        status, answer, _ = _post(
             url, "check-workflow", {"workflow": _lowered(workflow)}, tokens["root"]
         )
         assert status == 200 and answer == {"ok": False, "findings": [expected]}
