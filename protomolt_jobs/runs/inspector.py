@@ -8,6 +8,7 @@ The jobs role contributes one :class:`JobInspector` (contribution kind ``JobInsp
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ from google.protobuf.message import DecodeError
 from protomolt_jobs.errors import StoreError
 from protomolt_jobs.pb.ai.pipestream.proto.jobs.v1.jobs_pb2 import WorkflowRunEvent
 from protomolt_jobs.runs.stored_run import SnapshotError, StoredRun, decode_definition
+from protomolt_jobs.workflow.floors import Floor, requirement, selecting
 from protomolt_jobs.workflow.types import ON_SUCCESS
 
 __all__ = ["JobEvent", "JobInspector"]
@@ -50,9 +52,10 @@ class JobInspector:
     :param runtime: the engine's runtime (type pool) for parsing snapshotted definitions.
     """
 
-    def __init__(self, store: Any, runtime: Any) -> None:
+    def __init__(self, store: Any, runtime: Any, floors: Sequence[Floor] = ()) -> None:
         self._store = store
         self._runtime = runtime
+        self._floors = tuple(floors)
 
     def _open(self) -> Any:
         store = self._store()
@@ -134,16 +137,18 @@ class JobInspector:
         """The approval step ``step_name`` of the job and the votes cast on its current
         opening: ``{step, roles, principals, quorum, decisions, veto, votes: [{principal,
         decision, comment?}], tally: {decision: n}}``; None when the job, its definition or an
-        approval step of that name cannot be resolved.
+        approval step of that name cannot be resolved. ``quorum`` and ``veto`` are those the
+        node's policy floors leave in force (as ``approve-step`` counts).
 
         :raises StoreError: the store is unavailable.
         """
         job = self._open().job_get(job_id)
         stored = self._stored(job_id)
         step = stored.workflow.step(step_name) if stored is not None else None
-        if job is None or step is None or step.approval is None:
+        if job is None or stored is None or step is None or step.approval is None:
             return None
         spec = step.approval
+        floor = requirement(selecting(self._floors, stored.workflow, step))
         roles, principals = list(spec.roles), list(spec.principals)
         for timer in job.wait_timers or []:  # escalations that fired widen the approvers
             if isinstance(timer, dict) and timer.get("kind") == "escalate" and timer.get("fired"):
@@ -157,9 +162,9 @@ class JobInspector:
             "step": step_name,
             "roles": roles,
             "principals": principals,
-            "quorum": spec.quorum,
+            "quorum": max(spec.quorum, floor.quorum) if floor else spec.quorum,
             "decisions": list(spec.decisions),
-            "veto": list(spec.veto),
+            "veto": [v for v in spec.veto if floor is None or v in floor.veto],
             "votes": [
                 {"principal": v.principal, "decision": v.decision}
                 | ({"comment": v.comment} if v.comment else {})

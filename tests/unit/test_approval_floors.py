@@ -86,8 +86,10 @@ def test_a_step_at_least_as_strict_passes_and_a_weaker_one_names_the_rule():
         (
             "review",
             "weakens_policy",
-            "policy floor 'desk' (when: step == 'review'): approval.quorum 1 is below the "
-            "floor's quorum 2",
+            (
+                "policy floor 'desk' (when: step == 'review'): approval.quorum 1 is below the "
+                "floor's quorum 2"
+            ),
         )
     ]
     wider = review(escalate=[{"after": "PT1H", "addPrincipals": ["mallory"]}])
