@@ -218,3 +218,53 @@ def test_a_raised_floor_applies_to_a_waiting_run_and_its_hash_is_stored(
 def _checkpoints(url, job_id, tokens) -> list[dict]:
     job = _job(url, job_id, tokens["root"])
     return job.get("checkpoints") or []
+
+
+def test_a_narrowed_floor_refuses_voters_outside_it_and_vetoes_it_no_longer_allows(
+    tmp_path, fresh_dsn, blocks, descriptor_set, desk
+):
+    """Restarted with the floor's approvers narrowed to two principals and no veto allowed:
+    a third editor is permission-denied naming the rule (a ``denied`` row of the history),
+    one ``reject`` no longer decides, a second one does (the quorum)."""
+    toml = blocks["floor node protomolt.toml"]
+    tokens = _tokens(toml)
+    workflow = _workflow(_guide_blocks(blocks), descriptor_set, desk.target)
+    node = start_node_with_file(tmp_path, fresh_dsn, toml)
+    try:
+        url = node.http.url
+        _, answer, _ = _post(
+            url,
+            "submit-workflow",
+            {"workflow": workflow, "input": {"slug": "s", "body": "b"}},
+            tokens["writer-1"],
+        )
+        job_id = answer["jobId"]
+        wait_for(lambda: _job(url, job_id, tokens["root"]).get("phase") == "waiting_approval")
+    finally:
+        node.close()
+
+    narrowed = toml.replace(
+        'approvers = {roles = ["editor", "chief-editor"]}\nveto = ["reject"]',
+        'approvers = {principals = ["ed-1", "ed-2"]}\nveto = []',
+    )
+    assert narrowed != toml
+    node = start_node_with_file(tmp_path, fresh_dsn, narrowed)
+    try:
+        url = node.http.url
+        body = {"jobId": job_id, "stepName": "review", "decision": "reject"}
+        status, answer, _ = _post(url, "approve-step", body, tokens["ed-3"])
+        assert status == 403 and answer["error"] == "permission-denied", answer
+        assert "not within the approvers of policy floor 'newsroom-review'" in answer["message"]
+        _, history, _ = _post(url, "job-history", {"jobId": job_id}, tokens["root"])
+        denied = [t for t in history["transitions"] if t["kind"] == "denied"]
+        assert [t["actor"] for t in denied] == ["ed-3"]
+        assert "policy floor 'newsroom-review'" in denied[0]["reason"]
+
+        status, first, _ = _post(url, "approve-step", body, tokens["ed-1"])
+        assert status == 200 and first["decided"] is False and first["needed"] == 2, first
+        status, second, _ = _post(url, "approve-step", body, tokens["ed-2"])
+        assert second["decided"] is True and second["decision"] == "reject", second
+        wait_for(lambda: _job(url, job_id, tokens["root"])["status"] == "FAILED")
+        assert desk.calls == ["Draft"]
+    finally:
+        node.close()
