@@ -294,6 +294,7 @@ class ApprovalMixin(db.Database):
         veto: Sequence[str],
         distinct_from: Sequence[str],
         entry: EntryBuilder,
+        policy_sha256: str | None = None,
     ) -> VoteOutcome:
         """Count one principal's vote on an approval step (the module docstring's five moves).
 
@@ -304,6 +305,9 @@ class ApprovalMixin(db.Database):
         :param veto: decisions one vote of which decides at once.
         :param distinct_from: approval steps whose voters may not vote on ``step``.
         :param entry: builds the step's checkpoint entry once it is decided.
+        :param policy_sha256: the hash of the node policy floors the vote is counted under
+            (None: none apply): appended to the ``vote`` and ``decision`` transitions' reasons
+            (``(policy <hex>)``), so the hash-chained log holds it with the votes.
         :returns: a :class:`VoteOutcome`.
         :raises NotFound: for an unknown job id.
         :raises ValueError: for a malformed id, a blank step, principal or decision.
@@ -347,6 +351,8 @@ class ApprovalMixin(db.Database):
                 if other is not None:
                     return VoteOutcome("distinct-from", record.status, detail=str(other["step"]))
             reason = f"{decision}: {comment}" if comment else decision
+            under = f" (policy {policy_sha256})" if policy_sha256 else ""
+            reason += under
             inserted = db.one(
                 conn,
                 "approval_vote_insert",
@@ -384,7 +390,9 @@ class ApprovalMixin(db.Database):
                     "step": step,
                     "entry": checks.jsonb("entry", entry(decision, tally, votes), dict),
                     "actor": principal,
-                    "reason": f"decided {decision}" + (" (veto)" if decision in veto else ""),
+                    "reason": f"decided {decision}"
+                    + (" (veto)" if decision in veto else "")
+                    + under,
                 },
             )
             if decided_row is None:  # pragma: no cover - the row lock makes the gate hold

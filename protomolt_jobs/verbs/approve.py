@@ -176,6 +176,7 @@ class ApproveStepAction(JobVerb):
                 veto=veto,
                 distinct_from=spec.distinct_from,
                 entry=entry,
+                policy_sha256=policy_sha256(applied) if applied else None,
             )
         except NotFound:
             return not_found(job_id)

@@ -174,7 +174,8 @@ class Finding:
     """One static verification problem: ``kind`` is ``workflow``, ``method``, ``completion``,
     ``rule``, ``celRule``, ``when``, ``output``, ``validate``, ``verify``, ``graph``, ``edge``,
     ``fanOut``, ``structured``, ``effect-external-in-graph``, ``unsupported``, or (from
-    ``verifier.check`` only) ``unknown-key``."""
+    ``verifier.check`` only) ``unknown-key``, or (from ``floors.findings``, the node's policy
+    floors) ``weakens_policy``."""
 
     step: str
     kind: str

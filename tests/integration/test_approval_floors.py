@@ -211,6 +211,15 @@ def test_a_raised_floor_applies_to_a_waiting_run_and_its_hash_is_stored(
         assert entry["policy"] == ["newsroom-review"]
         assert entry["policySha256"] == digest
         assert [v["principal"] for v in entry["voters"]] == ["ed-1", "ed-2", "ed-3"]
+        _, history, _ = _post(url, "job-history", {"jobId": job_id}, tokens["root"])
+        assert history["integrity"] == "ok"
+        reasons = [t["reason"] for t in history["transitions"] if t["kind"] in ("vote", "decision")]
+        assert reasons == [
+            f"accept (policy {digest})",
+            f"accept (policy {digest})",
+            f"accept (policy {digest})",
+            f"decided accept (policy {digest})",
+        ]
     finally:
         node.close()
 
