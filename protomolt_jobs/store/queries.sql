@@ -232,7 +232,8 @@ RETURNING job_id, workflow_name, workflow_definition::text AS workflow_definitio
           checkpoints::text AS checkpoints, result::text AS result, verdict, error,
           lease_owner, lease_token, lease_until, created_at, updated_at, completed_at,
           priority, queue, fairness_key, dedup_key, deadline_at, trace_context,
-          effect_intents::text AS effect_intents, step_generations::text AS step_generations
+          effect_intents::text AS effect_intents, step_generations::text AS step_generations,
+          submitted_by
 
 -- name: job_claim_limited
 -- description: job_claim when some served queues have fleet-wide limits: a limited queue is tried only when workflow_queue_permit() (which locks its limits row, serialising its claimers) allows a start, and a start moves its rate limiter on, all in one statement.
@@ -286,7 +287,7 @@ WITH head AS (
               w.verdict, w.error, w.lease_owner, w.lease_token, w.lease_until, w.created_at,
               w.updated_at, w.completed_at, w.priority, w.queue, w.fairness_key, w.dedup_key,
               w.deadline_at, w.effect_intents::text AS effect_intents,
-              w.step_generations::text AS step_generations
+              w.step_generations::text AS step_generations, w.submitted_by
 ), started AS (
     UPDATE workflow_queue AS q
        SET next_start_at = greatest(q.next_start_at, now())

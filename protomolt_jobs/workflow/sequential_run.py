@@ -45,6 +45,7 @@ from protomolt_jobs.workflow.envelope import message_class
 from protomolt_jobs.workflow.step_run import (
     RecoveryStop,
     Scope,
+    authorize,
     build_message,
     call_budget_ms,
     check_fingerprint,
@@ -81,6 +82,7 @@ def run_steps(
     runtime: Runtime,
     effects: Any = None,
     held: Any = None,
+    check: Callable[[Step], Any] | None = None,
 ) -> Completed | Parked:
     """Replay ``prior`` and run the rest of a sequential workflow (see the module docstring).
 
@@ -91,6 +93,8 @@ def run_steps(
     :param effects: the job's ``effects.EffectContext``, or None.
     :param held: ``retry_scope.Held``: entries replayed when their step is reached instead of
         running it (a retry-step's kept effects and unchanged-output dependants), or None.
+    :param check: the job's grant check (``step_run.authorize``), asked after a step's
+        gate and before its request, intent and call; None: nothing is checked.
     :returns: :class:`Completed` (``steps``: ``{"name", "skipped"}`` per step) or
         :class:`Parked` at the first external step not yet checkpointed.
     :raises WorkflowExecutionError: the step's failure (kind, step, message, code for GRPC).
@@ -137,6 +141,7 @@ def run_steps(
                 outcomes.append({"name": step.name, "skipped": True})
                 _record(on_checkpoint, workflow, step, None, effects)
                 continue
+            grant = authorize(step, check)
             request = build_message(step.input_type, step.rules, step.cel_rules, scope, step.name)
             call_ms = call_budget_ms(step, deadline)
             metadata = None
@@ -169,6 +174,7 @@ def run_steps(
                 effects,
                 request=request,
                 receipt=receipt,
+                grant=grant,
             )
             last = response
     output, output_json = workflow_output(workflow, scope, last)
@@ -189,10 +195,13 @@ def _record(
     *,
     request: Message | None = None,
     receipt: Any = None,
+    grant: dict[str, Any] | None = None,
 ) -> None:
     if on_checkpoint is discard_checkpoint:
         return  # synchronous run: nothing is stored, so nothing needs rendering
-    entry = render_checkpoint(workflow, step, response, effects, request=request, receipt=receipt)
+    entry = render_checkpoint(
+        workflow, step, response, effects, request=request, receipt=receipt, grant=grant
+    )
     deliver_checkpoint(on_checkpoint, step, entry)
 
 

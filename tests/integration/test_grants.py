@@ -1,0 +1,172 @@
+"""Capabilities and grants on a real node (issue 26, build item 5; DESIGN.md section 21): real
+PostgreSQL, the node's HTTP surface on loopback with real tokens, the jobs role's workers, and
+the ``Steps/Run`` test service on loopback counting calls per step.
+
+A step's ``capabilities`` grant nothing: ``[[jobs.grants]]`` (or a host's ``authorize_step``)
+decides after the claim and before the call. A denied step is never called and its run fails
+with ``PERMISSION`` on its first attempt (never retried).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from protomolt_jobs.hooks import StepDecision, hookimpl
+from tests.support.graphs import graph, step
+from tests.support.node import http, node_environ, wait_for
+
+ROOT = "root-secret"
+TOKENS = {"ed-1": "ed-1-secret", "intern-viewer": "intern-secret"}
+
+NODE = f"""
+[node]
+api_token = "{ROOT}"
+[node.tokens]
+{chr(10).join(f'{name} = "{secret}"' for name, secret in TOKENS.items())}
+[node.groups]
+editor = ["ed-1"]
+intern = ["intern-viewer"]
+[node.scopes]
+editor = ["service-invoke", "workflow-run", "job-approve", "job-complete"]
+intern = ["service-invoke", "workflow-run", "job-approve", "job-complete"]
+
+[[jobs.grants]]
+capabilities = ["publish:site"]
+workflows = ["grants-flow"]
+groups = ["editor"]
+"""
+
+
+def post(url, verb, body, who):
+    token = ROOT if who == "root" else TOKENS[who]
+    return http(
+        "POST",
+        f"{url}/protomolt/actions/{verb}",
+        body,
+        headers={"Authorization": f"Bearer {token}"},
+    )
+
+
+def get_job(url, job_id):
+    status, answer, _ = post(url, "get-job", {"jobId": job_id}, "root")
+    assert status == 200, answer
+    return answer["job"]
+
+
+def submit(url, workflow, who):
+    status, answer, _ = post(url, "submit-workflow", {"workflow": workflow, "input": {}}, who)
+    assert status == 200 and answer["ok"], answer
+    return answer["jobId"]
+
+
+def publishing(target, *, graph_run=False, name="grants-flow"):
+    publish = step("publish", target, capabilities=["publish:site"])
+    if graph_run:
+        publish["after"] = ["draft"]
+    return graph([step("draft", target), publish], name=name)
+
+
+def start(tmp_path, dsn, plugins=()):
+    from pathlib import Path
+
+    from protomolt_jobs.host.boot import start_surfaces
+    from protomolt_jobs.host.composer import compose
+    from protomolt_jobs.host.nodeconfig import NodeConfig
+
+    path = Path(tmp_path) / "protomolt.toml"
+    path.write_text(NODE)
+    config = NodeConfig.load(path, node_environ(Path(tmp_path) / "data", dsn))
+    return start_surfaces(compose(config, extra_plugins=plugins), config)
+
+
+@pytest.fixture
+def node(tmp_path, fresh_dsn):
+    surfaces = start(tmp_path, fresh_dsn)
+    try:
+        yield surfaces
+    finally:
+        surfaces.close()
+
+
+def failed(url, job_id):
+    return wait_for(lambda: (j := get_job(url, job_id))["status"] == "FAILED" and j)
+
+
+@pytest.mark.parametrize("graph_run", [False, True], ids=["sequential", "graph"])
+def test_an_ungranted_capability_fails_with_permission_and_is_never_retried(
+    node, services, graph_run
+):
+    url = node.http.url
+    job_id = submit(url, publishing(services.target, graph_run=graph_run), "intern-viewer")
+    job = failed(url, job_id)
+    assert job["error"] == (
+        "PERMISSION: capability publish:site is not granted to workflow 'grants-flow' "
+        "submitted by intern-viewer (decision jobs.grants:none)"
+    )
+    assert job["attempt"] == 1  # not retried (max_attempts is 3)
+    assert services.step_calls("draft") == 1
+    assert services.step_calls("publish") == 0  # the denied step is never called
+    if graph_run:
+        entry = next(c for c in job["checkpoints"] if c["name"] == "publish")
+        assert entry["failed"]["kind"] == "PERMISSION"
+    _, history, _ = post(url, "job-history", {"jobId": job_id}, "root")
+    assert history["integrity"] == "ok"
+    last = history["transitions"][-1]
+    assert (last["kind"], last["newStatus"], last["step"]) == ("fail", "FAILED", "publish")
+    assert last["reason"] == job["error"]
+
+
+def test_a_granted_capability_runs_and_its_decision_is_in_the_checkpoint(node, services):
+    url = node.http.url
+    job_id = submit(url, publishing(services.target), "ed-1")
+    done = wait_for(lambda: (j := get_job(url, job_id))["status"] == "COMPLETED" and j)
+    assert services.step_calls("publish") == 1
+    entry = next(c for c in done["checkpoints"] if c["name"] == "publish")
+    assert entry["grant"] == {
+        "decision": "allow",
+        "reason": "granted by jobs.grants[0]",
+        "decisionId": "jobs.grants[0]",
+        "capabilities": ["publish:site"],
+    }
+    # a step without capabilities carries no grant
+    assert "grant" not in next(c for c in done["checkpoints"] if c["name"] == "draft")
+
+
+def test_the_grant_is_scoped_to_its_workflows(node, services):
+    url = node.http.url
+    job_id = submit(url, publishing(services.target, name="other-flow"), "ed-1")
+    job = failed(url, job_id)
+    assert job["error"].startswith(
+        "PERMISSION: capability publish:site is not granted to "
+        "workflow 'other-flow' submitted by ed-1"
+    )
+    assert services.step_calls("publish") == 0
+
+
+class Engine:
+    """A policy engine behind ``protomolt_authorize_step``: denies ``publish:site`` for
+    ed-1 (the node's grants would allow it), has no opinion otherwise."""
+
+    def __init__(self):
+        self.asked = []
+
+    @hookimpl
+    def protomolt_authorize_step(self, job, step, capabilities):
+        self.asked.append((job["workflowName"], job["submittedBy"], step, capabilities))
+        if job["submittedBy"] == "ed-1":
+            return StepDecision("deny", "frozen for the release", "opa:7f3a")
+        return None
+
+
+def test_a_host_hook_decides_before_the_grants(tmp_path, fresh_dsn, services):
+    engine = Engine()
+    surfaces = start(tmp_path, fresh_dsn, plugins=[engine])
+    try:
+        url = surfaces.http.url
+        job_id = submit(url, publishing(services.target), "ed-1")
+        job = failed(url, job_id)
+        assert job["error"] == "PERMISSION: frozen for the release (decision opa:7f3a)"
+        assert services.step_calls("publish") == 0
+        assert engine.asked == [("grants-flow", "ed-1", "publish", ("publish:site",))]
+    finally:
+        surfaces.close()
