@@ -226,7 +226,8 @@ class StepDecision:
 
     :param decision: ``allow`` (the step runs; the decision is stored in its checkpoint entry),
         ``deny`` (the job fails with ``PERMISSION: <reason> (decision <id>)``, never retried) or
-        ``needs-approval`` (treated as a refusal until an approval gate grants the step).
+        ``needs-approval`` (this build has no grant gate: the job fails with ``PERMISSION``
+        saying the step needs an approval).
     :param reason: why, for people: stored with the decision (at most 1000 characters).
     :param decision_id: the deciding engine's id for this decision (a policy rule, an OPA
         decision id), stored with it; non-blank, at most 200 characters.

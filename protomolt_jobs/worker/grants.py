@@ -144,12 +144,3 @@ class GrantPolicy:
             )
         rules = ", ".join(sorted(allowed))
         return StepDecision("allow", f"granted by {rules}", ",".join(sorted(allowed)))
-
-    def gate_for(self, rule_ids: str) -> Grant | None:
-        """The first ``needs-approval`` grant named in ``rule_ids`` (a decision id of
-        :meth:`from_grants`), whose approvers and quorum the gate uses; None when none is."""
-        names = set(rule_ids.split(","))
-        for grant in self.grants:
-            if grant.rule in names and grant.decision == "needs-approval":
-                return grant
-        return None

@@ -191,7 +191,9 @@ def authorize(step: Step, check: Callable[[Step], Any] | None) -> dict[str, Any]
             "decisionId": decision_id,
             "capabilities": list(step.capabilities),
         }
-    # deny, and a needs-approval the run cannot open a gate for, are refusals
+    if verdict == NEEDS_APPROVAL:
+        # no grant gate in this build: named, never a silent grant
+        reason = f"{reason}; needs an approval, and no grant gate is built yet"
     raise fail(FailureKind.PERMISSION, step.name, f"{reason} (decision {decision_id})")
 
 
