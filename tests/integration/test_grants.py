@@ -170,3 +170,41 @@ def test_a_host_hook_decides_before_the_grants(tmp_path, fresh_dsn, services):
         assert engine.asked == [("grants-flow", "ed-1", "publish", ("publish:site",))]
     finally:
         surfaces.close()
+
+
+def test_a_denied_external_step_records_no_intent(node, services, fresh_dsn):
+    """The check runs before the intent of an ``effect: external`` step: a denied one leaves
+    none (nothing for reconcile-step to ask about: it never ran)."""
+    from protomolt_jobs.store import JobStore
+
+    url = node.http.url
+    workflow = graph(
+        [
+            step("draft", services.target),
+            step("publish", services.target, capabilities=["publish:site"], effect="external"),
+        ],
+        name="grants-flow",
+    )
+    job_id = submit(url, workflow, "intern-viewer")
+    job = failed(url, job_id)
+    assert job["error"].startswith("PERMISSION: capability publish:site is not granted")
+    assert services.step_calls("publish") == 0
+    store = JobStore.open(fresh_dsn, max_size=1)
+    try:
+        row = store.job_get(job_id)
+        assert row is not None and not row.effect_intents
+    finally:
+        store.close()
+    # the same workflow granted: the intent is recorded, then the call made
+    job_id = submit(url, workflow, "ed-1")
+    wait_for(lambda: get_job(url, job_id)["status"] == "COMPLETED")
+    assert services.step_calls("publish") == 1
+
+
+def test_a_granted_graph_step_stores_its_grant(node, services):
+    url = node.http.url
+    job_id = submit(url, publishing(services.target, graph_run=True), "ed-1")
+    done = wait_for(lambda: (j := get_job(url, job_id))["status"] == "COMPLETED" and j)
+    entry = next(c for c in done["checkpoints"] if c["name"] == "publish")
+    assert entry["grant"]["decisionId"] == "jobs.grants[0]"
+    assert services.step_calls("publish") == 1
