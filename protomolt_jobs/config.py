@@ -463,12 +463,6 @@ def _parse_grant(rule: str, entry: Any) -> Grant:
             raise ConfigError(
                 f"{rule}.quorum must be a whole number from 1 to 100; got {_shown(quorum)}"
             )
-        # The gate that would decide such a grant (DESIGN.md 21) is not built yet: refused
-        # here, at boot, rather than failing every run of the step.
-        raise ConfigError(
-            f"{rule}.decision needs-approval is not supported yet (no grant gate in this "
-            "build); use allow, or a protomolt_authorize_step hook"
-        )
     return Grant(
         rule=rule,
         capabilities=_names(rule, entry, "capabilities", required=True),

@@ -152,6 +152,7 @@ class JobsModule:
             structured_generator=config.structured_generator,
         )
         backend = JobsBackend(configured=config.configured)
+        backend.grant_policy = lambda: _grant_policy(config, ctx)
         for action in jobs_actions(backend, runtime):
             ctx.contributions.contribute(Action, action)
         ctx.contributions.contribute(Action, RunWorkflowAction(runtime, repository))

@@ -1350,6 +1350,36 @@ UPDATE workflow_run
    AND wait_kind = 'approval'
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
+-- name: approval_grant_decide
+-- description: the decision of a step's grant gate (docs/approvals.md, Capabilities and grants): requeue (WAITING -> QUEUED, wait_kind cleared, attempt reset to 0) with a 'decision' transition, appending no checkpoint (the step has not run; the worker reads the decision back with grant_gate_decision); the caller holds the row lock and writes the APPROVAL_DECIDED event.
+UPDATE workflow_run
+   SET status = 'QUEUED',
+       outstanding_step = NULL,
+       wait_kind = NULL,
+       wake_at = NULL,
+       wait_timers = NULL,
+       attempt = 0,
+       run_after = now(),
+       updated_at = now(),
+       change_kind = 'decision',
+       change_actor = %(actor)s,
+       change_reason = %(reason)s,
+       change_step = %(step)s
+ WHERE job_id = %(job_id)s AND status = 'WAITING' AND outstanding_step = %(step)s
+   AND wait_kind = 'approval'
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+
+-- name: grant_gate_decision
+-- description: the decision of a step's latest grant gate: the newest 'decision' transition of the step after its newest 'park' (none: the gate is not decided, or the step never parked); two index lookups on pk_workflow_run_transition's job_id prefix.
+SELECT d.seq, d.actor, d.reason
+  FROM workflow_run_transition AS d
+ WHERE d.job_id = %(job_id)s AND d.step = %(step)s AND d.kind = 'decision'
+   AND d.seq > (SELECT coalesce(max(p.seq), 0)
+                  FROM workflow_run_transition AS p
+                 WHERE p.job_id = %(job_id)s AND p.step = %(step)s AND p.kind = 'park')
+ ORDER BY d.seq DESC
+ LIMIT 1
+
 -- name: approval_votes_open
 -- description: the votes on the current opening (the row's wait_seq) of an approval step of a run, oldest first (the dashboard's votes so far; none when the run does not wait on it).
 SELECT v.principal, v.decision, v.comment, v.at

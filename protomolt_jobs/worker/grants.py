@@ -36,6 +36,18 @@ def _no_groups(_principal: str) -> frozenset[str]:
     return frozenset()
 
 
+def _gated(asked: StepDecision, decided: tuple[str, str, int] | None) -> StepDecision:
+    """A ``needs-approval`` decision once its gate's decision (``(decision, actor, seq)``) is
+    known: accept allows, anything else denies; undecided: ``asked`` (the run parks)."""
+    if decided is None:
+        return asked
+    decision, actor, seq = decided
+    gate_id = f"gate:{seq}"
+    if decision == "accept":
+        return StepDecision("allow", f"{asked.reason}; the gate decided accept ({actor})", gate_id)
+    return StepDecision("deny", f"{asked.reason}; the gate decided {decision} ({actor})", gate_id)
+
+
 class GrantPolicy:
     """Decides step grants for every claimed run of a worker (built once per worker).
 
@@ -55,13 +67,22 @@ class GrantPolicy:
         self.authorizers = tuple(authorizers)
         self.groups_of = groups_of or _no_groups
 
-    def check_for(self, job: Any, ctx: Mapping[str, Any]) -> Callable[[Any], StepDecision]:
+    def check_for(
+        self,
+        job: Any,
+        ctx: Mapping[str, Any],
+        gate: Callable[[Any, str], tuple[str, str, int] | None] | None = None,
+    ) -> Callable[[Any], StepDecision]:
         """The ``authorize`` callback of one claimed run: ``step -> StepDecision``, logging each
         decision (``step_authorized``, ``step_denied``, ``step_needs_approval``).
 
         :param job: the claimed ``JobRecord`` (``job_id``, ``workflow_name``, ``submitted_by``,
             ``attempt``).
         :param ctx: the segment's log context.
+        :param gate: ``(job_id, step) -> (decision, actor, seq) | None``, the decision of the
+            step's latest grant gate (``JobStore.grant_gate_decision``), asked only when the
+            step's grant needs an approval: ``accept`` grants the step, another decision
+            denies it, none leaves it ``needs-approval`` (the run parks on the gate).
         """
         info = {
             "jobId": str(job.job_id),
@@ -72,6 +93,10 @@ class GrantPolicy:
 
         def check(step: Any) -> StepDecision:
             decision = self.decide(info, step.name, tuple(step.capabilities))
+            if decision.decision == "needs-approval":
+                decision = self._approvable(info, tuple(step.capabilities), decision)
+            if decision.decision == "needs-approval" and gate is not None:
+                decision = _gated(decision, gate(job.job_id, step.name))
             action = {"allow": "step_authorized", "deny": "step_denied"}.get(
                 decision.decision, "step_needs_approval"
             )
@@ -91,6 +116,21 @@ class GrantPolicy:
             return decision
 
         return check
+
+    def _approvable(
+        self, job: Mapping[str, Any], capabilities: tuple[str, ...], asked: StepDecision
+    ) -> StepDecision:
+        """``asked`` (needs-approval) when ``[[jobs.grants]]`` names the gate's approvers (its
+        ``needs-approval`` entries that apply); else a denial naming why: a gate nobody may
+        decide would hold the run for ever."""
+        if self.from_grants(job, capabilities).decision == "needs-approval":
+            return asked
+        return StepDecision(
+            "deny",
+            f"{asked.reason}; needs an approval, and no [[jobs.grants]] needs-approval entry "
+            "that applies names its approvers",
+            asked.decision_id,
+        )
 
     def decide(
         self, job: Mapping[str, Any], step: str, capabilities: tuple[str, ...]

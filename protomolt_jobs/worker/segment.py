@@ -75,6 +75,10 @@ class SegmentStore(SettleStore, CheckpointStore, CompensationStore, Protocol):
 
     def job_budget_cost_pauses(self, job_id: uuid.UUID) -> int: ...
 
+    def grant_gate_decision(
+        self, job_id: uuid.UUID | str, step: str
+    ) -> tuple[str, str, int] | None: ...
+
 
 class _Phase(enum.Enum):
     """Where the run was when something raised (what an exception there means)."""
@@ -232,7 +236,9 @@ class SegmentExecutor:
                 intents=getattr(job, "effect_intents", None) or {},
                 on_intent=writer.on_intent,
             )
-            check = self._grants.check_for(job, ctx)
+            check = self._grants.check_for(
+                job, ctx, lambda job_id, step: self._store.grant_gate_decision(job_id, step)
+            )
             returned = self._segment(run, guard, writer, effects, check)
         except Exception as exc:
             classified = self._classify(exc, guard, ctx, phase)

@@ -43,6 +43,7 @@ from protomolt_jobs.workflow import effects as fx
 from protomolt_jobs.workflow.calls import SegmentChannels, call_unary
 from protomolt_jobs.workflow.envelope import message_class
 from protomolt_jobs.workflow.step_run import (
+    GrantGate,
     RecoveryStop,
     Scope,
     authorize,
@@ -96,7 +97,8 @@ def run_steps(
     :param check: the job's grant check (``step_run.authorize``), asked after a step's
         gate and before its request, intent and call; None: nothing is checked.
     :returns: :class:`Completed` (``steps``: ``{"name", "skipped"}`` per step) or
-        :class:`Parked` at the first external step not yet checkpointed.
+        :class:`Parked` at the first external step not yet checkpointed, or at a step whose
+        grant needs an approval (``authorize``: the step's grant gate).
     :raises WorkflowExecutionError: the step's failure (kind, step, message, code for GRPC).
     :raises RecoveryStop: a stored fingerprint changed, or an external step's state cannot be
         proven.
@@ -141,7 +143,10 @@ def run_steps(
                 outcomes.append({"name": step.name, "skipped": True})
                 _record(on_checkpoint, workflow, step, None, effects)
                 continue
-            grant = authorize(step, check)
+            try:
+                grant = authorize(step, check, can_park=True)
+            except GrantGate as gate:
+                return gate.parked  # approve-step's decision is the grant
             request = build_message(step.input_type, step.rules, step.cel_rules, scope, step.name)
             call_ms = call_budget_ms(step, deadline)
             metadata = None

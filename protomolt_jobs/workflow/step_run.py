@@ -24,8 +24,10 @@ from protomolt_jobs.workflow import effects as fx
 from protomolt_jobs.workflow import mapping
 from protomolt_jobs.workflow.envelope import message_class
 from protomolt_jobs.workflow.types import (
+    APPROVAL,
     CompiledWorkflow,
     FailureKind,
+    Parked,
     RecoveryRequired,
     Step,
     WorkflowExecutionError,
@@ -33,6 +35,7 @@ from protomolt_jobs.workflow.types import (
 
 __all__ = [
     "DRIFT",
+    "GrantGate",
     "RecoveryStop",
     "Scope",
     "authorize",
@@ -66,6 +69,15 @@ class RecoveryStop(ProtomoltJobsError):
     def __init__(self, outcome: RecoveryRequired) -> None:
         super().__init__(outcome.reason)
         self.outcome = outcome
+
+
+class GrantGate(ProtomoltJobsError):
+    """A step's grant needs an approval: the run parks on an approval gate for the step
+    (``sequential_run`` returns :attr:`parked`); ``approve-step``'s decision is the grant."""
+
+    def __init__(self, parked: Parked) -> None:
+        super().__init__(f"step '{parked.step}' waits for its grant")
+        self.parked = parked
 
 
 class Scope:
@@ -158,17 +170,22 @@ def render_checkpoint(
 ALLOW, DENY, NEEDS_APPROVAL = "allow", "deny", "needs-approval"
 
 
-def authorize(step: Step, check: Callable[[Step], Any] | None) -> dict[str, Any] | None:
+def authorize(
+    step: Step, check: Callable[[Step], Any] | None, *, can_park: bool = False
+) -> dict[str, Any] | None:
     """Ask ``check`` (the worker's grant policy) whether ``step`` may run: only for a step that
     declares ``capabilities`` (others cost nothing: None, ``check`` is not called).
 
     :param check: ``step -> decision`` with ``decision`` (``allow`` | ``deny`` |
         ``needs-approval``), ``reason`` and ``decision_id`` (a ``hooks.contract.StepDecision``),
         or None (a run outside a job: nothing is checked).
+    :param can_park: the runner can park at this step (a sequential run): ``needs-approval``
+        raises :class:`GrantGate`; otherwise it is a PERMISSION failure naming why.
     :returns: the grant stored in the step's checkpoint entry
         (``{"decision": "allow", "reason", "decisionId", "capabilities"}``), or None.
     :raises WorkflowExecutionError: PERMISSION ``<reason> (decision <id>)`` when denied (never
         retried); WORKFLOW with ``store_failure`` (retried) when the check itself failed.
+    :raises GrantGate: ``needs-approval`` where the run can park.
     """
     if not step.capabilities or check is None:
         return None
@@ -192,8 +209,10 @@ def authorize(step: Step, check: Callable[[Step], Any] | None) -> dict[str, Any]
             "capabilities": list(step.capabilities),
         }
     if verdict == NEEDS_APPROVAL:
-        # no grant gate in this build: named, never a silent grant
-        reason = f"{reason}; needs an approval, and no grant gate is built yet"
+        if can_park:
+            raise GrantGate(Parked(step.name, APPROVAL))
+        # a graph run opens no grant gate yet: named, never a silent grant
+        reason = f"{reason}; needs an approval, and a graph run opens no grant gate yet"
     raise fail(FailureKind.PERMISSION, step.name, f"{reason} (decision {decision_id})")
 
 

@@ -16,7 +16,7 @@ from tests.support.graphs import graph, step
 from tests.support.node import http, node_environ, wait_for
 
 ROOT = "root-secret"
-TOKENS = {"ed-1": "ed-1-secret", "intern-viewer": "intern-secret"}
+TOKENS = {"ed-1": "ed-1-secret", "intern-viewer": "intern-secret", "chief-1": "chief-secret"}
 
 NODE = f"""
 [node]
@@ -26,7 +26,9 @@ api_token = "{ROOT}"
 [node.groups]
 editor = ["ed-1"]
 intern = ["intern-viewer"]
+chief = ["chief-1"]
 [node.scopes]
+chief = ["service-invoke", "job-approve"]
 editor = ["service-invoke", "workflow-run", "job-approve", "job-complete"]
 intern = ["service-invoke", "workflow-run", "job-approve", "job-complete"]
 
@@ -34,6 +36,11 @@ intern = ["service-invoke", "workflow-run", "job-approve", "job-complete"]
 capabilities = ["publish:site"]
 workflows = ["grants-flow"]
 groups = ["editor"]
+
+[[jobs.grants]]
+capabilities = ["deploy:prod"]
+decision = "needs-approval"
+approvers = {{ roles = ["chief"] }}
 """
 
 
@@ -208,3 +215,67 @@ def test_a_granted_graph_step_stores_its_grant(node, services):
     entry = next(c for c in done["checkpoints"] if c["name"] == "publish")
     assert entry["grant"]["decisionId"] == "jobs.grants[0]"
     assert services.step_calls("publish") == 1
+
+
+def deploying(target):
+    return graph(
+        [step("draft", target), step("deploy", target, capabilities=["deploy:prod"])],
+        name="deploy-flow",
+    )
+
+
+def waiting_on_gate(url, job_id):
+    return wait_for(
+        lambda: (
+            (j := get_job(url, job_id))["status"] == "WAITING"
+            and j.get("phase") == "waiting_approval"
+            and j
+        )
+    )
+
+
+def vote(url, job_id, who, decision):
+    body = {"jobId": job_id, "stepName": "deploy", "decision": decision}
+    return post(url, "approve-step", body, who)
+
+
+def test_a_needs_approval_grant_opens_a_gate_that_once_accepted_lets_the_step_run(node, services):
+    url = node.http.url
+    job_id = submit(url, deploying(services.target), "ed-1")
+    job = waiting_on_gate(url, job_id)
+    assert job["outstandingStep"] == "deploy"
+    assert services.step_calls("draft") == 1 and services.step_calls("deploy") == 0
+    # only the grant's approvers vote: ed-1 is not one (and submitted the run)
+    status, answer, _ = vote(url, job_id, "ed-1", "accept")
+    assert status == 403, answer
+    status, answer, _ = vote(url, job_id, "chief-1", "maybe")
+    assert status == 400 and "takes accept, reject" in str(answer), answer
+    status, answer, _ = vote(url, job_id, "chief-1", "accept")
+    assert status == 200 and answer["decided"] is True and answer["decision"] == "accept", answer
+    done = wait_for(lambda: (j := get_job(url, job_id))["status"] == "COMPLETED" and j)
+    assert services.step_calls("deploy") == 1
+    assert services.step_calls("draft") == 1  # replayed, not called again
+    entry = next(c for c in done["checkpoints"] if c["name"] == "deploy")
+    assert entry["grant"]["decision"] == "allow"
+    assert entry["grant"]["decisionId"].startswith("gate:")
+    assert "the gate decided accept (chief-1)" in entry["grant"]["reason"]
+    _, history, _ = post(url, "job-history", {"jobId": job_id}, "root")
+    assert history["integrity"] == "ok"
+    kinds = [(t["kind"], t["actor"]) for t in history["transitions"]]
+    assert ("vote", "chief-1") in kinds and ("decision", "chief-1") in kinds
+    assert ("denied", "ed-1") in kinds
+
+
+def test_a_rejected_grant_gate_fails_the_step_with_permission_uncalled(node, services):
+    url = node.http.url
+    job_id = submit(url, deploying(services.target), "ed-1")
+    waiting_on_gate(url, job_id)
+    _, answer, _ = vote(url, job_id, "chief-1", "reject")
+    assert answer["decided"] is True and answer["decision"] == "reject", answer
+    job = failed(url, job_id)
+    assert job["error"].startswith(
+        "PERMISSION: jobs.grants[1] grants it with an approval; the "
+        "gate decided reject (chief-1) (decision gate:"
+    )
+    assert job["attempt"] == 1
+    assert services.step_calls("deploy") == 0

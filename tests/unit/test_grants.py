@@ -8,7 +8,7 @@ import pytest
 from protomolt_jobs.config import ConfigError, JobsConfig, parse_grants
 from protomolt_jobs.hooks.contract import StepDecision
 from protomolt_jobs.worker.grants import DENY_ID, GrantPolicy
-from protomolt_jobs.workflow.step_run import authorize
+from protomolt_jobs.workflow.step_run import GrantGate, authorize
 from protomolt_jobs.workflow.types import FailureKind, Step, WorkflowExecutionError
 
 
@@ -37,8 +37,13 @@ def _step(capabilities=("publish:site",)):
         ),
         (
             {"grants": [{"capabilities": ["a"], "decision": "needs-approval",
-                         "approvers": {"roles": ["editor"]}}]},
-            "jobs.grants[0].decision needs-approval is not supported yet",
+                         "approvers": {"roles": ["editor"]}, "quorum": 0}]},
+            "jobs.grants[0].quorum must be a whole number from 1 to 100",
+        ),
+        (
+            {"grants": [{"capabilities": ["a"], "decision": "needs-approval",
+                         "approvers": {"roles": "editor"}}]},
+            "jobs.grants[0].approvers.roles must be a list",
         ),
     ],
 )  # fmt: skip
@@ -82,6 +87,12 @@ def test_every_capability_needs_a_grant_that_applies():
     both = _decide(grants, capabilities=("publish:site", "read:db"))
     assert both.decision == "deny" and "capability read:db" in both.reason
     # a grant naming no submitter applies to every submitter, a recorded one or not
+    gated = [{"capabilities": ["publish:site"], "decision": "needs-approval",
+              "approvers": {"roles": ["chief"]}, "quorum": 2}]  # fmt: skip
+    asked = _decide(gated + grants[1:])
+    assert (asked.decision, asked.decision_id) == ("needs-approval", "jobs.grants[0]")
+    # an allow grant wins over a needs-approval one for the same capability
+    assert _decide(gated + grants).decision == "allow"
     open_grant = [{"capabilities": ["publish:site"]}]
     assert _decide(open_grant, submitter=None).decision == "allow"
     assert _decide([], submitter="ed-1").decision == "deny"
@@ -127,7 +138,10 @@ def test_the_engine_check_costs_nothing_without_capabilities_and_names_the_decis
     with pytest.raises(WorkflowExecutionError) as exc:
         authorize(_step(), lambda s: StepDecision("needs-approval", "gated", "r3"))
     assert exc.value.kind is FailureKind.PERMISSION
-    assert "needs an approval" in exc.value.message
+    assert "a graph run opens no grant gate yet" in exc.value.message
+    with pytest.raises(GrantGate) as gate:
+        authorize(_step(), lambda s: StepDecision("needs-approval", "gated", "r3"), can_park=True)
+    assert (gate.value.parked.step, gate.value.parked.wait_kind) == ("publish", "approval")
     with pytest.raises(WorkflowExecutionError) as exc:
         authorize(_step(), lambda s: 1 / 0)
     assert exc.value.kind is FailureKind.WORKFLOW and exc.value.retryable
@@ -178,3 +192,34 @@ def test_a_synchronous_run_refuses_a_capability_step_before_any_call():
         run(wf, {"text": "a"}, runtime=Runtime())  # 127.0.0.1:9 would refuse a call
     assert exc.value.kind is FailureKind.PERMISSION and exc.value.message == CANNOT_GRANT
     assert exc.value.step == "embed"
+
+
+def test_a_gate_nobody_may_decide_is_a_denial_and_a_decided_gate_is_the_grant():
+    import types
+
+    class Hook:
+        def authorize_step(self, job, step, capabilities):
+            return StepDecision("needs-approval", "ask a human", "opa:9")
+
+    job = types.SimpleNamespace(job_id="j", workflow_name="w", submitted_by="x", attempt=1)
+    asked = []
+
+    def gate(job_id, step):
+        asked.append((job_id, step))
+
+    # no [[jobs.grants]] needs-approval entry names approvers: denied, the store not asked
+    check = GrantPolicy((), authorizers=[Hook()]).check_for(job, {}, gate)
+    denied = check(_step())
+    assert denied.decision == "deny" and "no [[jobs.grants]] needs-approval" in denied.reason
+    assert asked == []
+    gated = parse_grants(
+        [{"capabilities": ["publish:site"], "decision": "needs-approval",
+          "approvers": {"principals": ["boss"]}}]
+    )  # fmt: skip
+    policy = GrantPolicy(gated)
+    assert policy.check_for(job, {}, gate)(_step()).decision == "needs-approval"
+    assert asked == [("j", "publish")]
+    accepted = policy.check_for(job, {}, lambda j, s: ("accept", "boss", 12))(_step())
+    assert (accepted.decision, accepted.decision_id) == ("allow", "gate:12")
+    rejected = policy.check_for(job, {}, lambda j, s: ("reject", "boss", 13))(_step())
+    assert rejected.decision == "deny" and "the gate decided reject (boss)" in rejected.reason
