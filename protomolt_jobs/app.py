@@ -135,6 +135,7 @@ class JobsApp:
         runtime: Any,
         repository: Any = None,
         lanes: Lanes = Lanes(),
+        grants: Any = None,
     ) -> None:
         if not config.dsn:
             raise StoreError("jobs.dsn is required to run jobs")
@@ -168,7 +169,7 @@ class JobsApp:
             if self._kafka and lanes.request_consumer and config.effective_request_topic
             else None
         )
-        self.worker = Worker(store, runtime=runtime, config=config, dsn=config.dsn)
+        self.worker = Worker(store, runtime=runtime, config=config, dsn=config.dsn, grants=grants)
         self.services: list[Startable] = [
             s
             for s in (self.sweeper, self.pruner, self.relay, self.request_consumer, self.worker)
@@ -186,6 +187,7 @@ class JobsApp:
         runtime: Any,
         repository: Any = None,
         lanes: Lanes = Lanes(),
+        grants: Any = None,
     ) -> JobsApp:
         """Migrate ``config.dsn``, open the store's pool and build the services (none runs
         yet). The one function that assembles the jobs runtime.
@@ -195,6 +197,8 @@ class JobsApp:
         :param repository: the ``WorkflowRepository`` submit-by-name resolves in (None:
             definitions must be inline).
         :param lanes: which optional duties run (default: all the config allows).
+        :param grants: the worker's step grant policy (``worker.grants.GrantPolicy``: the
+            host's authorizers and groups); None: ``config.grants`` alone, no groups.
         :raises StoreError: the database cannot be reached or migrated.
         """
         if not config.dsn:
@@ -207,7 +211,14 @@ class JobsApp:
             outbox_payloads=config.outbox_payloads,
         )
         try:
-            return cls(config, store=store, runtime=runtime, repository=repository, lanes=lanes)
+            return cls(
+                config,
+                store=store,
+                runtime=runtime,
+                repository=repository,
+                lanes=lanes,
+                grants=grants,
+            )
         except BaseException:  # close the pool, re-raised
             store.close()
             raise

@@ -175,6 +175,10 @@ class JobsConfig:
     #: here for shape; the jobs role compiles them (``workflow/floors.py``) and refuses a
     #: malformed one naming its key.
     approval_floors: tuple[Mapping[str, Any], ...] = ()
+    #: Capability grants (``[[jobs.grants]]``; ``PROTOMOLT_JOBS_GRANTS`` as a JSON list): what a
+    #: step that declares ``capabilities`` may use, for which workflows and submitters
+    #: (:class:`Grant`; docs/approvals.md *Capabilities and grants*). None: nothing is granted.
+    grants: tuple[Grant, ...] = ()
 
     def __post_init__(self) -> None:
         if self.worker_id is None or not str(self.worker_id).strip():
@@ -367,6 +371,123 @@ _INT_KEYS = set(_INT_LIMITS)
 _FLOAT_KEYS = set(_SECONDS_LIMITS)
 
 
+#: The keys of one ``[[jobs.grants]]`` entry.
+GRANT_KEYS = (
+    "capabilities",
+    "workflows",
+    "principals",
+    "groups",
+    "decision",
+    "approvers",
+    "quorum",
+)
+_GRANT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.:/-]{0,127}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Grant:
+    """One ``[[jobs.grants]]`` entry: ``capabilities`` granted for steps of ``workflows`` (empty:
+    every workflow) of runs submitted by one of ``principals`` or a member of one of
+    ``groups`` (both empty: any submitter).
+
+    :param rule: ``jobs.grants[<i>]``, the decision id of what it decides.
+    :param decision: ``allow``, or ``needs-approval`` (an approval gate with ``approvers``
+        ``{"roles": (...), "principals": (...)}`` and ``quorum`` decides the step's grant).
+    """
+
+    rule: str
+    capabilities: frozenset[str]
+    decision: str = "allow"
+    workflows: frozenset[str] = frozenset()
+    principals: frozenset[str] = frozenset()
+    groups: frozenset[str] = frozenset()
+    approvers: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    quorum: int = 1
+
+    def applies(self, workflow: str, submitter: str | None, groups: frozenset[str]) -> bool:
+        """Whether this grant covers a run of ``workflow`` submitted by ``submitter`` (None:
+        unknown, matched only by a grant that names no principal or group) in ``groups``."""
+        if self.workflows and workflow not in self.workflows:
+            return False
+        if not self.principals and not self.groups:
+            return True
+        if submitter is None:
+            return False
+        return submitter in self.principals or bool(self.groups & groups)
+
+
+def parse_grants(raw: Any) -> tuple[Grant, ...]:
+    """``[[jobs.grants]]`` (a list of tables, or JSON list text) as :class:`Grant` values.
+
+    :raises ConfigError: naming the entry and key (``jobs.grants[0].decision ...``).
+    """
+    if not isinstance(raw, list):
+        raise ConfigError(
+            "jobs.grants must be a list of tables ([[jobs.grants]] entries; a JSON list in the "
+            f"environment); got {_shown(raw)}"
+        )
+    return tuple(_parse_grant(f"jobs.grants[{i}]", entry) for i, entry in enumerate(raw))
+
+
+def _names(
+    rule: str, entry: Mapping[str, Any], key: str, *, required: bool = False
+) -> frozenset[str]:
+    value = entry.get(key)
+    if value is None and not required:
+        return frozenset()
+    if (
+        not isinstance(value, list)
+        or (required and not value)
+        or not all(isinstance(v, str) and _GRANT_NAME.fullmatch(v) for v in value)
+    ):
+        need = "a non-empty list" if required else "a list"
+        raise ConfigError(f"{rule}.{key} must be {need} of names; got {_shown(value)}")
+    return frozenset(value)
+
+
+def _parse_grant(rule: str, entry: Any) -> Grant:
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"{rule} must be a table; got {_shown(entry)}")
+    for key in entry:
+        if key not in GRANT_KEYS:
+            raise ConfigError(f"unknown key {rule}.{key}; known keys: {', '.join(GRANT_KEYS)}")
+    decision = entry.get("decision", "allow")
+    if decision not in ("allow", "needs-approval"):
+        raise ConfigError(
+            f"{rule}.decision must be allow or needs-approval; got {_shown(decision)}"
+        )
+    approvers: dict[str, tuple[str, ...]] = {}
+    quorum = entry.get("quorum", 1)
+    if decision == "allow":
+        for key in ("approvers", "quorum"):
+            if key in entry:
+                raise ConfigError(f"{rule}.{key} is for decision needs-approval only")
+    else:
+        table = entry.get("approvers")
+        if not isinstance(table, Mapping) or not table or set(table) - {"roles", "principals"}:
+            raise ConfigError(
+                f"{rule}.approvers must be a table with roles and/or principals; "
+                f"got {_shown(table)}"
+            )
+        for key in ("roles", "principals"):
+            if key in table:
+                approvers[key] = tuple(sorted(_names(f"{rule}.approvers", table, key)))
+        if isinstance(quorum, bool) or not isinstance(quorum, int) or not 1 <= quorum <= 100:
+            raise ConfigError(
+                f"{rule}.quorum must be a whole number from 1 to 100; got {_shown(quorum)}"
+            )
+    return Grant(
+        rule=rule,
+        capabilities=_names(rule, entry, "capabilities", required=True),
+        decision=decision,
+        workflows=_names(rule, entry, "workflows"),
+        principals=_names(rule, entry, "principals"),
+        groups=_names(rule, entry, "groups"),
+        approvers=approvers,
+        quorum=quorum,
+    )
+
+
 def _shown(value: Any) -> str:
     """``repr`` of a configured value, cut short (a 5000-digit typo needs no full echo)."""
     text = repr(value)
@@ -501,6 +622,8 @@ def _coerce(key: str, raw: Any, field: dataclasses.Field) -> Any:
     if key == "approval_floors":
         floors = _json_table(key, raw)
         return tuple(floors) if isinstance(floors, list) else floors
+    if key == "grants":
+        return parse_grants(_json_table(key, raw))
     if key in ("kafka_producer", "kafka_consumer"):
         table = _json_table(key, raw)
         if not isinstance(table, Mapping):

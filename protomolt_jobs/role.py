@@ -40,8 +40,10 @@ from protomolt_jobs.hooks.contract import (
     ComposerError,
     FileDescriptorContribution,
     JobViews,
+    PrincipalGroups,
     Refusal,
     RefusalRecorder,
+    StepAuthorizer,
     TypePool,
     WireContext,
     WorkflowRepository,
@@ -55,6 +57,7 @@ from protomolt_jobs.verbs import (
     RunWorkflowAction,
     jobs_actions,
 )
+from protomolt_jobs.worker.grants import GrantPolicy
 from protomolt_jobs.workflow.types import Runtime
 
 __all__ = ["ROLE", "JobRefusals", "JobsModule", "JobsMount", "protomolt_role_module"]
@@ -149,6 +152,7 @@ class JobsModule:
             structured_generator=config.structured_generator,
         )
         backend = JobsBackend(configured=config.configured)
+        backend.grant_policy = lambda: _grant_policy(config, ctx)
         floors = node_floors(config)
         for action in jobs_actions(backend, runtime, floors):
             ctx.contributions.contribute(Action, action)
@@ -161,6 +165,7 @@ class JobsModule:
             backend=backend,
             type_pool=type_pool,
             descriptors=lambda: ctx.contributions.all(FileDescriptorContribution),
+            grants=lambda: _grant_policy(config, ctx),
         )
         # The host serves /metrics; the role contributes what only it can count.
         ctx.contributions.contribute(
@@ -172,6 +177,17 @@ class JobsModule:
         # Refused calls naming a job go into its history (DESIGN.md section 19).
         ctx.contributions.contribute(RefusalRecorder, JobRefusals(lambda: mount.store))
         return mount
+
+
+def _grant_policy(config: JobsConfig, ctx: WireContext) -> GrantPolicy:
+    """The worker's grant policy: ``[[jobs.grants]]``, the host's ``StepAuthorizer``
+    contributions (``protomolt_authorize_step``) and its ``PrincipalGroups`` (``[node.groups]``)."""
+    groups = ctx.contributions.first(PrincipalGroups)
+    return GrantPolicy(
+        config.grants,
+        authorizers=ctx.contributions.all(StepAuthorizer),
+        groups_of=groups.groups_of if groups is not None else None,
+    )
 
 
 class JobsMount:
@@ -191,6 +207,7 @@ class JobsMount:
         backend: JobsBackend,
         type_pool: TypePool,
         descriptors: Any,
+        grants: Any = None,
     ) -> None:
         self.config = config
         self.repository = repository
@@ -198,6 +215,7 @@ class JobsMount:
         self.backend = backend
         self.type_pool = type_pool
         self._descriptors = descriptors
+        self._grants = grants
         self.app: JobsApp | None = None
         self._lock = threading.Lock()
         self._started = False
@@ -238,7 +256,12 @@ class JobsMount:
             return
         try:
             try:
-                app = JobsApp.open(self.config, runtime=self.runtime, repository=self.repository)
+                app = JobsApp.open(
+                    self.config,
+                    runtime=self.runtime,
+                    repository=self.repository,
+                    grants=self._grants() if self._grants is not None else None,
+                )
             except StoreError as exc:
                 # Say which setting leads there: the driver's text names neither key nor
                 # variable.

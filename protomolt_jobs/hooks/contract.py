@@ -50,6 +50,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 __all__ = [
     "SCOPES",
+    "STEP_DECISIONS",
     "Action",
     "ChannelFactory",
     "ComponentHealth",
@@ -60,9 +61,12 @@ __all__ = [
     "InProcessService",
     "InertMount",
     "Mount",
+    "PrincipalGroups",
     "Refusal",
     "RefusalRecorder",
     "RoleModule",
+    "StepAuthorizer",
+    "StepDecision",
     "TypePool",
     "WireContext",
     "WorkflowRepository",
@@ -209,6 +213,70 @@ class Refusal:
     verb: str
     scope: str
     job_id: str | None = None
+
+
+#: The decisions a grant check gives (:class:`StepDecision`).
+STEP_DECISIONS = ("allow", "deny", "needs-approval")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepDecision:
+    """Whether a step that declares ``capabilities`` may run (docs/approvals.md, *Capabilities
+    and grants*).
+
+    :param decision: ``allow`` (the step runs; the decision is stored in its checkpoint entry),
+        ``deny`` (the job fails with ``PERMISSION: <reason> (decision <id>)``, never retried) or
+        ``needs-approval`` (a sequential run parks on the step's grant gate, whose approvers
+        are those of the ``[[jobs.grants]]`` needs-approval entries that apply; with none, or in
+        a graph run, the step is denied naming why).
+    :param reason: why, for people: stored with the decision (at most 1000 characters).
+    :param decision_id: the deciding engine's id for this decision (a policy rule, an OPA
+        decision id), stored with it; non-blank, at most 200 characters.
+    :raises ValueError: an unknown decision, a blank id, or text too long.
+    """
+
+    decision: str
+    reason: str
+    decision_id: str
+
+    def __post_init__(self) -> None:
+        if self.decision not in STEP_DECISIONS:
+            raise ValueError(f"decision must be one of {', '.join(STEP_DECISIONS)}")
+        if not isinstance(self.reason, str) or len(self.reason) > 1000:
+            raise ValueError("reason must be a string of at most 1000 characters")
+        if not isinstance(self.decision_id, str) or not self.decision_id.strip():
+            raise ValueError("decision_id must be a non-blank string")
+        if len(self.decision_id) > 200:
+            raise ValueError("decision_id must be at most 200 characters")
+
+
+@runtime_checkable
+class StepAuthorizer(Protocol):
+    """Decides whether a step may use its capabilities (contribution kind; the host contributes
+    one when a plugin implements ``protomolt_authorize_step``). The jobs worker asks it after
+    the claim and before the step's call; the first contributed authorizer that answers wins,
+    and ``[[jobs.grants]]`` decides when none does.
+
+    - ``authorize_step(job, step, capabilities)``: ``job`` is ``{"jobId", "workflowName",
+      "submittedBy" (or None), "attempt"}``; ``step`` the step's name; ``capabilities`` its
+      declared names (sorted). Returns a :class:`StepDecision`, or None (no opinion).
+    """
+
+    def authorize_step(
+        self, job: Mapping[str, Any], step: str, capabilities: tuple[str, ...]
+    ) -> StepDecision | None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class PrincipalGroups:
+    """The groups of a principal as the node knows them (contribution kind; the host
+    contributes one from ``[node.groups]``): ``[[jobs.grants]] groups`` match a submitter
+    through it.
+
+    :param groups_of: ``principal -> frozenset of group names`` (empty when none).
+    """
+
+    groups_of: Callable[[str], frozenset[str]]
 
 
 @runtime_checkable

@@ -12,14 +12,18 @@ so a misspelt hook implementation fails the boot instead of never running.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import pluggy
 
-from protomolt_jobs.hooks.contract import Identity, RoleModule
+from protomolt_jobs.hooks.contract import Identity, RoleModule, StepDecision
 
 __all__ = [
     "PROJECT",
     "hookimpl",
     "hookspec",
+    "protomolt_authorize_step",
     "protomolt_resolve_identity",
     "protomolt_role_module",
 ]
@@ -107,4 +111,36 @@ def protomolt_resolve_identity(token: str) -> Identity | None:
     presents a token other than the ``api_token``, before any verb runs. Any installed
     distribution may implement it by declaring an entry point in the ``protomolt.roles`` group
     (a plugin need not provide a role module); tests pass the plugin as ``extra_plugins``.
+    """
+
+
+@hookspec(firstresult=True)
+def protomolt_authorize_step(
+    job: Mapping[str, Any], step: str, capabilities: tuple[str, ...]
+) -> StepDecision | None:
+    """Decide whether a job's step may use the capabilities it declares, or None (no opinion).
+
+    This is the policy-engine hook (OPA or another engine decides): the node's
+    ``[[jobs.grants]]`` are the default implementation, asked when no plugin answers.
+
+    Calling convention: ``firstresult``; the first non-None answer wins.
+
+    :param job: ``{"jobId": str, "workflowName": str, "submittedBy": str | None,
+        "attempt": int}``.
+    :param step: the step's name.
+    :param capabilities: the step's declared capability names, sorted, never empty.
+    :returns: a :class:`~protomolt_jobs.hooks.contract.StepDecision` (``allow`` | ``deny`` |
+        ``needs-approval``, a reason and the engine's decision id), or None.
+
+    .. note::
+        It is called in a worker thread, after the claim and before the step's call (before
+        the intent of an ``effect: external`` step), once per run of the step: answer within
+        a few milliseconds. An exception or an answer that is not a ``StepDecision`` fails the
+        attempt as a retryable ``WORKFLOW`` error (the grant is unknown), never as a grant.
+
+    When it is called
+    ~~~~~~~~~~~~~~~~~
+    By the jobs worker, for each step that declares ``capabilities``; steps without
+    capabilities never call it. The host wraps the implementations into a
+    :class:`~protomolt_jobs.hooks.contract.StepAuthorizer` contribution at boot.
     """

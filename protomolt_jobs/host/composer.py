@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import metadata
 from typing import Any, Self
 
@@ -46,8 +46,11 @@ from protomolt_jobs.hooks.contract import (
     FileDescriptorContribution,
     InProcessService,
     Mount,
+    PrincipalGroups,
     RefusalRecorder,
     RoleModule,
+    StepAuthorizer,
+    StepDecision,
     TypePool,
     WireContext,
 )
@@ -363,6 +366,37 @@ class Node:
         return f"Node({self.node_id}, roles={self.roles})"
 
 
+class _HookAuthorizer:
+    """The plugins' ``protomolt_authorize_step`` as a :class:`StepAuthorizer` contribution."""
+
+    def __init__(self, pm: pluggy.PluginManager) -> None:
+        self._hook = pm.hook.protomolt_authorize_step
+
+    def authorize_step(
+        self, job: Mapping[str, Any], step: str, capabilities: tuple[str, ...]
+    ) -> StepDecision | None:
+        answer = self._hook(job=job, step=step, capabilities=capabilities)
+        if answer is not None and not isinstance(answer, StepDecision):
+            raise TypeError(f"protomolt_authorize_step returned {type(answer).__name__}")
+        return answer
+
+
+def _contribute_grant_sources(contributions: Contributions, config: Any, pm: Any) -> None:
+    """What a role needs to check step grants: the principals' ``[node.groups]`` (always), and
+    the plugins' ``protomolt_authorize_step`` when one implements it."""
+    table = {
+        name: frozenset(members)
+        for name, members in (getattr(config, "groups", None) or {}).items()
+    }
+
+    def groups_of(principal: str) -> frozenset[str]:
+        return frozenset(name for name, members in table.items() if principal in members)
+
+    contributions.contribute(PrincipalGroups, PrincipalGroups(groups_of))
+    if pm.hook.protomolt_authorize_step.get_hookimpls():
+        contributions.contribute(StepAuthorizer, _HookAuthorizer(pm))
+
+
 def compose(
     config: NodeConfig,
     *,
@@ -391,6 +425,7 @@ def compose(
     contributions = Contributions()
     type_pool = TypePool()
     contributions.contribute(TypePool, type_pool)
+    _contribute_grant_sources(contributions, config, pm)
     channels = Channels(config.data_dir, node_id=node_id)
     mounts: list[tuple[str, Mount]] = []
 

@@ -281,6 +281,28 @@ class ApprovalMixin(db.Database):
         return [Vote(r["principal"], r["decision"], r["comment"]) for r in rows]
 
     @db.translated
+    def grant_gate_decision(
+        self, job_id: uuid.UUID | str, step: str
+    ) -> tuple[str, str, int] | None:
+        """The decision of ``step``'s latest grant gate: ``(decision, actor, transition seq)``,
+        or None when it is not decided. One statement, no lock (asked only for a step whose
+        grant needs an approval).
+
+        :raises ValueError: for a malformed id or a blank step.
+        :raises StoreError: on a database failure.
+        """
+        key = checks.uuid("job_id", job_id)
+        checks.text("step", step)
+        with self._connection() as conn:
+            row = db.one(conn, "grant_gate_decision", {"job_id": key, "step": scrub_text(step)})
+        if row is None:
+            return None
+        # the reason is "decided <decision>" or "decided <decision> (veto)"
+        words = str(row["reason"] or "").split()
+        decision = words[1] if len(words) > 1 else ""
+        return decision, str(row["actor"]), int(row["seq"])
+
+    @db.translated
     def approval_vote(
         self,
         job_id: uuid.UUID | str,
@@ -295,6 +317,7 @@ class ApprovalMixin(db.Database):
         distinct_from: Sequence[str],
         entry: EntryBuilder,
         policy_sha256: str | None = None,
+        grant_gate: bool = False,
     ) -> VoteOutcome:
         """Count one principal's vote on an approval step (the module docstring's five moves).
 
@@ -308,6 +331,8 @@ class ApprovalMixin(db.Database):
         :param policy_sha256: the hash of the node policy floors the vote is counted under
             (None: none apply): appended to the ``vote`` and ``decision`` transitions' reasons
             (``(policy <hex>)``), so the hash-chained log holds it with the votes.
+        :param grant_gate: the step waits on its grant gate, not an approval step: the
+            decision requeues the run without a checkpoint (``approval_grant_decide``).
         :returns: a :class:`VoteOutcome`.
         :raises NotFound: for an unknown job id.
         :raises ValueError: for a malformed id, a blank step, principal or decision.
@@ -382,19 +407,17 @@ class ApprovalMixin(db.Database):
                 return VoteOutcome("duplicate", record.status, tally)
             if decision not in veto and tally.get(decision, 0) < quorum:
                 return VoteOutcome("counted", record.status, tally)
-            decided_row = db.one(
-                conn,
-                "approval_decide",
-                {
-                    "job_id": key,
-                    "step": step,
-                    "entry": checks.jsonb("entry", entry(decision, tally, votes), dict),
-                    "actor": principal,
-                    "reason": f"decided {decision}"
-                    + (" (veto)" if decision in veto else "")
-                    + under,
-                },
-            )
+            params: dict[str, Any] = {
+                "job_id": key,
+                "step": step,
+                "actor": principal,
+                "reason": f"decided {decision}" + (" (veto)" if decision in veto else "") + under,
+            }
+            if grant_gate:
+                decided_row = db.one(conn, "approval_grant_decide", params)
+            else:
+                params["entry"] = checks.jsonb("entry", entry(decision, tally, votes), dict)
+                decided_row = db.one(conn, "approval_decide", params)
             if decided_row is None:  # pragma: no cover - the row lock makes the gate hold
                 raise StoreError(f"job {key} changed under its row lock")
             self._outbox_txn(

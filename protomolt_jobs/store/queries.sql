@@ -232,7 +232,8 @@ RETURNING job_id, workflow_name, workflow_definition::text AS workflow_definitio
           checkpoints::text AS checkpoints, result::text AS result, verdict, error,
           lease_owner, lease_token, lease_until, created_at, updated_at, completed_at,
           priority, queue, fairness_key, dedup_key, deadline_at, trace_context,
-          effect_intents::text AS effect_intents, step_generations::text AS step_generations
+          effect_intents::text AS effect_intents, step_generations::text AS step_generations,
+          submitted_by
 
 -- name: job_claim_limited
 -- description: job_claim when some served queues have fleet-wide limits: a limited queue is tried only when workflow_queue_permit() (which locks its limits row, serialising its claimers) allows a start, and a start moves its rate limiter on, all in one statement.
@@ -286,7 +287,7 @@ WITH head AS (
               w.verdict, w.error, w.lease_owner, w.lease_token, w.lease_until, w.created_at,
               w.updated_at, w.completed_at, w.priority, w.queue, w.fairness_key, w.dedup_key,
               w.deadline_at, w.effect_intents::text AS effect_intents,
-              w.step_generations::text AS step_generations
+              w.step_generations::text AS step_generations, w.submitted_by
 ), started AS (
     UPDATE workflow_queue AS q
        SET next_start_at = greatest(q.next_start_at, now())
@@ -1348,6 +1349,36 @@ UPDATE workflow_run
  WHERE job_id = %(job_id)s AND status = 'WAITING' AND outstanding_step = %(step)s
    AND wait_kind = 'approval'
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+
+-- name: approval_grant_decide
+-- description: the decision of a step's grant gate (docs/approvals.md, Capabilities and grants): requeue (WAITING -> QUEUED, wait_kind cleared, attempt reset to 0) with a 'decision' transition, appending no checkpoint (the step has not run; the worker reads the decision back with grant_gate_decision); the caller holds the row lock and writes the APPROVAL_DECIDED event.
+UPDATE workflow_run
+   SET status = 'QUEUED',
+       outstanding_step = NULL,
+       wait_kind = NULL,
+       wake_at = NULL,
+       wait_timers = NULL,
+       attempt = 0,
+       run_after = now(),
+       updated_at = now(),
+       change_kind = 'decision',
+       change_actor = %(actor)s,
+       change_reason = %(reason)s,
+       change_step = %(step)s
+ WHERE job_id = %(job_id)s AND status = 'WAITING' AND outstanding_step = %(step)s
+   AND wait_kind = 'approval'
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+
+-- name: grant_gate_decision
+-- description: the decision of a step's latest grant gate: the newest 'decision' transition of the step after its newest 'park' (none: the gate is not decided, or the step never parked); two index lookups on pk_workflow_run_transition's job_id prefix.
+SELECT d.seq, d.actor, d.reason
+  FROM workflow_run_transition AS d
+ WHERE d.job_id = %(job_id)s AND d.step = %(step)s AND d.kind = 'decision'
+   AND d.seq > (SELECT coalesce(max(p.seq), 0)
+                  FROM workflow_run_transition AS p
+                 WHERE p.job_id = %(job_id)s AND p.step = %(step)s AND p.kind = 'park')
+ ORDER BY d.seq DESC
+ LIMIT 1
 
 -- name: approval_votes_open
 -- description: the votes on the current opening (the row's wait_seq) of an approval step of a run, oldest first (the dashboard's votes so far; none when the run does not wait on it).

@@ -21,12 +21,19 @@ approvers is ``permission-denied`` naming the rule. A decision taken under floor
 ``policy`` (their names) and ``policySha256`` (:func:`~protomolt_jobs.workflow.floors.policy_sha256`)
 in the step's checkpoint entry.
 
+A step that waits on its *grant gate* (a ``needs-approval`` grant of ``[[jobs.grants]]``,
+docs/approvals.md *Capabilities and grants*) is voted on the same way: its approvers and quorum
+are those of the grants that apply (``JobsBackend.grant_policy``), its decisions ``accept``
+(the step's grant: it runs) and ``reject`` (it fails with ``PERMISSION``); the decision
+requeues the run without a checkpoint.
+
 Answers ``{ok: true, decided, decision?, tally: {decision: n}, needed, status}`` or
 ``{ok: false, error: <why>, message, status?, tally?}`` (docs/approvals.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -116,23 +123,34 @@ class ApproveStepAction(JobVerb):
             return not_found(job_id)
         stored, step = resolve_step(job, step_name, self.runtime)
         spec = step.approval
-        if spec is None:
+        gate = None if spec is not None else _grant_gate(self.backend, job, step)
+        if spec is None and gate is None:
             raise invalid(
                 "stepName",
-                f"step '{step_name}' is not an approval step (completion: \"approval\")",
+                f"step '{step_name}' is not an approval step (completion: \"approval\") "
+                "and has no grant gate",
             )
-        if decision not in spec.decisions:
+        if gate is not None:
+            decisions, quorum = GATE_DECISIONS, gate.quorum
+        else:
+            assert spec is not None
+            decisions, quorum = spec.decisions, spec.quorum
+        if decision not in decisions:
             raise invalid(
                 "decision",
                 f"'{decision}' is not a decision of step '{step_name}'; it takes "
-                f"{', '.join(spec.decisions)}",
+                f"{', '.join(decisions)}",
             )
         principal, groups = actor(), current_groups()
-        applied = selecting(self.floors, stored.workflow, step)
+        # A grant gate has its approvers from the grants; the floors bind approval steps.
+        applied = selecting(self.floors, stored.workflow, step) if gate is None else ()
         floor = requirement(applied)
-        why = approver_refusal(step, principal, groups, job.wait_timers)
-        if why is None and floor is not None:
-            why = floor.approver_refusal(principal, sorted(groups))
+        if gate is not None:
+            why = gate.refusal(principal, groups)
+        else:
+            why = approver_refusal(step, principal, groups, job.wait_timers)
+            if why is None and floor is not None:
+                why = floor.approver_refusal(principal, sorted(groups))
         if why is not None:
             store.transition_record_denied(
                 job_id, actor=principal, reason=f"permission-denied: approve-step: {why}"
@@ -159,7 +177,7 @@ class ApproveStepAction(JobVerb):
                 built["policySha256"] = policy_sha256(applied)
             return built
 
-        quorum, veto = spec.quorum, spec.veto
+        veto = spec.veto if spec is not None else ()
         if floor is not None:
             quorum = max(quorum, floor.quorum)
             veto = tuple(v for v in veto if v in floor.veto)
@@ -174,9 +192,10 @@ class ApproveStepAction(JobVerb):
                 comment=comment,
                 quorum=quorum,
                 veto=veto,
-                distinct_from=spec.distinct_from,
+                distinct_from=spec.distinct_from if spec is not None else (),
                 entry=entry,
                 policy_sha256=policy_sha256(applied) if applied else None,
+                grant_gate=gate is not None,
             )
         except NotFound:
             return not_found(job_id)
@@ -204,6 +223,48 @@ class ApproveStepAction(JobVerb):
                 job_id, actor=principal, reason=f"distinct-from: approve-step: {answer['message']}"
             )
         return answer
+
+
+#: The decisions of a grant gate: ``accept`` grants the step, ``reject`` fails it (PERMISSION).
+GATE_DECISIONS: tuple[str, ...] = ("accept", "reject")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Gate:
+    """The approvers and quorum of a step's grant gate (the ``needs-approval`` grants of
+    ``[[jobs.grants]]`` that apply to the run: their approvers joined, the largest quorum)."""
+
+    roles: frozenset[str]
+    principals: frozenset[str]
+    quorum: int
+
+    def refusal(self, principal: str, groups: frozenset[str]) -> str | None:
+        if principal in self.principals or self.roles & groups:
+            return None
+        named = sorted(self.roles) + sorted(self.principals)
+        return (
+            f"'{principal}' is not an approver of this grant gate "
+            f"(approvers: {', '.join(named) or 'none'})"
+        )
+
+
+def _grant_gate(backend: JobsBackend, job: Any, step: Any) -> _Gate | None:
+    """The grant gate of ``step`` in ``job``: None unless the step declares capabilities and
+    the node's grants answer ``needs-approval`` for it."""
+    if not step.capabilities or backend.grant_policy is None:
+        return None
+    policy = backend.grant_policy()
+    info = {"workflowName": job.workflow_name, "submittedBy": job.submitted_by}
+    decided = policy.from_grants(info, tuple(step.capabilities))
+    if decided.decision != "needs-approval":
+        return None
+    rules = set(decided.decision_id.split(","))
+    grants = [g for g in policy.grants if g.rule in rules]
+    return _Gate(
+        roles=frozenset(r for g in grants for r in g.approvers.get("roles", ())),
+        principals=frozenset(p for g in grants for p in g.approvers.get("principals", ())),
+        quorum=max((g.quorum for g in grants), default=1),
+    )
 
 
 def _answer(outcome: VoteOutcome, step: str, principal: str, needed: int) -> dict[str, Any]:

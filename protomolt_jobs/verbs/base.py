@@ -94,6 +94,9 @@ class JobsBackend:
         self._store: Any = None
         self._submitter: Submitter | None = None
         self._lock = threading.Lock()
+        #: ``() -> worker.grants.GrantPolicy`` (set by the role at wire): approve-step finds
+        #: the approvers of a step's grant gate through it; None: no grant gates.
+        self.grant_policy: Any = None
 
     def bind(self, store: Any, submitter: Submitter) -> None:
         """Serve with ``store`` and ``submitter`` (called by the role's start)."""

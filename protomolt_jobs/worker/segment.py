@@ -33,7 +33,8 @@ import enum
 import logging
 import threading
 import uuid
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from protomolt_jobs import crashpoints
 from protomolt_jobs import workflow as engine
@@ -43,6 +44,7 @@ from protomolt_jobs.worker.budget import BudgetExceeded
 from protomolt_jobs.worker.checkpoints import CheckpointStore, CheckpointWriter
 from protomolt_jobs.worker.claimed_run import ClaimedJob, ClaimedRun, RowError
 from protomolt_jobs.worker.compensation import CompensationStore, compensate_stopped
+from protomolt_jobs.worker.grants import GrantPolicy
 from protomolt_jobs.worker.heartbeat import Heartbeat, LeaseGuard
 from protomolt_jobs.worker.permits import PermitCancelled, TargetPermits
 from protomolt_jobs.worker.policies import BudgetPolicy, EffectPolicy, Policies, RetryPolicy
@@ -73,6 +75,10 @@ class SegmentStore(SettleStore, CheckpointStore, CompensationStore, Protocol):
 
     def job_budget_cost_pauses(self, job_id: uuid.UUID) -> int: ...
 
+    def grant_gate_decision(
+        self, job_id: uuid.UUID | str, step: str
+    ) -> tuple[str, str, int] | None: ...
+
 
 class _Phase(enum.Enum):
     """Where the run was when something raised (what an exception there means)."""
@@ -92,6 +98,7 @@ class SegmentExecutor:
     :param heartbeat: the worker's heartbeat (must be running).
     :param draining: set by a graceful stop once the grace period is over; a job tracked
         after that is released at once instead of run.
+    :param grants: the step grant policy (``worker/grants.py``); None: ``config.grants``.
     """
 
     def __init__(
@@ -103,8 +110,10 @@ class SegmentExecutor:
         permits: TargetPermits,
         heartbeat: Heartbeat,
         draining: threading.Event,
+        grants: GrantPolicy | None = None,
     ) -> None:
         self._store = store
+        self._grants = grants or GrantPolicy(config.grants)
         self._runtime = runtime
         self._permits = permits
         self._heartbeat = heartbeat
@@ -227,7 +236,10 @@ class SegmentExecutor:
                 intents=getattr(job, "effect_intents", None) or {},
                 on_intent=writer.on_intent,
             )
-            returned = self._segment(run, guard, writer, effects)
+            check = self._grants.check_for(
+                job, ctx, lambda job_id, step: self._store.grant_gate_decision(job_id, step)
+            )
+            returned = self._segment(run, guard, writer, effects, check)
         except Exception as exc:
             classified = self._classify(exc, guard, ctx, phase)
             if classified is None:
@@ -240,7 +252,12 @@ class SegmentExecutor:
         return outcome, policies
 
     def _segment(
-        self, run: ClaimedRun, guard: LeaseGuard, writer: CheckpointWriter, effects: EffectContext
+        self,
+        run: ClaimedRun,
+        guard: LeaseGuard,
+        writer: CheckpointWriter,
+        effects: EffectContext,
+        check: Callable[[Any], Any],
     ) -> object:
         """Take the permit and run the segment: the engine's result, or :class:`Lost` /
         :class:`Stopped` when the job was taken or stopped before its step started."""
@@ -258,6 +275,7 @@ class SegmentExecutor:
                 # graph runs: each call holds a permit for its own target
                 call_permit=lambda t: self._permits.held(t, cancelled=lambda: guard.lost),
                 effects=effects,
+                authorize=check,  # asked only for steps that declare capabilities
             )
 
     @staticmethod

@@ -34,6 +34,7 @@ from protomolt_jobs.service import ServiceHealth, ServiceState
 from protomolt_jobs.store.records import JobRecord
 from protomolt_jobs.telemetry import metrics, tracing
 from protomolt_jobs.worker.claim import ClaimLoop, Poller
+from protomolt_jobs.worker.grants import GrantPolicy
 from protomolt_jobs.worker.heartbeat import Heartbeat, HeartbeatStore
 from protomolt_jobs.worker.listener import Doorbell, Listener
 from protomolt_jobs.worker.permits import TargetPermits
@@ -77,13 +78,20 @@ class Worker:
         ``poll_interval_ms``, ``backoff_base_seconds``, ``max_concurrent_per_target``,
         ``shutdown_grace_seconds``).
     :param dsn: connection string of the LISTEN connection (the pool's database).
+    :param grants: the step grant policy (``worker/grants.py``); None: ``config.grants`` only.
     :raises ValueError: when ``dsn`` is empty.
     """
 
     name = "worker"
 
     def __init__(
-        self, store: WorkerStore, *, runtime: Runtime, config: JobsConfig, dsn: str
+        self,
+        store: WorkerStore,
+        *,
+        runtime: Runtime,
+        config: JobsConfig,
+        dsn: str,
+        grants: GrantPolicy | None = None,
     ) -> None:
         if not dsn:
             raise ValueError("the worker needs jobs.dsn for its LISTEN connection")
@@ -110,6 +118,7 @@ class Worker:
             permits=self.permits,
             heartbeat=self.heartbeat,
             draining=self._draining,
+            grants=grants,
         )
         self._loops: list[ClaimLoop] = []
         self._started = False

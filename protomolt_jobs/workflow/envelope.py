@@ -785,7 +785,31 @@ def _parse_step(
         verify=verify,
         adapter_version=adapter_version,
         approval=approval,
+        capabilities=_parse_capabilities(obj, name),
     )
+
+
+#: A capability name: letters, digits and ``_ . : / -``, starting with a letter (``publish:site``).
+_CAPABILITY = re.compile(r"[A-Za-z][A-Za-z0-9_.:/-]{0,127}")
+
+
+def _parse_capabilities(obj: dict[str, Any], name: str) -> tuple[str, ...]:
+    """``capabilities`` of one step: sorted, unique names (``()`` when absent).
+
+    :raises WorkflowParseError: not a list of capability names.
+    """
+    raw = obj.get("capabilities")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(
+        isinstance(c, str) and _CAPABILITY.fullmatch(c) for c in raw
+    ):
+        raise WorkflowParseError(
+            name,
+            "'capabilities' must be a list of capability names (a letter, then letters, digits "
+            f"or _ . : / -, at most 128); got {_brief(raw)}",
+        )
+    return tuple(sorted(set(raw)))
 
 
 #: The keys of an approval step's ``approval`` object (docs/approvals.md lists each).

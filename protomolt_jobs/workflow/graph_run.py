@@ -60,6 +60,7 @@ from protomolt_jobs.workflow.envelope import message_class
 from protomolt_jobs.workflow.step_run import (
     DRIFT,
     Scope,
+    authorize,
     build_message,
     call_budget_ms,
     check_fingerprint,
@@ -134,6 +135,8 @@ class _Run:
         self.call_permit = call_permit
         self.effects: Any = None  # effects.EffectContext of a job's segment, or None
         self.held: Any = None  # retry_scope.Held of a run a retry-step marked, or None
+        self.authorize: Callable[[Step], Any] | None = None  # the job's grant check, or None
+        self.grants: dict[str, dict[str, Any]] = {}  # step -> its grant (step_run.authorize)
         self.deadline = time.monotonic() + workflow.deadline_ms / 1000.0
 
     # -- replay ------------------------------------------------------------------------------
@@ -203,7 +206,8 @@ class _Run:
         deliver_checkpoint(self.on_checkpoint, step, entry)
 
     def succeeded(self, step: Step, response: Message) -> None:
-        entry = render_checkpoint(self.workflow, step, response, self.effects)
+        grant = self.grants.get(step.name)
+        entry = render_checkpoint(self.workflow, step, response, self.effects, grant=grant)
         self.values[step.name] = response
         self.record(step, entry)
         self.state.ended(step.name, g.SUCCEEDED)
@@ -243,6 +247,9 @@ class _Run:
 
     def execute(self, step: Step, scope: dict[str, Message]) -> Message:
         """Run one step (on a pool thread): its result, or a WorkflowExecutionError."""
+        grant = authorize(step, self.authorize)
+        if grant is not None:
+            self.grants[step.name] = grant
         if step.edge is not None:
             return edges.execute_edge(self, step, scope)
         if step.structured is not None:
@@ -336,8 +343,12 @@ def run_graph(
     call_permit: Callable[[str], Any] | None = None,
     effects: Any = None,
     held: Any = None,
+    check: Callable[[Step], Any] | None = None,
 ) -> Completed | Parked:
     """Replay ``prior`` and run the rest of a graph workflow (see the module docstring).
+
+    :param check: the job's grant check (``step_run.authorize``), asked on the step's
+        thread before a step that declares ``capabilities`` runs; None: nothing is checked.
 
     :param effects: the job's ``effects.EffectContext`` (idempotency keys, fingerprints), or None.
     :param held: ``retry_scope.Held``: entries replayed when their step is about to start
@@ -358,6 +369,7 @@ def run_graph(
         run = _Run(workflow, input_msg, on_checkpoint, runtime, channels, call_permit)
         run.effects = effects
         run.held = held
+        run.authorize = check
         run.replay(prior)
         outcome = _schedule(run)
         if outcome is not None:

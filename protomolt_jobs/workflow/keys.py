@@ -164,6 +164,8 @@ KINDS: Mapping[str, Kind] = _kinds(
             "cost": None,
             # an approval step's voters, quorum, decisions and timers (docs/approvals.md)
             "approval": "approval",
+            # the capabilities the step needs granted before it runs (docs/approvals.md)
+            "capabilities": None,
         },
     ),
     Kind("after", "an after entry", "steps[i].after[j]", {"step": None, "on": None}),

@@ -32,12 +32,19 @@ from protomolt_jobs.workflow.types import (
     WorkflowParseError,
 )
 
-__all__ = ["CANNOT_PARK", "next_target", "run", "run_segment"]
+__all__ = ["CANNOT_GRANT", "CANNOT_PARK", "next_target", "run", "run_segment"]
 
 #: The synchronous refusal at an external step (reference 3.1, verbatim).
 CANNOT_PARK = (
     "step declares completion='external'; synchronous run-workflow cannot park - submit the "
     "workflow as a job (submit-workflow) so complete-step can supply the response"
+)
+
+#: The synchronous refusal at a step that declares capabilities (grants are checked by a job's
+#: worker only; a synchronous run never calls such a step).
+CANNOT_GRANT = (
+    "step declares capabilities; synchronous run-workflow checks no grants - submit the "
+    "workflow as a job (submit-workflow) so the worker can authorize the step"
 )
 
 
@@ -50,6 +57,7 @@ def run_segment(
     runtime: Runtime,
     call_permit: Callable[[str], Any] | None = None,
     effects: Any = None,
+    authorize: Callable[[Any], Any] | None = None,
 ) -> Completed | Parked | RecoveryRequired:
     """Replay ``prior`` and run the rest of ``workflow``.
 
@@ -67,6 +75,9 @@ def run_segment(
     :param call_permit: graph workflows: ``target -> context manager`` held around each call.
     :param effects: the job's ``effects.EffectContext``: idempotency keys on every call,
         fingerprints in every new entry, intents before ``external`` steps (None: none).
+    :param authorize: the job's grant check, ``step -> StepDecision`` (``hooks/contract.py``),
+        asked after the claim and before the call (and intent) of every step that declares
+        ``capabilities``; None (a synchronous run): nothing is checked.
     :returns: :class:`Completed`, :class:`Parked` (at an external step), or
         :class:`RecoveryRequired` (an external step's state cannot be proven, or a stored
         checkpoint's fingerprint changed).
@@ -103,9 +114,17 @@ def run_segment(
                 call_permit=call_permit,
                 effects=effects,
                 held=held,
+                check=authorize,
             )
         return run_steps(
-            workflow, input, prior, on_checkpoint, runtime=runtime, effects=effects, held=held
+            workflow,
+            input,
+            prior,
+            on_checkpoint,
+            runtime=runtime,
+            effects=effects,
+            held=held,
+            check=authorize,
         )
     except RecoveryStop as stop:
         return stop.outcome
@@ -119,11 +138,14 @@ def run(
     A workflow with an external step is refused before anything is called (upstream calls
     the earlier steps first; their side effects would be wasted).
 
-    :raises WorkflowExecutionError: as :func:`run_segment`; EXTERNAL with :data:`CANNOT_PARK`.
+    :raises WorkflowExecutionError: as :func:`run_segment`; EXTERNAL with :data:`CANNOT_PARK`;
+        PERMISSION with :data:`CANNOT_GRANT` (a step declares ``capabilities``).
     """
     for step in workflow.steps:
         if step.parks:
             raise fail(FailureKind.EXTERNAL, step.name, CANNOT_PARK)
+        if step.capabilities:
+            raise fail(FailureKind.PERMISSION, step.name, CANNOT_GRANT)
     result = run_segment(workflow, input, [], discard_checkpoint, runtime=runtime)
     if isinstance(result, RecoveryRequired):  # cannot happen without stored checkpoints
         raise fail(FailureKind.WORKFLOW, result.step, result.reason)

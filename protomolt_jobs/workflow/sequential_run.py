@@ -43,8 +43,10 @@ from protomolt_jobs.workflow import effects as fx
 from protomolt_jobs.workflow.calls import SegmentChannels, call_unary
 from protomolt_jobs.workflow.envelope import message_class
 from protomolt_jobs.workflow.step_run import (
+    GrantGate,
     RecoveryStop,
     Scope,
+    authorize,
     build_message,
     call_budget_ms,
     check_fingerprint,
@@ -81,6 +83,7 @@ def run_steps(
     runtime: Runtime,
     effects: Any = None,
     held: Any = None,
+    check: Callable[[Step], Any] | None = None,
 ) -> Completed | Parked:
     """Replay ``prior`` and run the rest of a sequential workflow (see the module docstring).
 
@@ -91,8 +94,11 @@ def run_steps(
     :param effects: the job's ``effects.EffectContext``, or None.
     :param held: ``retry_scope.Held``: entries replayed when their step is reached instead of
         running it (a retry-step's kept effects and unchanged-output dependants), or None.
+    :param check: the job's grant check (``step_run.authorize``), asked after a step's
+        gate and before its request, intent and call; None: nothing is checked.
     :returns: :class:`Completed` (``steps``: ``{"name", "skipped"}`` per step) or
-        :class:`Parked` at the first external step not yet checkpointed.
+        :class:`Parked` at the first external step not yet checkpointed, or at a step whose
+        grant needs an approval (``authorize``: the step's grant gate).
     :raises WorkflowExecutionError: the step's failure (kind, step, message, code for GRPC).
     :raises RecoveryStop: a stored fingerprint changed, or an external step's state cannot be
         proven.
@@ -137,6 +143,10 @@ def run_steps(
                 outcomes.append({"name": step.name, "skipped": True})
                 _record(on_checkpoint, workflow, step, None, effects)
                 continue
+            try:
+                grant = authorize(step, check, can_park=True)
+            except GrantGate as gate:
+                return gate.parked  # approve-step's decision is the grant
             request = build_message(step.input_type, step.rules, step.cel_rules, scope, step.name)
             call_ms = call_budget_ms(step, deadline)
             metadata = None
@@ -169,6 +179,7 @@ def run_steps(
                 effects,
                 request=request,
                 receipt=receipt,
+                grant=grant,
             )
             last = response
     output, output_json = workflow_output(workflow, scope, last)
@@ -189,10 +200,13 @@ def _record(
     *,
     request: Message | None = None,
     receipt: Any = None,
+    grant: dict[str, Any] | None = None,
 ) -> None:
     if on_checkpoint is discard_checkpoint:
         return  # synchronous run: nothing is stored, so nothing needs rendering
-    entry = render_checkpoint(workflow, step, response, effects, request=request, receipt=receipt)
+    entry = render_checkpoint(
+        workflow, step, response, effects, request=request, receipt=receipt, grant=grant
+    )
     deliver_checkpoint(on_checkpoint, step, entry)
 
 

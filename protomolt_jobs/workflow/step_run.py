@@ -24,8 +24,10 @@ from protomolt_jobs.workflow import effects as fx
 from protomolt_jobs.workflow import mapping
 from protomolt_jobs.workflow.envelope import message_class
 from protomolt_jobs.workflow.types import (
+    APPROVAL,
     CompiledWorkflow,
     FailureKind,
+    Parked,
     RecoveryRequired,
     Step,
     WorkflowExecutionError,
@@ -33,8 +35,10 @@ from protomolt_jobs.workflow.types import (
 
 __all__ = [
     "DRIFT",
+    "GrantGate",
     "RecoveryStop",
     "Scope",
+    "authorize",
     "build_message",
     "call_budget_ms",
     "check_fingerprint",
@@ -65,6 +69,15 @@ class RecoveryStop(ProtomoltJobsError):
     def __init__(self, outcome: RecoveryRequired) -> None:
         super().__init__(outcome.reason)
         self.outcome = outcome
+
+
+class GrantGate(ProtomoltJobsError):
+    """A step's grant needs an approval: the run parks on an approval gate for the step
+    (``sequential_run`` returns :attr:`parked`); ``approve-step``'s decision is the grant."""
+
+    def __init__(self, parked: Parked) -> None:
+        super().__init__(f"step '{parked.step}' waits for its grant")
+        self.parked = parked
 
 
 class Scope:
@@ -125,12 +138,14 @@ def render_checkpoint(
     *,
     request: Message | None = None,
     receipt: Any = None,
+    grant: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The entry a step that just ended stores: :func:`checkpoint_entry`, stamped with its
     fingerprints (``effects.stamp``) when the run has an ``effects.EffectContext``.
 
     :param response: the step's response, None for a skipped step.
     :param effects: the job's ``EffectContext``, or None (nothing is stamped).
+    :param grant: the step's grant (:func:`authorize`), stored as the entry's ``grant``.
     :raises WorkflowExecutionError: WORKFLOW (not a store failure: the same response would fail
         again, so no retry, upstream 4.4) when the entry cannot be rendered as JSON.
     """
@@ -140,6 +155,8 @@ def render_checkpoint(
             fx.stamp(
                 entry, workflow, step, request=request, attempt=effects.attempt, receipt=receipt
             )
+        if grant is not None:
+            entry["grant"] = grant
     except Exception as exc:  # protobuf/json rendering raises assorted types
         raise fail(
             FailureKind.WORKFLOW,
@@ -147,6 +164,56 @@ def render_checkpoint(
             f"could not render the checkpoint for '{step.name}' as JSON: {exc}",
         ) from exc
     return entry
+
+
+#: The decisions an ``authorize`` callback may return (``StepDecision.decision``).
+ALLOW, DENY, NEEDS_APPROVAL = "allow", "deny", "needs-approval"
+
+
+def authorize(
+    step: Step, check: Callable[[Step], Any] | None, *, can_park: bool = False
+) -> dict[str, Any] | None:
+    """Ask ``check`` (the worker's grant policy) whether ``step`` may run: only for a step that
+    declares ``capabilities`` (others cost nothing: None, ``check`` is not called).
+
+    :param check: ``step -> decision`` with ``decision`` (``allow`` | ``deny`` |
+        ``needs-approval``), ``reason`` and ``decision_id`` (a ``hooks.contract.StepDecision``),
+        or None (a run outside a job: nothing is checked).
+    :param can_park: the runner can park at this step (a sequential run): ``needs-approval``
+        raises :class:`GrantGate`; otherwise it is a PERMISSION failure naming why.
+    :returns: the grant stored in the step's checkpoint entry
+        (``{"decision": "allow", "reason", "decisionId", "capabilities"}``), or None.
+    :raises WorkflowExecutionError: PERMISSION ``<reason> (decision <id>)`` when denied (never
+        retried); WORKFLOW with ``store_failure`` (retried) when the check itself failed.
+    :raises GrantGate: ``needs-approval`` where the run can park.
+    """
+    if not step.capabilities or check is None:
+        return None
+    try:
+        decision = check(step)
+        verdict, reason, decision_id = decision.decision, decision.reason, decision.decision_id
+    except WorkflowExecutionError:
+        raise
+    except Exception as exc:  # a policy engine that failed: the grant is unknown, retry
+        raise fail(
+            FailureKind.WORKFLOW,
+            step.name,
+            f"the grant check of step '{step.name}' failed: {type(exc).__name__}: {exc}",
+            store_failure=True,
+        ) from exc
+    if verdict == ALLOW:
+        return {
+            "decision": ALLOW,
+            "reason": reason,
+            "decisionId": decision_id,
+            "capabilities": list(step.capabilities),
+        }
+    if verdict == NEEDS_APPROVAL:
+        if can_park:
+            raise GrantGate(Parked(step.name, APPROVAL))
+        # a graph run opens no grant gate yet: named, never a silent grant
+        reason = f"{reason}; needs an approval, and a graph run opens no grant gate yet"
+    raise fail(FailureKind.PERMISSION, step.name, f"{reason} (decision {decision_id})")
 
 
 def deliver_checkpoint(

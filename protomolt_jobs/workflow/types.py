@@ -87,6 +87,9 @@ class FailureKind(str, enum.Enum):
     STRUCTURED = "STRUCTURED"
     #: an edge's source, items path, item cap, projection or collection failed.
     EDGE = "EDGE"
+    #: a step's capabilities were not granted (``[[jobs.grants]]`` or ``authorize_step``
+    #: denied, or an approver rejected the grant); never retried.
+    PERMISSION = "PERMISSION"
 
     def __str__(self) -> str:
         return self.value
@@ -353,6 +356,9 @@ class Step:
     adapter_version: str = ""
     #: the ``approval`` object of a ``completion: "approval"`` step (None otherwise).
     approval: ApprovalSpec | None = None
+    #: ``capabilities`` as declared (sorted, unique; ``()`` when absent): the worker asks its
+    #: grant policy before the step's call; declaring grants nothing.
+    capabilities: tuple[str, ...] = ()
 
     @property
     def external(self) -> bool:

@@ -136,7 +136,15 @@ def engine(monkeypatch):
         return "t:1"
 
     def run_segment(
-        workflow, message, prior, on_checkpoint, *, runtime, call_permit=None, effects=None
+        workflow,
+        message,
+        prior,
+        on_checkpoint,
+        *,
+        runtime,
+        call_permit=None,
+        effects=None,
+        authorize=None,
     ):
         return Engine.segment(prior, on_checkpoint)
 
