@@ -234,7 +234,14 @@ class _Run:
     def call(self, step: Step, request: Message, call_ms: int, channel: grpc.Channel) -> Message:
         permit = self.call_permit(step.target) if self.call_permit else contextlib.nullcontext()
         with permit:
-            return call_unary(channel, step, request, call_ms / 1000.0, self.metadata(step))
+            return call_unary(
+                channel,
+                step,
+                request,
+                call_ms / 1000.0,
+                self.metadata(step),
+                self.effects.canceller(step) if self.effects is not None else None,
+            )
 
     def metadata(self, step: Step) -> list[tuple[str, str]] | None:
         if self.effects is None:

@@ -155,7 +155,12 @@ def run_steps(
                 response, receipt = found
             else:
                 response = call_unary(
-                    channels.channel(step), step, request, call_ms / 1000.0, metadata
+                    channels.channel(step),
+                    step,
+                    request,
+                    call_ms / 1000.0,
+                    metadata,
+                    effects.canceller(step) if effects is not None else None,
                 )
                 if step.validate:
                     validate_response(step, response)

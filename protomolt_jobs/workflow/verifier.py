@@ -25,8 +25,8 @@ from celpy import celtypes
 from google.protobuf import descriptor as _d
 
 from protomolt_jobs.workflow import approval as _approval
+from protomolt_jobs.workflow import cancel, cel_check, keys, mapping
 from protomolt_jobs.workflow import cel as _cel
-from protomolt_jobs.workflow import cel_check, keys, mapping
 from protomolt_jobs.workflow import graph as _graph
 from protomolt_jobs.workflow.envelope import message_class, parse_workflow
 from protomolt_jobs.workflow.types import (
@@ -531,7 +531,7 @@ def check(obj: Any, runtime: Runtime) -> list[Finding]:
         does not parse: a misspelt key is often why), then a parse failure as one finding of
         kind ``workflow`` with its step, or the verifier's findings.
     """
-    unknown = keys.findings(obj)
+    unknown = keys.findings(obj) + cancel.findings(obj)
     try:
         workflow = parse_workflow(obj, runtime)
     except WorkflowParseError as exc:
