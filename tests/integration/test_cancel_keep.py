@@ -186,3 +186,60 @@ def test_compensate_must_be_a_boolean(store):
     with pytest.raises(InvalidInput) as raised:
         _cancel(store, job.job_id, compensate="no")
     assert raised.value.details == {"field": "compensate"}
+
+
+def _draft_and_send(target: str) -> dict[str, Any]:
+    """draft (compensated by delete_draft) -> send (external, 1.5 s) -> archive."""
+    return graph(
+        [
+            step("draft", target, compensate="delete_draft"),
+            step("send", target, sleep_ms=1500, effect="external", after=["draft"]),
+            step("archive", target, after=["send"]),
+            step("delete_draft", target, reads=["draft"]),
+        ],
+        name="draft-send",
+    )
+
+
+def test_cancel_during_a_graphs_external_send_keeps_the_draft_with_compensate_false(
+    store, fresh_dsn, services
+):
+    seen = _Seen(services)
+    job = enqueue(store, _draft_and_send(services.target), {"text": "x"})
+    worker, runner = _start(store, fresh_dsn)
+    try:
+        wait_for(lambda: services.step_calls("send") == 1, timeout_s=20)
+        answer = _cancel(store, job.job_id, compensate=False, reason="keep the draft")
+        assert answer["ok"] is True and answer["requested"] == "cancel", answer
+        runner.join(30)
+        assert not runner.is_alive()
+    finally:
+        worker.stop()
+    row = store.job_get(job.job_id)
+    assert row.status == "CANCELLED"
+    assert seen.ends["send"][0] is True, "the external send was cancelled"
+    assert [cp["name"] for cp in row.checkpoints] == ["draft", "send"]
+    assert services.step_calls("archive") == 0
+    assert services.step_calls("delete_draft") == 0, "compensate: false ran a compensation"
+    report = _report(store, job.job_id)
+    assert report["cancel"]["effectsAfterRequest"] == ["send"]
+    assert report["cancel"]["compensate"] is False
+    assert report["cancel"]["compensations"] == []
+    assert ("CANCELLED", "send") in event_types(store, job.job_id)
+
+
+def test_cancel_during_a_graphs_external_send_compensates_by_default(store, fresh_dsn, services):
+    job = enqueue(store, _draft_and_send(services.target), {"text": "x"})
+    worker, runner = _start(store, fresh_dsn)
+    try:
+        wait_for(lambda: services.step_calls("send") == 1, timeout_s=20)
+        assert _cancel(store, job.job_id)["ok"] is True
+        runner.join(30)
+        assert not runner.is_alive()
+    finally:
+        worker.stop()
+    assert services.step_calls("delete_draft") == 1
+    report = _report(store, job.job_id)
+    assert report["cancel"]["effectsAfterRequest"] == ["send"]
+    assert report["cancel"]["compensate"] is True
+    assert report["cancel"]["compensations"] == ["delete_draft"]
