@@ -22,12 +22,22 @@ from protomolt_jobs.telemetry import metrics, tracing
 from protomolt_jobs.workflow.envelope import message_class
 from protomolt_jobs.workflow.types import FailureKind, Runtime, Step, WorkflowExecutionError
 
-__all__ = ["INPROCESS_PREFIX", "SegmentChannels", "call_unary"]
+__all__ = ["INPROCESS_PREFIX", "CallCancelled", "SegmentChannels", "call_unary"]
 
 log = logging.getLogger("protomolt_jobs.workflow")
 
 #: Targets with this prefix are served by the host's in-process server.
 INPROCESS_PREFIX = "inprocess:"
+
+
+class CallCancelled(WorkflowExecutionError):
+    """A call the run's cancel stopped (``watch_cancel``): GRPC ``CANCELLED``. Retryable, so a
+    graph run does not checkpoint it as a failed step: the run is being cancelled, and the
+    worker settles it so (``job_stop``) instead of retrying."""
+
+    @property
+    def retryable(self) -> bool:
+        return True
 
 
 class SegmentChannels:
@@ -176,7 +186,7 @@ def _invoke(
         except grpc.FutureCancelledError as exc:
             code = grpc.StatusCode.CANCELLED
             outcome = code.name
-            raise WorkflowExecutionError(
+            raise CallCancelled(
                 FailureKind.GRPC,
                 step.name,
                 f"gRPC {code.name} from {step.target}: the run's cancel stopped the call",

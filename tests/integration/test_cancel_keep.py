@@ -148,6 +148,8 @@ def test_compensate_false_runs_no_compensation_of_a_cancelled_graph(store, fresh
         worker.stop()
     row = store.job_get(job.job_id)
     assert row.status == "CANCELLED"
+    # the graph's pure step in flight was cancelled, not checkpointed as a failure
+    assert [cp["name"] for cp in row.checkpoints] == ["reserve"]
     assert services.step_calls("release") == 0
     report = _report(store, job.job_id)
     assert report["cancel"]["compensate"] is False
