@@ -64,6 +64,7 @@ from protomolt_jobs.worker.settlement import (
     decide,
 )
 from protomolt_jobs.worker.settler import Settler, SettleStore
+from protomolt_jobs.workflow import cancel
 from protomolt_jobs.workflow.effects import EffectContext
 from protomolt_jobs.workflow.types import Runtime
 
@@ -231,7 +232,10 @@ class SegmentExecutor:
                 generations=generations,
                 intents=getattr(job, "effect_intents", None) or {},
                 on_intent=writer.on_intent,
-                watch_cancel=guard.watch_cancel,
+                # Only a workflow that asks for it pays for interruptible calls (cancel.py).
+                watch_cancel=(
+                    guard.watch_cancel if cancel.interrupts_calls(run.stored.definition) else None
+                ),
             )
             returned = self._segment(run, guard, writer, effects)
         except Exception as exc:

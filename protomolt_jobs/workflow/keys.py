@@ -259,7 +259,7 @@ KINDS: Mapping[str, Kind] = _kinds(
         {"priority": None, "queue": None, "fairnessKey": None, "dedupKey": None},
     ),
     Kind("budget", "the budget", "budget", {"deadline": None, "maxCost": None, "onExceeded": None}),
-    Kind("cancel", "the cancel", "cancel", {"compensate": None}),
+    Kind("cancel", "the cancel", "cancel", {"compensate": None, "interruptCalls": None}),
 )
 
 #: Misspellings difflib cannot see (another word for the same thing), per kind: unknown key

@@ -68,7 +68,12 @@ def test_a_cancel_stops_a_12s_pure_call_and_the_job_is_cancelled_within_2s(
 ):
     seen = _Seen(services)
     t = services.target
-    wf = graph([step("a", t), step("slow", t, sleep_ms=12_000)], name="pure", deadlineMs=30_000)
+    wf = graph(
+        [step("a", t), step("slow", t, sleep_ms=12_000)],
+        name="pure",
+        deadlineMs=30_000,
+        cancel={"interruptCalls": True},
+    )
     job = enqueue(store, wf, {"text": "x"})
     worker, runner = _start(store, fresh_dsn)
     try:
@@ -135,7 +140,8 @@ def test_compensate_false_runs_no_compensation_of_a_cancelled_graph(store, fresh
             step("reserve", t, compensate="release"),
             step("slow", t, sleep_ms=12_000, after=["reserve"]),
             step("release", t, reads=["reserve"]),
-        ]
+        ],
+        cancel={"interruptCalls": True},
     )
     job = enqueue(store, wf, {"text": "x"})
     worker, runner = _start(store, fresh_dsn)
@@ -165,7 +171,11 @@ def test_the_workflows_cancel_default_and_the_requests_word(store, fresh_dsn, se
     ]
     for default, requested, expected in ((False, None, 0), (False, True, 1)):
         services.reset()
-        job = enqueue(store, graph(steps, cancel={"compensate": default}), {"text": "x"})
+        job = enqueue(
+            store,
+            graph(steps, cancel={"compensate": default, "interruptCalls": True}),
+            {"text": "x"},
+        )
         worker, runner = _start(store, fresh_dsn)
         try:
             wait_for(lambda: services.step_calls("slow") == 1, timeout_s=20)

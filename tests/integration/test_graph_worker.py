@@ -432,9 +432,8 @@ def test_a_cancelled_graph_run_compensates_once(store, fresh_dsn, services):
         worker.stop()
     row = store.job_get(job.job_id)
     assert row.status == "CANCELLED"
-    # the pure step in flight has its call cancelled (issue 27 item 4): it is not checkpointed;
-    # nothing after it runs
-    assert [cp["name"] for cp in row.checkpoints] == ["reserve", "release"]
+    # the step in flight is kept (the cancel applies at its checkpoint); nothing after it runs
+    assert [cp["name"] for cp in row.checkpoints] == ["reserve", "slow", "release"]
     assert row.checkpoints[-1]["response"]["seen"] == ["reserve", "release"]
     assert services.step_calls("release") == 1
     assert services.step_calls("ship") == 0
