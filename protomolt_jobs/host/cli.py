@@ -473,6 +473,8 @@ def _control(args: argparse.Namespace, console: Any) -> int:
         envelope["stepName"] = args.step
     if getattr(args, "only", False):
         envelope["scope"] = "only"
+    if getattr(args, "compensate", None) is not None:
+        envelope["compensate"] = args.compensate
     if getattr(args, "outcome", None):
         envelope["outcome"] = args.outcome
     if getattr(args, "migrate_action", None):
@@ -711,7 +713,13 @@ def build_parser() -> argparse.ArgumentParser:
     get.add_argument("job_id", help="the job's id, or its first 4+ hex digits when unique")
     _client_options(get)
     for name, text in (
-        ("cancel", "cancel a job (cancel-job); a RUNNING job stops at its next checkpoint"),
+        (
+            "cancel",
+            (
+                "cancel a job (cancel-job); a RUNNING job's pure step in flight is cancelled, "
+                "an external one finishes"
+            ),
+        ),
         ("pause", "pause a job at a checkpoint boundary (pause-job)"),
         ("resume", "resume a PAUSED job, now or --at a time (resume-job)"),
         ("retry", "run --step and the steps after it again (retry-step)"),
@@ -735,6 +743,14 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--comment", help="a comment kept with the vote")
         elif name != "history":
             p.add_argument("--reason", help="why (kept in the job's history)")
+        if name == "cancel":
+            p.add_argument(
+                "--compensate",
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help="run the compensation steps (--no-compensate: keep what the run did; "
+                "default: the workflow's cancel.compensate, true when absent)",
+            )
         if name == "resume":
             p.add_argument("--at", help="RFC 3339 time (database clock), e.g. 2026-01-02T22:00:00Z")
         if name == "retry":

@@ -10,7 +10,9 @@ Report shape (docs/verbs.md)::
      "attempts": {step: <int>},                # segments that started on that step
      "durationsMs": {step: <int>},             # its segment start (or park) to its checkpoint
      "operatorActions": [{"kind", "actor", "reason"?, "at"}],
-     "completionOrder"?, "criterion"?}         # graph runs: the graph's own account
+     "completionOrder"?, "criterion"?,         # graph runs: the graph's own account
+     "cancel"?: {"requestedAt", "actor", "compensate": bool,   # a CANCELLED run
+                 "effectsAfterRequest": [step], "compensations": [step]}}
 
 For a graph run ``steps``, ``completionOrder`` and ``criterion`` are the graph's report
 (``workflow.graph.report_from_checkpoints``); the log adds the rest. Attempts and durations
@@ -30,7 +32,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["OPERATOR_KINDS", "history_json", "report_json", "transition_json"]
+__all__ = ["OPERATOR_KINDS", "cancel_json", "history_json", "report_json", "transition_json"]
 
 #: Transition kinds that record an operator's action (not a worker's or the sweeper's).
 OPERATOR_KINDS = frozenset(
@@ -282,3 +284,60 @@ def _sequential_steps(
                 item["reason"] = "upstream failure"
         steps.append(item)
     return steps
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def cancel_json(
+    job: Any, *, external: set[str], compensations: set[str], compensate: bool
+) -> dict[str, Any] | None:
+    """What a cancel of a CANCELLED job kept and undid (the report's ``cancel``).
+
+    :param job: the ``JobRecord`` (its ``cancel_request`` and checkpoints).
+    :param external: the workflow's steps with ``effect: "external"``.
+    :param compensations: the workflow's compensation steps.
+    :param compensate: whether the cancel ran compensations (the request's ``compensate``,
+        else the workflow's ``cancel.compensate``).
+    :returns: ``{requestedAt, actor, compensate, effectsAfterRequest, compensations}``:
+        the external steps whose checkpoint was stored at or after the request (their call
+        was left to finish), and the compensation steps that ran; None when the job is not
+        CANCELLED or has no recorded request.
+    """
+    request = getattr(job, "cancel_request", None)
+    if job.status != "CANCELLED" or not isinstance(request, dict):
+        return None
+    requested = _parse_time(request.get("requestedAt"))
+    after: list[str] = []
+    ran: list[str] = []
+    for entry in job.checkpoints or []:
+        if not isinstance(entry, dict):
+            continue
+        name = str(entry.get("name"))
+        if name in compensations:
+            ran.append(name)
+            continue
+        at = _parse_time(entry.get("at"))
+        if (
+            name in external
+            and not entry.get("skipped")
+            and requested is not None
+            and at is not None
+            and at >= requested
+        ):
+            after.append(name)
+    body: dict[str, Any] = {
+        "requestedAt": iso_instant(requested),
+        "actor": request.get("actor"),
+        "compensate": compensate,
+        "effectsAfterRequest": after,
+        "compensations": ran,
+    }
+    return body

@@ -37,12 +37,21 @@ class ControlMixin(db.Database):
 
     @db.translated
     def job_cancel(
-        self, job_id: uuid.UUID | str, *, actor: str, reason: str | None = None
+        self,
+        job_id: uuid.UUID | str,
+        *,
+        actor: str,
+        reason: str | None = None,
+        compensate: bool | None = None,
     ) -> ControlOutcome:
         """Cancel a job: QUEUED, WAITING or PAUSED -> CANCELLED now (one CANCELLED event, error
         ``"CANCELLED by <actor>[: <reason>]"``, checkpoints kept); RUNNING -> a cancel request
         recorded in ``control`` (a CONTROL_REQUESTED event), binding: the worker's next boundary
         write settles the job CANCELLED (migration 0002's trigger), whatever it was writing.
+
+        The request is also kept in ``cancel_request`` (``{actor, reason, requestedAt,
+        compensate}``, migration 0015): ``compensate`` False means no compensation step runs
+        for this cancel, None leaves it to the workflow's ``cancel.compensate`` (default true).
 
         SQL: one conditional ``UPDATE`` (``job_control_cancel``) and its event; the row lock
         orders it against the worker's writes, so a cancel racing a completion has exactly
@@ -54,7 +63,11 @@ class ControlMixin(db.Database):
         :raises ValueError: malformed id or blank actor.
         :raises StoreError: on a database failure.
         """
-        return self._control(job_id, "job_control_cancel", actor, reason)
+        if compensate is not None and not isinstance(compensate, bool):
+            raise ValueError(f"compensate must be a boolean or None; got {compensate!r}")
+        return self._control(
+            job_id, "job_control_cancel", actor, reason, {"compensate": compensate}
+        )
 
     @db.translated
     def job_pause(

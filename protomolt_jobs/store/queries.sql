@@ -152,7 +152,8 @@ SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
        priority, queue, fairness_key, dedup_key, deadline_at,
        control::text AS control, paused_from, history_seq,
        effect_intents::text AS effect_intents, step_generations::text AS step_generations,
-       wait_kind, submitted_by, wait_timers::text AS wait_timers
+       wait_kind, submitted_by, wait_timers::text AS wait_timers,
+       cancel_request::text AS cancel_request
   FROM workflow_run
  WHERE job_id = %(job_id)s
 
@@ -838,6 +839,9 @@ UPDATE workflow_run
        paused_from = NULL,
        updated_at = now(),
        change_kind = CASE WHEN status = 'RUNNING' THEN 'cancel-request' ELSE 'cancel' END,
+       cancel_request = jsonb_build_object('actor', %(actor)s::text, 'reason', %(reason)s::text,
+                                           'requestedAt', now(),
+                                           'compensate', %(compensate)s::boolean),
        change_actor = %(actor)s,
        change_reason = %(reason)s
  WHERE job_id = %(job_id)s

@@ -76,6 +76,7 @@ _JSON_COLUMNS: tuple[tuple[str, tuple[type, ...]], ...] = (
     ("effect_intents", (dict,)),
     ("step_generations", (dict,)),
     ("wait_timers", (list,)),
+    ("cancel_request", (dict,)),
 )
 
 
@@ -97,6 +98,7 @@ _OPTIONAL_COLUMNS = frozenset(
         "history_seq",
         "effect_intents",
         "step_generations",
+        "cancel_request",
     }
 )
 
@@ -183,6 +185,10 @@ class JobRecord:
     #: An approval step's timers as stamped by its park (``[{kind, at, fired?, ...}]``;
     #: read by ``job_get``, ``job_lock`` and the timer sweep).
     wait_timers: list[Any] | None = None
+    #: The last cancel-job's request (migration 0015), kept after it is applied: ``{actor,
+    #: reason, requestedAt, compensate}`` (``compensate`` null: the workflow's default), or
+    #: None (read by ``job_get`` only).
+    cancel_request: dict[str, Any] | None = None
 
     @property
     def lease(self) -> Lease:

@@ -52,10 +52,25 @@ class CancelJobAction(ControlVerb):
 
     name = "cancel-job"
     description = (
-        "Cancel a job ('jobId', optional 'reason'): QUEUED, WAITING or PAUSED jobs are "
-        "CANCELLED at once; a RUNNING job is CANCELLED at its next checkpoint boundary (the "
-        "step in flight finishes and is checkpointed); a finished job answers ok: false."
+        "Cancel a job ('jobId', optional 'compensate' and 'reason'): QUEUED, WAITING or "
+        "PAUSED jobs are CANCELLED at once; a RUNNING job is CANCELLED at its next checkpoint "
+        "boundary: a step without an external effect has its call cancelled, an external step "
+        "finishes and is checkpointed. 'compensate' false runs no compensation step (default: "
+        "the workflow's cancel.compensate, true when absent); a finished job answers ok: false."
     )
+    fields = ("jobId", "compensate", "reason")
+
+    def __init__(self, backend: JobsBackend) -> None:
+        super().__init__(backend)
+        self.input_schema = control_schema(
+            {
+                "compensate": {
+                    "type": "boolean",
+                    "description": "run the compensation steps of the run's succeeded steps "
+                    "(default: the workflow's cancel.compensate, true when absent)",
+                }
+            }
+        )
 
     def execute(self, input: dict[str, Any]) -> dict[str, Any]:
         """:returns: ``{ok: true, status: "CANCELLED"}``; ``{ok: true, status: "RUNNING",
@@ -63,10 +78,13 @@ class CancelJobAction(ControlVerb):
             status, error}`` for a finished job; ``{ok: false, error}`` for an unknown one.
 
         :raises Unavailable: no database configured.
-        :raises InvalidInput: a malformed field.
+        :raises InvalidInput: a malformed field (``compensate`` not a boolean).
         """
         store, job_id, reason = self._begin(input)
-        outcome = store.job_cancel(job_id, actor=actor(), reason=reason)
+        compensate = input.get("compensate")
+        if compensate is not None and not isinstance(compensate, bool):
+            raise invalid("compensate", "Field 'compensate' must be a boolean")
+        outcome = store.job_cancel(job_id, actor=actor(), reason=reason, compensate=compensate)
         self._log(job_id, outcome.status, reason)
         if outcome.changed and outcome.status == "CANCELLED":
             return {"ok": True, "status": "CANCELLED"}
@@ -77,8 +95,9 @@ class CancelJobAction(ControlVerb):
                 "ok": True,
                 "status": "RUNNING",
                 "requested": "cancel",
-                "message": "cancel requested: the step in flight finishes and is checkpointed, "
-                "then the job is CANCELLED (binding: it can no longer complete)",
+                "message": "cancel requested: a step without an external effect has its call "
+                "cancelled, an external step finishes and is checkpointed, then the job is "
+                "CANCELLED (binding: it can no longer complete)",
             }
         return refused(job_id, outcome.status, "only a job that has not finished can be cancelled")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from protomolt_jobs.runs.report import history_json, iso_instant, report_json
+from protomolt_jobs.runs.report import cancel_json, history_json, iso_instant, report_json
 from protomolt_jobs.runs.stored_run import SnapshotError, StoredRun
 from protomolt_jobs.store.reads import ID_PREFIX
 from protomolt_jobs.store.records import JOB_STATUSES, TERMINAL_STATUSES
@@ -20,7 +20,9 @@ from protomolt_jobs.verbs.base import (
     require_string,
     unreadable_row,
 )
+from protomolt_jobs.workflow import cancel
 from protomolt_jobs.workflow.graph import main_steps, report_from_checkpoints
+from protomolt_jobs.workflow.types import EFFECT_EXTERNAL
 
 __all__ = ["GetJobAction", "JobHistoryAction", "ListJobsAction", "job_json"]
 
@@ -152,7 +154,23 @@ def _report(store: Any, job: Any, runtime: Any) -> dict[str, Any]:
         graph = report_from_checkpoints(workflow, job.checkpoints or [], job.status, job.error)
         # The dependencies time and count each step (runs/report.py).
         depends = {s.name: [d.step for d in s.depends] for s in main_steps(workflow)}
-    return report_json(job, order, transitions, graph=graph, depends=depends)
+    report = report_json(job, order, transitions, graph=graph, depends=depends)
+    if job.status == "CANCELLED" and getattr(job, "cancel_request", None):
+        compiled = stored.workflow if stored is not None else None
+        cancelled = cancel_json(
+            job,
+            external={s.name for s in compiled.steps if s.effect == EFFECT_EXTERNAL}
+            if compiled is not None
+            else set(),
+            compensations=set(compiled.compensations) if compiled is not None else set(),
+            compensate=cancel.compensates(
+                stored.definition if stored is not None else None,
+                (job.cancel_request or {}).get("compensate"),
+            ),
+        )
+        if cancelled is not None:
+            report["cancel"] = cancelled
+    return report
 
 
 class ListJobsAction(JobVerb):

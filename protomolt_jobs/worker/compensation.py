@@ -6,7 +6,9 @@ succeeded steps run (reverse completion order), each stored with ``job_compensat
 the run having that terminal status at this attempt, since the settle cleared the lease. Best
 effort after the fact: the run holds no lease, so a failure here is logged and the remaining
 compensations are not retried by anyone. (A run that fails at a step is compensated by the
-engine inside its segment, before the FAILED write.)
+engine inside its segment, before the FAILED write.) A cancel whose request said
+``compensate: false`` (or left it to a definition whose ``cancel.compensate`` is false) runs
+none (``workflow/cancel.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from protomolt_jobs.worker.claimed_run import ClaimedJob, ClaimedRun
 from protomolt_jobs.worker.permits import TargetPermits
 from protomolt_jobs.worker.policies import RowReader
 from protomolt_jobs.worker.settlement import LogContext
+from protomolt_jobs.workflow import cancel
 from protomolt_jobs.workflow.graph_run import run_compensation
 from protomolt_jobs.workflow.types import Runtime
 
@@ -59,6 +62,14 @@ def compensate_stopped(
             return
         row = store.job_get(job.job_id)
         if row is None or row.status != status:
+            return
+        if status == "CANCELLED" and not cancel.compensates(
+            run.stored.definition, (getattr(row, "cancel_request", None) or {}).get("compensate")
+        ):
+            log.info(
+                "cancelled job not compensated: compensate is false",
+                extra={"action": "compensation_skipped", **ctx},
+            )
             return
         ran = run_compensation(
             workflow,

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -44,6 +45,10 @@ log = logging.getLogger("protomolt_jobs.heartbeat")
 # After a heartbeat fails for a reason other than a lost lease, retry after this share of
 # the interval (a store blip should not cost a third of the lease).
 _RETRY_SHARE = 0.25
+
+
+def _nothing() -> None:
+    """The withdrawal of a watcher that was called at once."""
 
 
 class HeartbeatStore(Protocol):
@@ -70,6 +75,8 @@ class LeaseGuard:
 
     __slots__ = (
         "_lost",
+        "_watch_lock",
+        "_watchers",
         "control",
         "failures",
         "lease",
@@ -98,6 +105,48 @@ class LeaseGuard:
         self.control: dict[str, Any] | None = None
         #: The status an operator request gave the job (CANCELLED, PAUSED) once applied.
         self.status = ""
+        self._watch_lock = threading.Lock()
+        #: Callbacks of the calls in flight that a cancel stops (:meth:`watch_cancel`).
+        self._watchers: dict[int, Callable[[], None]] = {}
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once the heartbeat found a cancel request on the row."""
+        control = self.control
+        return control is not None and control.get("kind") == "cancel"
+
+    def set_control(self, control: dict[str, Any] | None) -> None:
+        """Keep what the heartbeat found on the row; a cancel request calls every watcher
+        (:meth:`watch_cancel`) once: the calls in flight that can stop are cancelled."""
+        self.control = control
+        if not self.cancel_requested:
+            return
+        with self._watch_lock:
+            watchers, self._watchers = list(self._watchers.values()), {}
+        for fn in watchers:
+            try:
+                fn()
+            except Exception:  # a watcher that fails must not stop the heartbeat
+                log.debug("cancel watcher failed", exc_info=True, extra={"action": "cancel_watch"})
+
+    def watch_cancel(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call ``fn`` (no arguments, e.g. a gRPC future's ``cancel``) once a cancel request
+        reaches this job, at once when one already has.
+
+        :returns: a function that withdraws ``fn`` (call it when the call ended).
+        """
+        if self.cancel_requested:
+            fn()
+            return _nothing
+        key = id(fn)
+        with self._watch_lock:
+            self._watchers[key] = fn
+
+        def unwatch() -> None:
+            with self._watch_lock:
+                self._watchers.pop(key, None)
+
+        return unwatch
 
     @property
     def lost(self) -> bool:
@@ -217,7 +266,7 @@ class Heartbeat(Service):
     def _beat(self, guard: LeaseGuard) -> bool:
         lease = guard.lease
         try:
-            _, guard.control = self._store.job_heartbeat_control(lease, self.lease_s)
+            _, control = self._store.job_heartbeat_control(lease, self.lease_s)
         except LeaseLost:
             if guard.settling or not self._is_tracked(guard):
                 # The job settled while this beat was in flight: the fenced write cleared the
@@ -263,6 +312,7 @@ class Heartbeat(Service):
             return False
         guard.failures = 0
         guard.next_due = time.monotonic() + self.interval_s
+        guard.set_control(control)
         return True
 
     def _run(self, stop: threading.Event) -> None:

@@ -19,7 +19,10 @@ For a claimed row, :meth:`SegmentExecutor.execute`:
 7. untracks the lease, and compensates a graph run an operator cancelled
    (``compensation.py``).
 
-Operator control (docs/verbs.md): a cancel or pause recorded on the row is honoured by the
+Operator control (docs/verbs.md): a cancel the heartbeat finds on the row cancels the call in
+flight of a step without an external effect (``LeaseGuard.watch_cancel``, handed to the engine
+in the ``EffectContext``); the segment then stops with ``job_stop``. A cancel or pause
+recorded on the row is also honoured by the
 database inside the worker's own next fenced write (migration 0002's trigger), so the worker
 learns it from what that write returns (``ControlApplied`` from a checkpoint or intent, a
 CANCELLED or PAUSED status from a settling write). A job still waiting for its permit learns
@@ -35,6 +38,8 @@ import threading
 import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
+
+import grpc
 
 from protomolt_jobs import crashpoints
 from protomolt_jobs import workflow as engine
@@ -61,6 +66,7 @@ from protomolt_jobs.worker.settlement import (
     decide,
 )
 from protomolt_jobs.worker.settler import Settler, SettleStore
+from protomolt_jobs.workflow import cancel
 from protomolt_jobs.workflow.effects import EffectContext
 from protomolt_jobs.workflow.types import Runtime
 
@@ -235,6 +241,10 @@ class SegmentExecutor:
                 generations=generations,
                 intents=getattr(job, "effect_intents", None) or {},
                 on_intent=writer.on_intent,
+                # Only a workflow that asks for it pays for interruptible calls (cancel.py).
+                watch_cancel=(
+                    guard.watch_cancel if cancel.interrupts_calls(run.stored.definition) else None
+                ),
             )
             check = self._grants.check_for(
                 job, ctx, lambda job_id, step: self._store.grant_gate_decision(job_id, step)
@@ -320,6 +330,9 @@ class SegmentExecutor:
         if isinstance(exc, engine.WorkflowExecutionError):
             if guard.lost:
                 return Lost("checkpoint")
+            if guard.cancel_requested and exc.code is grpc.StatusCode.CANCELLED:
+                # The cancel stopped the call in flight: job_stop applies it (CANCELLED).
+                return Stopped()
             if isinstance(exc.__cause__, BudgetExceeded):
                 # The step's checkpoint is stored; the budget stops the run before the next.
                 return OverBudget(exc.__cause__.step, exc.__cause__.detail)

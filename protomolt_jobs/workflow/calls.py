@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Self
 
 import grpc
@@ -21,12 +22,22 @@ from protomolt_jobs.telemetry import metrics, tracing
 from protomolt_jobs.workflow.envelope import message_class
 from protomolt_jobs.workflow.types import FailureKind, Runtime, Step, WorkflowExecutionError
 
-__all__ = ["INPROCESS_PREFIX", "SegmentChannels", "call_unary"]
+__all__ = ["INPROCESS_PREFIX", "CallCancelled", "SegmentChannels", "call_unary"]
 
 log = logging.getLogger("protomolt_jobs.workflow")
 
 #: Targets with this prefix are served by the host's in-process server.
 INPROCESS_PREFIX = "inprocess:"
+
+
+class CallCancelled(WorkflowExecutionError):
+    """A call the run's cancel stopped (``watch_cancel``): GRPC ``CANCELLED``. Retryable, so a
+    graph run does not checkpoint it as a failed step: the run is being cancelled, and the
+    worker settles it so (``job_stop``) instead of retrying."""
+
+    @property
+    def retryable(self) -> bool:
+        return True
 
 
 class SegmentChannels:
@@ -122,13 +133,18 @@ def call_unary(
     request: Message,
     timeout_s: float,
     metadata: list[tuple[str, str]] | None = None,
+    watch_cancel: Callable[[Callable[[], None]], Callable[[], None]] | None = None,
 ) -> Any:
     """One unary call of ``step``'s method; the response parsed as the method's output type.
 
     :param timeout_s: the call deadline from now, in seconds.
     :param metadata: gRPC metadata to send (the idempotency key), besides the trace context.
+    :param watch_cancel: ``(fn) -> withdraw``: when given, the call is made as a future whose
+        ``cancel`` is handed to it, so a cancel request stops the call at once (the service
+        sees its context cancelled); withdrawn when the call ends.
     :raises WorkflowExecutionError: GRPC with the status code for any non-OK status (a call that
-        outlives ``timeout_s`` is ``DEADLINE_EXCEEDED``; a closed channel is ``UNAVAILABLE``).
+        outlives ``timeout_s`` is ``DEADLINE_EXCEEDED``; a closed channel is ``UNAVAILABLE``; a
+        cancelled call is ``CANCELLED``).
     """
     assert step.method is not None
     # The method's output, not the step's binding type (a fan-out binds its collect type).
@@ -139,10 +155,12 @@ def call_unary(
         response_deserializer=response_cls.FromString,
     )
     if not tracing.enabled():
-        return _invoke(multicallable, step, request, timeout_s, metadata)
+        return _invoke(multicallable, step, request, timeout_s, metadata, watch_cancel)
     with tracing.step_span(step.name, step.full_method, step.target) as carrier:
         try:
-            return _invoke(multicallable, step, request, timeout_s, carrier + (metadata or []))
+            return _invoke(
+                multicallable, step, request, timeout_s, carrier + (metadata or []), watch_cancel
+            )
         except WorkflowExecutionError as exc:
             tracing.step_failed(exc.code.name if exc.code else "UNKNOWN", exc.message)
             raise
@@ -154,11 +172,28 @@ def _invoke(
     request: Message,
     timeout_s: float,
     metadata: list[tuple[str, str]] | None,
+    watch_cancel: Callable[[Callable[[], None]], Callable[[], None]] | None = None,
 ) -> Any:
     started = time.perf_counter()
     outcome = "OK"
     try:
-        return multicallable(request, timeout=timeout_s, metadata=metadata)
+        if watch_cancel is None:
+            return multicallable(request, timeout=timeout_s, metadata=metadata)
+        future = multicallable.future(request, timeout=timeout_s, metadata=metadata)
+        withdraw = watch_cancel(future.cancel)
+        try:
+            return future.result()
+        except grpc.FutureCancelledError as exc:
+            code = grpc.StatusCode.CANCELLED
+            outcome = code.name
+            raise CallCancelled(
+                FailureKind.GRPC,
+                step.name,
+                f"gRPC {code.name} from {step.target}: the run's cancel stopped the call",
+                code=code,
+            ) from exc
+        finally:
+            withdraw()
     except ValueError as exc:
         # grpc refuses a closed channel this way: the host closed its in-process channel
         # (shutting down). Another claim, on a live node, can make the call: retryable.

@@ -64,6 +64,9 @@ class EffectContext:
     :ivar intents: ``{step: intent}`` from the row (an intent is a JSON object).
     :ivar on_intent: ``(step, key) -> None``: store an intent before an external call
         (raises on a lost lease or a store failure: the step is then not called).
+    :ivar watch_cancel: ``(fn) -> withdraw``: ``fn`` is called once a cancel of the run is
+        requested (at once when one already is); a step without an external effect hands it
+        its call's ``cancel``, so the call stops (None: calls are never cancelled).
     """
 
     job_id: str
@@ -71,6 +74,13 @@ class EffectContext:
     generations: Mapping[str, Any] = field(default_factory=dict)
     intents: Mapping[str, Any] = field(default_factory=dict)
     on_intent: Callable[[str, str], None] | None = None
+    watch_cancel: Callable[[Callable[[], None]], Callable[[], None]] | None = None
+
+    def canceller(self, step: Step) -> Callable[[Callable[[], None]], Callable[[], None]] | None:
+        """What cancels ``step``'s call on a cancel request: :attr:`watch_cancel` for a step
+        without an external effect; None for an ``external`` one (it finishes and is
+        recorded)."""
+        return None if step.effect == EFFECT_EXTERNAL else self.watch_cancel
 
     def key(self, step: str) -> str:
         return idempotency_key(self.job_id, step, self.generations.get(step, 0))

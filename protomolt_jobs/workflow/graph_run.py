@@ -22,7 +22,12 @@ them:
    flight finish and are checkpointed, then the error leaves (the job retries and calls that
    step again). Any other unhandled failure is checkpointed as failed; no new step starts;
    the steps in flight finish and are checkpointed; the run **fails** naming it.
-4. **Settle** when nothing runs and nothing can start: an external step that is ready parks
+4. An **external** step (``effect: "external"``) gets its intent stored on this thread just
+   before it starts, as in a sequential run; a step found with an intent and no checkpoint
+   (a crash between the two) is not called blindly: its ``verify`` probe decides, else the
+   run stops as ``RecoveryRequired`` once the steps in flight are checkpointed, and it never
+   completes until ``reconcile-step`` says what happened (``external.py``).
+5. **Settle** when nothing runs and nothing can start: an external step that is ready parks
    the run (:class:`Parked`); else COMPLETED when the criterion holds; else, before the error
    leaves, the **compensation** steps of every succeeded step that declared ``compensate``
    run one by one in reverse completion order, each checkpointed.
@@ -57,6 +62,7 @@ from protomolt_jobs.workflow import effects as fx
 from protomolt_jobs.workflow import graph as g
 from protomolt_jobs.workflow.calls import SegmentChannels, call_unary
 from protomolt_jobs.workflow.envelope import message_class
+from protomolt_jobs.workflow.external import record_intent, resume_external
 from protomolt_jobs.workflow.step_run import (
     DRIFT,
     Scope,
@@ -73,6 +79,7 @@ from protomolt_jobs.workflow.step_run import (
     workflow_output,
 )
 from protomolt_jobs.workflow.types import (
+    EFFECT_EXTERNAL,
     CompiledWorkflow,
     Completed,
     FailureKind,
@@ -137,6 +144,9 @@ class _Run:
         self.held: Any = None  # retry_scope.Held of a run a retry-step marked, or None
         self.authorize: Callable[[Step], Any] | None = None  # the job's grant check, or None
         self.grants: dict[str, dict[str, Any]] = {}  # step -> its grant (step_run.authorize)
+        #: External steps' receipts, set on a pool thread before the step's future resolves
+        #: and taken by :meth:`succeeded` on this thread.
+        self.receipts: dict[str, Any] = {}
         self.deadline = time.monotonic() + workflow.deadline_ms / 1000.0
 
     # -- replay ------------------------------------------------------------------------------
@@ -207,7 +217,10 @@ class _Run:
 
     def succeeded(self, step: Step, response: Message) -> None:
         grant = self.grants.get(step.name)
-        entry = render_checkpoint(self.workflow, step, response, self.effects, grant=grant)
+        receipt = self.receipts.pop(step.name, None)
+        entry = render_checkpoint(
+            self.workflow, step, response, self.effects, receipt=receipt, grant=grant
+        )
         self.values[step.name] = response
         self.record(step, entry)
         self.state.ended(step.name, g.SUCCEEDED)
@@ -238,7 +251,14 @@ class _Run:
     def call(self, step: Step, request: Message, call_ms: int, channel: grpc.Channel) -> Message:
         permit = self.call_permit(step.target) if self.call_permit else contextlib.nullcontext()
         with permit:
-            return call_unary(channel, step, request, call_ms / 1000.0, self.metadata(step))
+            return call_unary(
+                channel,
+                step,
+                request,
+                call_ms / 1000.0,
+                self.metadata(step),
+                self.effects.canceller(step) if self.effects is not None else None,
+            )
 
     def metadata(self, step: Step) -> list[tuple[str, str]] | None:
         if self.effects is None:
@@ -254,6 +274,10 @@ class _Run:
             return edges.execute_edge(self, step, scope)
         if step.structured is not None:
             return self.generate(step, None)
+        if step.effect == EFFECT_EXTERNAL and self.effects is not None:
+            found = self.resume_external(step, scope)
+            if found is not None:
+                return found
         request = build_message(
             step.input_type, step.rules, step.cel_rules, Scope(scope), step.name
         )
@@ -261,6 +285,24 @@ class _Run:
         response = self.call(step, request, call_ms, self.channel(step))
         if step.validate:
             validate_response(step, response)
+        return response
+
+    def resume_external(self, step: Step, scope: dict[str, Message]) -> Message | None:
+        """An external step about to be called (its intent is stored): note its receipt; when
+        the intent was found at the segment's start (no checkpoint), its ``verify`` probe
+        decides: the response it proves, or None (call the step).
+
+        :raises RecoveryStop: no probe, or the probe could not tell.
+        """
+        self.receipts[step.name] = {"idempotencyKey": self.effects.key(step.name)}
+        if step.name not in self.effects.intents:
+            return None
+        found = resume_external(
+            self.workflow, step, Scope(scope), self.channel, self.effects, self.call_ms(step)
+        )
+        if found is None:
+            return None
+        response, self.receipts[step.name] = found
         return response
 
     def generate(self, step: Step, grounding: Message | None) -> Message:
@@ -485,6 +527,14 @@ def _start_ready(
                 if step not in external:
                     external.append(step)
                 continue
+            effects = run.effects
+            if (
+                step.effect == EFFECT_EXTERNAL
+                and effects is not None
+                and step.name not in effects.intents
+            ):
+                # the intent is stored (one fenced write, on this thread) before the call
+                record_intent(effects, step, effects.key(step.name))
             state.running.add(step.name)
             # In the caller's context (a copy per call): the segment's trace span, if any.
             call = contextvars.copy_context().run

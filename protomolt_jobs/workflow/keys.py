@@ -118,6 +118,8 @@ KINDS: Mapping[str, Kind] = _kinds(
             # scheduling defaults and the run budget (DESIGN.md 14; runs/scheduling.py)
             "scheduling": "scheduling",
             "budget": "budget",
+            # what cancel-job does by default (issue 27 item 4; workflow/cancel.py)
+            "cancel": "cancel",
         },
     ),
     Kind(
@@ -259,6 +261,7 @@ KINDS: Mapping[str, Kind] = _kinds(
         {"priority": None, "queue": None, "fairnessKey": None, "dedupKey": None},
     ),
     Kind("budget", "the budget", "budget", {"deadline": None, "maxCost": None, "onExceeded": None}),
+    Kind("cancel", "the cancel", "cancel", {"compensate": None, "interruptCalls": None}),
 )
 
 #: Misspellings difflib cannot see (another word for the same thing), per kind: unknown key

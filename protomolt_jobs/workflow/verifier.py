@@ -25,8 +25,8 @@ from celpy import celtypes
 from google.protobuf import descriptor as _d
 
 from protomolt_jobs.workflow import approval as _approval
+from protomolt_jobs.workflow import cancel, cel_check, keys, mapping
 from protomolt_jobs.workflow import cel as _cel
-from protomolt_jobs.workflow import cel_check, keys, mapping
 from protomolt_jobs.workflow import graph as _graph
 from protomolt_jobs.workflow.envelope import message_class, parse_workflow
 from protomolt_jobs.workflow.types import (
@@ -141,7 +141,8 @@ _verified_lock = threading.Lock()
 
 
 _EXTERNAL_IN_GRAPH = (
-    "effect 'external' is not supported in a graph workflow yet (no intent would be recorded)"
+    "effect 'external' is not supported on an edge, structured or compensation step of a "
+    "graph workflow (no single call an intent could stand for)"
 )
 
 
@@ -162,13 +163,7 @@ def verify(workflow: CompiledWorkflow) -> list[Finding]:
 
 def _verify(workflow: CompiledWorkflow) -> list[Finding]:
     if workflow.graph:
-        # The graph executor gives idempotency keys and fingerprints but records no intents
-        # yet (docs/workflows.md *Effects*): refuse what it would not honour.
-        return [
-            Finding(s.name, "effect-external-in-graph", _EXTERNAL_IN_GRAPH)
-            for s in workflow.steps
-            if s.effect == "external"
-        ] + _verify_graph(workflow)
+        return _graph_effects(workflow) + _verify_graph(workflow)
     findings: list[Finding] = []
     scope: dict[str, _d.Descriptor] = {"input": workflow.input_type}
     for step in workflow.steps:
@@ -238,6 +233,26 @@ def _verify(workflow: CompiledWorkflow) -> list[Finding]:
             Finding("", "output", f.error)
             for f in _check_mapping("", "output", out.rules, out.cel_rules, scope, out.type)
         )
+    return findings
+
+
+def _graph_effects(workflow: CompiledWorkflow) -> list[Finding]:
+    """External steps of a graph: they record intents and verify as in a sequential run
+    (graph_run.py), except on an edge, structured or compensation step (no single call an
+    intent could stand for); each ``verify`` probe reads the input and the step's ancestors."""
+    findings = [
+        Finding(s.name, "effect-external-in-graph", _EXTERNAL_IN_GRAPH)
+        for s in workflow.steps
+        if s.effect == "external"
+        and (s.edge is not None or s.structured is not None or s.name in workflow.compensations)
+    ]
+    types = {s.name: s.output_type for s in workflow.steps if s.output_type is not None}
+    ancestors = _graph.ancestors(workflow)
+    for s in workflow.steps:
+        if s.verify is not None:
+            scope = {a: types[a] for a in ancestors.get(s.name, ()) if a in types}
+            scope["input"] = workflow.input_type
+            findings += _verify_probe(s.name, s.verify, scope)
     return findings
 
 
@@ -531,7 +546,7 @@ def check(obj: Any, runtime: Runtime) -> list[Finding]:
         does not parse: a misspelt key is often why), then a parse failure as one finding of
         kind ``workflow`` with its step, or the verifier's findings.
     """
-    unknown = keys.findings(obj)
+    unknown = keys.findings(obj) + cancel.findings(obj)
     try:
         workflow = parse_workflow(obj, runtime)
     except WorkflowParseError as exc:

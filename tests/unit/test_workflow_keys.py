@@ -129,6 +129,7 @@ KIND_CASES = [
     ("completion", {"completion": {"requires": ["a"]}}, "completion.requires", "", "require"),
     ("scheduling", {"scheduling": {"priorty": 2}}, "scheduling.priorty", "", "priority"),
     ("budget", {"budget": {"maxCosts": 3}}, "budget.maxCosts", "", "maxCost"),
+    ("cancel", {"cancel": {"compensat": False}}, "cancel.compensat", "", "compensate"),
     (
         "approval",
         {"steps": [step(completion="approval", approval={"quorm": 2})]},
