@@ -109,3 +109,34 @@ def test_close_before_start_and_twice_is_fine(tmp_path):
     node = node_for(tmp_path, ["registry", "jobs"])
     node.close()
     node.close()
+
+
+def _scope_table(path: str) -> dict[str, set[str]]:
+    """``{scope: {verb or route, ...}}`` from a doc's ``| scope | grants |`` table."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / path).read_text(encoding="utf-8")
+    table = text.split("| scope | grants |", 1)[1].split("\n\n", 1)[0]
+    out: dict[str, set[str]] = {}
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        names = re.findall(r"`([^`]+)`", cells[1].split("(", 1)[0])
+        out[cells[0].strip("`")] = set(names)
+    return out
+
+
+@pytest.mark.parametrize("doc", ["docs/approvals.md", "docs/configuration.md"])
+def test_the_docs_scope_tables_are_the_verbs_declared_scopes(tmp_path, doc):
+    node = node_for(tmp_path, ["jobs", "registry"])
+    try:
+        declared: dict[str, set[str]] = {}
+        for entry in node.catalog.manifest():
+            declared.setdefault(entry["scope"], set()).add(entry["name"])
+    finally:
+        node.close()
+    documented = {
+        scope: {n for n in names if not n.startswith(("GET ", "PUT "))}
+        for scope, names in _scope_table(doc).items()
+    }
+    assert {s: v for s, v in documented.items() if v} == declared
