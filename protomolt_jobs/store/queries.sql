@@ -1374,13 +1374,15 @@ UPDATE workflow_run
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
 -- name: grant_gate_decision
--- description: the decision of a step's latest grant gate: the newest 'decision' transition of the step after its newest 'park' (none: the gate is not decided, or the step never parked); two index lookups on pk_workflow_run_transition's job_id prefix.
+-- description: the decision of a step's latest grant gate: the newest 'decision' transition of the step after its newest 'park' and after the run's newest operator re-run ('retry-step' of any step, 'requeue'), so an approval never carries over to a re-run an operator asked for (none: the gate is not decided, or the step never parked since); two index lookups on pk_workflow_run_transition's job_id prefix.
 SELECT d.seq, d.actor, d.reason
   FROM workflow_run_transition AS d
  WHERE d.job_id = %(job_id)s AND d.step = %(step)s AND d.kind = 'decision'
    AND d.seq > (SELECT coalesce(max(p.seq), 0)
                   FROM workflow_run_transition AS p
-                 WHERE p.job_id = %(job_id)s AND p.step = %(step)s AND p.kind = 'park')
+                 WHERE p.job_id = %(job_id)s
+                   AND ((p.step = %(step)s AND p.kind = 'park')
+                        OR p.kind IN ('retry-step', 'requeue')))
  ORDER BY d.seq DESC
  LIMIT 1
 

@@ -167,7 +167,9 @@ class GrantPolicy:
             if allow:
                 allowed.add(allow[0])
             elif covering:
-                gated.add(covering[0].rule)
+                # every needs-approval grant that covers it: their approvers joined, the
+                # largest quorum (verbs/approve.py builds the gate from these rules)
+                gated.update(g.rule for g in covering)
             else:
                 missing.append(capability)
         who = f"submitted by {submitter}" if submitter else "with no recorded submitter"
