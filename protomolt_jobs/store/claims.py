@@ -8,6 +8,7 @@ import json
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 from protomolt_jobs.store import checks, db
 from protomolt_jobs.store.records import JobRecord, Lease
@@ -159,3 +160,18 @@ class ClaimsMixin(db.Database):
         control = json.loads(row["control"]) if row["control"] else None
         lease_until: datetime = row["lease_until"]
         return lease_until, control
+
+    @db.translated
+    def job_controls(self, job_ids: Sequence[UUID]) -> dict[UUID, dict[str, Any]]:
+        """The pending operator requests of ``job_ids`` (``{kind, actor, reason, ...}`` per
+        job that has one; jobs without a request are absent), read by one statement with no
+        lock and no fence: a read that only tells a worker to stop a call early. The fenced
+        writes still honour the request themselves.
+
+        :raises StoreError: on a database failure.
+        """
+        if not job_ids:
+            return {}
+        with self._connection() as conn:
+            found = db.rows(conn, "job_controls", {"job_ids": list(job_ids)})
+        return {r["job_id"]: json.loads(r["control"]) for r in found}

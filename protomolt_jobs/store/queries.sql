@@ -326,6 +326,12 @@ UPDATE workflow_run
    AND lease_token = %(token)s
 RETURNING lease_until, control::text AS control
 
+-- name: job_controls
+-- description: read-only: the pending operator requests (control) of the given jobs; the heartbeat's cancel poll of jobs with an interruptible call in flight (one statement per poll, never per job).
+SELECT job_id, control::text AS control
+  FROM workflow_run
+ WHERE job_id = ANY(%(job_ids)s) AND control IS NOT NULL
+
 -- name: job_checkpoint
 -- description: fenced (status, lease_owner, attempt, lease_token): append one entry to checkpoints and write its STEP_CHECKPOINT event (detail.status RUNNING), then the CANCELLED/PAUSED event when the trigger applied a pending request; one statement. The second event's created_at (and so its occurred_at) is now() + 1 microsecond, so it sorts after the first by (created_at, event_id), the order a Java relay claims in.
 WITH moved AS (

@@ -18,6 +18,13 @@ Lease model (DESIGN 5, STYLE 3):
   reason (store outage) is retried soon; if the outage outlasts the lease, the sweeper
   takes the job and the next fenced write finds the lease lost.
 
+The cancel poll: a job whose call in flight can be stopped (``LeaseGuard.watch_cancel``, a
+definition with ``cancel.interruptCalls``) must learn of a cancel sooner than the next beat (a
+third of the lease: 10 s for a 30 s lease). While such calls are in flight, the heartbeat's
+thread also reads the pending requests of exactly those jobs every :data:`CANCEL_POLL_S` with
+one read-only statement (``JobStore.job_controls``) and hands a cancel to their watchers. No
+watched call in flight, no statement: a run without ``interruptCalls`` costs nothing more.
+
 One :class:`Heartbeat` serves every in-flight job of a :class:`~protomolt_jobs.worker.Worker`
 from a single thread (a schedule of due times), so 256 in-flight jobs cost one thread and
 at most one pooled connection at a time, never one thread per job. The cadence is the
@@ -32,19 +39,25 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Protocol
+from uuid import UUID
 
 from protomolt_jobs.errors import LeaseLost, StoreError
 from protomolt_jobs.service import Service
 from protomolt_jobs.store.records import Lease
 from protomolt_jobs.telemetry import metrics
 
-__all__ = ["Heartbeat", "HeartbeatStore", "LeaseGuard"]
+__all__ = ["CANCEL_POLL_S", "Heartbeat", "HeartbeatStore", "LeaseGuard"]
 
 log = logging.getLogger("protomolt_jobs.heartbeat")
 
 # After a heartbeat fails for a reason other than a lost lease, retry after this share of
 # the interval (a store blip should not cost a third of the lease).
 _RETRY_SHARE = 0.25
+
+#: Seconds between two reads of the pending requests of the jobs with a watched call in flight
+#: (the cancel poll): a cancel stops such a call within about this time plus the call's own
+#: cancellation, whatever the lease length.
+CANCEL_POLL_S = 0.5
 
 
 def _nothing() -> None:
@@ -64,6 +77,13 @@ class HeartbeatStore(Protocol):
         """
         ...
 
+    def job_controls(self, job_ids: list[UUID]) -> dict[UUID, dict[str, Any]]:
+        """The pending requests (``control``) of ``job_ids``; jobs without one are absent.
+
+        :raises StoreError: on a database failure.
+        """
+        ...
+
 
 class LeaseGuard:
     """This worker's hold on one claimed job: the lease and whether it is still ours.
@@ -75,6 +95,7 @@ class LeaseGuard:
 
     __slots__ = (
         "_lost",
+        "_on_watch",
         "_watch_lock",
         "_watchers",
         "control",
@@ -108,6 +129,14 @@ class LeaseGuard:
         self._watch_lock = threading.Lock()
         #: Callbacks of the calls in flight that a cancel stops (:meth:`watch_cancel`).
         self._watchers: dict[int, Callable[[], None]] = {}
+        #: Called (no arguments) when a first watcher is registered: the heartbeat's cancel
+        #: poll starts (set by :meth:`Heartbeat.track`).
+        self._on_watch: Callable[[], None] | None = None
+
+    @property
+    def watched(self) -> bool:
+        """True while a call in flight waits to be stopped by a cancel (:meth:`watch_cancel`)."""
+        return bool(self._watchers)
 
     @property
     def cancel_requested(self) -> bool:
@@ -141,6 +170,8 @@ class LeaseGuard:
         key = id(fn)
         with self._watch_lock:
             self._watchers[key] = fn
+        if self._on_watch is not None:
+            self._on_watch()
 
         def unwatch() -> None:
             with self._watch_lock:
@@ -203,6 +234,8 @@ class Heartbeat(Service):
         self.interval_s = self.lease_s / 3.0
         self._cond = threading.Condition()
         self._guards: dict[int, LeaseGuard] = {}
+        #: Monotonic time of the next cancel poll; None while no watched call is in flight.
+        self._poll_due: float | None = None
 
     # -- tracking ------------------------------------------------------------------------
 
@@ -213,12 +246,21 @@ class Heartbeat(Service):
         :returns: the job's :class:`LeaseGuard`.
         """
         guard = LeaseGuard(lease, time.monotonic() + self.interval_s)
+        guard._on_watch = self._watch_started
         with self._cond:
             # No wake-up: the loop's current wait ends at most a beat interval after it began,
             # never later than this guard's first beat (now + interval), so waking it for
             # every claim would only cost a thread switch and a scan of every guard.
             self._guards[id(guard)] = guard
         return guard
+
+    def _watch_started(self) -> None:
+        """A call that a cancel can stop went in flight: poll within :data:`CANCEL_POLL_S`."""
+        with self._cond:
+            due = time.monotonic() + min(CANCEL_POLL_S, self.interval_s)
+            if self._poll_due is None or due < self._poll_due:
+                self._poll_due = due
+                self._cond.notify_all()
 
     def untrack(self, guard: LeaseGuard) -> None:
         """Stop heartbeating the guard's lease (the job settled or was abandoned)."""
@@ -255,7 +297,30 @@ class Heartbeat(Service):
                 continue
             if self._beat(guard):
                 extended += 1
+        self._poll_controls(now)
         return extended
+
+    def _poll_controls(self, now: float) -> None:
+        """The cancel poll (module docstring): one read of the watched jobs' requests when due;
+        a cancel found calls the guard's watchers. A failed read is retried at the next poll."""
+        with self._cond:
+            if self._poll_due is None or self._poll_due > now:
+                return
+            watched = [g for g in self._guards.values() if g.watched and not g.lost]
+            self._poll_due = now + min(CANCEL_POLL_S, self.interval_s) if watched else None
+        if not watched:
+            return
+        try:
+            controls = self._store.job_controls([g.lease.job_id for g in watched])
+        except StoreError as exc:
+            log.debug(
+                "cancel poll failed", extra={"action": "cancel_poll_failed", "error": str(exc)}
+            )
+            return
+        for guard in watched:
+            control = controls.get(guard.lease.job_id)
+            if control is not None and control.get("kind") == "cancel":
+                guard.set_control(control)
 
     # -- internals -----------------------------------------------------------------------
 
@@ -322,6 +387,8 @@ class Heartbeat(Service):
                     return
                 now = time.monotonic()
                 pending = [g.next_due for g in self._guards.values() if not g.lost]
+                if self._poll_due is not None:
+                    pending.append(self._poll_due)
                 wait_s = (min(pending) - now) if pending else self.interval_s
                 if wait_s > 0:
                     self._cond.wait(wait_s)

@@ -15,6 +15,8 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from protomolt_jobs.runs.submitter import Submitter
 from protomolt_jobs.verbs import CancelJobAction, GetJobAction, JobsBackend
 from protomolt_jobs.worker import Worker
@@ -56,16 +58,19 @@ class _Seen:
             self.ends[request.step] = (context.is_active(), time.monotonic() - started)
 
 
-def _start(store, dsn):
-    worker = Worker(store, runtime=Runtime(), config=jobs_config(dsn), dsn=dsn)
+def _start(store, dsn, **overrides: Any):
+    worker = Worker(store, runtime=Runtime(), config=jobs_config(dsn, **overrides), dsn=dsn)
     runner = threading.Thread(target=worker.run_once)
     runner.start()
     return worker, runner
 
 
+@pytest.mark.parametrize("lease_s", [2.0, 30.0])
 def test_a_cancel_stops_a_12s_pure_call_and_the_job_is_cancelled_within_2s(
-    store, fresh_dsn, services
+    store, fresh_dsn, services, lease_s
 ):
+    # 30 s is the default lease: its beat comes every 10 s, so the cancel poll (CANCEL_POLL_S)
+    # is what stops the call within 2 s.
     seen = _Seen(services)
     t = services.target
     wf = graph(
@@ -75,7 +80,7 @@ def test_a_cancel_stops_a_12s_pure_call_and_the_job_is_cancelled_within_2s(
         cancel={"interruptCalls": True},
     )
     job = enqueue(store, wf, {"text": "x"})
-    worker, runner = _start(store, fresh_dsn)
+    worker, runner = _start(store, fresh_dsn, lease_seconds=lease_s)
     try:
         wait_for(lambda: services.step_calls("slow") == 1, timeout_s=20)
         asked = time.monotonic()

@@ -232,6 +232,11 @@ class _HeartbeatStore:
         self.job_heartbeat(lease, lease_s)
         return None, None
 
+    def job_controls(self, job_ids):
+        # ``controls``: what it answers; ``polls``: the id lists it was asked for
+        self.polls = [*getattr(self, "polls", []), list(job_ids)]
+        return {j: c for j, c in getattr(self, "controls", {}).items() if j in job_ids}
+
 
 def test_heartbeat_extends_tracked_leases_about_every_third_of_the_lease():
     store = _HeartbeatStore()
@@ -252,6 +257,37 @@ def test_heartbeat_extends_tracked_leases_about_every_third_of_the_lease():
         assert _poll(lambda: sum(b[0] == witness for b in store.beats) >= 2)
         # at most one beat of the untracked lease was already under way
         assert sum(b[0] == lease for b in store.beats) <= n + 1
+    finally:
+        hb.stop()
+
+
+def test_the_cancel_poll_reads_only_watched_jobs_and_stops_their_calls_before_the_beat():
+    store = _HeartbeatStore()
+    store.controls = {}
+    hb = Heartbeat(store, lease_s=30, worker_id="w")  # first beat in 10 s
+    watched, plain = _Lease(uuid.uuid4(), "w", 1), _Lease(uuid.uuid4(), "w", 1)
+    hb.start()
+    try:
+        g_watched, g_plain = hb.track(watched), hb.track(plain)
+        stopped = threading.Event()
+        unwatch = g_watched.watch_cancel(stopped.set)
+        assert _poll(lambda: len(getattr(store, "polls", [])) >= 2)
+        assert all(ids == [watched.job_id] for ids in store.polls)
+        assert not stopped.is_set()
+        store.controls = {watched.job_id: {"kind": "cancel", "actor": "op"}}
+        assert _poll(stopped.is_set)
+        assert g_watched.cancel_requested and not g_plain.cancel_requested
+        assert store.beats == []  # the poll is not a beat: no lease was extended
+        unwatch()
+        hb.untrack(g_watched)
+        n = len(store.polls)
+        # a witness watched later: once it has been polled twice, the unwatched job is polled
+        # no more (at most one poll of it was already under way)
+        witness = hb.track(_Lease(uuid.uuid4(), "w", 1))
+        witness.watch_cancel(lambda: None)
+        assert _poll(lambda: sum(witness.lease.job_id in ids for ids in store.polls) >= 2)
+        assert sum(watched.job_id in ids for ids in store.polls[n:]) <= 1
+        assert all(plain.job_id not in ids for ids in store.polls)
     finally:
         hb.stop()
 
