@@ -1239,11 +1239,21 @@ RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 -- ---------------------------------------------------------------------------------------------
 
 -- name: transition_record_denied
--- description: a refused call naming a run: append a 'denied' transition (status unchanged; actor = the refused principal; reason names the verb and scope) to its hash chain and move the row's head (history_seq, history_head) under the row lock. Not a boundary write: change_kind stays NULL, so the trigger records nothing more and a pending control request is left for the worker. No row back: unknown job.
-WITH run AS (
-    SELECT job_id, status, attempt, history_seq + 1 AS seq, history_head, now() AS at
-      FROM workflow_run
-     WHERE job_id = %(job_id)s
+-- description: a refused call naming a run: append a 'denied' transition (status unchanged; actor = the refused principal; reason names the verb and scope) to its hash chain and move the row's head (history_seq, history_head) under the row lock. Not a boundary write: change_kind stays NULL, so the trigger records nothing more and a pending control request is left for the worker. Once the same refusal (actor and reason) is repeat_burst times among the run's last 64 rows within repeat_s seconds, it is not appended again (repeated = true): a caller hammering a run does not grow its history. No row back: unknown job.
+WITH target AS (
+    SELECT r.job_id, r.status, r.attempt, r.history_seq + 1 AS seq, r.history_head, now() AS at,
+           (
+               SELECT count(*)
+                 FROM workflow_run_transition t
+                WHERE t.job_id = r.job_id
+                  AND t.seq > r.history_seq - 64
+                  AND t.kind = 'denied'
+                  AND t.actor = %(actor)s::text
+                  AND t.reason = %(reason)s::text
+                  AND t.at > now() - make_interval(secs => %(repeat_s)s)
+           ) >= %(repeat_burst)s AS repeated
+      FROM workflow_run AS r
+     WHERE r.job_id = %(job_id)s
        FOR UPDATE
 ), logged AS (
     INSERT INTO workflow_run_transition
@@ -1253,14 +1263,18 @@ WITH run AS (
            workflow_run_transition_hash(history_head, job_id, seq, status, status, 'denied',
                                         %(actor)s::text, %(reason)s::text, attempt, NULL::text,
                                         at)
-      FROM run
+      FROM target
+     WHERE NOT repeated
     RETURNING job_id, seq, hash
+), moved AS (
+    UPDATE workflow_run AS w
+       SET history_seq = logged.seq, history_head = logged.hash
+      FROM logged
+     WHERE w.job_id = logged.job_id
+    RETURNING w.job_id, w.history_seq
 )
-UPDATE workflow_run AS w
-   SET history_seq = logged.seq, history_head = logged.hash
-  FROM logged
- WHERE w.job_id = logged.job_id
-RETURNING w.job_id, w.status, w.history_seq
+SELECT target.job_id, target.repeated, moved.history_seq
+  FROM target LEFT JOIN moved USING (job_id)
 
 -- ---------------------------------------------------------------------------------------------
 -- approvals (migration 0014): the approval park and approve-step's votes under the row lock

@@ -9,7 +9,7 @@ import pytest
 
 from protomolt_jobs.errors import ControlApplied
 from protomolt_jobs.store import JobStore
-from protomolt_jobs.store.audit import DENIED_KIND
+from protomolt_jobs.store.audit import DENIED_BURST, DENIED_KIND
 from tests.support.factories import claimed_job, parked_job, queued_job
 
 
@@ -88,3 +88,28 @@ def test_an_unknown_run_is_not_recorded_and_bad_arguments_are_refused(audited):
     assert audited.transition_record_denied(job.job_id, actor="v\x00x", reason="r\ud800")
     history, rows = _log(audited, job.job_id)
     assert history.first_bad_seq is None and rows[-1][1] == "v\ufffdx"
+
+
+def test_a_hammered_refusal_is_recorded_once_per_window_and_others_still_are(audited):
+    job = parked_job(audited)
+    other = "permission-denied: pause-job needs scope 'job-control'"
+    for _ in range(50):
+        assert audited.transition_record_denied(job.job_id, actor="viewer-1", reason=REASON)
+    assert audited.transition_record_denied(job.job_id, actor="viewer-2", reason=REASON)
+    assert audited.transition_record_denied(job.job_id, actor="viewer-1", reason=other)
+    assert audited.transition_record_denied(job.job_id, actor="viewer-1", reason=REASON)
+    history, rows = _log(audited, job.job_id)
+    assert history.first_bad_seq is None
+    denied = [(r[1], t.reason) for r, t in zip(rows, history.transitions) if r[0] == DENIED_KIND]
+    assert denied == [("viewer-1", REASON)] * DENIED_BURST + [
+        ("viewer-2", REASON),
+        ("viewer-1", other),
+    ]
+    # a zero window records every call, and the chain still verifies
+    for _ in range(3):
+        audited.transition_record_denied(job.job_id, actor="viewer-1", reason=REASON, repeat_s=0)
+    history, rows = _log(audited, job.job_id)
+    assert history.first_bad_seq is None
+    assert sum(r[0] == DENIED_KIND for r in rows) == DENIED_BURST + 5
+    with pytest.raises(ValueError, match="repeat_s"):
+        audited.transition_record_denied(job.job_id, actor="v", reason=REASON, repeat_s=-1)
