@@ -55,7 +55,7 @@ def lines(graph: Graph, header: str, width: int) -> list[Text]:
     :param width: the terminal's columns (at least 40 is used).
     """
     width = max(width, 40)
-    out = [Text(_cut(_one_line(header), width), style="bold")]
+    out = [Text(_cut(" ".join(header.splitlines()), width), style="bold")]
     layers = layers_json(graph)
     names = [s.name for s in graph.steps]
     name_w = min(_NAME_CAP, max((len(_one_line(n)) for n in names), default=4), width - 34)
@@ -67,11 +67,14 @@ def lines(graph: Graph, header: str, width: int) -> list[Text]:
                 out.append(_step_line(step, name_w, width))
     if graph.edges:
         out.append(Text("edges", style="bold"))
-        for e in graph.edges:
-            kind = edge_kind(e.kind)
-            words = e.kind + (f": {e.label}" if e.label else "")
-            text = _one_line(f"  {e.source} {kind.arrow} {e.target}  {words}")
-            out.append(Text(_cut(text, width)))
+        ends = [
+            f"{_one_line(e.source)} {edge_kind(e.kind).arrow} {_one_line(e.target)}"
+            for e in graph.edges
+        ]
+        ends_w = min(max(len(x) for x in ends), width // 2)
+        for e, between in zip(graph.edges, ends, strict=True):
+            words = _one_line(e.kind + (f": {e.label}" if e.label else ""))
+            out.append(Text(_cut(f"  {_cut(between, ends_w):<{ends_w}}  {words}", width)))
     noted = [s for s in graph.steps if s.reason]
     if noted:
         out.append(Text("reasons", style="bold"))
@@ -95,16 +98,16 @@ def _step_line(step: Step, name_w: int, width: int) -> Text:
     if step.iterations:
         facts.append(f"{step.iterations} iter")
     if step.decision:
-        facts.append(f"decided {step.decision}")
+        facts.append(f"decided {_one_line(step.decision)}")
     if step.when:
-        facts.append(f"if {step.when}")
+        facts.append(f"if {_one_line(step.when)}")
     mark = "*" if step.state == "running" else " "
     line = Text(f" {mark}")
     line.append(f"{_cut(_one_line(step.name), name_w):<{name_w}}  ")
     line.append(f"{state:<11}", style=_STYLES.get(step.state, ""))
     rest = "  ".join(facts)
     if rest:
-        line.append("  " + _one_line(rest))
+        line.append("  " + rest)
     line.truncate(width, overflow="ellipsis")
     return line
 

@@ -107,6 +107,8 @@ def graph_view(job: Any, stored: StoredRun | None, report: dict[str, Any]) -> di
             item = reported.get(s.name, {})
             if item.get("status") == "failed":
                 state = "failed"
+            elif job.status in _FINISHED:
+                doc.pop("attempts", None)  # the run ended before it: never attempted
             if item.get("reason"):
                 reason = str(item["reason"])
         doc["state"] = state
