@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import xml.etree.ElementTree as ET
 
 from selenium.webdriver.common.by import By
 
 from tests.integration import test_dashboard as board
 from tests.integration.test_cli import cli
-from tests.support.graphs import graph, step
+from tests.support.graphs import diamond, graph, step
+from tests.support.grpc_servers import seed_workflow
 from tests.support.node import http, node_environ, start_node, wait_for
 
 TOKEN, _find, _sign_in = board.TOKEN, board._find, board._sign_in
@@ -202,4 +204,103 @@ def test_the_svg_renders_in_a_browser_with_the_skip_reason_as_hover_title(
         rows = browser.find_elements(By.CSS_SELECTOR, '#report tr[data-step="gated"] td')
         assert [r.text for r in rows][-1] == f"condition false: {CONDITION}"
     finally:
+        surfaces.close()
+
+
+def test_a_sequential_run_parked_on_a_step_is_a_chain_with_the_waiting_step(
+    tmp_path, fresh_dsn, services
+):
+    """A sequential workflow is drawn as its chain; the step a WAITING job is parked on is
+    ``waiting``, the steps before it ``succeeded``, the page draws it and ``jobs show`` too."""
+    surfaces = start_node(node_environ(tmp_path, fresh_dsn, token=TOKEN))
+    try:
+        url = surfaces.http.url
+        status, answer, _ = http(
+            "POST",
+            f"{url}/protomolt/actions/submit-workflow",
+            {"workflow": seed_workflow(services.target), "input": {"text": "a b c"}},
+            headers=AUTH,
+        )
+        assert status == 200 and answer["ok"], answer
+        job_id = answer["jobId"]
+
+        def parked():
+            _, got, _ = http(
+                "POST",
+                f"{url}/protomolt/actions/get-job",
+                {"jobId": job_id, "graph": True},
+                headers=AUTH,
+            )
+            return got["job"] if got["job"]["status"] == "WAITING" else None
+
+        job = wait_for(parked, timeout_s=60)
+        drawn = job["graph"]
+        assert drawn["kind"] == "sequential" and "report" not in job
+        names = [s["name"] for s in drawn["steps"]]
+        assert names == ["tokenize", "embed", "review"]
+        assert [(e["from"], e["to"], e["kind"]) for e in drawn["edges"]] == [
+            ("tokenize", "embed", "success"),
+            ("embed", "review", "success"),
+        ]
+        assert [s["state"] for s in drawn["steps"]] == ["succeeded", "succeeded", "waiting"]
+        assert drawn["steps"][-1]["completion"] == "external"
+        _, body, _ = http("GET", f"{url}/ui/jobs/{job_id}", headers=COOKIE)
+        root = _svg_of(body.decode())
+        (review,) = [g for g in root.iter(f"{SVG}g") if g.get("data-step") == "review"]
+        assert review.get("data-state") == "waiting" and "parked" in "".join(review.itertext())
+        assert 'id="report"' not in body.decode()  # no final report before the end
+        shown = cli("jobs", "show", job_id, "--url", url, "--token", TOKEN, env={"COLUMNS": "80"})
+        assert shown.returncode == 0, shown.stderr
+        assert any(re.match(r"^  review +parked", line) for line in shown.stdout.splitlines())
+    finally:
+        surfaces.close()
+
+
+def test_the_steps_in_flight_of_a_running_graph_are_marked(tmp_path, fresh_dsn, services):
+    """While ``b`` and ``c`` of a diamond run side by side (held on the server until the test
+    lets them answer), both are ``running`` and the SVG marks them ``in-flight``; ``d`` is not
+    reached yet."""
+    held = threading.Event()
+
+    def hold(request, context):
+        if request.step in ("b", "c"):
+            held.wait(30)
+        return services._do_run(request, context)
+
+    services.set_handler("jobs.test.Steps/Run", hold)
+    surfaces = start_node(node_environ(tmp_path, fresh_dsn, token=TOKEN))
+    try:
+        url = surfaces.http.url
+        status, answer, _ = http(
+            "POST",
+            f"{url}/protomolt/actions/submit-workflow",
+            {"workflow": diamond(services.target, sleep_ms=0), "input": {"text": "x"}},
+            headers=AUTH,
+        )
+        assert status == 200 and answer["ok"], answer
+        job_id = answer["jobId"]
+
+        def states():
+            _, got, _ = http(
+                "POST",
+                f"{url}/protomolt/actions/get-job",
+                {"jobId": job_id, "graph": True},
+                headers=AUTH,
+            )
+            return {s["name"]: s["state"] for s in got["job"]["graph"]["steps"]}
+
+        flying = {"a": "succeeded", "b": "running", "c": "running", "d": "not-reached"}
+        wait_for(lambda: states() == flying, timeout_s=30)
+        _, body, _ = http("GET", f"{url}/ui/jobs/{job_id}", headers=COOKIE)
+        root = _svg_of(body.decode())
+        marked = {
+            g.get("data-step")
+            for g in root.iter(f"{SVG}g")
+            if "in-flight" in (g.get("class") or "").split()
+        }
+        assert marked == {"b", "c"}
+        held.set()
+        wait_for(lambda: set(states().values()) == {"succeeded"}, timeout_s=30)
+    finally:
+        held.set()
         surfaces.close()
