@@ -5,7 +5,9 @@ no build step, nothing fetched from a CDN):
 
 - ``/ui`` the jobs, newest first, with filters (status, workflow, created after) and paging;
 - ``/ui/inbox`` the WAITING jobs: work for people;
-- ``/ui/jobs/{id}`` one job: the row's fields, the steps as a timeline, checkpoints as JSON, the
+- ``/ui/jobs/{id}`` one job: the row's fields, the steps as a timeline, the workflow drawn as an
+  SVG (``drawing.py``, from get-job's ``graph``) with the steps' reasons, a finished job's final
+  report as tables (``_graph.html``, ``_report.html``), checkpoints as JSON, the
   events (outbox rows), the operator actions the catalog serves, and for a WAITING job a
   complete-step form generated from the parked step's answer type;
 - ``/ui/login`` a token form when the node has tokens (``api_token``, ``[node.tokens]`` or an
