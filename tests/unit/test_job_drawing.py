@@ -244,3 +244,55 @@ def test_the_text_drawing_fits_the_terminal_and_prints_brackets_literally(width)
     assert "[effect," in text  # brackets are text, not markup
     running = next(x for x in out if "notify" in x and "in flight" in x)
     assert running.startswith(" *")
+
+
+def _partials():
+    import jinja2
+
+    from protomolt_jobs.host.dashboard import drawing
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("protomolt_jobs.host.dashboard", "templates"),
+        autoescape=True,
+    )
+    env.filters["when"] = str
+    drawing.install(env)
+    return env
+
+
+def test_the_report_partial_is_tables_with_the_cancel_section_and_escaped_text():
+    report = {
+        "status": "CANCELLED",
+        "steps": [
+            {"name": "<b>tok</b>", "status": "succeeded"},
+            {"name": "embed", "status": "skipped", "reason": "<script>x</script> [a, b]"},
+            {"name": "review", "status": "not run", "reason": "cancelled"},
+        ],
+        "claims": 1,
+        "attempts": {"<b>tok</b>": 2},
+        "durationsMs": {"<b>tok</b>": 1500},
+        "operatorActions": [{"kind": "cancel", "actor": "alice", "reason": "why", "at": "t"}],
+        "cancel": {
+            "requestedAt": "2026-01-01T00:00:00Z",
+            "actor": "alice",
+            "compensate": True,
+            "effectsAfterRequest": ["charge"],
+            "compensations": ["refund"],
+        },
+    }
+    html = _partials().get_template("_report.html").render(job={"report": report})
+    assert "<script>" not in html and "<b>" not in html
+    assert "&lt;script&gt;x&lt;/script&gt; [a, b]" in html
+    assert "<td>&lt;b&gt;tok&lt;/b&gt;</td><td>succeeded</td><td>2</td><td>1.5 s</td>" in html
+    assert 'class="report-not-run" data-step="review"' in html
+    assert "<td>charge</td>" in html and "<td>refund</td>" in html and "alice" in html
+    # a live job has no report: nothing is rendered
+    assert _partials().get_template("_report.html").render(job={}).strip() == ""
+
+
+def test_the_graph_partial_draws_and_lists_the_reasons():
+    html = _partials().get_template("_graph.html").render(job={"graph": EVERYTHING})
+    assert html.count("<svg") == 1 + len(EDGE_KINDS)  # the drawing and the legend's samples
+    assert 'id="step-reasons"' in html and "upstream right failed" in html
+    assert "&lt;b&gt;join&lt;/b&gt;" in html and "<b>join" not in html
+    assert _partials().get_template("_graph.html").render(job={}).strip() == ""
