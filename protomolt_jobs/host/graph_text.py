@@ -59,12 +59,11 @@ def lines(graph: Graph, header: str, width: int) -> list[Text]:
     layers = layers_json(graph)
     names = [s.name for s in graph.steps]
     name_w = min(_NAME_CAP, max((len(_one_line(n)) for n in names), default=4), width - 34)
+    by_name = {s.name: s for s in graph.steps}
     for r, layer in enumerate(layers):
         out.append(Text(f"layer {r + 1}", style="bold"))
         for name in layer:
-            step = graph.step(name)
-            if step is not None:
-                out.append(_step_line(step, name_w, width))
+            out.append(_step_line(by_name[name], name_w, width))
     if graph.edges:
         out.append(Text("edges", style="bold"))
         ends = [

@@ -16,7 +16,8 @@ Layout (:func:`layout`), a small Sugiyama pass:
    it crosses, so it is routed around the steps between, never through them.
 3. **Order**: definition order first, then barycenter sweeps (down, then up, four times):
    each slot moves to the mean position of its neighbours in the layer before (after); the
-   order with the fewest crossings between adjacent layers is kept.
+   order with the fewest crossings between adjacent layers is kept (up to
+   :data:`SWEEP_LIMIT` segments; a larger graph keeps definition order).
 
 Adding an edge kind is one entry in :data:`EDGE_KINDS` (the role names it; an unknown kind
 is drawn like ``success`` under its own name).
@@ -30,6 +31,7 @@ from typing import Any
 __all__ = [
     "EDGE_KINDS",
     "STATES",
+    "SWEEP_LIMIT",
     "Edge",
     "EdgeKind",
     "Graph",
@@ -255,6 +257,9 @@ class Layout:
 
 #: Barycenter sweeps (each one down and one up).
 _SWEEPS = 4
+#: Segments between layers above which the order stays the definition's: counting crossings
+#: is quadratic in them, and a drawing that large is read by its tables anyway.
+SWEEP_LIMIT = 1500
 
 
 def layout(graph: Graph) -> Layout:
@@ -349,6 +354,8 @@ def _order(
 ) -> list[list[Slot]]:
     """Definition order, then barycenter sweeps; the order with the fewest crossings."""
     current = [sorted(layer, key=lambda s: _initial(s, routes, index)) for layer in layers]
+    if sum(len(gap) for gap in pairs) > SWEEP_LIMIT:
+        return current
     best = [list(layer) for layer in current]
     best_cross = _crossings(best, pairs)
     for _ in range(_SWEEPS):

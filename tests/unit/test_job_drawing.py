@@ -17,6 +17,7 @@ from protomolt_jobs.host.graph_text import layers_json, lines
 from protomolt_jobs.host.job_graph import (
     EDGE_KINDS,
     STATES,
+    SWEEP_LIMIT,
     edge_kind,
     format_ms,
     layout,
@@ -296,3 +297,14 @@ def test_the_graph_partial_draws_and_lists_the_reasons():
     assert 'id="step-reasons"' in html and "upstream right failed" in html
     assert "&lt;b&gt;join&lt;/b&gt;" in html and "<b>join" not in html
     assert _partials().get_template("_graph.html").render(job={}).strip() == ""
+
+
+def test_a_graph_past_the_sweep_limit_keeps_definition_order_and_still_draws():
+    n = SWEEP_LIMIT + 10
+    names = [f"s{i}" for i in range(n)]
+    big = doc(["root", *names], [e("root", x) for x in names] + [e(names[0], names[-1])])
+    plan = layout(read_graph(big))
+    assert [s.step for s in plan.layers[1] if not s.dummy] == names[:-1]
+    assert plan.layer_of(names[-1]) == 2
+    root = _parse(big)
+    assert sum(1 for g in root.iter(f"{SVG}g") if g.get("data-step")) == n + 1
