@@ -7,6 +7,7 @@ Commands::
     protomolt-jobs call VERB [JSON | -] [--url URL] [--token T]
     protomolt-jobs jobs list [--status S] [--workflow NAME] [--limit N]
     protomolt-jobs jobs get JOB_ID
+    protomolt-jobs jobs show JOB_ID [--json]
     protomolt-jobs jobs watch [--interval S] [--count N]
     protomolt-jobs workflow check FILE
     protomolt-jobs workflow put NAME FILE
@@ -431,6 +432,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             answer = call_verb(args.url, "get-job", {"jobId": args.job_id}, _token(args))
             print(json.dumps(answer, indent=2, ensure_ascii=False))
             return EXIT_OK
+        if args.jobs_command == "show":
+            return _show(args, console)
         if args.jobs_command in CONTROL_COMMANDS:
             return _control(args, console)
         if args.jobs_command == "list":
@@ -444,6 +447,31 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     except ActionFailed as failed:
         print(str(failed), file=sys.stderr)
         return EXIT_USAGE if failed.code == "invalid-input" else EXIT_ACTION_ERROR
+
+
+def _show(args: argparse.Namespace, console: Any) -> int:
+    """``jobs show ID``: the job's workflow as text (``host/graph_text.py``), or with
+    ``--json`` the job's summary, get-job's ``graph`` and the layers. An ``ok: false`` answer
+    (no such job) is printed as JSON, exit 0, as ``get`` does."""
+    from protomolt_jobs.host.graph_text import lines, show_json
+    from protomolt_jobs.host.job_graph import read_graph
+
+    answer = call_verb(args.url, "get-job", {"jobId": args.job_id, "graph": True}, _token(args))
+    job = answer.get("job") if answer.get("ok") else None
+    graph = read_graph(job.get("graph")) if isinstance(job, dict) else None
+    if job is None or graph is None:
+        print(json.dumps(answer, indent=2, ensure_ascii=False))
+        return EXIT_OK
+    if args.json:
+        print(json.dumps(show_json(answer, graph), indent=2, ensure_ascii=False))
+        return EXIT_OK
+    header = (
+        f"job {str(job.get('jobId', ''))[:SHORT_ID]}  {job.get('workflowName', '')}  "
+        f"{job.get('status', '')}  attempt {job.get('attempt', '')}  ({graph.kind})"
+    )
+    for line in lines(graph, header, console.width):
+        console.print(line, no_wrap=True, overflow="ellipsis", crop=True)
+    return EXIT_OK
 
 
 #: ``jobs <command> ID``: the operator verb each runs.
@@ -689,8 +717,8 @@ def build_parser() -> argparse.ArgumentParser:
     jobs_sub = jobs.add_subparsers(
         dest="jobs_command",
         required=True,
-        metavar="list|get|watch|cancel|pause|resume|retry|reconcile|migrate|requeue|history|"
-        "approve",
+        metavar="list|get|show|watch|cancel|pause|resume|retry|reconcile|migrate|requeue|"
+        "history|approve",
     )
     for name, text in (("list", "a table of jobs, newest first"), ("watch", "a live table")):
         p = jobs_sub.add_parser(name, help=text)
@@ -712,6 +740,14 @@ def build_parser() -> argparse.ArgumentParser:
     get = jobs_sub.add_parser("get", help="one job in full (get-job)")
     get.add_argument("job_id", help="the job's id, or its first 4+ hex digits when unique")
     _client_options(get)
+    show = jobs_sub.add_parser(
+        "show", help="one job's workflow drawn as text: steps by layer with states, edges, reasons"
+    )
+    show.add_argument("job_id", help="the job's id, or its first 4+ hex digits when unique")
+    show.add_argument(
+        "--json", action="store_true", help="print the job, its graph and the layers as JSON"
+    )
+    _client_options(show)
     for name, text in (
         (
             "cancel",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from protomolt_jobs.runs.graph_view import graph_view
 from protomolt_jobs.runs.report import cancel_json, history_json, iso_instant, report_json
 from protomolt_jobs.runs.stored_run import SnapshotError, StoredRun
 from protomolt_jobs.store.reads import ID_PREFIX
@@ -92,16 +93,23 @@ class GetJobAction(JobVerb):
     scope = "service-invoke"
     description = (
         "Read one workflow job by 'jobId': status, attempt, parked step, input, checkpoints, "
-        "result, verdict and error."
+        "result, verdict and error; with 'graph': true also its steps and edges with each "
+        "step's state (for drawing)."
     )
-    fields = ("jobId",)
+    fields = ("jobId", "graph")
 
     def __init__(self, backend: JobsBackend, runtime: Any = None) -> None:
         super().__init__(backend)
         self.runtime = runtime
         self.input_schema = {
             "type": "object",
-            "properties": {"jobId": {"type": "string", "format": "uuid"}},
+            "properties": {
+                "jobId": {"type": "string", "format": "uuid"},
+                "graph": {
+                    "type": "boolean",
+                    "description": "add 'graph': the steps, their states and the edges by kind",
+                },
+            },
             "required": ["jobId"],
             "additionalProperties": False,
         }
@@ -119,30 +127,43 @@ class GetJobAction(JobVerb):
         """
         store, submitter = self._accept(input)
         job_id = as_job_id(require_string(input, "jobId"))
+        drawing = input.get("graph", False)
+        if not isinstance(drawing, bool):
+            raise invalid("graph", "Field 'graph' must be a boolean")
         job = store.job_get(job_id)
         if job is None:
             return not_found(job_id)
         if getattr(job, "unreadable", None):
             raise unreadable_row(job)
         body = job_json(job, full=True)
-        if job.status in TERMINAL_STATUSES:
+        if job.status in TERMINAL_STATUSES or drawing:
             runtime = self.runtime or getattr(submitter, "runtime", None)
-            body["report"] = _report(store, job, runtime)
+            stored = _stored(job, runtime)
+            report = _report(store, job, stored)
+            if job.status in TERMINAL_STATUSES:
+                body["report"] = report
+            if drawing:
+                body["graph"] = graph_view(job, stored, report)
         return {"ok": True, "job": body}
 
 
-def _report(store: Any, job: Any, runtime: Any) -> dict[str, Any]:
-    """The final report of a terminal job (:mod:`protomolt_jobs.runs.report`). The stored
-    definition only adds to it: without one that parses, the steps are the checkpointed ones
-    and a graph run gets no graph account."""
+def _stored(job: Any, runtime: Any) -> StoredRun | None:
+    """The job's snapshotted definition, or None when it cannot be read (a read never fails
+    because of it: the report and the drawing show what was checkpointed)."""
+    if runtime is None:
+        return None
+    try:
+        return StoredRun.load(job, runtime)
+    except SnapshotError:
+        return None
+
+
+def _report(store: Any, job: Any, stored: StoredRun | None) -> dict[str, Any]:
+    """The final report of a terminal job (:mod:`protomolt_jobs.runs.report`), or of a live
+    one for its drawing. The stored definition only adds to it: without one that parses, the
+    steps are the checkpointed ones and a graph run gets no graph account."""
     history = store.job_history(job.job_id)
     transitions = history.transitions if history is not None else ()
-    stored: StoredRun | None = None
-    if runtime is not None:
-        try:
-            stored = StoredRun.load(job, runtime)
-        except SnapshotError:
-            stored = None  # a read never fails because of it: report what was checkpointed
     if stored is None:
         order = [str(c.get("name")) for c in job.checkpoints or [] if isinstance(c, dict)]
     else:
@@ -278,7 +299,13 @@ class JobHistoryAction(JobVerb):
         super().__init__(backend)
         self.input_schema = {
             "type": "object",
-            "properties": {"jobId": {"type": "string", "format": "uuid"}},
+            "properties": {
+                "jobId": {"type": "string", "format": "uuid"},
+                "graph": {
+                    "type": "boolean",
+                    "description": "add 'graph': the steps, their states and the edges by kind",
+                },
+            },
             "required": ["jobId"],
             "additionalProperties": False,
         }

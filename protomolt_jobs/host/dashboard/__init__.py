@@ -5,7 +5,9 @@ no build step, nothing fetched from a CDN):
 
 - ``/ui`` the jobs, newest first, with filters (status, workflow, created after) and paging;
 - ``/ui/inbox`` the WAITING jobs: work for people;
-- ``/ui/jobs/{id}`` one job: the row's fields, the steps as a timeline, checkpoints as JSON, the
+- ``/ui/jobs/{id}`` one job: the row's fields, the steps as a timeline, the workflow drawn as an
+  SVG (``drawing.py``, from get-job's ``graph``) with the steps' reasons, a finished job's final
+  report as tables (``_graph.html``, ``_report.html``), checkpoints as JSON, the
   events (outbox rows), the operator actions the catalog serves, and for a WAITING job a
   complete-step form generated from the parked step's answer type;
 - ``/ui/login`` a token form when the node has tokens (``api_token``, ``[node.tokens]`` or an
@@ -50,6 +52,7 @@ from starlette.staticfiles import StaticFiles
 from protomolt_jobs.errors import ActionError, Unavailable
 from protomolt_jobs.host.authority import Authority
 from protomolt_jobs.host.catalog import Caller
+from protomolt_jobs.host.dashboard import drawing
 from protomolt_jobs.host.http_route import caller_of
 
 __all__ = [
@@ -98,6 +101,7 @@ _env = jinja2.Environment(
 _env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
 # "2026-12-01T15:55:32.919918Z" -> "2026-12-01 15:55:32" (UTC, as every time on the pages).
 _env.filters["when"] = lambda value: (str(value or "")[:19]).replace("T", " ")
+drawing.install(_env)  # the workflow's drawing (graph_svg, graph_ms, graph_legend)
 
 
 def is_public(path: str) -> bool:
@@ -424,7 +428,7 @@ class Dashboard:
     ) -> Response:
         """``GET /ui/jobs/{id}``: one job."""
         job_id = request.path_params["job_id"]
-        answer, verb_error = await self._verb(request, "get-job", {"jobId": job_id})
+        answer, verb_error = await self._verb(request, "get-job", {"jobId": job_id, "graph": True})
         job = answer.get("job") if answer.get("ok") else None
         if job is None:
             return self._no_job(request, job_id, verb_error or answer.get("error", "no such job"))
