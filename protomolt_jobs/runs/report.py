@@ -23,7 +23,8 @@ step, from the park to ``complete-step``). A graph run (``depends`` given) count
 each step from its dependencies instead, since its steps run side by side: a step is attempted
 in each segment in which it became ready (every dependency checkpointed) while it had no
 checkpoint, a skipped step never; its duration runs from the later of its segment's claim and
-its last dependency's checkpoint. Steps a worker could not start at once (``maxParallel``, a
+its last dependency's checkpoint; a step the graph's report calls ``not run`` (its edge did
+not match, or the run ended first) has no attempts. Steps a worker could not start at once (``maxParallel``, a
 target's permits) show the wait in their duration; the checkpoints stay exact.
 """
 
@@ -178,6 +179,11 @@ def report_json(
         attempts, durations = _graph_attempts(transitions, depends, by_name)
     if graph is not None:
         steps = list(graph.get("steps", []))
+        # A step the graph never started (its edge did not match, or the run ended first) was
+        # counted ready by its dependencies' checkpoints alone: it was never attempted.
+        for entry in steps:
+            if entry.get("status") == "not run":
+                attempts.pop(entry.get("name"), None)
     else:
         steps = _sequential_steps(job, order, by_name, failed_step, failed_reason)
     report: dict[str, Any] = {"status": job.status, "steps": steps}

@@ -118,6 +118,9 @@ def test_a_graph_run_is_drawn_with_states_edge_kinds_and_the_report_table(
         assert gated["reason"] == f"condition false: {CONDITION}" and gated["when"] == CONDITION
         boom = next(s for s in drawn["steps"] if s["name"] == "boom")
         assert boom["attempts"] == 1 and "durationMs" in boom
+        # finish (after boom's success) never started: the report counts no attempt of it
+        report = job["report"]
+        assert "finish" not in report["attempts"] and report["attempts"]["boom"] == 1
         status, refused, _ = http(
             "POST",
             f"{url}/protomolt/actions/get-job",
