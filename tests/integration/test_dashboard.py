@@ -232,6 +232,7 @@ def test_dashboard_in_a_real_browser(tmp_path, fresh_dsn, browser):
             _find(browser, "#action-cancel-job")
             form = browser.find_element(By.ID, "action-cancel-job").find_element(By.XPATH, "..")
             form.find_element(By.NAME, "reason").send_keys("not needed")
+            browser.find_element(By.ID, "confirm-cancel-job").click()
             browser.find_element(By.ID, "action-cancel-job").click()
             _text_becomes(browser, "#job-status", "CANCELLED", timeout_s=30)
             _text_becomes(browser, "#history", "not needed")
@@ -391,7 +392,7 @@ def test_with_the_database_gone_pages_and_forms_are_503_quickly(tmp_path, fresh_
             ("GET", "/ui/inbox", None),
             ("GET", f"/ui/jobs/{job_id}", None),
             ("POST", f"/ui/jobs/{job_id}/complete", b"stepName=review&approved=on"),
-            ("POST", f"/ui/jobs/{job_id}/action/cancel-job", b"reason=x"),
+            ("POST", f"/ui/jobs/{job_id}/action/cancel-job", b"reason=x&confirm=on"),
         ):
             started = time.monotonic()
             status, body, _ = http(method, f"{url}{path}", raw=raw)
@@ -510,6 +511,7 @@ def test_the_dashboard_acts_as_the_signed_in_principal(tmp_path, fresh_dsn, stor
         _find(browser, "#action-cancel-job")
         form = browser.find_element(By.ID, "action-cancel-job").find_element(By.XPATH, "..")
         form.find_element(By.NAME, "reason").send_keys("from the dashboard")
+        browser.find_element(By.ID, "confirm-cancel-job").click()
         browser.find_element(By.ID, "action-cancel-job").click()
         _text_becomes(browser, "#job-status", "CANCELLED", timeout_s=30)
         last = store.job_history(second.job_id).transitions[-1]

@@ -50,6 +50,10 @@ from starlette.staticfiles import StaticFiles
 from protomolt_jobs.errors import ActionError, Unavailable
 from protomolt_jobs.host.authority import Authority
 from protomolt_jobs.host.catalog import Caller
+from protomolt_jobs.host.dashboard import operate, times
+from protomolt_jobs.host.dashboard.flash import COOKIE as FLASH_COOKIE
+from protomolt_jobs.host.dashboard.flash import TTL_S as FLASH_TTL_S
+from protomolt_jobs.host.dashboard.flash import Flash, Flashes
 from protomolt_jobs.host.http_route import caller_of
 
 __all__ = [
@@ -87,8 +91,10 @@ STATUSES = (
     "DEAD",
     "CANCELLED",
 )
-#: Operator verbs shown as buttons on a job page when the catalog serves them.
-OPERATOR_VERBS = ("cancel-job", "pause-job", "resume-job", "requeue-job", "retry-step")
+#: Operator verbs a job page may offer (each only for the statuses it acts on).
+OPERATOR_VERBS = operate.OPERATOR_VERBS
+#: Jobs one bulk action may name.
+BULK_MAX = 500
 
 _HERE = Path(__file__).parent
 _env = jinja2.Environment(
@@ -98,6 +104,9 @@ _env = jinja2.Environment(
 _env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
 # "2026-12-01T15:55:32.919918Z" -> "2026-12-01 15:55:32" (UTC, as every time on the pages).
 _env.filters["when"] = lambda value: (str(value or "")[:19]).replace("T", " ")
+# "3 min ago" / "in 2 h" beside an absolute time; the duration between two times.
+_env.filters["ago"] = times.relative
+_env.filters["took"] = times.between
 
 
 def is_public(path: str) -> bool:
@@ -189,6 +198,7 @@ class Dashboard:
         self.catalog = catalog
         self.inspector = inspector
         self.authority = authority
+        self.flashes = Flashes()
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -249,15 +259,33 @@ class Dashboard:
             page = _env.get_template(template)
         caller = caller_of(request.scope)
         verbs = self._verbs(request)
+        flash = None if live_only else self.flashes.take(request.cookies.get(FLASH_COOKIE))
         html = page.render(
             prefix=PREFIX,
             refresh_s=REFRESH_S,
             login=not self.authority.open,
             principal=caller.name if caller is not None and not self.authority.open else "",
             verbs=verbs,
+            flash=flash,
             **ctx,
         )
-        return HTMLResponse(html, status_code=status)
+        response = HTMLResponse(html, status_code=status)
+        if not live_only and FLASH_COOKIE in request.cookies:
+            response.delete_cookie(FLASH_COOKIE, path=PREFIX)
+        return response
+
+    def _redirect(self, url: str, flash: Flash) -> Response:
+        """``303`` to ``url`` with ``flash`` waiting for it (POST-redirect-GET)."""
+        response = RedirectResponse(url, status_code=303)
+        response.set_cookie(
+            FLASH_COOKIE,
+            self.flashes.put(flash),
+            max_age=int(FLASH_TTL_S),
+            httponly=True,
+            samesite="strict",
+            path=PREFIX,
+        )
+        return response
 
     def _verbs(self, request: Request) -> set[str]:
         """The verbs the signed-in caller may run (the catalog's manifest for it)."""
@@ -370,6 +398,8 @@ class Dashboard:
             if more
             else "",
             counts=counts,
+            query=request.url.query,
+            bulk_verbs=operate.BULK_VERBS,
         )
 
     async def _counts(self) -> dict[str, int] | None:
@@ -394,6 +424,12 @@ class Dashboard:
         form), then the jobs parked on an external step."""
         answer, error = await self._verb(request, "list-jobs", {"status": "WAITING", "limit": 500})
         waiting = answer.get("jobs", [])
+        recovery: list[dict[str, Any]] = []
+        if not error:
+            stuck, error = await self._verb(
+                request, "list-jobs", {"status": "RECOVERY_REQUIRED", "limit": 500}
+            )
+            recovery = list(stuck.get("jobs", []))
         caller = self._caller(request)
         approvals = []
         if "approve-step" in self._verbs(request):
@@ -410,6 +446,7 @@ class Dashboard:
             title="Inbox",
             jobs=[j for j in waiting if j.get("phase") != "waiting_approval"],
             approvals=approvals,
+            recovery=recovery,
             error=error,
         )
 
@@ -507,6 +544,13 @@ class Dashboard:
             form=form or {},
             answer_type=answer_type,
             operator_verbs=OPERATOR_VERBS,
+            offered=operate.offered(
+                operate.status_table(self.catalog.manifest(self._caller(request))),
+                job["status"],
+            ),
+            checkpointed=[n for n in names or list(done) if n in done],
+            zones=times.zones(),
+            default_zone=times.DEFAULT_ZONE,
             history=history,
             step_names=names or list(done),
             graph=bool(graph),
@@ -569,29 +613,79 @@ class Dashboard:
         )
 
     async def action(self, request: Request) -> Response:
-        """``POST /ui/jobs/{id}/action/{verb}``: an operator verb (only those listed)."""
+        """``POST /ui/jobs/{id}/action/{verb}``: an operator verb (only those listed), from a
+        form whose ``confirm`` box is ticked; back to the job page (303) with the outcome as a
+        message: what the job is now, or why the verb refused (naming the status the job is in
+        when another operator or the worker got there first). An unreachable database answers
+        the 503 page, a scope the caller lacks the 403 page."""
         if self._cross_site(request):
             return self._refused(request)
         job_id = request.path_params["job_id"]
         verb = request.path_params["verb"]
         if verb not in OPERATOR_VERBS:
             return await self.job(request, error=f"unknown-action: {verb}", status=404)
+        page = f"{PREFIX}/jobs/{urllib.parse.quote(job_id)}"
         form = await self._form(request)
-        envelope: dict[str, Any] = {"jobId": job_id}
-        if form.get("reason", "").strip():
-            envelope["reason"] = form["reason"].strip()
-        if verb == "retry-step":
-            envelope["stepName"] = form.get("stepName", "")
+        if verb not in self._verbs(request):
+            # outside the caller's scopes: the verb refuses it (and records the refusal)
+            # whatever else the form says
+            _, error = await self._verb(request, verb, {"jobId": job_id})
+            if error.startswith(_DENIED):
+                return await self.job(request, error=error, status=403)
+        try:
+            envelope = operate.envelope(verb, job_id, form)
+        except times.FormError as exc:
+            return self._redirect(page, Flash("error", f"{verb}: {exc}"))
         answer, error = await self._verb(request, verb, envelope)
         if error.startswith(_UNAVAILABLE):  # no second wait for the same database
             return self._no_job(request, job_id, error)
-        if error or not answer.get("ok"):
-            return await self.job(
-                request,
-                error=error or answer.get("error", "refused"),
-                status=_error_status(error, 400),
+        if error.startswith(_DENIED):
+            return await self.job(request, error=error, status=403)
+        ok, text = operate.outcome(verb, answer, error)
+        return self._redirect(page, Flash("message" if ok else "error", text))
+
+    async def bulk(self, request: Request) -> Response:
+        """``POST /ui/bulk``: one operator verb (``action``: cancel-job, requeue-job or
+        retry-step) on each job ticked in the list (``jobId``, repeated), confirmed; back to the
+        list (its filters kept) with one line per job: what it is now, or why it was refused."""
+        if self._cross_site(request):
+            return self._refused(request)
+        body = (await request.body()).decode("utf-8", errors="replace")
+        fields = urllib.parse.parse_qs(body, keep_blank_values=True)
+        form = {k: v[-1] for k, v in fields.items()}
+        back = _list_url(form.get("back", ""))
+        verb = form.get("action", "")
+        ids = list(dict.fromkeys(i.strip() for i in fields.get("jobId", []) if i.strip()))
+        problem = ""
+        if verb not in operate.BULK_VERBS:
+            problem = f"'action' must be one of {', '.join(operate.BULK_VERBS)}; got {verb!r}"
+        elif not ids:
+            problem = "'jobId' must name at least one job: tick the jobs to act on"
+        elif len(ids) > BULK_MAX:
+            problem = f"'jobId' may name at most {BULK_MAX} jobs; got {len(ids)}"
+        elif verb == "retry-step" and not form.get("stepName", "").strip():
+            problem = "'stepName' is required for retry-step: the step to run again"
+        if problem:
+            return self._redirect(back, Flash("error", f"bulk: invalid-input: {problem}"))
+        rows: list[dict[str, Any]] = []
+        for job_id in ids:
+            try:
+                envelope = operate.envelope(verb, job_id, form)
+            except times.FormError as exc:
+                return self._redirect(back, Flash("error", f"bulk {verb}: {exc}"))
+            answer, error = await self._verb(request, verb, envelope)
+            ok, text = operate.outcome(verb, answer, error)
+            rows.append(
+                {"jobId": job_id, "ok": ok, "status": answer.get("status", ""), "text": text}
             )
-        return RedirectResponse(f"{PREFIX}/jobs/{urllib.parse.quote(job_id)}", status_code=303)
+            if error.startswith(_UNAVAILABLE):
+                break  # the rest would wait for the same database
+        done = sum(1 for r in rows if r["ok"])
+        summary = f"{verb} on {len(ids)} jobs: {done} done, {len(rows) - done} refused"
+        if len(rows) < len(ids):
+            summary += f", {len(ids) - len(rows)} not tried (the database cannot be reached)"
+        kind = "message" if done == len(ids) else "error"
+        return self._redirect(back, Flash(kind, summary, rows))
 
     async def login_form(self, request: Request) -> Response:
         """``GET /ui/login``."""
@@ -623,6 +717,19 @@ class Dashboard:
         response = RedirectResponse(f"{PREFIX}/login", status_code=303)
         response.delete_cookie(TOKEN_COOKIE, path="/")
         return response
+
+
+def _list_url(query: str) -> str:
+    """The jobs list with the filters of ``query`` (a list page's query string), keeping only
+    the list's own parameters: a bulk action goes back to the list it came from, never to
+    another address."""
+    known = ("status", "workflow", "queue", "id", "after", "page")
+    pairs = [
+        (k, v[-1])
+        for k, v in urllib.parse.parse_qs(query.lstrip("?"), keep_blank_values=False).items()
+        if k in known
+    ]
+    return f"{PREFIX}/" + (f"?{urllib.parse.urlencode(pairs)}" if pairs else "")
 
 
 def _may_vote(approval: dict[str, Any], caller: Caller) -> bool:
@@ -669,6 +776,7 @@ def dashboard_mount(catalog: Any, inspector: Any, authority: Authority) -> Mount
             Route("/jobs/{job_id}/complete", board.complete, methods=["POST"]),
             Route("/jobs/{job_id}/approve", board.approve, methods=["POST"]),
             Route("/jobs/{job_id}/action/{verb}", board.action, methods=["POST"]),
+            Route("/bulk", board.bulk, methods=["POST"]),
             Route("/login", board.login_form, methods=["GET"]),
             Route("/login", board.login, methods=["POST"]),
             Route("/logout", board.logout, methods=["POST"]),
