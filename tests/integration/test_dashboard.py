@@ -366,6 +366,7 @@ def test_the_jobs_page_searches_by_id_or_its_start(tmp_path, fresh_dsn):
         status, _, page = _no_follow(url, "/ui/?id=38ff9f29")
         assert status == 200
         assert ids[0].encode() in page and ids[1].encode() in page
+        assert b"2 jobs start with &#39;38ff9f29&#39;: pick one" in page
         assert ids[2].encode() not in page
         status, _, page = _no_follow(url, "/ui/?id=zz")
         assert status == 200 and b"invalid-input" in page and b"idPrefix" in page

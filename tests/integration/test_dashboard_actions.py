@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 
+from protomolt_jobs.errors import ActionError
 from protomolt_jobs.host.catalog import Caller, Catalog
 from protomolt_jobs.host.dashboard import operate
 from protomolt_jobs.runs.submitter import Submitter
@@ -114,7 +115,7 @@ def test_each_verb_accepts_exactly_the_statuses_it_publishes(store):
             before = len(store.job_history(job_id).transitions)
             try:
                 answer = catalog.execute(verb, {"jobId": job_id, **extra}, caller=caller)
-            except Exception as exc:  # past the status rule, refused later (no real workflow)
+            except ActionError as exc:  # past the status rule, refused later
                 answer = {"raised": repr(exc)}
             changed = len(store.job_history(job_id).transitions) > before
             # acting: a change recorded, or a refusal that is not about the status; a verb that

@@ -153,6 +153,7 @@ def test_relative_times_and_durations():
     assert times.between("2026-12-01T12:00:00Z", "2026-12-01T12:00:00.400Z") == "0.4 s"
     assert times.between("2026-12-01T12:00:00Z", "2026-12-02T15:00:00Z") == "1 d 3 h"
     assert times.between("2026-12-01T12:00:00Z", None) == ""
+    assert times.relative("2030-07-01T07:30:00Z", now) == "in 3 y 212 d"
 
 
 def test_outcome_sentences_name_the_state_the_job_is_in():

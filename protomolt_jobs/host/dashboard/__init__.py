@@ -356,6 +356,10 @@ class Dashboard:
             found = urllib.parse.quote(str(jobs[0].get("jobId", "")))
             return RedirectResponse(f"{PREFIX}/jobs/{found}", status_code=303)
         more = len(jobs) > PAGE_SIZE
+        notice = ""
+        if job_id and len(jobs) > 1 and not error:  # an ambiguous start: name the candidates
+            many = f"more than {PAGE_SIZE}" if more else str(len(jobs))
+            notice = f"{many} jobs start with {job_id!r}: pick one below, or type more of its id"
         jobs = jobs[:PAGE_SIZE]
         if after and not error:
             try:
@@ -399,6 +403,7 @@ class Dashboard:
             else "",
             counts=counts,
             query=request.url.query,
+            notice=notice,
             bulk_verbs=operate.BULK_VERBS,
         )
 
@@ -684,7 +689,7 @@ class Dashboard:
         summary = f"{verb} on {len(ids)} jobs: {done} done, {len(rows) - done} refused"
         if len(rows) < len(ids):
             summary += f", {len(ids) - len(rows)} not tried (the database cannot be reached)"
-        kind = "message" if done == len(ids) else "error"
+        kind = "message" if done == len(ids) else "warning" if done else "error"
         return self._redirect(back, Flash(kind, summary, rows))
 
     async def login_form(self, request: Request) -> Response:

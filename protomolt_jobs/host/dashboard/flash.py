@@ -29,7 +29,8 @@ TTL_S = 300.0
 
 @dataclass(frozen=True)
 class Flash:
-    """One outcome: ``kind`` ``message`` (it worked) or ``error`` (refused, with why), the
+    """One outcome: ``kind`` ``message`` (it worked), ``warning`` (a bulk action done for some
+    jobs, refused for others) or ``error`` (refused, with why), the
     sentence, and for a bulk action one row per job (``{jobId, verb, ok, status, text}``)."""
 
     kind: str

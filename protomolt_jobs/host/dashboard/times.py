@@ -69,7 +69,8 @@ def parse_instant(value: object) -> datetime.datetime | None:
 
 
 def duration(seconds: float | None) -> str:
-    """``0.4 s``, ``12 s``, ``3 min 5 s``, ``2 h 10 min``, ``3 d 4 h`` ("" for None)."""
+    """``0.4 s``, ``12 s``, ``3 min 5 s``, ``2 h 10 min``, ``3 d 4 h``, ``3 y 207 d`` (years
+    of 365 days; "" for None)."""
     if seconds is None:
         return ""
     s = abs(seconds)
@@ -83,8 +84,11 @@ def duration(seconds: float | None) -> str:
     if s < 86400:
         hours, rest = divmod(int(s) // 60, 60)
         return f"{hours} h {rest} min" if rest else f"{hours} h"
-    days, rest = divmod(int(s) // 3600, 24)
-    return f"{days} d {rest} h" if rest else f"{days} d"
+    if s < 365 * 86400:
+        days, rest = divmod(int(s) // 3600, 24)
+        return f"{days} d {rest} h" if rest else f"{days} d"
+    years, rest = divmod(int(s) // 86400, 365)
+    return f"{years} y {rest} d" if rest else f"{years} y"
 
 
 def relative(value: object, now: datetime.datetime | None = None) -> str:
