@@ -18,6 +18,8 @@ import datetime
 import zoneinfo
 from functools import lru_cache
 
+from protomolt_jobs.errors import InvalidInput
+
 __all__ = [
     "DEFAULT_ZONE",
     "FormError",
@@ -34,7 +36,7 @@ UTC = datetime.UTC
 DEFAULT_ZONE = "UTC"
 
 
-class FormError(ValueError):
+class FormError(InvalidInput):
     """A form field the dashboard refuses before any verb runs: ``invalid-input`` naming it.
 
     :param field: the form field (``at``, ``zone``, ``response``, ``confirm`` ...).
@@ -42,9 +44,8 @@ class FormError(ValueError):
     """
 
     def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
+        super().__init__(message, {"field": field})
         self.field = field
-        self.message = message
 
     def __str__(self) -> str:
         return f"invalid-input: {self.message}"
