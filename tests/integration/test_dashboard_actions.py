@@ -162,6 +162,9 @@ def test_actions_are_confirmed_redirected_and_their_outcome_shown_once(node, sto
     assert status == 200
     for verb in ("cancel-job", "pause-job"):
         assert f'id="action-{verb}"'.encode() in body
+    # every form declares its scope
+    assert body.count(b'data-scope="job-control">scope job-control') == 2
+    assert b'id="bulk-scope">scope job-control<' in http("GET", f"{url}/ui/")[1]
     for verb in ("resume-job", "requeue-job", "reconcile-step", "migrate-checkpoint"):
         assert f'id="action-{verb}"'.encode() not in body
     page = f"/ui/jobs/{waiting}"
@@ -335,3 +338,36 @@ def test_a_broken_chain_row_is_highlighted(node, store, fresh_dsn):
     body = http("GET", f"{url}/ui/jobs/{job_id}")[1].decode()
     assert 'class="integrity integrity-broken"' in body and "broken at seq 1" in body
     assert '<tr class="broken" id="broken-row"><td>1</td>' in body
+
+
+def test_two_operators_cancelling_at_once_end_in_one_state(node, store):
+    """Two dashboard cancels of the same WAITING job posted at the same moment: one CANCELLED
+    transition; one message says it is now CANCELLED, the other that it was refused because
+    the job is CANCELLED already."""
+    import threading
+
+    url = node
+    for _ in range(3):
+        job_id = job_in(store, "WAITING")
+        page = f"/ui/jobs/{job_id}"
+        barrier = threading.Barrier(2)
+        shown: list[str] = []
+
+        def press(path: str = page, barrier=barrier, shown=shown) -> None:
+            barrier.wait()
+            _, location, cookie, _ = _post(
+                url, f"{path}/action/cancel-job", {"reason": "dup", "confirm": "on"}
+            )
+            shown.append(_follow(url, location, cookie).decode())
+
+        threads = [threading.Thread(target=press) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(shown) == 2
+        won = [s for s in shown if "cancel-job: now CANCELLED" in s]
+        lost = [s for s in shown if "cancel-job refused" in s and "is CANCELLED" in s]
+        assert (len(won), len(lost)) == (1, 1), [s[s.find("flash-text") :][:200] for s in shown]
+        kinds = [t.kind for t in store.job_history(job_id).transitions]
+        assert kinds.count("cancel") == 1 and store.job_get(job_id).status == "CANCELLED"

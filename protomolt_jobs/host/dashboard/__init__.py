@@ -404,6 +404,17 @@ class Dashboard:
             counts=counts,
             query=request.url.query,
             notice=notice,
+            bulk_scope=", ".join(
+                sorted(
+                    {
+                        scope
+                        for verb, scope in operate.scopes(
+                            self.catalog.manifest(self._caller(request))
+                        ).items()
+                        if verb in operate.BULK_VERBS
+                    }
+                )
+            ),
             bulk_verbs=operate.BULK_VERBS,
         )
 
@@ -534,6 +545,7 @@ class Dashboard:
             if desc is not None:
                 answer_type = desc.full_name
                 fields = [_form_field(f) for f in desc.fields]
+        manifest = self.catalog.manifest(self._caller(request))
         return self._render(
             request,
             "job.html",
@@ -549,10 +561,8 @@ class Dashboard:
             form=form or {},
             answer_type=answer_type,
             operator_verbs=OPERATOR_VERBS,
-            offered=operate.offered(
-                operate.status_table(self.catalog.manifest(self._caller(request))),
-                job["status"],
-            ),
+            offered=operate.offered(operate.status_table(manifest), job["status"]),
+            verb_scopes=operate.scopes(manifest),
             checkpointed=[n for n in names or list(done) if n in done],
             zones=times.zones(),
             default_zone=times.DEFAULT_ZONE,

@@ -30,6 +30,7 @@ __all__ = [
     "envelope",
     "offered",
     "outcome",
+    "scopes",
     "status_table",
 ]
 
@@ -61,6 +62,16 @@ def status_table(manifest: Iterable[Any]) -> dict[str, tuple[str, ...]]:
         if isinstance(statuses, list):
             table[str(entry["name"])] = tuple(str(s) for s in statuses)
     return table
+
+
+def scopes(manifest: Iterable[Any]) -> dict[str, str]:
+    """``{verb: the scope it needs}`` from the catalog's manifest entries (what each form
+    declares on the page)."""
+    return {
+        str(e["name"]): str(e.get("scope", ""))
+        for e in manifest
+        if isinstance(e, dict) and e.get("name") in OPERATOR_VERBS
+    }
 
 
 def offered(table: dict[str, tuple[str, ...]], status: str) -> list[str]:
