@@ -3,11 +3,15 @@
 Pages (Jinja2 templates in ``templates/``, one stylesheet and one small script in ``static/``;
 no build step, nothing fetched from a CDN):
 
-- ``/ui`` the jobs, newest first, with filters (status, workflow, created after) and paging;
-- ``/ui/inbox`` the WAITING jobs: work for people;
+- ``/ui`` the jobs, newest first, with filters (status, workflow, created after) and paging,
+  and a bulk form (``POST /ui/bulk``: cancel, requeue or retry the ticked jobs, one outcome
+  per job);
+- ``/ui/inbox`` the RECOVERY_REQUIRED and WAITING jobs: work for people;
 - ``/ui/jobs/{id}`` one job: the row's fields, the steps as a timeline, checkpoints as JSON, the
-  events (outbox rows), the operator actions the catalog serves, and for a WAITING job a
-  complete-step form generated from the parked step's answer type;
+  events (outbox rows), the operator actions that apply to its status (``operate.py``: each
+  confirmed, answered by a redirect back with a one-time message, ``flash.py``), and for a
+  WAITING job a complete-step form generated from the parked step's answer type
+  (``answer_form.py``);
 - ``/ui/login`` a token form when the node has tokens (``api_token``, ``[node.tokens]`` or an
   identity hook): a token the node's authority resolves is kept in an HttpOnly,
   ``SameSite=Strict`` cookie the token guard accepts (so the cookie cannot ride a cross-site
@@ -41,7 +45,6 @@ from typing import Any
 
 import anyio.to_thread
 import jinja2
-from google.protobuf import descriptor as _d
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -51,6 +54,7 @@ from protomolt_jobs.errors import ActionError, Unavailable
 from protomolt_jobs.host.authority import Authority
 from protomolt_jobs.host.catalog import Caller
 from protomolt_jobs.host.dashboard import operate, times
+from protomolt_jobs.host.dashboard.answer_form import answer_from_form, form_field
 from protomolt_jobs.host.dashboard.flash import COOKIE as FLASH_COOKIE
 from protomolt_jobs.host.dashboard.flash import TTL_S as FLASH_TTL_S
 from protomolt_jobs.host.dashboard.flash import Flash, Flashes
@@ -117,73 +121,6 @@ def is_public(path: str) -> bool:
 def login_redirect(path: str) -> str | None:
     """Where a browser without the token is sent: the login form, for dashboard pages."""
     return f"{PREFIX}/login" if path == PREFIX or path.startswith(f"{PREFIX}/") else None
-
-
-def _form_field(field: _d.FieldDescriptor) -> dict[str, Any]:
-    """How one field of the answer type is entered in the form."""
-    fd = _d.FieldDescriptor
-    kind = "json"
-    options: list[str] = []
-    if field.is_repeated:
-        kind = "json"
-    elif field.type == fd.TYPE_BOOL:
-        kind = "bool"
-    elif field.type == fd.TYPE_STRING:
-        kind = "text"
-    elif field.type in (fd.TYPE_DOUBLE, fd.TYPE_FLOAT):
-        kind = "number"
-    elif field.type in (
-        fd.TYPE_INT32,
-        fd.TYPE_INT64,
-        fd.TYPE_UINT32,
-        fd.TYPE_UINT64,
-        fd.TYPE_SINT32,
-        fd.TYPE_SINT64,
-        fd.TYPE_FIXED32,
-        fd.TYPE_FIXED64,
-        fd.TYPE_SFIXED32,
-        fd.TYPE_SFIXED64,
-    ):
-        kind = "integer"
-    elif field.type == fd.TYPE_ENUM:
-        kind = "enum"
-        options = [v.name for v in field.enum_type.values]
-    return {"name": field.json_name, "label": field.name, "kind": kind, "options": options}
-
-
-def _answer_from_form(fields: list[dict[str, Any]], form: dict[str, str]) -> dict[str, Any]:
-    """The ``response`` object for complete-step, from the submitted form.
-
-    Values that do not read as their field's kind are passed as the text typed, so the verb,
-    not the dashboard, refuses them (with its own ``invalid-input`` message).
-    """
-    answer: dict[str, Any] = {}
-    for field in fields:
-        name, kind = field["name"], field["kind"]
-        if kind == "bool":
-            answer[name] = form.get(name) == "on"
-            continue
-        raw = form.get(name, "")
-        if raw.strip() == "":
-            continue
-        if kind == "integer":
-            try:
-                answer[name] = int(raw.strip())
-            except ValueError:
-                answer[name] = raw
-        elif kind == "number":
-            try:
-                answer[name] = float(raw.strip())
-            except ValueError:
-                answer[name] = raw
-        elif kind == "json":
-            try:
-                answer[name] = json.loads(raw)
-            except (ValueError, RecursionError):  # deep nesting raises RecursionError
-                answer[name] = raw
-        else:
-            answer[name] = raw
-    return answer
 
 
 class Dashboard:
@@ -544,7 +481,7 @@ class Dashboard:
             desc = await self._inspect("answer_type", job_id, job["outstandingStep"])
             if desc is not None:
                 answer_type = desc.full_name
-                fields = [_form_field(f) for f in desc.fields]
+                fields = [form_field(f) for f in desc.fields]
         manifest = self.catalog.manifest(self._caller(request))
         return self._render(
             request,
@@ -611,8 +548,8 @@ class Dashboard:
             desc = await self._inspect("answer_type", job_id, step, unavailable_raises=True)
         except Unavailable as exc:
             return self._no_job(request, job_id, f"{exc.code}: {exc.message}")
-        fields = [_form_field(f) for f in desc.fields] if desc is not None else []
-        response = _answer_from_form(fields, form)
+        fields = [form_field(f) for f in desc.fields] if desc is not None else []
+        response = answer_from_form(fields, form)
         answer, error = await self._verb(
             request, "complete-step", {"jobId": job_id, "stepName": step, "response": response}
         )
