@@ -139,6 +139,21 @@ def test_local_times_follow_the_documented_daylight_saving_rule():
     assert times.resolve_local("2026-12-01T12:00", "") == "2026-12-01T12:00:00Z"
     assert times.resolve_local("  ", "Europe/Berlin") is None
     assert times.zones()[0] == "UTC" and "Europe/Berlin" in times.zones()
+    for bad in (
+        "2026-01-01T10:00\x00",
+        "2026-01-01 10:00",
+        "2026-01-01",
+        "2026-13-01T10:00",
+        "2026-W01-1T10:00",
+        "9999-12-31T23:59",  # past year 9999 once in UTC: out of range, not a 500
+    ):
+        with pytest.raises(times.FormError) as caught:
+            times.resolve_local(bad, "Etc/GMT+12")
+        assert caught.value.field == "at", bad
+    for zone in ("\x00", "/etc/passwd", "a" * 5000, "..", "Europe", "Europe/../UTC"):
+        with pytest.raises(times.FormError) as caught:
+            times.resolve_local("2026-01-01T10:00", zone)
+        assert caught.value.field == "zone", zone
 
 
 def test_relative_times_and_durations():

@@ -15,6 +15,7 @@ of the two (the earlier instant, ``fold=0``).
 from __future__ import annotations
 
 import datetime
+import re
 import zoneinfo
 from functools import lru_cache
 
@@ -34,6 +35,8 @@ __all__ = [
 UTC = datetime.UTC
 #: The zone a resume form starts with.
 DEFAULT_ZONE = "UTC"
+#: A local date and time as a ``datetime-local`` box sends it (seconds and fractions optional).
+_LOCAL = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?", re.ASCII)
 
 
 class FormError(InvalidInput):
@@ -132,26 +135,27 @@ def resolve_local(text: str, zone: str, *, field: str = "at") -> str | None:
         raise FormError(
             "zone", f"'zone' must be an IANA time zone like Europe/Berlin; got {name!r}"
         )
-    try:
-        local = datetime.datetime.fromisoformat(raw)
-    except ValueError:
-        local = None
-    if local is None or local.tzinfo is not None or "T" not in raw.upper():
+    local = None
+    if _LOCAL.fullmatch(raw):
+        try:
+            local = datetime.datetime.fromisoformat(raw.upper())
+        except ValueError:
+            local = None
+    if local is None:
         raise FormError(
             field,
             f"'{field}' must be a local date and time like 2026-01-31T09:00 (the zone is "
             f"chosen apart); got {raw!r}",
         )
     moment = local.replace(tzinfo=tz, fold=0)
-    back = moment.astimezone(UTC).astimezone(tz).replace(tzinfo=None)
+    try:
+        back = moment.astimezone(UTC).astimezone(tz).replace(tzinfo=None)
+    except OverflowError:
+        raise FormError(field, f"'{field}' is out of range; got {raw!r}") from None
     if back != local:
         raise FormError(
             field,
             f"'{field}' {raw} does not exist in {name} (the clocks skip it for daylight "
             "saving time); pick a time outside the gap",
         )
-    try:
-        utc = moment.astimezone(UTC)
-    except OverflowError:
-        raise FormError(field, f"'{field}' is out of range; got {raw!r}")
-    return utc.isoformat().replace("+00:00", "Z")
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
