@@ -371,3 +371,58 @@ def test_two_operators_cancelling_at_once_end_in_one_state(node, store):
         assert (len(won), len(lost)) == (1, 1), [s[s.find("flash-text") :][:200] for s in shown]
         kinds = [t.kind for t in store.job_history(job_id).transitions]
         assert kinds.count("cancel") == 1 and store.job_get(job_id).status == "CANCELLED"
+
+
+def test_bad_form_input_is_named_on_the_page_never_a_500(node, store):
+    """Malformed values in every action form: a redirect to the job page whose message is
+    invalid-input naming the field (the dashboard's or the verb's own), nothing changed."""
+    url = node
+    stuck = job_in(store, "RECOVERY_REQUIRED")
+    paused = job_in(store, "PAUSED")
+    cases = [
+        (stuck, "reconcile-step", {"stepName": "tokenize", "outcome": "maybe"}, "outcome"),
+        (stuck, "reconcile-step", {"stepName": "nope", "outcome": "not-done"}, "stepName"),
+        (stuck, "reconcile-step", {"stepName": "tokenize", "outcome": "done"}, "response"),
+        (
+            stuck,
+            "reconcile-step",
+            {"stepName": "tokenize", "outcome": "done", "response": "[" * 100_000},
+            "response",
+        ),
+        (
+            stuck,
+            "reconcile-step",
+            {"stepName": "tokenize", "outcome": "done", "response": '{"count": "many"}'},
+            "invalid-input",
+        ),
+        (stuck, "migrate-checkpoint", {"stepName": "tokenize", "action": "melt"}, "action"),
+        (stuck, "cancel-job", {"reason": "x" * 5000}, "reason"),
+        (stuck, "cancel-job", {"reason": "a\x00b"}, "reason"),
+        (paused, "resume-job", {"at": "2026-01-01T10:00", "zone": "\x00"}, "zone"),
+        (paused, "retry-step", {"stepName": "nope"}, "stepName"),
+        (paused, "retry-step", {"stepName": "tokenize", "scope": "all"}, "scope"),
+    ]
+    for job_id, verb, fields, named in cases:
+        before = store.job_get(job_id).status
+        status, location, cookie, _ = _post(
+            url, f"/ui/jobs/{job_id}/action/{verb}", {**fields, "confirm": "on"}
+        )
+        assert (status, location) == (303, f"/ui/jobs/{job_id}"), (verb, fields, status)
+        shown = _follow(url, location, cookie).decode()
+        text = shown[shown.find('id="flash-text">') :][:400]
+        assert "invalid-input" in text and named in text, (verb, named, text)
+        assert store.job_get(job_id).status == before
+    # Bytes that are not UTF-8, and an unknown verb.
+    from http.client import HTTPConnection
+
+    conn = HTTPConnection(urllib.parse.urlsplit(url).netloc, timeout=20)
+    conn.request(
+        "POST",
+        f"/ui/jobs/{paused}/action/resume-job",
+        body=b"\xff\xfe=\xff&confirm=on",
+        headers=FORM,
+    )
+    assert conn.getresponse().status == 303
+    conn.close()
+    status, body, _ = http("POST", f"{url}/ui/jobs/{paused}/action/drop-table", raw=b"confirm=on")
+    assert status == 404 and b"unknown-action" in body

@@ -160,6 +160,10 @@ class Dashboard:
         try:
             answer = await anyio.to_thread.run_sync(run)
         except ActionError as exc:
+            field = (exc.details or {}).get("field")
+            if isinstance(field, str) and f"'{field}'" not in exc.message:
+                # the page names the form field even where the verb's sentence does not
+                return {}, f"{exc.code}: '{field}': {exc.message}"
             return {}, f"{exc.code}: {exc.message}"
         return answer, ""
 
