@@ -198,14 +198,18 @@ def test_dashboard_in_a_real_browser(tmp_path, fresh_dsn, browser):
             _find(browser, "#complete-form")
             browser.find_element(By.ID, "field-count").send_keys("eleven")
             browser.find_element(By.ID, "complete-submit").click()
-            _text_becomes(browser, "#form-error", "invalid-input")
-            assert "jobs.test.Tokens" in _text(browser, "#form-error")
+            _text_becomes(browser, "#flash-text", "invalid-input")
+            assert "jobs.test.Tokens" in _text(browser, "#flash-text")
+            assert browser.current_url.endswith(f"/ui/jobs/{tally_id}")  # redirected back
             assert _text(browser, "#job-status") == "WAITING"
-            # The right answer completes the step; the page updates itself to COMPLETED.
+            # What was typed is kept in the form.
             field = browser.find_element(By.ID, "field-count")
+            assert field.get_attribute("value") == "eleven"
+            # The right answer completes the step; the page updates itself to COMPLETED.
             field.clear()
             field.send_keys("2")
             browser.find_element(By.ID, "complete-submit").click()
+            _text_becomes(browser, "#flash-text", "complete-step: step 'count' answered")
             _text_becomes(browser, "#job-status", "COMPLETED", timeout_s=60)
             _text_becomes(browser, "#checkpoints", '"count": 2')
             events = _text(browser, "#events")

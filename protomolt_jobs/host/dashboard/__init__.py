@@ -542,10 +542,14 @@ class Dashboard:
         return await self.job(request, message=message)
 
     async def complete(self, request: Request) -> Response:
-        """``POST /ui/jobs/{id}/complete``: complete-step from the generated form."""
+        """``POST /ui/jobs/{id}/complete``: complete-step from the generated form; back to the
+        job page (303) with the outcome as a message, the values typed kept in the form when
+        the verb refused them. An unreachable database answers the 503 page, a scope the
+        caller lacks the 403 page."""
         if self._cross_site(request):
             return self._refused(request)
         job_id = request.path_params["job_id"]
+        page = f"{PREFIX}/jobs/{urllib.parse.quote(job_id)}"
         form = await self._form(request)
         step = form.get("stepName", "")
         try:
@@ -557,16 +561,18 @@ class Dashboard:
         answer, error = await self._verb(
             request, "complete-step", {"jobId": job_id, "stepName": step, "response": response}
         )
+        if error.startswith(_UNAVAILABLE):  # no second wait for the same database
+            return self._no_job(request, job_id, error)
+        if error.startswith(_DENIED):
+            return await self.job(request, error=error, status=403)
         if error or not answer.get("ok"):
-            if error.startswith(_UNAVAILABLE):  # no second wait for the same database
-                return self._no_job(request, job_id, error)
-            return await self.job(
-                request, error=error or answer.get("error", "refused"), form=form, status=400
-            )
-        return RedirectResponse(
-            f"{PREFIX}/jobs/{urllib.parse.quote(job_id)}?done={urllib.parse.quote(step)}",
-            status_code=303,
+            why = error or f"refused: {answer.get('error', 'refused')}"
+            return self._redirect(page, Flash("error", f"complete-step: {why}", form=form))
+        status = answer.get("status", "")
+        done = f"complete-step: step {step!r} answered" + (
+            f"; the job is {status}" if status else ""
         )
+        return self._redirect(page, Flash("message", done))
 
     async def action(self, request: Request) -> Response:
         """``POST /ui/jobs/{id}/action/{verb}``: an operator verb (only those listed), from a

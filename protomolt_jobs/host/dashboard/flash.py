@@ -31,11 +31,14 @@ TTL_S = 300.0
 class Flash:
     """One outcome: ``kind`` ``message`` (it worked), ``warning`` (a bulk action done for some
     jobs, refused for others) or ``error`` (refused, with why), the
-    sentence, and for a bulk action one row per job (``{jobId, verb, ok, status, text}``)."""
+    sentence, for a bulk action one row per job (``{jobId, ok, status, text}``), and for a
+    refused form what was typed."""
 
     kind: str
     text: str
     rows: list[dict[str, Any]] = field(default_factory=list)
+    #: the values a refused form held, typed back into it
+    form: dict[str, str] = field(default_factory=dict)
 
 
 class Flashes:
