@@ -190,7 +190,10 @@ class ControlVerb(JobVerb):
 
     @property
     def input_schema(self) -> dict[str, Any]:
-        """The verb's JSON Schema, annotated with :data:`JOB_STATUSES_KEY`."""
+        """The verb's JSON Schema, annotated with :data:`JOB_STATUSES_KEY` when the verb
+        declares its statuses."""
+        if not self.statuses:
+            return self._schema
         return {**self._schema, JOB_STATUSES_KEY: list(self.statuses)}
 
     @input_schema.setter
