@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 __all__ = [
+    "JOB_STATUSES_KEY",
     "SCOPES",
     "STEP_DECISIONS",
     "Action",
@@ -216,6 +217,11 @@ class Refusal:
 
 
 #: The decisions a grant check gives (:class:`StepDecision`).
+#: An operator verb's input schema names the job statuses it acts on under this key (a JSON
+#: Schema extension keyword, ignored by validators): a surface reads it from the manifest to
+#: offer the verb only where it applies (the dashboard's action buttons).
+JOB_STATUSES_KEY = "x-jobStatuses"
+
 STEP_DECISIONS = ("allow", "deny", "needs-approval")
 
 

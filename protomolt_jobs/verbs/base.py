@@ -26,7 +26,7 @@ import uuid
 from typing import Any
 
 from protomolt_jobs.errors import InvalidInput, JobCorrupt, Unavailable
-from protomolt_jobs.hooks.contract import current_principal
+from protomolt_jobs.hooks.contract import JOB_STATUSES_KEY, current_principal
 from protomolt_jobs.input_rules import check_json, check_text
 from protomolt_jobs.runs.stored_run import SnapshotError
 from protomolt_jobs.runs.submitter import Submitter, parse_job_id
@@ -172,14 +172,33 @@ class JobVerb(Verb):
 
 class ControlVerb(JobVerb):
     """An operator verb (scope ``job-control``): ``jobId``, an optional ``reason``, and one
-    log line per call naming the caller (``action`` = the verb's name in snake case)."""
+    log line per call naming the caller (``action`` = the verb's name in snake case).
+
+    ``statuses`` is the verb's state rule: the job statuses it acts on (any other is answered
+    ``ok: false`` naming the status). It is published in the input schema under
+    :data:`JOB_STATUSES_KEY`, so a surface (the dashboard) offers the verb only where it applies
+    without a copy of the rule; an integration test holds the store's SQL to it.
+    """
 
     scope = "job-control"
     fields: tuple[str, ...] = ("jobId", "reason")
+    statuses: tuple[str, ...] = ()
 
     def __init__(self, backend: JobsBackend) -> None:
         super().__init__(backend)
         self.input_schema = control_schema()
+
+    @property
+    def input_schema(self) -> dict[str, Any]:
+        """The verb's JSON Schema, annotated with :data:`JOB_STATUSES_KEY` when the verb
+        declares its statuses."""
+        if not self.statuses:
+            return self._schema
+        return {**self._schema, JOB_STATUSES_KEY: list(self.statuses)}
+
+    @input_schema.setter
+    def input_schema(self, schema: dict[str, Any]) -> None:
+        self._schema = schema
 
     def _begin(self, input: dict[str, Any]) -> tuple[Any, uuid.UUID, str | None]:
         """The store, the ``jobId`` and the ``reason`` (None when blank) of a call.

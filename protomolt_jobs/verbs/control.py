@@ -32,7 +32,11 @@ from protomolt_jobs.workflow.retry_scope import SCOPES, plan_retry
 from protomolt_jobs.workflow.types import EFFECT_EXTERNAL
 
 __all__ = [
+    "CANCEL_STATUSES",
     "LATEST_AT",
+    "PAUSE_STATUSES",
+    "REQUEUE_STATUSES",
+    "RESUME_STATUSES",
     "RETRY_STEP_STATUSES",
     "CancelJobAction",
     "PauseJobAction",
@@ -45,6 +49,16 @@ __all__ = [
 LATEST_AT = datetime(9999, 12, 30, tzinfo=UTC)
 #: Statuses retry-step accepts.
 RETRY_STEP_STATUSES = ("FAILED", "DEAD", "CANCELLED", "PAUSED", "COMPLETED")
+#: Statuses cancel-job acts on (a RUNNING one is cancelled at its next boundary; one with a
+#: cancel already requested answers ok: false). The store's ``job_control_cancel`` holds the same.
+CANCEL_STATUSES = ("QUEUED", "RUNNING", "WAITING", "PAUSED", "RECOVERY_REQUIRED")
+#: Statuses pause-job acts on (a RUNNING one with a request pending answers ok: false).
+PAUSE_STATUSES = ("QUEUED", "RUNNING", "WAITING")
+#: Statuses resume-job acts on (it also withdraws a RUNNING job's pending pause request, which
+#: the status alone does not show).
+RESUME_STATUSES = ("PAUSED",)
+#: Statuses requeue-job acts on.
+REQUEUE_STATUSES = ("DEAD", "FAILED")
 
 
 class CancelJobAction(ControlVerb):
@@ -59,6 +73,7 @@ class CancelJobAction(ControlVerb):
         "the workflow's cancel.compensate, true when absent); a finished job answers ok: false."
     )
     fields = ("jobId", "compensate", "reason")
+    statuses = CANCEL_STATUSES
 
     def __init__(self, backend: JobsBackend) -> None:
         super().__init__(backend)
@@ -111,6 +126,7 @@ class PauseJobAction(ControlVerb):
         "(a parked step is remembered); a RUNNING job is PAUSED after its step in flight is "
         "checkpointed, releasing its lease; resume-job sends it back."
     )
+    statuses = PAUSE_STATUSES
 
     def execute(self, input: dict[str, Any]) -> dict[str, Any]:
         """:returns: ``{ok: true, status: "PAUSED", outstandingStep?}``; ``{ok: true, status:
@@ -153,6 +169,7 @@ class ResumeJobAction(ControlVerb):
         "again on its parked step. On a RUNNING job it withdraws a pending pause."
     )
     fields = ("jobId", "at", "reason")
+    statuses = RESUME_STATUSES
 
     def __init__(self, backend: JobsBackend) -> None:
         super().__init__(backend)
@@ -249,6 +266,7 @@ class RetryStepAction(ControlVerb):
         "when external, keeps its idempotency key unless 'newIdempotencyKey' is true."
     )
     fields = ("jobId", "stepName", "scope", "newIdempotencyKey", "reason")
+    statuses = RETRY_STEP_STATUSES
 
     def __init__(self, backend: JobsBackend, runtime: Any) -> None:
         super().__init__(backend)
@@ -382,6 +400,7 @@ class RequeueJobAction(ControlVerb):
         "attempts, its checkpoints kept (it resumes at the first missing step); the old error "
         "stays in its history."
     )
+    statuses = REQUEUE_STATUSES
 
     def execute(self, input: dict[str, Any]) -> dict[str, Any]:
         """:returns: ``{ok: true, status: "QUEUED"}`` or ``{ok: false, status, error}``.

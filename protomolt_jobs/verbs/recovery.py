@@ -45,6 +45,8 @@ RECOVERY_REQUIRED = "RECOVERY_REQUIRED"
 
 
 class _RecoveryVerb(ControlVerb):
+    statuses = (RECOVERY_REQUIRED,)
+
     def __init__(self, backend: JobsBackend, runtime: Any) -> None:
         super().__init__(backend)
         self.runtime = runtime

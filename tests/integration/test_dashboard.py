@@ -198,14 +198,18 @@ def test_dashboard_in_a_real_browser(tmp_path, fresh_dsn, browser):
             _find(browser, "#complete-form")
             browser.find_element(By.ID, "field-count").send_keys("eleven")
             browser.find_element(By.ID, "complete-submit").click()
-            _text_becomes(browser, "#form-error", "invalid-input")
-            assert "jobs.test.Tokens" in _text(browser, "#form-error")
+            _text_becomes(browser, "#flash-text", "invalid-input")
+            assert "jobs.test.Tokens" in _text(browser, "#flash-text")
+            assert browser.current_url.endswith(f"/ui/jobs/{tally_id}")  # redirected back
             assert _text(browser, "#job-status") == "WAITING"
-            # The right answer completes the step; the page updates itself to COMPLETED.
+            # What was typed is kept in the form.
             field = browser.find_element(By.ID, "field-count")
+            assert field.get_attribute("value") == "eleven"
+            # The right answer completes the step; the page updates itself to COMPLETED.
             field.clear()
             field.send_keys("2")
             browser.find_element(By.ID, "complete-submit").click()
+            _text_becomes(browser, "#flash-text", "complete-step: step 'count' answered")
             _text_becomes(browser, "#job-status", "COMPLETED", timeout_s=60)
             _text_becomes(browser, "#checkpoints", '"count": 2')
             events = _text(browser, "#events")
@@ -232,6 +236,7 @@ def test_dashboard_in_a_real_browser(tmp_path, fresh_dsn, browser):
             _find(browser, "#action-cancel-job")
             form = browser.find_element(By.ID, "action-cancel-job").find_element(By.XPATH, "..")
             form.find_element(By.NAME, "reason").send_keys("not needed")
+            browser.find_element(By.ID, "confirm-cancel-job").click()
             browser.find_element(By.ID, "action-cancel-job").click()
             _text_becomes(browser, "#job-status", "CANCELLED", timeout_s=30)
             _text_becomes(browser, "#history", "not needed")
@@ -365,6 +370,7 @@ def test_the_jobs_page_searches_by_id_or_its_start(tmp_path, fresh_dsn):
         status, _, page = _no_follow(url, "/ui/?id=38ff9f29")
         assert status == 200
         assert ids[0].encode() in page and ids[1].encode() in page
+        assert b"2 jobs start with &#39;38ff9f29&#39;: pick one" in page
         assert ids[2].encode() not in page
         status, _, page = _no_follow(url, "/ui/?id=zz")
         assert status == 200 and b"invalid-input" in page and b"idPrefix" in page
@@ -391,7 +397,7 @@ def test_with_the_database_gone_pages_and_forms_are_503_quickly(tmp_path, fresh_
             ("GET", "/ui/inbox", None),
             ("GET", f"/ui/jobs/{job_id}", None),
             ("POST", f"/ui/jobs/{job_id}/complete", b"stepName=review&approved=on"),
-            ("POST", f"/ui/jobs/{job_id}/action/cancel-job", b"reason=x"),
+            ("POST", f"/ui/jobs/{job_id}/action/cancel-job", b"reason=x&confirm=on"),
         ):
             started = time.monotonic()
             status, body, _ = http(method, f"{url}{path}", raw=raw)
@@ -510,6 +516,7 @@ def test_the_dashboard_acts_as_the_signed_in_principal(tmp_path, fresh_dsn, stor
         _find(browser, "#action-cancel-job")
         form = browser.find_element(By.ID, "action-cancel-job").find_element(By.XPATH, "..")
         form.find_element(By.NAME, "reason").send_keys("from the dashboard")
+        browser.find_element(By.ID, "confirm-cancel-job").click()
         browser.find_element(By.ID, "action-cancel-job").click()
         _text_becomes(browser, "#job-status", "CANCELLED", timeout_s=30)
         last = store.job_history(second.job_id).transitions[-1]

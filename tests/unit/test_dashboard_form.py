@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from google.protobuf import descriptor_pb2, struct_pb2, wrappers_pb2
 
-from protomolt_jobs.host.dashboard import _answer_from_form, _form_field
+from protomolt_jobs.host.dashboard.answer_form import answer_from_form as _answer_from_form
+from protomolt_jobs.host.dashboard.answer_form import form_field as _form_field
 
 
 def test_fields_follow_the_answer_type():

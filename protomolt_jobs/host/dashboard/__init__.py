@@ -3,13 +3,16 @@
 Pages (Jinja2 templates in ``templates/``, one stylesheet and one small script in ``static/``;
 no build step, nothing fetched from a CDN):
 
-- ``/ui`` the jobs, newest first, with filters (status, workflow, created after) and paging;
-- ``/ui/inbox`` the WAITING jobs: work for people;
+- ``/ui`` the jobs, newest first, with filters (status, workflow, created after) and paging,
+  and a bulk form (``POST /ui/bulk``: cancel, requeue or retry the ticked jobs, one outcome
+  per job);
+- ``/ui/inbox`` the RECOVERY_REQUIRED and WAITING jobs: work for people;
 - ``/ui/jobs/{id}`` one job: the row's fields, the steps as a timeline, the workflow drawn as an
   SVG (``drawing.py``, from get-job's ``graph``) with the steps' reasons, a finished job's final
-  report as tables (``_graph.html``, ``_report.html``), checkpoints as JSON, the
-  events (outbox rows), the operator actions the catalog serves, and for a WAITING job a
-  complete-step form generated from the parked step's answer type;
+  report as tables (``_graph.html``, ``_report.html``), checkpoints as JSON, the events (outbox
+  rows), the operator actions that apply to its status (``operate.py``: each confirmed,
+  answered by a redirect back with a one-time message, ``flash.py``), and for a WAITING job a
+  complete-step form generated from the parked step's answer type (``answer_form.py``);
 - ``/ui/login`` a token form when the node has tokens (``api_token``, ``[node.tokens]`` or an
   identity hook): a token the node's authority resolves is kept in an HttpOnly,
   ``SameSite=Strict`` cookie the token guard accepts (so the cookie cannot ride a cross-site
@@ -43,7 +46,6 @@ from typing import Any
 
 import anyio.to_thread
 import jinja2
-from google.protobuf import descriptor as _d
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -52,7 +54,11 @@ from starlette.staticfiles import StaticFiles
 from protomolt_jobs.errors import ActionError, Unavailable
 from protomolt_jobs.host.authority import Authority
 from protomolt_jobs.host.catalog import Caller
-from protomolt_jobs.host.dashboard import drawing
+from protomolt_jobs.host.dashboard import drawing, operate, times
+from protomolt_jobs.host.dashboard.answer_form import answer_from_form, form_field
+from protomolt_jobs.host.dashboard.flash import COOKIE as FLASH_COOKIE
+from protomolt_jobs.host.dashboard.flash import TTL_S as FLASH_TTL_S
+from protomolt_jobs.host.dashboard.flash import Flash, Flashes
 from protomolt_jobs.host.http_route import caller_of
 
 __all__ = [
@@ -90,8 +96,10 @@ STATUSES = (
     "DEAD",
     "CANCELLED",
 )
-#: Operator verbs shown as buttons on a job page when the catalog serves them.
-OPERATOR_VERBS = ("cancel-job", "pause-job", "resume-job", "requeue-job", "retry-step")
+#: Operator verbs a job page may offer (each only for the statuses it acts on).
+OPERATOR_VERBS = operate.OPERATOR_VERBS
+#: Jobs one bulk action may name.
+BULK_MAX = 500
 
 _HERE = Path(__file__).parent
 _env = jinja2.Environment(
@@ -102,6 +110,9 @@ _env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=
 # "2026-12-01T15:55:32.919918Z" -> "2026-12-01 15:55:32" (UTC, as every time on the pages).
 _env.filters["when"] = lambda value: (str(value or "")[:19]).replace("T", " ")
 drawing.install(_env)  # the workflow's drawing (graph_svg, graph_ms, graph_legend)
+# "3 min ago" / "in 2 h" beside an absolute time; the duration between two times.
+_env.filters["ago"] = times.relative
+_env.filters["took"] = times.between
 
 
 def is_public(path: str) -> bool:
@@ -112,73 +123,6 @@ def is_public(path: str) -> bool:
 def login_redirect(path: str) -> str | None:
     """Where a browser without the token is sent: the login form, for dashboard pages."""
     return f"{PREFIX}/login" if path == PREFIX or path.startswith(f"{PREFIX}/") else None
-
-
-def _form_field(field: _d.FieldDescriptor) -> dict[str, Any]:
-    """How one field of the answer type is entered in the form."""
-    fd = _d.FieldDescriptor
-    kind = "json"
-    options: list[str] = []
-    if field.is_repeated:
-        kind = "json"
-    elif field.type == fd.TYPE_BOOL:
-        kind = "bool"
-    elif field.type == fd.TYPE_STRING:
-        kind = "text"
-    elif field.type in (fd.TYPE_DOUBLE, fd.TYPE_FLOAT):
-        kind = "number"
-    elif field.type in (
-        fd.TYPE_INT32,
-        fd.TYPE_INT64,
-        fd.TYPE_UINT32,
-        fd.TYPE_UINT64,
-        fd.TYPE_SINT32,
-        fd.TYPE_SINT64,
-        fd.TYPE_FIXED32,
-        fd.TYPE_FIXED64,
-        fd.TYPE_SFIXED32,
-        fd.TYPE_SFIXED64,
-    ):
-        kind = "integer"
-    elif field.type == fd.TYPE_ENUM:
-        kind = "enum"
-        options = [v.name for v in field.enum_type.values]
-    return {"name": field.json_name, "label": field.name, "kind": kind, "options": options}
-
-
-def _answer_from_form(fields: list[dict[str, Any]], form: dict[str, str]) -> dict[str, Any]:
-    """The ``response`` object for complete-step, from the submitted form.
-
-    Values that do not read as their field's kind are passed as the text typed, so the verb,
-    not the dashboard, refuses them (with its own ``invalid-input`` message).
-    """
-    answer: dict[str, Any] = {}
-    for field in fields:
-        name, kind = field["name"], field["kind"]
-        if kind == "bool":
-            answer[name] = form.get(name) == "on"
-            continue
-        raw = form.get(name, "")
-        if raw.strip() == "":
-            continue
-        if kind == "integer":
-            try:
-                answer[name] = int(raw.strip())
-            except ValueError:
-                answer[name] = raw
-        elif kind == "number":
-            try:
-                answer[name] = float(raw.strip())
-            except ValueError:
-                answer[name] = raw
-        elif kind == "json":
-            try:
-                answer[name] = json.loads(raw)
-            except (ValueError, RecursionError):  # deep nesting raises RecursionError
-                answer[name] = raw
-        else:
-            answer[name] = raw
-    return answer
 
 
 class Dashboard:
@@ -193,6 +137,7 @@ class Dashboard:
         self.catalog = catalog
         self.inspector = inspector
         self.authority = authority
+        self.flashes = Flashes()
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -217,6 +162,10 @@ class Dashboard:
         try:
             answer = await anyio.to_thread.run_sync(run)
         except ActionError as exc:
+            field = (exc.details or {}).get("field")
+            if isinstance(field, str) and f"'{field}'" not in exc.message:
+                # the page names the form field even where the verb's sentence does not
+                return {}, f"{exc.code}: '{field}': {exc.message}"
             return {}, f"{exc.code}: {exc.message}"
         return answer, ""
 
@@ -253,15 +202,33 @@ class Dashboard:
             page = _env.get_template(template)
         caller = caller_of(request.scope)
         verbs = self._verbs(request)
+        flash = None if live_only else self.flashes.take(request.cookies.get(FLASH_COOKIE))
         html = page.render(
             prefix=PREFIX,
             refresh_s=REFRESH_S,
             login=not self.authority.open,
             principal=caller.name if caller is not None and not self.authority.open else "",
             verbs=verbs,
+            flash=flash,
             **ctx,
         )
-        return HTMLResponse(html, status_code=status)
+        response = HTMLResponse(html, status_code=status)
+        if not live_only and FLASH_COOKIE in request.cookies:
+            response.delete_cookie(FLASH_COOKIE, path=PREFIX)
+        return response
+
+    def _redirect(self, url: str, flash: Flash) -> Response:
+        """``303`` to ``url`` with ``flash`` waiting for it (POST-redirect-GET)."""
+        response = RedirectResponse(url, status_code=303)
+        response.set_cookie(
+            FLASH_COOKIE,
+            self.flashes.put(flash),
+            max_age=int(FLASH_TTL_S),
+            httponly=True,
+            samesite="strict",
+            path=PREFIX,
+        )
+        return response
 
     def _verbs(self, request: Request) -> set[str]:
         """The verbs the signed-in caller may run (the catalog's manifest for it)."""
@@ -332,6 +299,10 @@ class Dashboard:
             found = urllib.parse.quote(str(jobs[0].get("jobId", "")))
             return RedirectResponse(f"{PREFIX}/jobs/{found}", status_code=303)
         more = len(jobs) > PAGE_SIZE
+        notice = ""
+        if job_id and len(jobs) > 1 and not error:  # an ambiguous start: name the candidates
+            many = f"more than {PAGE_SIZE}" if more else str(len(jobs))
+            notice = f"{many} jobs start with {job_id!r}: pick one below, or type more of its id"
         jobs = jobs[:PAGE_SIZE]
         if after and not error:
             try:
@@ -374,6 +345,20 @@ class Dashboard:
             if more
             else "",
             counts=counts,
+            query=request.url.query,
+            notice=notice,
+            bulk_scope=", ".join(
+                sorted(
+                    {
+                        scope
+                        for verb, scope in operate.scopes(
+                            self.catalog.manifest(self._caller(request))
+                        ).items()
+                        if verb in operate.BULK_VERBS
+                    }
+                )
+            ),
+            bulk_verbs=operate.BULK_VERBS,
         )
 
     async def _counts(self) -> dict[str, int] | None:
@@ -398,6 +383,12 @@ class Dashboard:
         form), then the jobs parked on an external step."""
         answer, error = await self._verb(request, "list-jobs", {"status": "WAITING", "limit": 500})
         waiting = answer.get("jobs", [])
+        recovery: list[dict[str, Any]] = []
+        if not error:
+            stuck, error = await self._verb(
+                request, "list-jobs", {"status": "RECOVERY_REQUIRED", "limit": 500}
+            )
+            recovery = list(stuck.get("jobs", []))
         caller = self._caller(request)
         approvals = []
         if "approve-step" in self._verbs(request):
@@ -414,6 +405,7 @@ class Dashboard:
             title="Inbox",
             jobs=[j for j in waiting if j.get("phase") != "waiting_approval"],
             approvals=approvals,
+            recovery=recovery,
             error=error,
         )
 
@@ -495,7 +487,8 @@ class Dashboard:
             desc = await self._inspect("answer_type", job_id, job["outstandingStep"])
             if desc is not None:
                 answer_type = desc.full_name
-                fields = [_form_field(f) for f in desc.fields]
+                fields = [form_field(f) for f in desc.fields]
+        manifest = self.catalog.manifest(self._caller(request))
         return self._render(
             request,
             "job.html",
@@ -511,6 +504,11 @@ class Dashboard:
             form=form or {},
             answer_type=answer_type,
             operator_verbs=OPERATOR_VERBS,
+            offered=operate.offered(operate.status_table(manifest), job["status"]),
+            verb_scopes=operate.scopes(manifest),
+            checkpointed=[n for n in names or list(done) if n in done],
+            zones=times.zones(),
+            default_zone=times.DEFAULT_ZONE,
             history=history,
             step_names=names or list(done),
             graph=bool(graph),
@@ -546,56 +544,112 @@ class Dashboard:
         return await self.job(request, message=message)
 
     async def complete(self, request: Request) -> Response:
-        """``POST /ui/jobs/{id}/complete``: complete-step from the generated form."""
+        """``POST /ui/jobs/{id}/complete``: complete-step from the generated form; back to the
+        job page (303) with the outcome as a message, the values typed kept in the form when
+        the verb refused them. An unreachable database answers the 503 page, a scope the
+        caller lacks the 403 page."""
         if self._cross_site(request):
             return self._refused(request)
         job_id = request.path_params["job_id"]
+        page = f"{PREFIX}/jobs/{urllib.parse.quote(job_id)}"
         form = await self._form(request)
         step = form.get("stepName", "")
         try:
             desc = await self._inspect("answer_type", job_id, step, unavailable_raises=True)
         except Unavailable as exc:
             return self._no_job(request, job_id, f"{exc.code}: {exc.message}")
-        fields = [_form_field(f) for f in desc.fields] if desc is not None else []
-        response = _answer_from_form(fields, form)
+        fields = [form_field(f) for f in desc.fields] if desc is not None else []
+        response = answer_from_form(fields, form)
         answer, error = await self._verb(
             request, "complete-step", {"jobId": job_id, "stepName": step, "response": response}
         )
+        if error.startswith(_UNAVAILABLE):  # no second wait for the same database
+            return self._no_job(request, job_id, error)
+        if error.startswith(_DENIED):
+            return await self.job(request, error=error, status=403)
         if error or not answer.get("ok"):
-            if error.startswith(_UNAVAILABLE):  # no second wait for the same database
-                return self._no_job(request, job_id, error)
-            return await self.job(
-                request, error=error or answer.get("error", "refused"), form=form, status=400
-            )
-        return RedirectResponse(
-            f"{PREFIX}/jobs/{urllib.parse.quote(job_id)}?done={urllib.parse.quote(step)}",
-            status_code=303,
+            why = error or f"refused: {answer.get('error', 'refused')}"
+            return self._redirect(page, Flash("error", f"complete-step: {why}", form=form))
+        status = answer.get("status", "")
+        done = f"complete-step: step {step!r} answered" + (
+            f"; the job is {status}" if status else ""
         )
+        return self._redirect(page, Flash("message", done))
 
     async def action(self, request: Request) -> Response:
-        """``POST /ui/jobs/{id}/action/{verb}``: an operator verb (only those listed)."""
+        """``POST /ui/jobs/{id}/action/{verb}``: an operator verb (only those listed), from a
+        form whose ``confirm`` box is ticked; back to the job page (303) with the outcome as a
+        message: what the job is now, or why the verb refused (naming the status the job is in
+        when another operator or the worker got there first). An unreachable database answers
+        the 503 page, a scope the caller lacks the 403 page."""
         if self._cross_site(request):
             return self._refused(request)
         job_id = request.path_params["job_id"]
         verb = request.path_params["verb"]
         if verb not in OPERATOR_VERBS:
             return await self.job(request, error=f"unknown-action: {verb}", status=404)
+        page = f"{PREFIX}/jobs/{urllib.parse.quote(job_id)}"
         form = await self._form(request)
-        envelope: dict[str, Any] = {"jobId": job_id}
-        if form.get("reason", "").strip():
-            envelope["reason"] = form["reason"].strip()
-        if verb == "retry-step":
-            envelope["stepName"] = form.get("stepName", "")
+        if verb not in self._verbs(request):
+            # outside the caller's scopes: the verb refuses it (and records the refusal)
+            # whatever else the form says
+            _, error = await self._verb(request, verb, {"jobId": job_id})
+            if error.startswith(_DENIED):
+                return await self.job(request, error=error, status=403)
+        try:
+            envelope = operate.envelope(verb, job_id, form)
+        except times.FormError as exc:
+            return self._redirect(page, Flash("error", f"{verb}: {exc}"))
         answer, error = await self._verb(request, verb, envelope)
         if error.startswith(_UNAVAILABLE):  # no second wait for the same database
             return self._no_job(request, job_id, error)
-        if error or not answer.get("ok"):
-            return await self.job(
-                request,
-                error=error or answer.get("error", "refused"),
-                status=_error_status(error, 400),
+        if error.startswith(_DENIED):
+            return await self.job(request, error=error, status=403)
+        ok, text = operate.outcome(verb, answer, error)
+        return self._redirect(page, Flash("message" if ok else "error", text))
+
+    async def bulk(self, request: Request) -> Response:
+        """``POST /ui/bulk``: one operator verb (``action``: cancel-job, requeue-job or
+        retry-step) on each job ticked in the list (``jobId``, repeated), confirmed; back to the
+        list (its filters kept) with one line per job: what it is now, or why it was refused."""
+        if self._cross_site(request):
+            return self._refused(request)
+        body = (await request.body()).decode("utf-8", errors="replace")
+        fields = urllib.parse.parse_qs(body, keep_blank_values=True)
+        form = {k: v[-1] for k, v in fields.items()}
+        back = _list_url(form.get("back", ""))
+        verb = form.get("action", "")
+        ids = list(dict.fromkeys(i.strip() for i in fields.get("jobId", []) if i.strip()))
+        problem = ""
+        if verb not in operate.BULK_VERBS:
+            problem = f"'action' must be one of {', '.join(operate.BULK_VERBS)}; got {verb!r}"
+        elif not ids:
+            problem = "'jobId' must name at least one job: tick the jobs to act on"
+        elif len(ids) > BULK_MAX:
+            problem = f"'jobId' may name at most {BULK_MAX} jobs; got {len(ids)}"
+        elif verb == "retry-step" and not form.get("stepName", "").strip():
+            problem = "'stepName' is required for retry-step: the step to run again"
+        if problem:
+            return self._redirect(back, Flash("error", f"bulk: invalid-input: {problem}"))
+        rows: list[dict[str, Any]] = []
+        for job_id in ids:
+            try:
+                envelope = operate.envelope(verb, job_id, form)
+            except times.FormError as exc:
+                return self._redirect(back, Flash("error", f"bulk {verb}: {exc}"))
+            answer, error = await self._verb(request, verb, envelope)
+            ok, text = operate.outcome(verb, answer, error)
+            rows.append(
+                {"jobId": job_id, "ok": ok, "status": answer.get("status", ""), "text": text}
             )
-        return RedirectResponse(f"{PREFIX}/jobs/{urllib.parse.quote(job_id)}", status_code=303)
+            if error.startswith(_UNAVAILABLE):
+                break  # the rest would wait for the same database
+        done = sum(1 for r in rows if r["ok"])
+        summary = f"{verb} on {len(ids)} jobs: {done} done, {len(rows) - done} refused"
+        if len(rows) < len(ids):
+            summary += f", {len(ids) - len(rows)} not tried (the database cannot be reached)"
+        kind = "message" if done == len(ids) else "warning" if done else "error"
+        return self._redirect(back, Flash(kind, summary, rows))
 
     async def login_form(self, request: Request) -> Response:
         """``GET /ui/login``."""
@@ -627,6 +681,19 @@ class Dashboard:
         response = RedirectResponse(f"{PREFIX}/login", status_code=303)
         response.delete_cookie(TOKEN_COOKIE, path="/")
         return response
+
+
+def _list_url(query: str) -> str:
+    """The jobs list with the filters of ``query`` (a list page's query string), keeping only
+    the list's own parameters: a bulk action goes back to the list it came from, never to
+    another address."""
+    known = ("status", "workflow", "queue", "id", "after", "page")
+    pairs = [
+        (k, v[-1])
+        for k, v in urllib.parse.parse_qs(query.lstrip("?"), keep_blank_values=False).items()
+        if k in known
+    ]
+    return f"{PREFIX}/" + (f"?{urllib.parse.urlencode(pairs)}" if pairs else "")
 
 
 def _may_vote(approval: dict[str, Any], caller: Caller) -> bool:
@@ -673,6 +740,7 @@ def dashboard_mount(catalog: Any, inspector: Any, authority: Authority) -> Mount
             Route("/jobs/{job_id}/complete", board.complete, methods=["POST"]),
             Route("/jobs/{job_id}/approve", board.approve, methods=["POST"]),
             Route("/jobs/{job_id}/action/{verb}", board.action, methods=["POST"]),
+            Route("/bulk", board.bulk, methods=["POST"]),
             Route("/login", board.login_form, methods=["GET"]),
             Route("/login", board.login, methods=["POST"]),
             Route("/logout", board.logout, methods=["POST"]),

@@ -1,0 +1,160 @@
+"""The dashboard's operator actions: which apply to a job, the verb envelope a form makes, and
+the sentence its answer becomes.
+
+Which actions a job page offers is not a copy of the verbs' rules: each operator verb publishes
+the statuses it acts on in its input schema (``x-jobStatuses``,
+:data:`~protomolt_jobs.hooks.contract.JOB_STATUSES_KEY`), and :func:`offered` reads them from
+the catalog manifest for the signed-in caller (so scopes count too). A WAITING job is offered
+cancel and pause, never resume or requeue; a RECOVERY_REQUIRED one cancel, reconcile-step and
+migrate-checkpoint.
+
+Every action form carries a reason and a ``confirm`` box that must be ticked: the server
+refuses a post without it (``invalid-input`` naming ``confirm``), so a stray click does nothing
+with or without JavaScript. Form values the dashboard reads itself (the resume time and zone, a
+JSON response, the compensate choice) are refused here with ``invalid-input`` naming the field;
+everything else is the verb's to refuse, with its own message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from protomolt_jobs.hooks.contract import JOB_STATUSES_KEY
+from protomolt_jobs.host.dashboard.times import FormError, resolve_local
+
+__all__ = [
+    "BULK_VERBS",
+    "OPERATOR_VERBS",
+    "envelope",
+    "offered",
+    "outcome",
+    "scopes",
+    "status_table",
+]
+
+#: The operator verbs a job page may offer, in the order shown.
+OPERATOR_VERBS = (
+    "cancel-job",
+    "pause-job",
+    "resume-job",
+    "requeue-job",
+    "retry-step",
+    "reconcile-step",
+    "migrate-checkpoint",
+)
+#: The verbs the jobs list applies to several selected jobs at once.
+BULK_VERBS = ("cancel-job", "requeue-job", "retry-step")
+#: Longest text kept from a form's JSON box (the verbs bound their inputs again).
+_MAX_JSON_CHARS = 1_000_000
+
+
+def status_table(manifest: Iterable[Any]) -> dict[str, tuple[str, ...]]:
+    """``{verb: statuses it acts on}`` for the operator verbs in ``manifest`` (the catalog's
+    entries ``{name, inputSchema, ...}``) that publish their statuses."""
+    table: dict[str, tuple[str, ...]] = {}
+    for entry in manifest:
+        if not isinstance(entry, dict) or entry.get("name") not in OPERATOR_VERBS:
+            continue
+        schema = entry.get("inputSchema")
+        statuses = schema.get(JOB_STATUSES_KEY) if isinstance(schema, dict) else None
+        if isinstance(statuses, list):
+            table[str(entry["name"])] = tuple(str(s) for s in statuses)
+    return table
+
+
+def scopes(manifest: Iterable[Any]) -> dict[str, str]:
+    """``{verb: the scope it needs}`` from the catalog's manifest entries (what each form
+    declares on the page)."""
+    return {
+        str(e["name"]): str(e.get("scope", ""))
+        for e in manifest
+        if isinstance(e, dict) and e.get("name") in OPERATOR_VERBS
+    }
+
+
+def offered(table: dict[str, tuple[str, ...]], status: str) -> list[str]:
+    """The operator verbs that apply to a job in ``status``, in :data:`OPERATOR_VERBS` order."""
+    return [verb for verb in OPERATOR_VERBS if status in table.get(verb, ())]
+
+
+def _json_field(form: dict[str, str], name: str) -> Any:
+    raw = form.get(name, "")
+    if not raw.strip():
+        return None
+    if len(raw) > _MAX_JSON_CHARS:
+        raise FormError(name, f"'{name}' must be at most {_MAX_JSON_CHARS} characters of JSON")
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise FormError(name, f"'{name}' must be a JSON object; {exc}") from None
+    if not isinstance(value, dict):
+        raise FormError(name, f"'{name}' must be a JSON object; got {type(value).__name__}")
+    return value
+
+
+def envelope(verb: str, job_id: str, form: dict[str, str]) -> dict[str, Any]:
+    """The verb's input for ``job_id`` from the submitted form.
+
+    :raises FormError: ``confirm`` not ticked; a malformed resume time or zone, compensate
+        choice, or JSON ``response``.
+    """
+    if form.get("confirm") != "on":
+        raise FormError("confirm", f"'confirm' must be ticked to run {verb}")
+    body: dict[str, Any] = {"jobId": job_id}
+    reason = form.get("reason", "").strip()
+    if reason:
+        body["reason"] = reason
+    if verb == "cancel-job":
+        choice = form.get("compensate", "")
+        if choice not in ("", "true", "false"):
+            raise FormError(
+                "compensate", f"'compensate' must be true, false or empty; got {choice!r}"
+            )
+        if choice:
+            body["compensate"] = choice == "true"
+    elif verb == "resume-job":
+        at = resolve_local(form.get("at", ""), form.get("zone", ""))
+        if at is not None:
+            body["at"] = at
+    elif verb == "retry-step":
+        body["stepName"] = form.get("stepName", "")
+        if form.get("scope", ""):
+            body["scope"] = form["scope"]
+    elif verb == "reconcile-step":
+        body["stepName"] = form.get("stepName", "")
+        body["outcome"] = form.get("outcome", "")
+        response = _json_field(form, "response")
+        if response is not None:
+            body["response"] = response
+    elif verb == "migrate-checkpoint":
+        body["stepName"] = form.get("stepName", "")
+        body["action"] = form.get("action", "")
+        response = _json_field(form, "response")
+        if response is not None:
+            body["response"] = response
+    return body
+
+
+def outcome(verb: str, answer: dict[str, Any], error: str) -> tuple[bool, str]:
+    """``(ok, sentence)`` for one verb call: what happened, or why not and the job's status
+    now (a race lost to another operator or to the worker names the state the job is in)."""
+    if error:
+        return False, f"{verb}: {error}"
+    if not answer.get("ok"):
+        why = answer.get("error") or answer.get("message") or "refused"
+        return False, f"{verb} refused: {why}"
+    status = answer.get("status", "")
+    if answer.get("requested"):
+        return True, f"{verb}: {answer.get('message') or 'requested'}"
+    if answer.get("withdrawn"):
+        return True, f"{verb}: the pending {answer['withdrawn']} request was withdrawn; RUNNING"
+    text = f"{verb}: now {status}"
+    if answer.get("runAfter"):
+        text += f", to run after {answer['runAfter']}"
+    if answer.get("outstandingStep"):
+        text += f", waiting on {answer['outstandingStep']}"
+    if answer.get("dropped"):
+        text += f"; steps to run again: {', '.join(answer['dropped'])}"
+    return True, text

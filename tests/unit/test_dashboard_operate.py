@@ -1,0 +1,201 @@
+"""The dashboard's operator actions (issue 31 item 2): the table of what applies to which
+status comes from the verbs themselves (their published ``x-jobStatuses``), the form envelope
+refuses what the dashboard reads itself naming the field, and times resolve by the documented
+daylight-saving rule. The store's SQL is held to the same table by
+``tests/integration/test_dashboard_actions.py::test_each_verb_accepts_exactly_the_statuses_it_publishes``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from protomolt_jobs.host.catalog import Catalog
+from protomolt_jobs.host.dashboard import operate, times
+from protomolt_jobs.host.dashboard.flash import Flash, Flashes
+from protomolt_jobs.verbs import JobsBackend, jobs_actions
+from protomolt_jobs.verbs.base import ControlVerb
+from protomolt_jobs.workflow import Runtime
+
+STATUSES = (
+    "QUEUED",
+    "RUNNING",
+    "WAITING",
+    "PAUSED",
+    "RECOVERY_REQUIRED",
+    "COMPLETED",
+    "FAILED",
+    "DEAD",
+    "CANCELLED",
+)
+
+
+@pytest.fixture(scope="module")
+def verbs():
+    catalog = Catalog()
+    actions = list(jobs_actions(JobsBackend(configured=True), Runtime()))
+    for action in actions:
+        catalog.register(action)
+    return catalog, {a.name: a for a in actions}
+
+
+def test_the_dashboard_table_is_what_each_verb_accepts_for_each_status(verbs):
+    catalog, by_name = verbs
+    table = operate.status_table(catalog.manifest())
+    assert set(table) == set(operate.OPERATOR_VERBS)
+    for verb in operate.OPERATOR_VERBS:
+        action = by_name[verb]
+        assert isinstance(action, ControlVerb)
+        assert action.statuses, verb
+        for status in STATUSES:
+            assert (verb in operate.offered(table, status)) == (status in action.statuses), (
+                verb,
+                status,
+            )
+
+
+def test_a_waiting_job_is_offered_neither_resume_nor_requeue(verbs):
+    table = operate.status_table(verbs[0].manifest())
+    assert operate.offered(table, "WAITING") == ["cancel-job", "pause-job"]
+    assert operate.offered(table, "RECOVERY_REQUIRED") == [
+        "cancel-job",
+        "reconcile-step",
+        "migrate-checkpoint",
+    ]
+    assert operate.offered(table, "PAUSED") == ["cancel-job", "resume-job", "retry-step"]
+    assert operate.offered(table, "DEAD") == ["requeue-job", "retry-step"]
+    assert operate.offered(table, "COMPLETED") == ["retry-step"]
+
+
+def test_a_caller_without_the_scope_is_offered_nothing():
+    from protomolt_jobs.host.catalog import Caller
+
+    catalog = Catalog()
+    for action in jobs_actions(JobsBackend(configured=True), Runtime()):
+        catalog.register(action)
+    reader = Caller("reader-1", scopes=frozenset({"service-invoke"}))
+    assert operate.offered(operate.status_table(catalog.manifest(reader)), "WAITING") == []
+
+
+def test_every_action_needs_its_confirm_box():
+    with pytest.raises(times.FormError) as caught:
+        operate.envelope("cancel-job", "j", {"reason": "x"})
+    assert caught.value.field == "confirm"
+    assert str(caught.value).startswith("invalid-input: 'confirm' must be ticked")
+    assert operate.envelope("cancel-job", "j", {"confirm": "on", "reason": " why "}) == {
+        "jobId": "j",
+        "reason": "why",
+    }
+
+
+@pytest.mark.parametrize(
+    ("verb", "form", "field"),
+    [
+        ("cancel-job", {"compensate": "maybe"}, "compensate"),
+        ("resume-job", {"at": "tomorrow"}, "at"),
+        ("resume-job", {"at": "2026-01-01T10:00+02:00"}, "at"),
+        ("resume-job", {"at": "2026-01-01T10:00", "zone": "Mars/Olympus"}, "zone"),
+        ("resume-job", {"at": "2026-01-01T10:00", "zone": "../etc/passwd"}, "zone"),
+        ("reconcile-step", {"outcome": "done", "response": "{not json"}, "response"),
+        ("migrate-checkpoint", {"action": "replace", "response": "[1, 2]"}, "response"),
+    ],
+)
+def test_bad_form_values_are_refused_naming_the_field(verb, form, field):
+    with pytest.raises(times.FormError) as caught:
+        operate.envelope(verb, "j", {"confirm": "on", **form})
+    assert caught.value.field == field
+    assert f"'{field}'" in str(caught.value)
+
+
+def test_forms_become_the_verbs_envelopes():
+    confirm = {"confirm": "on"}
+    assert operate.envelope(
+        "resume-job", "j", {**confirm, "at": "2026-07-01T09:30", "zone": "Europe/Berlin"}
+    ) == {"jobId": "j", "at": "2026-07-01T07:30:00Z"}
+    assert operate.envelope("resume-job", "j", {**confirm, "at": "", "zone": "UTC"}) == {
+        "jobId": "j"
+    }
+    assert operate.envelope(
+        "reconcile-step",
+        "j",
+        {**confirm, "stepName": "s", "outcome": "done", "response": '{"count": 1}'},
+    ) == {"jobId": "j", "stepName": "s", "outcome": "done", "response": {"count": 1}}
+    assert operate.envelope(
+        "migrate-checkpoint", "j", {**confirm, "stepName": "s", "action": "discard"}
+    ) == {"jobId": "j", "stepName": "s", "action": "discard"}
+    assert operate.envelope("cancel-job", "j", {**confirm, "compensate": "false"}) == {
+        "jobId": "j",
+        "compensate": False,
+    }
+
+
+def test_local_times_follow_the_documented_daylight_saving_rule():
+    # 2026-03-29 02:30 does not exist in Berlin (02:00 -> 03:00): refused naming the field
+    with pytest.raises(times.FormError) as caught:
+        times.resolve_local("2026-03-29T02:30", "Europe/Berlin")
+    assert caught.value.field == "at" and "does not exist in Europe/Berlin" in caught.value.message
+    # 2026-10-25 02:30 happens twice (03:00 -> 02:00): the first, still summer time (+02:00)
+    assert times.resolve_local("2026-10-25T02:30", "Europe/Berlin") == "2026-10-25T00:30:00Z"
+    assert times.resolve_local("2026-12-01T12:00:05", "UTC") == "2026-12-01T12:00:05Z"
+    assert times.resolve_local("2026-12-01T12:00", "") == "2026-12-01T12:00:00Z"
+    assert times.resolve_local("  ", "Europe/Berlin") is None
+    assert times.zones()[0] == "UTC" and "Europe/Berlin" in times.zones()
+    for bad in (
+        "2026-01-01T10:00\x00",
+        "2026-01-01 10:00",
+        "2026-01-01",
+        "2026-13-01T10:00",
+        "2026-W01-1T10:00",
+        "9999-12-31T23:59",  # past year 9999 once in UTC: out of range, not a 500
+    ):
+        with pytest.raises(times.FormError) as caught:
+            times.resolve_local(bad, "Etc/GMT+12")
+        assert caught.value.field == "at", bad
+    for zone in ("\x00", "/etc/passwd", "a" * 5000, "..", "Europe", "Europe/../UTC"):
+        with pytest.raises(times.FormError) as caught:
+            times.resolve_local("2026-01-01T10:00", zone)
+        assert caught.value.field == "zone", zone
+
+
+def test_relative_times_and_durations():
+    import datetime
+
+    now = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
+    assert times.relative("2026-12-01T11:57:00Z", now) == "3 min ago"
+    assert times.relative("2026-12-01T14:00:00Z", now) == "in 2 h"
+    assert times.relative("2026-12-01T12:00:00Z", now) == "just now"
+    assert times.relative("2026-12-01T11:59:55Z", now) == "5 s ago"
+    assert times.relative("not a time", now) == ""
+    assert times.between("2026-12-01T12:00:00Z", "2026-12-01T12:00:00.400Z") == "0.4 s"
+    assert times.between("2026-12-01T12:00:00Z", "2026-12-02T15:00:00Z") == "1 d 3 h"
+    assert times.between("2026-12-01T12:00:00Z", None) == ""
+    assert times.relative("2030-07-01T07:30:00Z", now) == "in 3 y 212 d"
+
+
+def test_outcome_sentences_name_the_state_the_job_is_in():
+    assert operate.outcome("cancel-job", {"ok": True, "status": "CANCELLED"}, "") == (
+        True,
+        "cancel-job: now CANCELLED",
+    )
+    ok, text = operate.outcome(
+        "cancel-job",
+        {"ok": False, "status": "COMPLETED", "error": "job x is COMPLETED; only ..."},
+        "",
+    )
+    assert not ok and "COMPLETED" in text
+    ok, text = operate.outcome(
+        "resume-job", {"ok": True, "status": "QUEUED", "runAfter": "2026-12-01T12:00:00Z"}, ""
+    )
+    assert ok and text == "resume-job: now QUEUED, to run after 2026-12-01T12:00:00Z"
+    ok, text = operate.outcome("reconcile-step", {}, "invalid-input: Field 'outcome' ...")
+    assert not ok and "invalid-input" in text
+
+
+def test_a_flash_is_shown_once():
+    flashes = Flashes(capacity=2)
+    key = flashes.put(Flash("message", "done"))
+    assert flashes.take(key) == Flash("message", "done")
+    assert flashes.take(key) is None
+    assert flashes.take("forged") is None and flashes.take(None) is None
+    keys = [flashes.put(Flash("message", str(i))) for i in range(3)]
+    assert flashes.take(keys[0]) is None  # pushed out by newer ones
+    assert flashes.take(keys[2]).text == "2"
