@@ -103,13 +103,13 @@ WITH base AS (
 INSERT INTO workflow_run (job_id, workflow_name, workflow_definition, input, status,
                           max_attempts, error, completed_at, priority, queue, fairness_key,
                           fairness_pass, dedup_key, deadline_at, trace_context, change_actor,
-                          change_reason, submitted_by)
+                          change_reason, submitted_by, submitted_groups)
 SELECT %(job_id)s, %(workflow_name)s, %(workflow_definition)s, %(input)s, %(status)s,
        %(max_attempts)s, %(error)s,
        CASE WHEN %(status)s::text IN ('COMPLETED', 'FAILED', 'DEAD') THEN now() END,
        %(priority)s, %(queue)s, %(fairness_key)s, stamp.last_pass, %(dedup_key)s,
        now() + make_interval(secs => %(deadline_s)s), %(trace_context)s,
-       %(actor)s, %(error)s, %(actor)s
+       %(actor)s, %(error)s, %(actor)s, %(groups)s::text[]
   FROM stamp
 ON CONFLICT DO NOTHING
 RETURNING job_id, workflow_name, workflow_definition::text AS workflow_definition,
@@ -153,7 +153,7 @@ SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
        control::text AS control, paused_from, history_seq,
        effect_intents::text AS effect_intents, step_generations::text AS step_generations,
        wait_kind, submitted_by, wait_timers::text AS wait_timers,
-       cancel_request::text AS cancel_request
+       cancel_request::text AS cancel_request, submitted_groups
   FROM workflow_run
  WHERE job_id = %(job_id)s
 
@@ -1385,6 +1385,12 @@ SELECT d.seq, d.actor, d.reason
                         OR p.kind IN ('retry-step', 'requeue')))
  ORDER BY d.seq DESC
  LIMIT 1
+
+-- name: job_submitted_groups
+-- description: the groups recorded with a run at submit (NULL: none recorded); read by the worker only for a step that declares capabilities.
+SELECT submitted_groups
+  FROM workflow_run
+ WHERE job_id = %(job_id)s
 
 -- name: approval_votes_open
 -- description: the votes on the current opening (the row's wait_seq) of an approval step of a run, oldest first (the dashboard's votes so far; none when the run does not wait on it).
