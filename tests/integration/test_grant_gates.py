@@ -484,3 +484,109 @@ def test_a_grant_gate_expiry_can_fail_the_run(timed, services):
     )
     assert ("expire", "sweeper") in [(t["kind"], t["actor"]) for t in history(url, job_id)]
     assert services.step_calls("deploy") == 0
+
+
+# -- 3. the dashboard's inbox ---------------------------------------------------------------
+
+
+@pytest.fixture
+def browser():
+    """Headless Chromium (Debian's, ``tests/support/browser.py``); fails without it."""
+    import shutil
+    import tempfile
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    from tests.support.browser import browser_paths, require_browser
+
+    chromium, chromedriver = browser_paths()
+    require_browser(chromium, chromedriver)
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    profile = tempfile.mkdtemp(prefix="pmj-chromium-")
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+        f"--user-data-dir={profile}",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(chromedriver), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _in_page(driver, css, text=""):
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    def found():
+        try:
+            elements = driver.find_elements(By.CSS_SELECTOR, css)
+            return elements[0] if elements and text in elements[0].text else None
+        except StaleElementReferenceException:
+            return None
+
+    return wait_for(found, timeout_s=20)
+
+
+def _sign_in(driver, url, who):
+    from selenium.webdriver.common.by import By
+
+    driver.get(f"{url}/ui/login")
+    _in_page(driver, "#login-form")
+    driver.find_element(By.ID, "token").send_keys(TOKENS[who])
+    driver.find_element(By.ID, "login-submit").click()
+    wait_for(lambda: "/ui/login" not in driver.current_url, timeout_s=20)
+
+
+def test_the_inbox_lists_a_grant_gate_for_its_approvers_and_votes_from_it(node, services, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    url = node.http.url
+    job_id = submit(url, _release_graph(services.target))
+    waiting_on_gate(url, job_id, "release")
+    row_css = f'#approvals tr[data-job-id="{job_id}"]'
+
+    # writer-1 holds job-approve but is no approver of the gate: not in its inbox
+    _sign_in(browser, url, "writer-1")
+    browser.get(f"{url}/ui/inbox")
+    _in_page(browser, "h1", "Inbox")
+    assert job_id not in browser.page_source
+
+    # chief-1 sees the gate (quorum 2 from jobs.grants[1]) and votes from the inbox
+    _sign_in(browser, url, "chief-1")
+    browser.get(f"{url}/ui/inbox")
+    row = _in_page(browser, row_css, "grant gate (jobs.grants[1])")
+    assert "release" in row.text and "accept 0/2" in row.text, row.text
+    Select(row.find_element(By.NAME, "decision")).select_by_value("accept")
+    row.find_element(By.NAME, "comment").send_keys("ship it")
+    row.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    _in_page(browser, "p.message", "vote counted: accept 1/2")
+    assert get_job(url, job_id)["status"] == "WAITING"
+
+    # chief-2 sees the vote so far and decides
+    _sign_in(browser, url, "chief-2")
+    browser.get(f"{url}/ui/inbox")
+    row = _in_page(browser, row_css, "chief-1: accept")
+    assert "accept 1/2" in row.text, row.text
+    Select(row.find_element(By.NAME, "decision")).select_by_value("accept")
+    row.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    _in_page(browser, "p.message", "decided: accept")
+    ended(url, job_id, "COMPLETED")
+    assert services.step_calls("release") == 1
+    kinds = [(t["kind"], t["actor"]) for t in history(url, job_id)]
+    assert ("vote", "chief-1") in kinds and ("decision", "chief-2") in kinds
+    # decided: no longer in the inbox
+    browser.get(f"{url}/ui/inbox")
+    _in_page(browser, "h1", "Inbox")
+    assert job_id not in browser.page_source
