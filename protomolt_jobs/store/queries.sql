@@ -1374,7 +1374,7 @@ UPDATE workflow_run
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
 -- name: grant_gate_decision
--- description: the decision of a step's latest grant gate: the newest 'decision' transition of the step after its newest 'park' and after the run's newest operator re-run ('retry-step' of any step, 'requeue'), so an approval never carries over to a re-run an operator asked for (none: the gate is not decided, or the step never parked since); two index lookups on pk_workflow_run_transition's job_id prefix.
+-- description: the decision of a step's latest grant gate: the newest 'decision' transition of the step after its newest 'park' and after the run's newest operator re-run ('retry-step' of any step, 'requeue'), so an approval never carries over to a re-run an operator asked for, and not yet used by a checkpoint entry of the step (one that ran under it, grant.decisionId 'gate:<seq>', or failed by it, '(decision gate:<seq>)'), so one decision grants one run of the step, never a later iteration (none: the gate is not decided, or the step never parked since); index lookups on pk_workflow_run_transition's job_id prefix and the run's row.
 SELECT d.seq, d.actor, d.reason
   FROM workflow_run_transition AS d
  WHERE d.job_id = %(job_id)s AND d.step = %(step)s AND d.kind = 'decision'
@@ -1383,6 +1383,14 @@ SELECT d.seq, d.actor, d.reason
                  WHERE p.job_id = %(job_id)s
                    AND ((p.step = %(step)s AND p.kind = 'park')
                         OR p.kind IN ('retry-step', 'requeue')))
+   AND NOT EXISTS (SELECT 1
+                     FROM workflow_run AS w
+                    CROSS JOIN LATERAL jsonb_array_elements(w.checkpoints) AS e (entry)
+                    WHERE w.job_id = %(job_id)s
+                      AND e.entry->>'name' = %(step)s
+                      AND (e.entry->'grant'->>'decisionId' = 'gate:' || d.seq
+                           OR e.entry->'failed'->>'message'
+                              LIKE '%%(decision gate:' || d.seq || ')'))
  ORDER BY d.seq DESC
  LIMIT 1
 

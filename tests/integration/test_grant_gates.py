@@ -590,3 +590,61 @@ def test_the_inbox_lists_a_grant_gate_for_its_approvers_and_votes_from_it(node, 
     browser.get(f"{url}/ui/inbox")
     _in_page(browser, "h1", "Inbox")
     assert job_id not in browser.page_source
+
+
+# -- the store: one decision grants one run of the step --------------------------------------
+
+
+@pytest.mark.parametrize("used_by", ["grant", "failed"])
+def test_a_gate_decision_grants_one_run_of_the_step_and_groups_are_recorded(store, used_by):
+    """Through the real store: the groups given at submit are recorded; a decided gate is read
+    back until a checkpoint entry of the step used it (ran under it, or failed by it), so a
+    later run of the step (a loop's next iteration) needs a gate of its own."""
+    from tests.support.factories import claimed_job
+
+    claimed = claimed_job(store, groups=("ops", "writer", "ops"))
+    job_id = claimed.job_id
+    assert store.job_submitted_groups(job_id) == ("ops", "writer")
+    assert store.job_get(job_id).submitted_groups == ["ops", "writer"]
+    assert store.job_park_approval(claimed.lease, "deploy", ()) == "WAITING"
+    assert store.grant_gate_decision(job_id, "deploy") is None  # open, not decided
+    outcome = store.approval_vote(
+        job_id,
+        "deploy",
+        principal="chief-1",
+        groups=["chief"],
+        decision="accept",
+        comment=None,
+        quorum=1,
+        veto=(),
+        distinct_from=(),
+        entry=lambda *a: {},
+        grant_gate=True,
+    )
+    assert outcome.result == "decided" and outcome.status == "QUEUED"
+    decision, actor, seq = store.grant_gate_decision(job_id, "deploy")
+    assert (decision, actor) == ("accept", "chief-1")
+    assert store.job_get(job_id).checkpoints == []  # a grant gate's decision stores no entry
+    again = store.job_claim("worker-b", 60.0)
+    assert again is not None and again.job_id == job_id
+    # not used yet (a transient failure of the call keeps it)
+    assert store.grant_gate_decision(job_id, "deploy") == (decision, actor, seq)
+    entry = (
+        {"name": "deploy", "skipped": False, "response": {}, "grant": {"decisionId": f"gate:{seq}"}}
+        if used_by == "grant"
+        else {
+            "name": "deploy",
+            "skipped": False,
+            "failed": {"kind": "PERMISSION", "message": f"no (decision gate:{seq})"},
+        }
+    )
+    store.job_checkpoint(again.lease, entry)
+    assert store.grant_gate_decision(job_id, "deploy") is None
+
+
+def test_a_submit_without_groups_records_none(store):
+    from tests.support.factories import queued_job
+
+    job = queued_job(store)
+    assert store.job_submitted_groups(job.job_id) is None
+    assert store.job_get(job.job_id).submitted_groups is None
