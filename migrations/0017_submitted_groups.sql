@@ -5,8 +5,8 @@
 --     node's authority resolved them (an identity hook's groups joined with the [node.groups]
 --     entries naming the principal), sorted. A [[jobs.grants]] entry by group matches one of
 --     these (or a [node.groups] entry naming submitted_by now). The worker reads it only for
---     a step that declares capabilities (one statement per segment that checks a grant), so a
---     run without capability steps never does.
+--     a step that declares capabilities, when a grant names groups or an authorize_step hook
+--     is installed (one statement per segment), so a run without capability steps never does.
 --
 -- NULL for existing rows, for a submit whose caller has no group, and for the request topic
 -- (whose submitter is kafka:<topic>). No index, no trigger change.

@@ -80,6 +80,7 @@ class GrantPolicy:
         self.grants = tuple(grants)
         self.authorizers = tuple(authorizers)
         self.groups_of = groups_of or _no_groups
+        self._by_group = any(g.groups for g in self.grants)
 
     def check_for(
         self,
@@ -99,8 +100,9 @@ class GrantPolicy:
             step's grant needs an approval: ``accept`` grants the step, another decision
             denies it, none leaves it ``needs-approval`` (the run parks on the gate).
         :param recorded_groups: ``() -> the groups recorded with the run at submit``
-            (``JobStore.job_submitted_groups``), asked once, at the first step checked (a run
-            whose steps declare no capabilities never reads them).
+            (``JobStore.job_submitted_groups``), asked once, at the first step checked, and only
+            when a grant names ``groups`` or an authorizer may read them (a run whose steps
+            declare no capabilities never reads them).
         """
         info: dict[str, Any] = {
             "jobId": str(job.job_id),
@@ -111,7 +113,9 @@ class GrantPolicy:
 
         def check(step: Any) -> StepDecision:
             if "submittedGroups" not in info:
-                recorded = recorded_groups() if recorded_groups is not None else None
+                # read only where something can look at them: a grant by group, a hook
+                wanted = recorded_groups is not None and (self._by_group or self.authorizers)
+                recorded = recorded_groups() if wanted and recorded_groups is not None else None
                 info["submittedGroups"] = sorted(recorded or ())
             capabilities = tuple(step.capabilities)
             decision = self.decide(info, step.name, capabilities)

@@ -156,3 +156,13 @@ def test_without_recorded_groups_a_grant_by_group_does_not_apply():
     grants = parse_grants([{"capabilities": ["ops:restart"], "groups": ["ops"]}])
     check = GrantPolicy(grants).check_for(_job(), {}, None, lambda: None)
     assert check(_step(("ops:restart",))).decision == "deny"
+
+
+def test_the_groups_are_not_read_when_no_grant_names_a_group_and_no_hook_asks():
+    grants = parse_grants([{"capabilities": ["deploy:prod"], "workflows": ["w"]}])
+
+    def recorded():
+        raise AssertionError("read the recorded groups for nothing")
+
+    check = GrantPolicy(grants).check_for(_job(), {}, None, recorded)
+    assert authorize(_step(), check)["decisionId"] == "jobs.grants[0]"
