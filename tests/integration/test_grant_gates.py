@@ -215,9 +215,17 @@ def test_a_graph_run_parks_on_the_grant_gate_and_accept_lets_the_step_run(node, 
     assert names == ["draft", "side"], names
     assert services.step_calls("side") == 1
     assert services.step_calls("deploy") == 0 and services.step_calls("notify") == 0
+    # complete-step cannot answer a grant gate (the step is not external)
+    status, answer, _ = post(
+        url, "complete-step", {"jobId": job_id, "stepName": "deploy", "response": {}}
+    )
+    assert status == 200 and answer["ok"] is False, answer
+    assert get_job(url, job_id)["status"] == "WAITING"
     # Only the grant's approvers vote; the decisions are accept and reject.
     status, answer, _ = vote(url, job_id, "writer-1", "accept")
-    assert status == 403, answer
+    assert status == 403 and "not an approver of this grant gate" in answer["message"], answer
+    status, answer, _ = vote(url, job_id, "chief-1", "maybe")
+    assert status == 400 and "takes accept, reject" in str(answer), answer
     status, answer, _ = vote(url, job_id, "chief-1", "accept")
     assert status == 200 and answer["decided"] is True and answer["decision"] == "accept", answer
     done = ended(url, job_id, "COMPLETED")
