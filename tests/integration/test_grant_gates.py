@@ -465,20 +465,30 @@ def test_a_grant_gate_escalation_lets_the_writer_vote_and_emits_its_event(timed,
     assert services.step_calls("deploy") == 1
 
 
+@pytest.mark.parametrize("graph_run", [True, False], ids=["graph", "sequential"])
 @pytest.mark.parametrize("timed", ["reject"], indirect=True)
-def test_a_grant_gate_expiry_rejects_and_never_accepts(timed, services):
+def test_a_grant_gate_expiry_rejects_and_never_accepts(timed, services, graph_run):
     url = timed.http.url
-    job_id = submit(url, deploy_graph(services.target, side_ms=0), queue="gates")
+    t = services.target
+    workflow = (
+        deploy_graph(t, side_ms=0)
+        if graph_run
+        else graph([step("draft", t), step("deploy", t, capabilities=["deploy:prod"])])
+    )
+    job_id = submit(url, workflow, queue="gates")
     waiting_on_gate(url, job_id)
     failed = ended(url, job_id, "FAILED", timeout_s=30)
     assert failed["error"].startswith("PERMISSION: jobs.grants[0] grants it with an approval; ")
     assert "the gate decided reject (sweeper)" in failed["error"]
+    assert failed["attempt"] == 1  # never retried
     assert services.step_calls("deploy") == 0
-    kinds = [(t["kind"], t["actor"]) for t in history(url, job_id)]
-    assert ("decision", "sweeper") in kinds
-    # A vote after the expiry changes nothing (the step's failed entry is its outcome).
+    kinds = [(t["kind"], t["actor"], t.get("reason")) for t in history(url, job_id)]
+    assert ("decision", "sweeper", "expired: decided reject") in kinds
+    # A vote after the expiry changes nothing: in a graph run the step's failed entry is its
+    # outcome (already-decided); a sequential run failed with no entry (not-open).
     _, answer, _ = vote(url, job_id, "chief-1", "accept")
-    assert answer["ok"] is False and answer["error"] == "already-decided", answer
+    expected = "already-decided" if graph_run else "not-open"
+    assert answer["ok"] is False and answer["error"] == expected, answer
 
 
 @pytest.mark.parametrize("timed", ["fail"], indirect=True)
