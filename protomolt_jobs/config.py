@@ -380,7 +380,12 @@ GRANT_KEYS = (
     "decision",
     "approvers",
     "quorum",
+    "expires",
+    "onExpire",
+    "escalate",
 )
+#: What an expired grant gate does (``onExpire``), as for an approval step: never accept.
+GRANT_ON_EXPIRE = ("reject", "fail", "pause")
 _GRANT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.:/-]{0,127}")
 
 
@@ -393,6 +398,10 @@ class Grant:
     :param rule: ``jobs.grants[<i>]``, the decision id of what it decides.
     :param decision: ``allow``, or ``needs-approval`` (an approval gate with ``approvers``
         ``{"roles": (...), "principals": (...)}`` and ``quorum`` decides the step's grant).
+    :param expires_s: the gate's expiry in seconds after its park (None: never), ended by
+        ``on_expire`` (``reject``, ``fail`` or ``pause``; never an accept).
+    :param escalate: ``(after_s, roles, principals)`` by ``after_s``: from then on these may
+        vote too (the quorum is never lowered).
     """
 
     rule: str
@@ -403,6 +412,9 @@ class Grant:
     groups: frozenset[str] = frozenset()
     approvers: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     quorum: int = 1
+    expires_s: float | None = None
+    on_expire: str = "reject"
+    escalate: tuple[tuple[float, tuple[str, ...], tuple[str, ...]], ...] = ()
 
     def applies(self, workflow: str, submitter: str | None, groups: frozenset[str]) -> bool:
         """Whether this grant covers a run of ``workflow`` submitted by ``submitter`` (None:
@@ -458,8 +470,11 @@ def _parse_grant(rule: str, entry: Any) -> Grant:
         )
     approvers: dict[str, tuple[str, ...]] = {}
     quorum = entry.get("quorum", 1)
+    expires_s: float | None = None
+    on_expire = "reject"
+    escalate: tuple[tuple[float, tuple[str, ...], tuple[str, ...]], ...] = ()
     if decision == "allow":
-        for key in ("approvers", "quorum"):
+        for key in ("approvers", "quorum", "expires", "onExpire", "escalate"):
             if key in entry:
                 raise ConfigError(f"{rule}.{key} is for decision needs-approval only")
     else:
@@ -476,6 +491,7 @@ def _parse_grant(rule: str, entry: Any) -> Grant:
             raise ConfigError(
                 f"{rule}.quorum must be a whole number from 1 to 100; got {_shown(quorum)}"
             )
+        expires_s, on_expire, escalate = _grant_timers(rule, entry)
     return Grant(
         rule=rule,
         capabilities=_names(rule, entry, "capabilities", required=True),
@@ -485,7 +501,86 @@ def _parse_grant(rule: str, entry: Any) -> Grant:
         groups=_names(rule, entry, "groups"),
         approvers=approvers,
         quorum=quorum,
+        expires_s=expires_s,
+        on_expire=on_expire,
+        escalate=escalate,
     )
+
+
+def _grant_timers(
+    rule: str, entry: Mapping[str, Any]
+) -> tuple[float | None, str, tuple[tuple[float, tuple[str, ...], tuple[str, ...]], ...]]:
+    """``expires``, ``onExpire`` and ``escalate`` of a needs-approval grant (as an approval
+    object's: docs/approvals.md)."""
+    expires_s = None
+    if "expires" in entry:
+        expires_s = duration_s(entry["expires"])
+        if expires_s is None:
+            raise ConfigError(
+                f"{rule}.expires must be a positive ISO-8601 duration (P3D, PT24H, PT30S); "
+                f"got {_shown(entry['expires'])}"
+            )
+    if "onExpire" in entry and expires_s is None:
+        raise ConfigError(f"{rule}.onExpire needs {rule}.expires")
+    on_expire = entry.get("onExpire", "reject")
+    if on_expire not in GRANT_ON_EXPIRE:
+        raise ConfigError(
+            f"{rule}.onExpire must be reject, fail or pause (an expiry never accepts); "
+            f"got {_shown(on_expire)}"
+        )
+    raw = entry.get("escalate", [])
+    if not isinstance(raw, list):
+        raise ConfigError(
+            f"{rule}.escalate must be a list of tables {{after, addRoles, addPrincipals}}; "
+            f"got {_shown(raw)}"
+        )
+    out = []
+    for i, item in enumerate(raw):
+        where = f"{rule}.escalate[{i}]"
+        if not isinstance(item, Mapping) or set(item) - {"after", "addRoles", "addPrincipals"}:
+            raise ConfigError(
+                f"{where} must be a table {{after, addRoles, addPrincipals}}; got {_shown(item)}"
+            )
+        after_s = duration_s(item.get("after"))
+        if after_s is None:
+            raise ConfigError(
+                f"{where}.after must be a positive ISO-8601 duration; got {_shown(item.get('after'))}"
+            )
+        if expires_s is not None and after_s >= expires_s:
+            raise ConfigError(f"{where}.after is not before {rule}.expires")
+        roles = tuple(sorted(_names(where, item, "addRoles")))
+        principals = tuple(sorted(_names(where, item, "addPrincipals")))
+        if not roles and not principals:
+            raise ConfigError(f"{where} adds no role and no principal")
+        out.append((after_s, roles, principals))
+    out.sort(key=lambda e: e[0])
+    return expires_s, on_expire, tuple(out)
+
+
+_DURATION = re.compile(
+    r"P(?:(?P<w>\d+(?:\.\d+)?)W)?(?:(?P<d>\d+(?:\.\d+)?)D)?"
+    r"(?:T(?:(?P<h>\d+(?:\.\d+)?)H)?(?:(?P<m>\d+(?:\.\d+)?)M)?(?:(?P<s>\d+(?:\.\d+)?)S)?)?"
+)
+
+
+def duration_s(text: Any) -> float | None:
+    """An ISO-8601 duration (``P3D``, ``PT24H``, ``PT1.5S``; weeks, days, hours, minutes,
+    seconds) in seconds, or None when ``text`` is not one (or is zero). Approval objects and
+    grant gates read their timers with it."""
+    if not isinstance(text, str):
+        return None
+    m = _DURATION.fullmatch(text.strip())
+    if m is None or text.strip() in ("P", "PT") or text.strip().endswith("T"):
+        return None
+    parts = {k: float(v) for k, v in m.groupdict().items() if v is not None}
+    total = (
+        parts.get("w", 0) * 604800
+        + parts.get("d", 0) * 86400
+        + parts.get("h", 0) * 3600
+        + parts.get("m", 0) * 60
+        + parts.get("s", 0)
+    )
+    return total if total > 0 else None
 
 
 def _shown(value: Any) -> str:

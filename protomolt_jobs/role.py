@@ -173,7 +173,15 @@ class JobsModule:
             metrics.StoreCollector(_StoreView(mount), mount.components_running),
         )
         # Read-only job views for an operator surface (the dashboard); changes go through verbs.
-        ctx.contributions.contribute(JobViews, JobInspector(lambda: mount.store, runtime, floors))
+        ctx.contributions.contribute(
+            JobViews,
+            JobInspector(
+                lambda: mount.store,
+                runtime,
+                floors,
+                grant_policy=lambda: _grant_policy(config, ctx),
+            ),
+        )
         # Refused calls naming a job go into its history (DESIGN.md section 19).
         ctx.contributions.contribute(RefusalRecorder, JobRefusals(lambda: mount.store))
         return mount

@@ -232,9 +232,10 @@ class StepDecision:
 
     :param decision: ``allow`` (the step runs; the decision is stored in its checkpoint entry),
         ``deny`` (the job fails with ``PERMISSION: <reason> (decision <id>)``, never retried) or
-        ``needs-approval`` (a sequential run parks on the step's grant gate, whose approvers
-        are those of the ``[[jobs.grants]]`` needs-approval entries that apply; with none, or in
-        a graph run, the step is denied naming why).
+        ``needs-approval`` (the run, sequential or graph, parks on the step's grant gate, whose
+        approvers are those of the ``[[jobs.grants]]`` needs-approval entries that apply; with
+        none, or for a compensation step of a failing graph run, the step is denied naming
+        why).
     :param reason: why, for people: stored with the decision (at most 1000 characters).
     :param decision_id: the deciding engine's id for this decision (a policy rule, an OPA
         decision id), stored with it; non-blank, at most 200 characters.

@@ -126,7 +126,8 @@ def protomolt_authorize_step(
     Calling convention: ``firstresult``; the first non-None answer wins.
 
     :param job: ``{"jobId": str, "workflowName": str, "submittedBy": str | None,
-        "attempt": int}``.
+        "submittedGroups": [str], "attempt": int}`` (``submittedGroups``: the groups recorded
+        with the run at submit, sorted; empty when none were).
     :param step: the step's name.
     :param capabilities: the step's declared capability names, sorted, never empty.
     :returns: a :class:`~protomolt_jobs.hooks.contract.StepDecision` (``allow`` | ``deny`` |

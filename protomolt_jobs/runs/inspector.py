@@ -8,7 +8,7 @@ The jobs role contributes one :class:`JobInspector` (contribution kind ``JobInsp
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ from google.protobuf.message import DecodeError
 
 from protomolt_jobs.errors import StoreError
 from protomolt_jobs.pb.ai.pipestream.proto.jobs.v1.jobs_pb2 import WorkflowRunEvent
+from protomolt_jobs.runs.grant_gates import GATE_DECISIONS, step_gate
 from protomolt_jobs.runs.stored_run import SnapshotError, StoredRun, decode_definition
 from protomolt_jobs.workflow.floors import Floor, requirement, selecting
 from protomolt_jobs.workflow.types import ON_SUCCESS
@@ -50,12 +51,21 @@ class JobInspector:
 
     :param store: returns the open store, or None while the role is not started.
     :param runtime: the engine's runtime (type pool) for parsing snapshotted definitions.
+    :param floors: the node's policy floors (the quorum and vetoes in force).
+    :param grant_policy: ``() -> worker.grants.GrantPolicy``: the grant gates' approvers.
     """
 
-    def __init__(self, store: Any, runtime: Any, floors: Sequence[Floor] = ()) -> None:
+    def __init__(
+        self,
+        store: Any,
+        runtime: Any,
+        floors: Sequence[Floor] = (),
+        grant_policy: Callable[[], Any] | None = None,
+    ) -> None:
         self._store = store
         self._runtime = runtime
         self._floors = tuple(floors)
+        self._grant_policy = grant_policy
 
     def _open(self) -> Any:
         store = self._store()
@@ -134,19 +144,23 @@ class JobInspector:
         return None
 
     def approval(self, job_id: str, step_name: str) -> dict[str, Any] | None:
-        """The approval step ``step_name`` of the job and the votes cast on its current
-        opening: ``{step, roles, principals, quorum, decisions, veto, votes: [{principal,
-        decision, comment?}], tally: {decision: n}}``; None when the job, its definition or an
-        approval step of that name cannot be resolved. ``quorum`` and ``veto`` are those the
-        node's policy floors leave in force (as ``approve-step`` counts).
+        """The approval step ``step_name`` of the job (or the step's grant gate) and the votes
+        cast on its current opening: ``{step, roles, principals, quorum, decisions, veto,
+        votes: [{principal, decision, comment?}], tally: {decision: n}, grantGate?}``; None
+        when the job, its definition or an approval step (or grant gate) of that name cannot
+        be resolved. ``quorum`` and ``veto`` are those the node's policy floors leave in force
+        (as ``approve-step`` counts); a grant gate's (``grantGate``: the deciding rules) are
+        its grants' (``runs/grant_gates.py``).
 
         :raises StoreError: the store is unavailable.
         """
         job = self._open().job_get(job_id)
         stored = self._stored(job_id)
         step = stored.workflow.step(step_name) if stored is not None else None
-        if job is None or stored is None or step is None or step.approval is None:
+        if job is None or stored is None or step is None:
             return None
+        if step.approval is None:
+            return self._grant_gate(job, step)
         spec = step.approval
         floor = requirement(selecting(self._floors, stored.workflow, step))
         roles, principals = list(spec.roles), list(spec.principals)
@@ -171,6 +185,34 @@ class JobInspector:
                 for v in votes
             ],
             "tally": tally,
+        }
+
+    def _grant_gate(self, job: Any, step: Any) -> dict[str, Any] | None:
+        """:meth:`approval`'s view of a step waiting on its grant gate (None: it has none)."""
+        if job.wait_kind != "approval" or job.outstanding_step != step.name:
+            return None
+        gate = step_gate(self._grant_policy, job, step)
+        if gate is None:
+            return None
+        roles, principals = gate.approvers(job.wait_timers)
+        votes = self._open().approval_votes_open(str(job.job_id), step.name)
+        tally: dict[str, int] = {}
+        for v in votes:
+            tally[v.decision] = tally.get(v.decision, 0) + 1
+        return {
+            "step": step.name,
+            "roles": roles,
+            "principals": principals,
+            "quorum": gate.quorum,
+            "decisions": list(GATE_DECISIONS),
+            "veto": [],
+            "votes": [
+                {"principal": v.principal, "decision": v.decision}
+                | ({"comment": v.comment} if v.comment else {})
+                for v in votes
+            ],
+            "tally": tally,
+            "grantGate": list(gate.rules),
         }
 
     def statuses(self, job_ids: list[str]) -> list[dict[str, Any]]:

@@ -32,7 +32,7 @@ import dataclasses
 import logging
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from protomolt_jobs.hooks.contract import WorkflowRepository
@@ -171,6 +171,7 @@ class Submitter:
         fairness_key: Any = None,
         dedup_key: Any = None,
         actor: str = "api",
+        groups: Iterable[str] = (),
     ) -> SubmitOutcome:
         """Validate a submission and insert its row.
 
@@ -186,6 +187,8 @@ class Submitter:
             inserting; None takes the workflow's default, else no key.
         :param actor: who submits (the transition log's actor): an API principal, or
             ``kafka:<topic>`` for the request topic.
+        :param groups: the submitting caller's groups (an identity hook's and ``[node.groups]``),
+            recorded with the run (``submitted_groups``): grants by group match them.
         :returns: the outcome; never raises for bad input.
         :raises StoreError: the database failed.
         """
@@ -335,6 +338,7 @@ class Submitter:
                 dedup_key=sched.dedup_key,
                 deadline_s=budget.deadline_s if budget is not None else None,
                 actor=actor,
+                groups=tuple(groups),
             )
         )
         job = outcome.job

@@ -222,6 +222,29 @@ class ApprovalMixin(db.Database):
         """End an expired approval wait by its ``onExpire`` (the caller holds the row lock).
         ``later``: the job's events the transaction wrote before (``_outbox_txn``)."""
         how = expiry.get("onExpire", "reject")
+        if how == "reject" and expiry.get("gate") == "grant":
+            # a grant gate's reject: the step's grant is refused (no checkpoint: it never ran)
+            row = db.one(
+                conn,
+                "approval_grant_decide",
+                {
+                    "job_id": key,
+                    "step": step,
+                    "actor": "sweeper",
+                    "reason": "expired: decided reject",
+                },
+            )
+            if row is not None:
+                self._outbox_txn(
+                    conn,
+                    row,
+                    EventType.TYPE_APPROVAL_DECIDED,
+                    step=step,
+                    verdict="reject",
+                    notify=True,
+                    later=later,
+                )
+            return
         if how == "reject":
             votes = [
                 Vote(r["principal"], r["decision"], r["comment"])
@@ -256,7 +279,7 @@ class ApprovalMixin(db.Database):
                 )
             return
         status = "FAILED" if how == "fail" else "PAUSED"
-        error = f"APPROVAL: approval step '{step}' expired"
+        error = str(expiry.get("error") or f"APPROVAL: approval step '{step}' expired")
         row = db.one(
             conn,
             "approval_expire",
@@ -281,6 +304,22 @@ class ApprovalMixin(db.Database):
         return [Vote(r["principal"], r["decision"], r["comment"]) for r in rows]
 
     @db.translated
+    def job_submitted_groups(self, job_id: uuid.UUID | str) -> tuple[str, ...] | None:
+        """The groups recorded with the run at submit (``submitted_groups``, migration 0017),
+        or None when none were (or the job does not exist). One statement, no lock (the
+        worker asks only for a step that declares capabilities).
+
+        :raises ValueError: for a malformed id.
+        :raises StoreError: on a database failure.
+        """
+        key = checks.uuid("job_id", job_id)
+        with self._connection() as conn:
+            row = db.one(conn, "job_submitted_groups", {"job_id": key})
+        if row is None or row["submitted_groups"] is None:
+            return None
+        return tuple(str(g) for g in row["submitted_groups"])
+
+    @db.translated
     def grant_gate_decision(
         self, job_id: uuid.UUID | str, step: str
     ) -> tuple[str, str, int] | None:
@@ -297,9 +336,11 @@ class ApprovalMixin(db.Database):
             row = db.one(conn, "grant_gate_decision", {"job_id": key, "step": scrub_text(step)})
         if row is None:
             return None
-        # the reason is "decided <decision>" or "decided <decision> (veto)"
+        # the reason is "decided <decision>", "decided <decision> (veto)" or, the sweeper's,
+        # "expired: decided reject"
         words = str(row["reason"] or "").split()
-        decision = words[1] if len(words) > 1 else ""
+        at = words.index("decided") + 1 if "decided" in words else len(words)
+        decision = words[at] if at < len(words) else ""
         return decision, str(row["actor"]), int(row["seq"])
 
     @db.translated

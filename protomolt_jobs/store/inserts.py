@@ -79,6 +79,7 @@ class InsertsMixin(db.Database):
             "dedup_key": scrub_text(new.dedup_key) if new.status == "QUEUED" else None,
             "deadline_s": float(new.deadline_s) if new.deadline_s is not None else None,
             "actor": scrub_text(new.actor or "api"),
+            "groups": sorted({scrub_text(g) for g in new.groups}) or None,
         }
         existing: dict[str, Any] | None = None
         deduplicated = False

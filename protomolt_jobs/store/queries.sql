@@ -103,13 +103,13 @@ WITH base AS (
 INSERT INTO workflow_run (job_id, workflow_name, workflow_definition, input, status,
                           max_attempts, error, completed_at, priority, queue, fairness_key,
                           fairness_pass, dedup_key, deadline_at, trace_context, change_actor,
-                          change_reason, submitted_by)
+                          change_reason, submitted_by, submitted_groups)
 SELECT %(job_id)s, %(workflow_name)s, %(workflow_definition)s, %(input)s, %(status)s,
        %(max_attempts)s, %(error)s,
        CASE WHEN %(status)s::text IN ('COMPLETED', 'FAILED', 'DEAD') THEN now() END,
        %(priority)s, %(queue)s, %(fairness_key)s, stamp.last_pass, %(dedup_key)s,
        now() + make_interval(secs => %(deadline_s)s), %(trace_context)s,
-       %(actor)s, %(error)s, %(actor)s
+       %(actor)s, %(error)s, %(actor)s, %(groups)s::text[]
   FROM stamp
 ON CONFLICT DO NOTHING
 RETURNING job_id, workflow_name, workflow_definition::text AS workflow_definition,
@@ -153,7 +153,7 @@ SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
        control::text AS control, paused_from, history_seq,
        effect_intents::text AS effect_intents, step_generations::text AS step_generations,
        wait_kind, submitted_by, wait_timers::text AS wait_timers,
-       cancel_request::text AS cancel_request
+       cancel_request::text AS cancel_request, submitted_groups
   FROM workflow_run
  WHERE job_id = %(job_id)s
 
@@ -1394,7 +1394,7 @@ UPDATE workflow_run
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
 -- name: grant_gate_decision
--- description: the decision of a step's latest grant gate: the newest 'decision' transition of the step after its newest 'park' and after the run's newest operator re-run ('retry-step' of any step, 'requeue'), so an approval never carries over to a re-run an operator asked for (none: the gate is not decided, or the step never parked since); two index lookups on pk_workflow_run_transition's job_id prefix.
+-- description: the decision of a step's latest grant gate: the newest 'decision' transition of the step after its newest 'park' and after the run's newest operator re-run ('retry-step' of any step, 'requeue'), so an approval never carries over to a re-run an operator asked for, and not yet used by a checkpoint entry of the step (one that ran under it, grant.decisionId 'gate:<seq>', or failed by it, '(decision gate:<seq>)'), so one decision grants one run of the step, never a later iteration (none: the gate is not decided, or the step never parked since); index lookups on pk_workflow_run_transition's job_id prefix and the run's row.
 SELECT d.seq, d.actor, d.reason
   FROM workflow_run_transition AS d
  WHERE d.job_id = %(job_id)s AND d.step = %(step)s AND d.kind = 'decision'
@@ -1403,8 +1403,22 @@ SELECT d.seq, d.actor, d.reason
                  WHERE p.job_id = %(job_id)s
                    AND ((p.step = %(step)s AND p.kind = 'park')
                         OR p.kind IN ('retry-step', 'requeue')))
+   AND NOT EXISTS (SELECT 1
+                     FROM workflow_run AS w
+                    CROSS JOIN LATERAL jsonb_array_elements(w.checkpoints) AS e (entry)
+                    WHERE w.job_id = %(job_id)s
+                      AND e.entry->>'name' = %(step)s
+                      AND (e.entry->'grant'->>'decisionId' = 'gate:' || d.seq
+                           OR e.entry->'failed'->>'message'
+                              LIKE '%%(decision gate:' || d.seq || ')'))
  ORDER BY d.seq DESC
  LIMIT 1
+
+-- name: job_submitted_groups
+-- description: the groups recorded with a run at submit (NULL: none recorded); read by the worker only for a step that declares capabilities.
+SELECT submitted_groups
+  FROM workflow_run
+ WHERE job_id = %(job_id)s
 
 -- name: approval_votes_open
 -- description: the votes on the current opening (the row's wait_seq) of an approval step of a run, oldest first (the dashboard's votes so far; none when the run does not wait on it).

@@ -87,6 +87,7 @@ _OPTIONAL_COLUMNS = frozenset(
         "wait_seq",
         "wait_timers",
         "submitted_by",
+        "submitted_groups",
         "priority",
         "queue",
         "fairness_key",
@@ -189,6 +190,9 @@ class JobRecord:
     #: reason, requestedAt, compensate}`` (``compensate`` null: the workflow's default), or
     #: None (read by ``job_get`` only).
     cancel_request: dict[str, Any] | None = None
+    #: The groups the submitter had at submit (migration 0017; None: none recorded; read by
+    #: ``job_get`` only).
+    submitted_groups: list[str] | None = None
 
     @property
     def lease(self) -> Lease:
@@ -273,6 +277,8 @@ class NewJob:
     deadline_s: float | None = None
     #: Who submitted it (the transition log's actor): an API principal, ``kafka:<topic>``.
     actor: str = "api"
+    #: The submitting caller's groups (recorded as ``submitted_groups``; empty: none).
+    groups: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,9 +23,10 @@ in the step's checkpoint entry.
 
 A step that waits on its *grant gate* (a ``needs-approval`` grant of ``[[jobs.grants]]``,
 docs/approvals.md *Capabilities and grants*) is voted on the same way: its approvers and quorum
-are those of the grants that apply (``JobsBackend.grant_policy``), its decisions ``accept``
-(the step's grant: it runs) and ``reject`` (it fails with ``PERMISSION``); the decision
-requeues the run without a checkpoint.
+are those of the grants that apply (``JobsBackend.grant_policy``, ``runs/grant_gates.py``),
+widened by the gate's escalations that fired, its decisions ``accept`` (the step's grant: it
+runs) and ``reject`` (it fails with ``PERMISSION``); the decision requeues the run without a
+checkpoint.
 
 Answers ``{ok: true, decided, decision?, tally: {decision: n}, needed, status}`` or
 ``{ok: false, error: <why>, message, status?, tally?}`` (docs/approvals.md).
@@ -33,13 +34,13 @@ Answers ``{ok: true, decided, decision?, tally: {decision: n}, needed, status}``
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
 
 from protomolt_jobs.errors import NotFound, PermissionDenied
 from protomolt_jobs.hooks.contract import current_groups
+from protomolt_jobs.runs.grant_gates import GATE_DECISIONS, step_gate
 from protomolt_jobs.store.approvals import Vote, VoteOutcome
 from protomolt_jobs.verbs.base import (
     VERBS_LOGGER,
@@ -123,7 +124,7 @@ class ApproveStepAction(JobVerb):
             return not_found(job_id)
         stored, step = resolve_step(job, step_name, self.runtime)
         spec = step.approval
-        gate = None if spec is not None else _grant_gate(self.backend, job, step)
+        gate = None if spec is not None else step_gate(self.backend.grant_policy, job, step)
         if spec is None and gate is None:
             raise invalid(
                 "stepName",
@@ -146,7 +147,7 @@ class ApproveStepAction(JobVerb):
         applied = selecting(self.floors, stored.workflow, step) if gate is None else ()
         floor = requirement(applied)
         if gate is not None:
-            why = gate.refusal(principal, groups)
+            why = gate.refusal(principal, groups, job.wait_timers)
         else:
             why = approver_refusal(step, principal, groups, job.wait_timers)
             if why is None and floor is not None:
@@ -223,48 +224,6 @@ class ApproveStepAction(JobVerb):
                 job_id, actor=principal, reason=f"distinct-from: approve-step: {answer['message']}"
             )
         return answer
-
-
-#: The decisions of a grant gate: ``accept`` grants the step, ``reject`` fails it (PERMISSION).
-GATE_DECISIONS: tuple[str, ...] = ("accept", "reject")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Gate:
-    """The approvers and quorum of a step's grant gate (the ``needs-approval`` grants of
-    ``[[jobs.grants]]`` that apply to the run: their approvers joined, the largest quorum)."""
-
-    roles: frozenset[str]
-    principals: frozenset[str]
-    quorum: int
-
-    def refusal(self, principal: str, groups: frozenset[str]) -> str | None:
-        if principal in self.principals or self.roles & groups:
-            return None
-        named = sorted(self.roles) + sorted(self.principals)
-        return (
-            f"'{principal}' is not an approver of this grant gate "
-            f"(approvers: {', '.join(named) or 'none'})"
-        )
-
-
-def _grant_gate(backend: JobsBackend, job: Any, step: Any) -> _Gate | None:
-    """The grant gate of ``step`` in ``job``: None unless the step declares capabilities and
-    the node's grants answer ``needs-approval`` for it."""
-    if not step.capabilities or backend.grant_policy is None:
-        return None
-    policy = backend.grant_policy()
-    info = {"workflowName": job.workflow_name, "submittedBy": job.submitted_by}
-    decided = policy.from_grants(info, tuple(step.capabilities))
-    if decided.decision != "needs-approval":
-        return None
-    rules = set(decided.decision_id.split(","))
-    grants = [g for g in policy.grants if g.rule in rules]
-    return _Gate(
-        roles=frozenset(r for g in grants for r in g.approvers.get("roles", ())),
-        principals=frozenset(p for g in grants for p in g.approvers.get("principals", ())),
-        quorum=max((g.quorum for g in grants), default=1),
-    )
 
 
 def _answer(outcome: VoteOutcome, step: str, principal: str, needed: int) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from protomolt_jobs.errors import InvalidInput
+from protomolt_jobs.hooks.contract import current_groups
 from protomolt_jobs.input_rules import invalid as invalid_at
 from protomolt_jobs.runs import scheduling
 from protomolt_jobs.verbs.base import (
@@ -128,6 +129,7 @@ class SubmitWorkflowAction(JobVerb):
             input=payload,
             job_id=job_id,
             actor=actor(),
+            groups=sorted(current_groups()),
             **sched,
         )
         if outcome.reason in ("invalid-input", "invalid-job-id"):

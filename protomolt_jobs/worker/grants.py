@@ -9,22 +9,28 @@ The decision comes from the first contributed
 :class:`~protomolt_jobs.hooks.contract.StepAuthorizer` that answers (the host wraps the plugins'
 ``protomolt_authorize_step`` into one), else from the node's ``[[jobs.grants]]``
 (:class:`~protomolt_jobs.config.Grant`): every capability must be covered by a grant that
-applies to the run's workflow and submitter (``submitted_by``, its groups from the host's
+applies to the run's workflow and submitter (``submitted_by``; its groups are those recorded
+with the run at submit, ``submitted_groups``, joined with the host's
 :class:`~protomolt_jobs.hooks.contract.PrincipalGroups`); an ``allow`` grant wins over a
 ``needs-approval`` one; a capability no grant covers denies the step. A claim, a queue slot or
 a reservation never grants.
+
+A ``needs-approval`` decision whose gate is not decided yet carries the gate's timers
+(:class:`GateDecision`, ``runs/grant_gates.py``): the run parks on the gate with them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from protomolt_jobs.config import Grant
 from protomolt_jobs.hooks.contract import StepAuthorizer, StepDecision
+from protomolt_jobs.runs.grant_gates import Gate, gate_of
 
-__all__ = ["DENY_ID", "GrantPolicy"]
+__all__ = ["DENY_ID", "GateDecision", "GrantPolicy"]
 
 log = logging.getLogger("protomolt_jobs.worker")
 
@@ -34,6 +40,14 @@ DENY_ID = "jobs.grants:none"
 
 def _no_groups(_principal: str) -> frozenset[str]:
     return frozenset()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GateDecision(StepDecision):
+    """A ``needs-approval`` decision whose gate is still open: the run parks on the step's grant
+    gate with ``timers`` (offsets from the park, ``Gate.timers``)."""
+
+    timers: tuple[dict[str, Any], ...] = ()
 
 
 def _gated(asked: StepDecision, decided: tuple[str, str, int] | None) -> StepDecision:
@@ -66,12 +80,14 @@ class GrantPolicy:
         self.grants = tuple(grants)
         self.authorizers = tuple(authorizers)
         self.groups_of = groups_of or _no_groups
+        self._by_group = any(g.groups for g in self.grants)
 
     def check_for(
         self,
         job: Any,
         ctx: Mapping[str, Any],
         gate: Callable[[Any, str], tuple[str, str, int] | None] | None = None,
+        recorded_groups: Callable[[], Sequence[str] | None] | None = None,
     ) -> Callable[[Any], StepDecision]:
         """The ``authorize`` callback of one claimed run: ``step -> StepDecision``, logging each
         decision (``step_authorized``, ``step_denied``, ``step_needs_approval``).
@@ -83,8 +99,12 @@ class GrantPolicy:
             step's latest grant gate (``JobStore.grant_gate_decision``), asked only when the
             step's grant needs an approval: ``accept`` grants the step, another decision
             denies it, none leaves it ``needs-approval`` (the run parks on the gate).
+        :param recorded_groups: ``() -> the groups recorded with the run at submit``
+            (``JobStore.job_submitted_groups``), asked once, at the first step checked, and only
+            when a grant names ``groups`` or an authorizer may read them (a run whose steps
+            declare no capabilities never reads them).
         """
-        info = {
+        info: dict[str, Any] = {
             "jobId": str(job.job_id),
             "workflowName": str(job.workflow_name),
             "submittedBy": getattr(job, "submitted_by", None),
@@ -92,11 +112,23 @@ class GrantPolicy:
         }
 
         def check(step: Any) -> StepDecision:
-            decision = self.decide(info, step.name, tuple(step.capabilities))
+            if "submittedGroups" not in info:
+                # read only where something can look at them: a grant by group, a hook
+                wanted = recorded_groups is not None and (self._by_group or self.authorizers)
+                recorded = recorded_groups() if wanted and recorded_groups is not None else None
+                info["submittedGroups"] = sorted(recorded or ())
+            capabilities = tuple(step.capabilities)
+            decision = self.decide(info, step.name, capabilities)
             if decision.decision == "needs-approval":
-                decision = self._approvable(info, tuple(step.capabilities), decision)
+                decision = self._approvable(info, capabilities, decision)
             if decision.decision == "needs-approval" and gate is not None:
                 decision = _gated(decision, gate(job.job_id, step.name))
+            if decision.decision == "needs-approval":
+                opened = self.gate(info, capabilities)
+                timers = opened.timers(step.name) if opened is not None else ()
+                decision = GateDecision(
+                    decision.decision, decision.reason, decision.decision_id, timers
+                )
             action = {"allow": "step_authorized", "deny": "step_denied"}.get(
                 decision.decision, "step_needs_approval"
             )
@@ -132,6 +164,15 @@ class GrantPolicy:
             asked.decision_id,
         )
 
+    def gate(self, job: Mapping[str, Any], capabilities: tuple[str, ...]) -> Gate | None:
+        """The grant gate a step with ``capabilities`` opens in ``job`` (the hook's ``job``
+        shape, ``submittedGroups`` included): None unless ``[[jobs.grants]]`` answers
+        ``needs-approval`` for it (the gate's rules are that answer's decision id)."""
+        decided = self.from_grants(job, capabilities)
+        if decided.decision != "needs-approval":
+            return None
+        return gate_of(self.grants, decided.decision_id.split(","))
+
     def decide(
         self, job: Mapping[str, Any], step: str, capabilities: tuple[str, ...]
     ) -> StepDecision:
@@ -157,6 +198,9 @@ class GrantPolicy:
         workflow = str(job.get("workflowName", ""))
         submitter = job.get("submittedBy")
         groups = self.groups_of(submitter) if submitter else frozenset()
+        recorded = job.get("submittedGroups")
+        if submitter and recorded:
+            groups = groups | frozenset(str(g) for g in recorded)
         applying = [g for g in self.grants if g.applies(workflow, submitter, groups)]
         allowed: set[str] = set()
         gated: set[str] = set()

@@ -85,6 +85,8 @@ class SegmentStore(SettleStore, CheckpointStore, CompensationStore, Protocol):
         self, job_id: uuid.UUID | str, step: str
     ) -> tuple[str, str, int] | None: ...
 
+    def job_submitted_groups(self, job_id: uuid.UUID | str) -> tuple[str, ...] | None: ...
+
 
 class _Phase(enum.Enum):
     """Where the run was when something raised (what an exception there means)."""
@@ -247,7 +249,10 @@ class SegmentExecutor:
                 ),
             )
             check = self._grants.check_for(
-                job, ctx, lambda job_id, step: self._store.grant_gate_decision(job_id, step)
+                job,
+                ctx,
+                lambda job_id, step: self._store.grant_gate_decision(job_id, step),
+                lambda: self._store.job_submitted_groups(job.job_id),
             )
             returned = self._segment(run, guard, writer, effects, check)
         except Exception as exc:

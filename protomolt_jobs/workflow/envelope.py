@@ -54,6 +54,7 @@ from google.protobuf import descriptor as _d
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 from google.protobuf.message import DecodeError, Message
 
+from protomolt_jobs.config import duration_s
 from protomolt_jobs.workflow import mapping
 from protomolt_jobs.workflow.proto_sources import qualify_rpc_types
 from protomolt_jobs.workflow.types import (
@@ -826,29 +827,6 @@ APPROVAL_KEYS = (
 )
 #: What an expired approval step does (``approval.onExpire``): never accept.
 ON_EXPIRE = ("reject", "fail", "pause")
-_DURATION = re.compile(
-    r"P(?:(?P<w>\d+(?:\.\d+)?)W)?(?:(?P<d>\d+(?:\.\d+)?)D)?"
-    r"(?:T(?:(?P<h>\d+(?:\.\d+)?)H)?(?:(?P<m>\d+(?:\.\d+)?)M)?(?:(?P<s>\d+(?:\.\d+)?)S)?)?"
-)
-
-
-def duration_s(text: Any) -> float | None:
-    """An ISO-8601 duration (``P3D``, ``PT24H``, ``PT1.5S``; weeks, days, hours, minutes,
-    seconds) in seconds, or None when ``text`` is not one (or is zero)."""
-    if not isinstance(text, str):
-        return None
-    m = _DURATION.fullmatch(text.strip())
-    if m is None or text.strip() in ("P", "PT") or text.strip().endswith("T"):
-        return None
-    parts = {k: float(v) for k, v in m.groupdict().items() if v is not None}
-    total = (
-        parts.get("w", 0) * 604800
-        + parts.get("d", 0) * 86400
-        + parts.get("h", 0) * 3600
-        + parts.get("m", 0) * 60
-        + parts.get("s", 0)
-    )
-    return total if total > 0 else None
 
 
 def _parse_timers(

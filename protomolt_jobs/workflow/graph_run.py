@@ -27,8 +27,10 @@ them:
    (a crash between the two) is not called blindly: its ``verify`` probe decides, else the
    run stops as ``RecoveryRequired`` once the steps in flight are checkpointed, and it never
    completes until ``reconcile-step`` says what happened (``external.py``).
-5. **Settle** when nothing runs and nothing can start: an external step that is ready parks
-   the run (:class:`Parked`); else COMPLETED when the criterion holds; else, before the error
+5. **Settle** when nothing runs and nothing can start: an external or approval step that is
+   ready, or a step whose grant needs an approval (its *grant gate*, ``step_run.GrantGate``:
+   the check ran on the step's thread, the step was not called), parks the run
+   (:class:`Parked`); else COMPLETED when the criterion holds; else, before the error
    leaves, the **compensation** steps of every succeeded step that declared ``compensate``
    run one by one in reverse completion order, each checkpointed.
 
@@ -65,6 +67,7 @@ from protomolt_jobs.workflow.envelope import message_class
 from protomolt_jobs.workflow.external import record_intent, resume_external
 from protomolt_jobs.workflow.step_run import (
     DRIFT,
+    GrantGate,
     Scope,
     authorize,
     build_message,
@@ -144,6 +147,8 @@ class _Run:
         self.held: Any = None  # retry_scope.Held of a run a retry-step marked, or None
         self.authorize: Callable[[Step], Any] | None = None  # the job's grant check, or None
         self.grants: dict[str, dict[str, Any]] = {}  # step -> its grant (step_run.authorize)
+        #: steps whose grant gate is open (step -> its park), never started again this segment
+        self.gates: dict[str, Parked] = {}
         #: External steps' receipts, set on a pool thread before the step's future resolves
         #: and taken by :meth:`succeeded` on this thread.
         self.receipts: dict[str, Any] = {}
@@ -265,9 +270,10 @@ class _Run:
             return None
         return [(fx.IDEMPOTENCY_HEADER, self.effects.key(step.name))]
 
-    def execute(self, step: Step, scope: dict[str, Message]) -> Message:
-        """Run one step (on a pool thread): its result, or a WorkflowExecutionError."""
-        grant = authorize(step, self.authorize)
+    def execute(self, step: Step, scope: dict[str, Message], can_park: bool = False) -> Message:
+        """Run one step (on a pool thread): its result, or a WorkflowExecutionError; a
+        ``GrantGate`` when ``can_park`` and its grant needs an approval."""
+        grant = authorize(step, self.authorize, can_park=can_park)
         if grant is not None:
             self.grants[step.name] = grant
         if step.edge is not None:
@@ -480,11 +486,14 @@ def _schedule(run: _Run) -> Parked | None:
             cf.wait(list(futures))
         if fatal is not None:
             raise fatal
-    if external and state.unhandled is None:
+    if (external or run.gates) and state.unhandled is None:
         pending = {s.name for s in state.pending()}
         for step in external:
             if step.name in pending:
                 return approval.parked(step)
+        for name, parked in run.gates.items():
+            if name in pending:
+                return parked
     return None
 
 
@@ -505,6 +514,8 @@ def _start_ready(
         for step in start:
             if len(futures) >= limit or state.unhandled is not None:
                 break
+            if step.name in run.gates:
+                continue  # waits for its grant gate: the run parks once nothing else can run
             entry = run.held.take(step.name) if run.held is not None else None
             if entry is not None:
                 # kept by a retry-step: replayed, not called (it is stored already)
@@ -538,7 +549,7 @@ def _start_ready(
             state.running.add(step.name)
             # In the caller's context (a copy per call): the segment's trace span, if any.
             call = contextvars.copy_context().run
-            futures[pool.submit(call, run.execute, step, dict(run.values))] = step
+            futures[pool.submit(call, run.execute, step, dict(run.values), True)] = step
         if not progressed:
             return
 
@@ -556,6 +567,10 @@ def _finish(run: _Run, step: Step, fut: cf.Future[Message]) -> None:
         response = fut.result()
     except WorkflowExecutionError as exc:
         _failure(run, step, exc)
+        return
+    except GrantGate as gate:
+        run.gates[step.name] = gate.parked  # not called: parks at the segment's end
+        run.state.running.discard(step.name)
         return
     run.succeeded(step, response)
 

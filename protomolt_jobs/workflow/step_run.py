@@ -179,8 +179,10 @@ def authorize(
     :param check: ``step -> decision`` with ``decision`` (``allow`` | ``deny`` |
         ``needs-approval``), ``reason`` and ``decision_id`` (a ``hooks.contract.StepDecision``),
         or None (a run outside a job: nothing is checked).
-    :param can_park: the runner can park at this step (a sequential run): ``needs-approval``
-        raises :class:`GrantGate`; otherwise it is a PERMISSION failure naming why.
+    :param can_park: the runner can park at this step (a sequential run, a step a graph run
+        schedules): ``needs-approval`` raises :class:`GrantGate` (its ``Parked`` carries the
+        decision's ``timers``, when it has any); otherwise (a compensation step of a failing
+        graph run) it is a PERMISSION failure naming why.
     :returns: the grant stored in the step's checkpoint entry
         (``{"decision": "allow", "reason", "decisionId", "capabilities"}``), or None.
     :raises WorkflowExecutionError: PERMISSION ``<reason> (decision <id>)`` when denied (never
@@ -210,9 +212,9 @@ def authorize(
         }
     if verdict == NEEDS_APPROVAL:
         if can_park:
-            raise GrantGate(Parked(step.name, APPROVAL))
-        # a graph run opens no grant gate yet: named, never a silent grant
-        reason = f"{reason}; needs an approval, and a graph run opens no grant gate yet"
+            raise GrantGate(Parked(step.name, APPROVAL, tuple(getattr(decision, "timers", ()))))
+        # a compensation of a failing run cannot wait for votes: named, never a silent grant
+        reason = f"{reason}; needs an approval, and a compensation step cannot wait for one"
     raise fail(FailureKind.PERMISSION, step.name, f"{reason} (decision {decision_id})")
 
 

@@ -628,7 +628,9 @@ def test_a_hook_that_raises_or_answers_junk_never_grants(node, services, capabil
     assert history(url, job_id)["integrity"] == "ok"
 
 
-def test_a_needs_approval_gate_in_a_graph_run_fails_with_permission(node, services):
+def test_a_needs_approval_gate_in_a_graph_run_parks_on_the_gate(node, services):
+    """A graph run opens the grant gate too (tests/integration/test_grant_gates.py plays it
+    whole): the step is not called and the run waits for approval on it."""
     url = node.http.url
     workflow = graph(
         [
@@ -638,8 +640,8 @@ def test_a_needs_approval_gate_in_a_graph_run_fails_with_permission(node, servic
         name="deploy-graph",
     )
     job_id = submit(url, workflow, "ed-1")
-    job = wait_for(lambda: (j := get_job(url, job_id))["status"] == "FAILED" and j)
-    assert job["error"].startswith("PERMISSION:") and "graph run" in job["error"], job
+    job = waiting(url, job_id, "deploy")
+    assert job["phase"] == "waiting_approval" and job["attempt"] == 1, job
     assert services.step_calls("deploy") == 0
 
 

@@ -138,7 +138,7 @@ def test_the_engine_check_costs_nothing_without_capabilities_and_names_the_decis
     with pytest.raises(WorkflowExecutionError) as exc:
         authorize(_step(), lambda s: StepDecision("needs-approval", "gated", "r3"))
     assert exc.value.kind is FailureKind.PERMISSION
-    assert "a graph run opens no grant gate yet" in exc.value.message
+    assert "a compensation step cannot wait for one" in exc.value.message
     with pytest.raises(GrantGate) as gate:
         authorize(_step(), lambda s: StepDecision("needs-approval", "gated", "r3"), can_park=True)
     assert (gate.value.parked.step, gate.value.parked.wait_kind) == ("publish", "approval")
