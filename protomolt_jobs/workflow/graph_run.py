@@ -63,6 +63,7 @@ from protomolt_jobs.workflow import graph as g
 from protomolt_jobs.workflow.calls import SegmentChannels, call_unary
 from protomolt_jobs.workflow.envelope import message_class
 from protomolt_jobs.workflow.external import record_intent, resume_external
+from protomolt_jobs.workflow.loop_run import LoopRun
 from protomolt_jobs.workflow.step_run import (
     DRIFT,
     Scope,
@@ -148,6 +149,17 @@ class _Run:
         #: and taken by :meth:`succeeded` on this thread.
         self.receipts: dict[str, Any] = {}
         self.deadline = time.monotonic() + workflow.deadline_ms / 1000.0
+        #: the run's loops (``loop_run.py``), None for a workflow without ``loop``
+        self.loops: LoopRun | None = None
+        if workflow.loops:
+            self.loops = LoopRun(workflow, self.state, self._extensions)
+            for s in workflow.loops:  # a body reads the loop step before it first ran
+                assert s.output_type is not None
+                self.values[s.name] = message_class(s.output_type)()
+
+    def _extensions(self) -> Any:
+        ask = getattr(self.effects, "loop_extensions", None)
+        return ask() if ask is not None else {}
 
     # -- replay ------------------------------------------------------------------------------
 
@@ -169,7 +181,9 @@ class _Run:
                     f"checkpoint {i} names step '{name}', which the workflow does not have; "
                     f"{DRIFT}",
                 )
-            if name in seen:
+            if self.loops is not None:
+                self.loops.before_replay(i, step, entry)
+            elif name in seen:
                 raise fail(
                     FailureKind.WORKFLOW, name, f"checkpoint {i} repeats step '{name}'; {DRIFT}"
                 )
@@ -185,6 +199,7 @@ class _Run:
             exc = _error_from_entry(name, entry["failed"])
             self.errors[name] = exc
             self.state.ended(name, g.FAILED, exc.message)
+            self.loop_ended(name)
             return
         check_fingerprint(self.workflow, step, entry)
         replayed = replay(self.workflow, i, step, entry)
@@ -194,6 +209,19 @@ class _Run:
         else:
             self.values[name] = replayed
             self._decided(step, entry)
+        self.loop_ended(name)
+
+    def loop_ended(self, name: str) -> None:
+        """Tell the run's loops that ``name`` ended; a loop exhausted with ``fail`` is the
+        run's unhandled failure (LOOP, naming the loop step)."""
+        if self.loops is None:
+            return
+        error = self.loops.ended(name)
+        if error is not None:
+            self.errors[name] = error
+            self.state.reasons[name] = error.message
+            if self.state.unhandled is None:
+                self.state.unhandled = name
 
     def _decided(self, step: Step, entry: dict[str, Any]) -> None:
         """A replayed step that succeeded; an approval step by its decision (an ``end: fail``
@@ -213,6 +241,8 @@ class _Run:
 
     def record(self, step: Step, entry: dict[str, Any]) -> None:
         """Hand one entry to ``on_checkpoint``; a failure there is the run's (store) failure."""
+        if self.loops is not None:
+            self.loops.stamp(entry)
         deliver_checkpoint(self.on_checkpoint, step, entry)
 
     def succeeded(self, step: Step, response: Message) -> None:
@@ -224,12 +254,14 @@ class _Run:
         self.values[step.name] = response
         self.record(step, entry)
         self.state.ended(step.name, g.SUCCEEDED)
+        self.loop_ended(step.name)
 
     def skipped(self, step: Step, reason: str) -> None:
         assert step.output_type is not None
         self.values[step.name] = message_class(step.output_type)()
         self.record(step, {"name": step.name, "skipped": True, "reason": reason})
         self.state.ended(step.name, g.SKIPPED, reason)
+        self.loop_ended(step.name)
 
     def failed(self, step: Step, exc: WorkflowExecutionError) -> None:
         assert step.output_type is not None
@@ -237,6 +269,7 @@ class _Run:
         self.errors[step.name] = exc
         self.record(step, failed_entry(step.name, exc))
         self.state.ended(step.name, g.FAILED, exc.message)
+        self.loop_ended(step.name)
 
     # -- one step ----------------------------------------------------------------------------
 
@@ -263,7 +296,21 @@ class _Run:
     def metadata(self, step: Step) -> list[tuple[str, str]] | None:
         if self.effects is None:
             return None
-        return [(fx.IDEMPOTENCY_HEADER, self.effects.key(step.name))]
+        return [(fx.IDEMPOTENCY_HEADER, self.key(step))]
+
+    def key(self, step: Step) -> str:
+        """``step``'s idempotency key; in a loop's iteration k > 0 it ends with ``:<k>``."""
+        key = self.effects.key(step.name)
+        return key if self.loops is None else key + self.loops.suffix(step.name)
+
+    def has_intent(self, step: Step) -> bool:
+        """Whether the row holds ``step``'s intent for this iteration (its key's)."""
+        intent = self.effects.intents.get(step.name)
+        if intent is None:
+            return False
+        if self.loops is None or not self.loops.iteration(step.name):
+            return True
+        return isinstance(intent, dict) and intent.get("key") == self.key(step)
 
     def execute(self, step: Step, scope: dict[str, Message]) -> Message:
         """Run one step (on a pool thread): its result, or a WorkflowExecutionError."""
@@ -294,8 +341,8 @@ class _Run:
 
         :raises RecoveryStop: no probe, or the probe could not tell.
         """
-        self.receipts[step.name] = {"idempotencyKey": self.effects.key(step.name)}
-        if step.name not in self.effects.intents:
+        self.receipts[step.name] = {"idempotencyKey": self.key(step)}
+        if not self.has_intent(step):
             return None
         found = resume_external(
             self.workflow, step, Scope(scope), self.channel, self.effects, self.call_ms(step)
@@ -480,6 +527,9 @@ def _schedule(run: _Run) -> Parked | None:
             cf.wait(list(futures))
         if fatal is not None:
             raise fatal
+    parked = run.loops.parked if run.loops is not None else None
+    if parked is not None and state.unhandled is None:
+        return parked
     if external and state.unhandled is None:
         pending = {s.name for s in state.pending()}
         for step in external:
@@ -496,9 +546,12 @@ def _start_ready(
     limit: int,
 ) -> None:
     state = run.state
+    loops = run.loops
     while True:
+        if loops is not None and loops.parked is not None:
+            return  # a loop exhausted with onExhausted "park": nothing new starts
+        progressed = loops is not None and loops.restart_due(state.running)
         start, skip = state.next()
-        progressed = False
         for step, reason in skip:
             run.skipped(step, reason)
             progressed = True
@@ -528,13 +581,9 @@ def _start_ready(
                     external.append(step)
                 continue
             effects = run.effects
-            if (
-                step.effect == EFFECT_EXTERNAL
-                and effects is not None
-                and step.name not in effects.intents
-            ):
+            if step.effect == EFFECT_EXTERNAL and effects is not None and not run.has_intent(step):
                 # the intent is stored (one fenced write, on this thread) before the call
-                record_intent(effects, step, effects.key(step.name))
+                record_intent(effects, step, run.key(step))
             state.running.add(step.name)
             # In the caller's context (a copy per call): the segment's trace span, if any.
             call = contextvars.copy_context().run
