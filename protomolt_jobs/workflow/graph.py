@@ -1,7 +1,7 @@
 """Graph workflows: dependencies, the one decision table, structural findings and simulation.
 
 A workflow that uses a graph key (``after``, ``join``, ``compensate``, ``edge``, ``fanOut``,
-``structured``, ``maxParallel``, ``completion``) is a graph: each step runs after its
+``structured``, ``loop``, ``maxParallel``, ``completion``) is a graph: each step runs after its
 dependencies (``Step.depends``, resolved by the envelope) instead of after the step before it.
 This module owns what the verifier, the executor (``graph_run``) and ``check-workflow
 {"simulate": true}`` must agree on; nothing here calls anything.

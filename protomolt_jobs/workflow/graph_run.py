@@ -31,6 +31,8 @@ them:
    the run (:class:`Parked`); else COMPLETED when the criterion holds; else, before the error
    leaves, the **compensation** steps of every succeeded step that declared ``compensate``
    run one by one in reverse completion order, each checkpointed.
+6. A workflow with a ``loop`` has a ``loop_run.LoopRun`` (None otherwise): it re-runs a body,
+   blocks the steps waiting on a loop, stamps iterations and checks repeated names on replay.
 
 Steps call through the segment's channels (one per ``(target, tls)``, shared by the threads)
 and, when the worker passes ``call_permit``, each call holds the worker's per-target permit
@@ -152,14 +154,8 @@ class _Run:
         #: the run's loops (``loop_run.py``), None for a workflow without ``loop``
         self.loops: LoopRun | None = None
         if workflow.loops:
-            self.loops = LoopRun(workflow, self.state, self._extensions)
-            for s in workflow.loops:  # a body reads the loop step before it first ran
-                assert s.output_type is not None
-                self.values[s.name] = message_class(s.output_type)()
-
-    def _extensions(self) -> Any:
-        ask = getattr(self.effects, "loop_extensions", None)
-        return ask() if ask is not None else {}
+            self.loops = LoopRun(workflow, self.state, lambda: self.effects)
+            self.values.update(self.loops.defaults())
 
     # -- replay ------------------------------------------------------------------------------
 
@@ -214,14 +210,9 @@ class _Run:
     def loop_ended(self, name: str) -> None:
         """Tell the run's loops that ``name`` ended; a loop exhausted with ``fail`` is the
         run's unhandled failure (LOOP, naming the loop step)."""
-        if self.loops is None:
-            return
-        error = self.loops.ended(name)
+        error = self.loops.ended(name) if self.loops is not None else None
         if error is not None:
             self.errors[name] = error
-            self.state.reasons[name] = error.message
-            if self.state.unhandled is None:
-                self.state.unhandled = name
 
     def _decided(self, step: Step, entry: dict[str, Any]) -> None:
         """A replayed step that succeeded; an approval step by its decision (an ``end: fail``
@@ -306,11 +297,9 @@ class _Run:
     def has_intent(self, step: Step) -> bool:
         """Whether the row holds ``step``'s intent for this iteration (its key's)."""
         intent = self.effects.intents.get(step.name)
-        if intent is None:
-            return False
-        if self.loops is None or not self.loops.iteration(step.name):
-            return True
-        return isinstance(intent, dict) and intent.get("key") == self.key(step)
+        return intent is not None and (
+            self.loops is None or self.loops.current(step, intent, self.key(step))
+        )
 
     def execute(self, step: Step, scope: dict[str, Message]) -> Message:
         """Run one step (on a pool thread): its result, or a WorkflowExecutionError."""

@@ -13,7 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from google.protobuf.message import Message
+
 from protomolt_jobs.workflow import graph as g
+from protomolt_jobs.workflow.envelope import message_class
 from protomolt_jobs.workflow.loops import LOOP_WAIT, LoopTracker, key_suffix
 from protomolt_jobs.workflow.step_run import DRIFT, fail
 from protomolt_jobs.workflow.types import (
@@ -35,19 +38,42 @@ class LoopRun:
     :meth:`suffix` are also read by pool threads, for steps whose iteration cannot change while
     they run: a body re-runs only once none of its steps runs).
 
-    :param extensions: ``() -> {loop step: re-runs added by extend-loop}`` (None: none).
+    :param effects: ``() -> the run's effects.EffectContext`` (or None): its
+        ``loop_extensions`` gives the re-runs extend-loop added, asked only at a loop's bound.
     """
 
     def __init__(
         self,
         workflow: CompiledWorkflow,
         state: g.GraphState,
-        extensions: Callable[[], Mapping[str, Any]] | None = None,
+        effects: Callable[[], Any] = lambda: None,
     ) -> None:
-        self.tracker = LoopTracker(workflow, extensions)
+        self.workflow = workflow
+        self.tracker = LoopTracker(workflow, lambda: self._extensions(effects()))
         self.state = state
         self._seen: set[tuple[str, int]] = set()
         self._sync()
+
+    @staticmethod
+    def _extensions(effects: Any) -> Mapping[str, Any]:
+        ask = getattr(effects, "loop_extensions", None)
+        return ask() if ask is not None else {}
+
+    def defaults(self) -> dict[str, Message]:
+        """The loop steps bound to their output type's default: a body reads the loop step
+        before it first ran."""
+        out: dict[str, Message] = {}
+        for s in self.workflow.loops:
+            assert s.output_type is not None
+            out[s.name] = message_class(s.output_type)()
+        return out
+
+    def current(self, step: Step, intent: Any, key: str) -> bool:
+        """Whether ``step``'s stored intent is this iteration's: its key is ``key``, the
+        call's; in iteration 0 any intent is (as in a run without loops)."""
+        if not self.tracker.iteration(step.name):
+            return True
+        return isinstance(intent, dict) and intent.get("key") == key
 
     # -- what a step is --------------------------------------------------------------------
 
@@ -116,13 +142,18 @@ class LoopRun:
         """``name`` ended (its outcome is in the state): a loop step's end may schedule the
         next iteration, settle the loop or exhaust it.
 
-        :returns: the LOOP failure of a ``fail`` exhaustion, else None.
+        :returns: the LOOP failure of a ``fail`` exhaustion (recorded as the state's unhandled
+            failure, naming the loop step), else None.
         """
         outcome = self.state.outcomes.get(name)
         if outcome is None or name not in self.tracker.plan.loops:
             return None
         error = self.tracker.ended(name, outcome)
         self._sync()
+        if error is not None:
+            self.state.reasons[name] = error.message
+            if self.state.unhandled is None:
+                self.state.unhandled = name
         return error
 
     def restart_due(self, running: Iterable[str]) -> bool:

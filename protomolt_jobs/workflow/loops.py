@@ -368,7 +368,7 @@ def _max_cost(definition: Any) -> float | None:
 
 def unroll(workflow: CompiledWorkflow) -> CompiledWorkflow:
     """``workflow`` with each loop body copied ``max + 1`` times (innermost loops first): copy
-    ``k`` of a body step is ``<name>@k``, the copy of ``to`` also runs after copy ``k - 1`` of
+    ``k`` of a body step is ``<name>@<loop step><k>``, the copy of ``to`` also runs after copy ``k - 1`` of
     the loop step, and a step outside the body that depended on a body step depends on the
     last copy. Only the dependency structure is meaningful (for the structural checks)."""
     steps = list(workflow.steps)
@@ -377,8 +377,8 @@ def unroll(workflow: CompiledWorkflow) -> CompiledWorkflow:
         members = {s.name for s in steps if s.name.split("@", 1)[0] in lp.body}
         k_last = max(lp.max, 0)
 
-        def copy_name(n: str, k: int) -> str:
-            return f"{n}@{k}" if k else n
+        def copy_name(n: str, k: int, tag: str = lp.step) -> str:
+            return f"{n}@{tag}{k}" if k else n  # unique per loop: nested copies never clash
 
         out: list[Step] = []
         for s in steps:

@@ -427,7 +427,7 @@ class CompiledWorkflow:
     #: the files the schema named (their transitive imports included), by file name.
     files: tuple[str, ...] = ()
     #: True when the workflow uses a graph key (``after``, ``join``, ``compensate``, ``edge``,
-    #: ``fanOut``, ``structured``, ``maxParallel``, ``completion``): it runs on the graph
+    #: ``fanOut``, ``structured``, ``loop``, ``maxParallel``, ``completion``): on the graph
     #: executor. False: the sequential runner, exactly as before graphs existed.
     graph: bool = False
     #: ready steps run at once (graph workflows).

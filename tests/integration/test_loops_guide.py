@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import importlib.resources
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -22,6 +23,8 @@ import grpc
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 
+from protomolt_jobs.host.cli import main
+from protomolt_jobs.pb.ai.pipestream.proto.service.v1 import protomolt_service_pb2 as pb
 from tests.support.node import http, start_node_with_file, wait_for
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "workflows.md"
@@ -158,6 +161,18 @@ def _workflow(blocks, fds: bytes, target: str) -> dict:
     return wf
 
 
+def _cli(argv: list[str]) -> int:
+    """The CLI's ``main`` with the root logger given back as it was (``main`` configures
+    logging for the process; the node's threads must not log into a test's closed capture)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        return main(argv)
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
 def _post(url, verb, body, token=ROOT):
     return http(
         "POST",
@@ -190,14 +205,23 @@ def _review(url, job_id, decision, n):
     body = {"jobId": job_id, "stepName": "review", "decision": decision}
     status, answer, _ = _post(url, "approve-step", body, EDITOR)
     assert status == 200 and answer["decided"] is True, answer
+    # each iteration opens the review afresh: no earlier vote counts
+    assert answer["tally"] == {decision: 1}, answer
 
 
-def test_the_flowchart_runs_as_written_fix_then_accept(node, assets, blocks, descriptor_set):
+def test_the_flowchart_runs_as_written_fix_then_accept(
+    node, assets, blocks, descriptor_set, tmp_path, capsys
+):
     url = node.http.url
     wf = _workflow(blocks, descriptor_set, assets.target)
     status, answer, _ = _post(url, "check-workflow", {"workflow": wf})
     assert status == 200 and answer["ok"] is True, answer
     assert answer["worstCase"] == json.loads(blocks["worst-case asset-variants"])
+    path = tmp_path / "asset-variants.json"
+    path.write_text(json.dumps(wf))
+    assert _cli(["workflow", "check", str(path), "--url", url, "--token", ROOT]) == 0
+    out = capsys.readouterr().out
+    assert "worst case 30 step executions, 26 calls, cost 0" in out, out
 
     job_id = _submit(url, wf)
     _review(url, job_id, "fix", 1)
@@ -257,7 +281,7 @@ def test_max_two_always_fix_fails_after_exactly_two_extra_iterations(
 
 
 def test_max_two_always_fix_parks_and_extend_loop_lets_it_go_on(
-    node, assets, blocks, descriptor_set
+    node, assets, blocks, descriptor_set, capsys
 ):
     url = node.http.url
     job_id = _submit(url, _small(blocks, descriptor_set, assets.target, "park"))
@@ -282,11 +306,32 @@ def test_max_two_always_fix_parks_and_extend_loop_lets_it_go_on(
     status, answer, _ = _post(url, "extend-loop", {"jobId": job_id, "step": "replan", "by": 19})
     assert status == 200 and answer["ok"] is False and "loop_extend_cap" in answer["error"]
 
-    status, answer, _ = _post(
-        url, "extend-loop", {"jobId": job_id, "step": "replan", "by": 1, "reason": "one more"}
-    )
-    assert status == 200 and answer["ok"] is True, answer
-    assert answer["requeued"] is True and answer["max"] == 3 and answer["extendedBy"] == 1
+    # the CLI and gRPC doors refuse bad input naming the field too
+    door = ["--url", url, "--token", ROOT]
+    code = _cli(["jobs", "extend-loop", job_id, "--step", "replan", "--by", "0", *door])
+    out = "".join(capsys.readouterr())
+    assert code != 0 and "invalid-input" in out and "by" in out and "Traceback" not in out, out
+    with grpc.insecure_channel(node.grpc.target) as channel:
+        extend = channel.unary_unary(
+            "/ai.pipestream.proto.service.v1.ProtoMoltService/ExtendLoop",
+            request_serializer=pb.ExtendLoopRequest.SerializeToString,
+            response_deserializer=pb.ExtendLoopResponse.FromString,
+        )
+        auth = (("authorization", f"Bearer {ROOT}"),)
+        for request, field in (
+            (pb.ExtendLoopRequest(job_id=job_id, step="replan"), "by"),
+            (pb.ExtendLoopRequest(job_id=job_id, step="review", by=1), "step"),
+        ):
+            with pytest.raises(grpc.RpcError) as refused:
+                extend(request, metadata=auth)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert field in refused.value.details(), refused.value.details()
+        answer = extend(
+            pb.ExtendLoopRequest(job_id=job_id, step="replan", by=1, reason="one more"),
+            metadata=auth,
+        )
+    assert answer.ok is True and answer.status == "QUEUED", answer
+    assert answer.requeued is True and answer.max == 3 and answer.extended_by == 1
     _review(url, job_id, "accept", 4)
     wait_for(lambda: _job(url, job_id)["status"] == "COMPLETED", timeout_s=60)
     assert assets.calls["BuildVariants"] == 4 and assets.calls["Publish"] == 1
