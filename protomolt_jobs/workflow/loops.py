@@ -58,6 +58,7 @@ __all__ = [
     "FINDING_KIND",
     "LOOP_WAIT",
     "MAX_ITERATIONS",
+    "MAX_LOOPS",
     "Loop",
     "LoopPlan",
     "LoopTracker",
@@ -72,6 +73,10 @@ __all__ = [
 FINDING_KIND = "loop"
 #: The most re-runs a loop may declare (``loop.max``).
 MAX_ITERATIONS = 20
+#: The most loops one workflow declares (each body is found by two walks of the graph).
+MAX_LOOPS = 64
+#: Where the worst case stops counting (a deep nest of loops would otherwise count past 10^300).
+SATURATED = 1_000_000
 #: ``Parked.wait_kind`` of a run whose loop exhausted with ``onExhausted: "park"``.
 LOOP_WAIT = "loop"
 
@@ -135,12 +140,11 @@ def _reach(start: str, edges: Mapping[str, Iterable[str]]) -> set[str]:
     return seen
 
 
-def _body(workflow: CompiledWorkflow, step: Step, dependants: Mapping[str, list[str]]) -> set[str]:
+def _body(
+    step: Step, dependants: Mapping[str, list[str]], upstream: Mapping[str, list[str]]
+) -> set[str]:
     assert step.loop is not None
-    down = _reach(step.loop.to, dependants)
-    upstream = {s.name: [d.step for d in s.depends] for s in workflow.steps}
-    up = _reach(step.name, upstream)
-    return down & up
+    return _reach(step.loop.to, dependants) & _reach(step.name, upstream)
 
 
 _PLANS: weakref.WeakKeyDictionary[CompiledWorkflow, LoopPlan] = weakref.WeakKeyDictionary()
@@ -154,10 +158,11 @@ def plan(workflow: CompiledWorkflow) -> LoopPlan:
     if found is not None:
         return found
     dependants = _dependants(workflow)
+    upstream = {s.name: [d.step for d in s.depends] for s in workflow.steps}
     loops: dict[str, Loop] = {}
     for s in workflow.loops:
         assert s.loop is not None
-        body = _body(workflow, s, dependants)
+        body = _body(s, dependants, upstream)
         waiting = {
             after for name in body for after in dependants.get(name, ()) if after not in body
         }
@@ -170,13 +175,19 @@ def plan(workflow: CompiledWorkflow) -> LoopPlan:
             body=frozenset(body),
             waiting=frozenset(waiting),
         )
-    for name, lp in list(loops.items()):
-        inner = tuple(o.step for o in loops.values() if o.step != name and o.body < lp.body)
-        loops[name] = dataclasses.replace(lp, inner=inner)
     around: dict[str, list[str]] = {}
     for lp in loops.values():
         for n in lp.body:
             around.setdefault(n, []).append(lp.step)
+    # bodies nest or are disjoint (the verifier says so otherwise): a loop whose step lies in
+    # a larger body is inside it
+    inner: dict[str, list[str]] = {}
+    for lp in loops.values():
+        for outer in around.get(lp.step, ()):
+            if len(loops[outer].body) > len(lp.body):
+                inner.setdefault(outer, []).append(lp.step)
+    for name, lp in list(loops.items()):
+        loops[name] = dataclasses.replace(lp, inner=tuple(inner.get(name, ())))
     built = LoopPlan(loops=loops, around={k: tuple(v) for k, v in around.items()})
     with _PLANS_LOCK:
         _PLANS[workflow] = built
@@ -196,6 +207,14 @@ def findings(workflow: CompiledWorkflow, max_steps: int) -> list[Finding]:
         return []
     from protomolt_jobs.workflow import graph as g
 
+    if len(workflow.loops) > MAX_LOOPS:
+        return [
+            Finding(
+                workflow.loops[MAX_LOOPS].name,
+                FINDING_KIND,
+                f"a workflow declares at most {MAX_LOOPS} loops; this one {len(workflow.loops)}",
+            )
+        ]
     out: list[Finding] = []
     anc = g.ancestors(workflow)
     known = {s.name for s in workflow.steps}
@@ -228,10 +247,21 @@ def findings(workflow: CompiledWorkflow, max_steps: int) -> list[Finding]:
             out.append(Finding(s.name, FINDING_KIND, "a compensation step cannot declare a loop"))
             continue
         sound.append(s)
-    if len(sound) != len(workflow.loops):
+    if out:
         return out
     lplan = plan(workflow)
     loops = list(lplan.loops.values())
+    # the cap first: it bounds the bodies' sizes, and so the pairwise checks below
+    worst = worst_case(workflow)
+    if worst["executions"] > max_steps:
+        return [
+            Finding(
+                loops[0].step,
+                FINDING_KIND,
+                f"unrolled {{max + 1}} times the graph has {worst['executions']} step executions, "
+                f"over the cap of {max_steps} steps",
+            )
+        ]
     for i, a in enumerate(loops):
         for b in loops[i + 1 :]:
             common = a.body & b.body
@@ -262,17 +292,6 @@ def findings(workflow: CompiledWorkflow, max_steps: int) -> list[Finding]:
                 )
     if out:
         return out
-    worst = worst_case(workflow)
-    if worst["executions"] > max_steps:
-        out.append(
-            Finding(
-                loops[0].step,
-                FINDING_KIND,
-                f"unrolled {{max + 1}} times the graph has {worst['executions']} step executions, "
-                f"over the cap of {max_steps} steps",
-            )
-        )
-        return out
     unrolled = unroll(workflow)
     for f in g.structure_findings(unrolled, {s.name for s in unrolled.steps}):
         base = f.step.split("@", 1)[0]
@@ -300,7 +319,7 @@ def _multiplicity(
         m = 1
         for name in lplan.around.get(s.name, ()):
             lp = lplan.loops[name]
-            m *= max(lp.max, 0) + int(extra.get(name, 0)) + 1
+            m = min(m * (max(lp.max, 0) + int(extra.get(name, 0)) + 1), SATURATED)
         out[s.name] = m
     comp_of = {s.compensate: s.name for s in workflow.steps if s.compensate}
     for comp, undone in comp_of.items():
@@ -318,11 +337,11 @@ def worst_case(
     :returns: ``{"executions": int, "calls": int, "cost": float | None, "loops": [{"step",
         "to", "max", "body"}]}``: executions of steps (compensations included), calls (steps
         that park make none), and the summed constant ``cost`` of every execution (None when
-        some step's cost depends on its response).
+        some step's cost depends on its response). Counts stop at :data:`SATURATED`.
     """
     mult = _multiplicity(workflow, extra)
-    executions = sum(mult.values())
-    calls = sum(m for name, m in mult.items() if not _parks(workflow, name))
+    executions = min(sum(mult.values()), SATURATED)
+    calls = min(sum(m for name, m in mult.items() if not _parks(workflow, name)), SATURATED)
     cost: float | None = 0.0
     for step in workflow.definition.get("steps") or []:
         if not isinstance(step, dict) or not isinstance(step.get("cost"), str):

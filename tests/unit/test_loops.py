@@ -219,3 +219,16 @@ def test_open_iteration_counts_the_loop_steps_successes():
     assert loops.open_iteration(compiled, entries, "b") == 2
     assert loops.open_iteration(compiled, entries, "a") == 0
     assert loops.key_suffix(0) == "" and loops.key_suffix(2) == ":2"
+
+
+def test_more_than_64_loops_is_one_finding():
+    steps = [step("s0", T)] + [step(f"s{i}", T, after=[f"s{i - 1}"]) for i in range(1, 1024)]
+    for i in range(1, 1024):
+        steps[i]["loop"] = {"to": "s0", "max": 1}
+    findings = loop_findings(graph(steps))
+    assert findings == [("s65", "a workflow declares at most 64 loops; this one 1023")]
+    # 64 nested loops: the worst case stops counting, over the cap
+    for i in range(65, 1024):
+        del steps[i]["loop"]
+    (finding,) = loop_findings(graph(steps))
+    assert finding[1].startswith("unrolled {max + 1} times the graph has 1000000 step executions")
