@@ -513,7 +513,8 @@ def requeue_checkpoints(workflow: CompiledWorkflow, checkpoints: list[Any]) -> l
     attempts (for ``requeue-job``): without failed entries, compensation entries, the entries
     of steps a compensation undid, skips that an upstream outcome decided, and every entry of a
     step downstream of one dropped (its inputs may change). Succeeded steps (not undone) and
-    ``condition false`` skips stay: they are not called again.
+    ``condition false`` skips stay: they are not called again. A workflow with a loop keeps
+    the entries before the first one dropped.
     """
     entries = [
         e for e in checkpoints or [] if isinstance(e, dict) and isinstance(e.get("name"), str)
@@ -529,6 +530,12 @@ def requeue_checkpoints(workflow: CompiledWorkflow, checkpoints: list[Any]) -> l
         if e["name"] in comp or "failed" in e or upstream_skip:
             dropped.add(e["name"])
     dropped = descendants(workflow, dropped - comp) | (dropped & comp)
+    if workflow.loops:
+        # A loop body's steps repeat: keep the entries before the first one dropped (a prefix
+        # of the completion order replays as a run that stopped there; dropping names would
+        # leave later iterations without their earlier ones).
+        first = next((i for i, e in enumerate(entries) if e["name"] in dropped), len(entries))
+        return entries[:first]
     return [e for e in entries if e["name"] not in dropped]
 
 

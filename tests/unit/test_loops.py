@@ -232,3 +232,25 @@ def test_more_than_64_loops_is_one_finding():
         del steps[i]["loop"]
     (finding,) = loop_findings(graph(steps))
     assert finding[1].startswith("unrolled {max + 1} times the graph has 1000000 step executions")
+
+
+def test_retry_step_in_a_body_or_scope_only_is_refused_and_requeue_keeps_a_prefix():
+    compiled = parse_workflow(chain({"to": "b", "max": 2}), RUNTIME)
+    assert loops.retry_refusal(compiled, "b", "dependants").startswith(
+        "retry-step of 'b', a step inside the body of loop 'c', is not supported"
+    )
+    assert loops.retry_refusal(compiled, "a", "only") == (
+        "retry-step with scope 'only' is not supported in a workflow with a loop"
+    )
+    assert loops.retry_refusal(compiled, "d", "dependants") == ""
+    entries = [
+        {"name": "a", "skipped": False},
+        {"name": "b", "skipped": False},
+        {"name": "c", "skipped": False},
+        {"name": "b", "skipped": False, "iteration": 1},
+        {"name": "c", "skipped": False, "iteration": 1},
+        {"name": "d", "failed": {"kind": "GRPC", "message": "down"}},
+    ]
+    assert g.requeue_checkpoints(compiled, entries) == entries[:5]
+    plain = parse_workflow(chain(), RUNTIME)
+    assert loops.retry_refusal(plain, "b", "only") == ""
