@@ -93,6 +93,8 @@ class Assets:
         self.calls: Counter[str] = Counter()
         self.keys: dict[str, list[str]] = {}
         self.hints: list[str] = []
+        #: the first Decide calls that fail (the flowchart's "both OK?" answered no)
+        self.failing_decides = 0
         behaviour = {
             "Validate": lambda r: {"title": r.title, "body": r.body},
             "BuildVariants": self._build,
@@ -128,6 +130,8 @@ class Assets:
             self.calls[name] += 1
             key = dict(context.invocation_metadata()).get("x-protomolt-idempotency-key", "")
             self.keys.setdefault(name, []).append(key)
+            if name == "Decide" and self.calls[name] <= self.failing_decides:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the variants are not OK")
             return json_format.ParseDict(answer(request), cls())
 
         return handle
@@ -195,6 +199,7 @@ def _submit(url, wf) -> str:
 
 
 def _reviews_open(url, job_id, n) -> bool:
+    """The run waits on the review with ``n`` preview entries stored."""
     job = _job(url, job_id)
     opened = [c for c in job.get("checkpoints", []) if c["name"] == "preview"]
     return job.get("phase") == "waiting_approval" and len(opened) == n
@@ -344,3 +349,18 @@ def test_max_two_always_fix_parks_and_extend_loop_lets_it_go_on(
     extend = [t for t in history["transitions"] if t["kind"] == "extend-loop"]
     assert len(extend) == 1 and extend[0]["actor"] != "" and extend[0]["reason"] == "by 1: one more"
     assert extend[0]["prevStatus"] == "PAUSED" and extend[0]["newStatus"] == "QUEUED"
+
+
+def test_a_failed_decision_replans_without_a_review(node, assets, blocks, descriptor_set):
+    url = node.http.url
+    assets.failing_decides = 1
+    job_id = _submit(url, _workflow(blocks, descriptor_set, assets.target))
+    # iteration 0: decide fails, preview and review are skipped, replan runs (its failure
+    # edge); iteration 1: decide succeeds and the review opens once
+    _review(url, job_id, "accept", 2)  # preview: skipped in iteration 0, run in iteration 1
+    wait_for(lambda: _job(url, job_id)["status"] == "COMPLETED", timeout_s=60)
+    assert assets.calls["Decide"] == 2 and assets.calls["BuildVariants"] == 2
+    assert assets.calls["Replan"] == 1 and assets.calls["RenderPreview"] == 1
+    assert assets.calls["Publish"] == 1
+    entries = [(c["name"], c.get("iteration", 0)) for c in _job(url, job_id)["checkpoints"]]
+    assert ("review", 0) in entries and ("review", 1) in entries  # skipped, then decided
