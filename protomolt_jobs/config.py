@@ -109,6 +109,9 @@ class JobsConfig:
     backoff_base_seconds: float = 5.0
     #: Attempts a job gets before it goes DEAD (stamped into each row at submit).
     max_attempts: int = 3
+    #: The most iterations ``extend-loop`` may raise a loop's bound to, for one run: a loop's
+    #: ``loop.max`` plus every extension stays at or under it (docs/workflows.md *Bounded loops*).
+    loop_extend_cap: int = 20
     #: Per-process cap of segments running against one target.
     max_concurrent_per_target: int = 8
     #: Sweeper cadence, milliseconds (expired leases back to QUEUED, or DEAD).
@@ -348,6 +351,7 @@ _INT_LIMITS: dict[str, int] = {
     "worker_count": 4096,
     "poll_interval_ms": 3_600_000,
     "max_attempts": 1000,
+    "loop_extend_cap": 1000,
     "max_concurrent_per_target": 4096,
     "sweep_interval_ms": 3_600_000,
     "relay_poll_interval_ms": 3_600_000,

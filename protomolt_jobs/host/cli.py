@@ -485,6 +485,7 @@ CONTROL_COMMANDS = {
     "requeue": "requeue-job",
     "history": "job-history",
     "approve": "approve-step",
+    "extend-loop": "extend-loop",
 }
 
 
@@ -498,7 +499,9 @@ def _control(args: argparse.Namespace, console: Any) -> int:
     if getattr(args, "at", None):
         envelope["at"] = args.at
     if getattr(args, "step", None):
-        envelope["stepName"] = args.step
+        envelope["step" if verb == "extend-loop" else "stepName"] = args.step
+    if getattr(args, "by", None) is not None:
+        envelope["by"] = args.by
     if getattr(args, "only", False):
         envelope["scope"] = "only"
     if getattr(args, "compensate", None) is not None:
@@ -612,6 +615,15 @@ def cmd_workflow(args: argparse.Namespace) -> int:
             print(str(failed), file=sys.stderr)
             return EXIT_ACTION_ERROR
         findings = answer.get("findings") or []
+        worst = answer.get("worstCase")
+        if isinstance(worst, dict):
+            cost = worst.get("cost")
+            print(
+                f"{args.file}: worst case {worst.get('executions')} step executions, "
+                f"{worst.get('calls')} calls"
+                + (f", cost {cost:g}" if isinstance(cost, (int, float)) else "")
+                + " (every loop run to its bound)"
+            )
         if answer.get("ok"):
             print(f"{args.file}: ok (no findings)")
             return EXIT_OK
@@ -718,7 +730,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="jobs_command",
         required=True,
         metavar="list|get|show|watch|cancel|pause|resume|retry|reconcile|migrate|requeue|"
-        "history|approve",
+        "history|approve|extend-loop",
     )
     for name, text in (("list", "a table of jobs, newest first"), ("watch", "a live table")):
         p = jobs_sub.add_parser(name, help=text)
@@ -770,6 +782,10 @@ def build_parser() -> argparse.ArgumentParser:
         ("requeue", "queue a DEAD or FAILED job again (requeue-job)"),
         ("history", "the job's transition log and its integrity (job-history)"),
         ("approve", "vote --decision on the approval step --step a job waits on (approve-step)"),
+        (
+            "extend-loop",
+            "let the loop of --step iterate --by more times in this run (extend-loop)",
+        ),
     ):
         p = jobs_sub.add_parser(name, help=text)
         p.add_argument("job_id", help="the job's id, or its first 4+ hex digits when unique")
@@ -787,6 +803,9 @@ def build_parser() -> argparse.ArgumentParser:
                 help="run the compensation steps (--no-compensate: keep what the run did; "
                 "default: the workflow's cancel.compensate, true when absent)",
             )
+        if name == "extend-loop":
+            p.add_argument("--step", required=True, help="the step that declares the loop")
+            p.add_argument("--by", required=True, type=int, help="re-runs to add (>= 1)")
         if name == "resume":
             p.add_argument("--at", help="RFC 3339 time (database clock), e.g. 2026-01-02T22:00:00Z")
         if name == "retry":

@@ -10,9 +10,10 @@ A vote is one transaction (:meth:`ApprovalMixin.approval_vote`):
 1. ``job_lock``: the run's row ``FOR UPDATE``. A cancel, a pause, another vote and a
    ``complete-step`` take the same lock, so each sees the others whole: a run ends with
    exactly one decision or one cancel.
-2. The gate: the step already has a checkpoint -> ``already-decided``; the run is not WAITING
-   on that step for approval -> ``not-open``; the voter voted on a ``distinctFrom`` step of
-   this run -> ``distinct-from``.
+2. The gate: the run is not WAITING on that step for approval and the step has a checkpoint
+   -> ``already-decided`` (its latest entry; a loop body's step opens again in each iteration,
+   its older entries then say nothing); not WAITING on it -> ``not-open``; the voter voted on
+   a ``distinctFrom`` step of this run -> ``distinct-from``.
 3. ``approval_vote_insert``: the vote (primary key ``(job_id, step, opened_seq, principal)``:
    a second vote of one principal inserts nothing and counts once) and its ``vote``
    transition in the run's hash-chained log.
@@ -393,17 +394,20 @@ class ApprovalMixin(db.Database):
                 raise StoreError(
                     f"stored checkpoints of job {key} are unreadable: {record.unreadable}"
                 )
-            for c in record.checkpoints:
+            is_open = (
+                record.status == "WAITING"
+                and record.outstanding_step == step
+                and record.wait_kind == APPROVAL_WAIT
+            )
+            # A step open again (a loop's next iteration) has older entries: only a step that
+            # is not open is already decided, by its latest entry.
+            for c in reversed(record.checkpoints) if not is_open else ():
                 if isinstance(c, dict) and c.get("name") == step:
                     stored = c.get("tally")
                     counts = dict(stored) if isinstance(stored, dict) else {}
                     decided = c.get("decision") if isinstance(c.get("decision"), str) else None
                     return VoteOutcome("already-decided", record.status, counts, decided)
-            if (
-                record.status != "WAITING"
-                or record.outstanding_step != step
-                or record.wait_kind != APPROVAL_WAIT
-            ):
+            if not is_open:
                 return VoteOutcome(
                     "not-open", record.status, outstanding_step=record.outstanding_step
                 )

@@ -1475,3 +1475,56 @@ UPDATE workflow_run
        change_step = %(step)s
  WHERE job_id = %(job_id)s AND status = 'WAITING' AND wait_kind = 'approval'
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+
+-- bounded loops (migration 0016): the exhausted loop's pause, extend-loop and its read
+
+-- name: job_loop_pause
+-- description: fenced (status, lease_owner, attempt, lease_token): a loop exhausted with onExhausted park: PAUSED (paused_from QUEUED), lease cleared, the error naming the loop; the transition log records kind 'loop'; a pending cancel request still wins (the trigger).
+UPDATE workflow_run
+   SET status = 'PAUSED',
+       paused_from = 'QUEUED',
+       error = %(error)s,
+       outstanding_step = NULL,
+       lease_owner = NULL,
+       lease_token = NULL,
+       lease_until = NULL,
+       updated_at = now(),
+       change_kind = 'loop',
+       change_actor = 'worker:' || %(owner)s,
+       change_reason = %(error)s,
+       change_step = nullif(%(step)s, '')
+ WHERE job_id = %(job_id)s AND status = 'RUNNING'
+   AND lease_owner = %(owner)s AND attempt = %(attempt)s
+   AND lease_token = %(token)s
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+
+-- name: job_loop_extensions
+-- description: the re-runs extend-loop added to the run's loops ({loop step: n}; NULL when none).
+SELECT loop_extensions::text AS loop_extensions
+  FROM workflow_run
+ WHERE job_id = %(job_id)s
+
+-- name: job_loop_lock
+-- description: the run's status, error, paused_from and loop extensions, its row locked (extend-loop).
+SELECT status, error, paused_from, loop_extensions::text AS loop_extensions
+  FROM workflow_run
+ WHERE job_id = %(job_id)s
+   FOR UPDATE
+
+-- name: job_control_extend_loop
+-- description: extend-loop: store the loop's raised extension; when requeue is true (the run is PAUSED because that loop exhausted) PAUSED -> QUEUED now with attempt 0 and the error cleared; a transition of kind 'extend-loop' with the actor and reason either way.
+UPDATE workflow_run
+   SET loop_extensions = coalesce(loop_extensions, '{}'::jsonb)
+                         || jsonb_build_object(%(step)s::text, %(total)s::int),
+       status = CASE WHEN %(requeue)s::boolean THEN 'QUEUED' ELSE status END,
+       paused_from = CASE WHEN %(requeue)s::boolean THEN NULL ELSE paused_from END,
+       error = CASE WHEN %(requeue)s::boolean THEN NULL ELSE error END,
+       attempt = CASE WHEN %(requeue)s::boolean THEN 0 ELSE attempt END,
+       run_after = CASE WHEN %(requeue)s::boolean THEN now() ELSE run_after END,
+       updated_at = now(),
+       change_kind = 'extend-loop',
+       change_actor = %(actor)s,
+       change_reason = %(reason)s,
+       change_step = %(step)s
+ WHERE job_id = %(job_id)s
+RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now

@@ -79,6 +79,7 @@ Layout
 - :mod:`~.settles`: the fenced writes of a claimed run (checkpoint ... release, budget pause,
   stop, intent, recovery required);
 - :mod:`~.control`: the operator writes (cancel ... recover) and the parked gate;
+- :mod:`~.loops`: an exhausted loop's pause, ``extend-loop`` and the extensions' read;
 - :mod:`~.outbox`: the relay's outbox calls;
 - :mod:`~.maintenance`: the sweeps and the prunes.
 
@@ -93,6 +94,7 @@ from protomolt_jobs.store.claims import ClaimsMixin
 from protomolt_jobs.store.control import ControlMixin
 from protomolt_jobs.store.db import NOTIFY_CHANNEL
 from protomolt_jobs.store.inserts import InsertsMixin
+from protomolt_jobs.store.loops import LoopsMixin
 from protomolt_jobs.store.maintenance import (
     SWEEP_BATCH_DEFAULT,
     SWEEP_MAX_BATCHES_DEFAULT,
@@ -121,6 +123,7 @@ class JobStore(
     ClaimsMixin,
     SettlesMixin,
     ControlMixin,
+    LoopsMixin,
     OutboxMixin,
     MaintenanceMixin,
 ):

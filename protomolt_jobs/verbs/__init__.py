@@ -9,6 +9,7 @@ module                verbs
 :mod:`.control`       ``cancel-job``, ``pause-job``, ``resume-job``, ``retry-step``,
                       ``requeue-job``
 :mod:`.recovery`      ``reconcile-step``, ``migrate-checkpoint``
+:mod:`.loops`         ``extend-loop``
 :mod:`.workflow`      ``run-workflow``, ``check-workflow`` (the engine's; no store)
 ===================== ======================================================================
 
@@ -33,6 +34,7 @@ from protomolt_jobs.verbs.control import (
     ResumeJobAction,
     RetryStepAction,
 )
+from protomolt_jobs.verbs.loops import ExtendLoopAction
 from protomolt_jobs.verbs.read import GetJobAction, JobHistoryAction, ListJobsAction
 from protomolt_jobs.verbs.recovery import MigrateCheckpointAction, ReconcileStepAction
 from protomolt_jobs.verbs.submit import SOURCE_RULE, SubmitWorkflowAction
@@ -47,6 +49,7 @@ __all__ = [
     "CancelJobAction",
     "CheckWorkflowAction",
     "CompleteStepAction",
+    "ExtendLoopAction",
     "GetJobAction",
     "JobHistoryAction",
     "JobsBackend",
@@ -68,7 +71,7 @@ def jobs_actions(backend: JobsBackend, runtime: Any, floors: Sequence[Floor] = (
     """The job verbs over one backend, in manifest order: the four of the reference
     (submit-workflow, get-job, list-jobs, complete-step), then the operator verbs (cancel-job,
     pause-job, resume-job, retry-step, the recovery verbs of step effects, requeue-job),
-    job-history and approve-step.
+    job-history, approve-step and extend-loop.
 
     :param backend: the role's late-bound store and submitter.
     :param runtime: the engine's runtime (type pool) for reading stored definitions.
@@ -88,4 +91,5 @@ def jobs_actions(backend: JobsBackend, runtime: Any, floors: Sequence[Floor] = (
         RequeueJobAction(backend),
         JobHistoryAction(backend),
         ApproveStepAction(backend, runtime, floors),
+        ExtendLoopAction(backend, runtime),
     ]

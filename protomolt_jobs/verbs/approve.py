@@ -56,6 +56,7 @@ from protomolt_jobs.verbs.base import (
 from protomolt_jobs.verbs.responses import resolve_step
 from protomolt_jobs.workflow.approval import approver_refusal, decision_entry
 from protomolt_jobs.workflow.floors import Floor, policy_sha256, requirement, selecting
+from protomolt_jobs.workflow.loops import open_iteration
 
 __all__ = ["MAX_COMMENT_CHARS", "ApproveStepAction"]
 
@@ -173,6 +174,9 @@ class ApproveStepAction(JobVerb):
                 for v in votes
             ]
             built = decision_entry(step_name, chosen, tally, voters, job.checkpoints or [])
+            iteration = open_iteration(stored.workflow, job.checkpoints or [], step_name)
+            if iteration:  # a loop body's step, opened again (docs/workflows.md)
+                built["iteration"] = iteration
             if applied:
                 built["policy"] = [f.name for f in applied]
                 built["policySha256"] = policy_sha256(applied)

@@ -97,6 +97,8 @@ class JobsBackend:
         #: ``() -> worker.grants.GrantPolicy`` (set by the role at wire): approve-step finds
         #: the approvers of a step's grant gate through it; None: no grant gates.
         self.grant_policy: Any = None
+        #: ``jobs.loop_extend_cap`` (set by the role at wire): extend-loop's ceiling.
+        self.loop_extend_cap: int = 20
 
     def bind(self, store: Any, submitter: Submitter) -> None:
         """Serve with ``store`` and ``submitter`` (called by the role's start)."""

@@ -21,6 +21,7 @@ from protomolt_jobs.workflow import (
     WorkflowParseError,
     check,
     keys,
+    loops,
     parse_input,
     parse_workflow,
     run,
@@ -259,7 +260,9 @@ class CheckWorkflowAction(Verb):
         ``"simulation": {"allSucceed": {...}, "ifFails": [{"step", "runs", "skipped",
         "notRun", "compensates", "status", "criterion"}], "truncated"?: {"played", "of",
         "reason"}}`` (see ``graph.simulate``: at most 1024 failure paths and 2 s of this
-        thread's CPU).
+        thread's CPU). A workflow that declares a ``loop`` also gets ``"worstCase":
+        {"executions", "calls", "cost", "loops"}`` (``loops.worst_case``; in ``simulation``
+        too).
 
         :raises InvalidInput: the input is not an object, ``workflowName`` is not a string, a
             field other than ``workflow``, ``workflowName``, ``simulate``.
@@ -285,6 +288,9 @@ class CheckWorkflowAction(Verb):
                 found = floor_findings(parse_workflow(definition, self.runtime), self.floors)
             findings = [f.to_json() for f in found]
         answer: dict[str, Any] = {"ok": not findings, "findings": findings}
+        worst = _worst_case(definition, self.runtime)
+        if worst is not None:
+            answer["worstCase"] = worst
         if simulated and not findings:
             compiled = parse_workflow(definition, self.runtime)
             if len(compiled.steps) > MAX_GRAPH_STEPS:
@@ -294,4 +300,17 @@ class CheckWorkflowAction(Verb):
                     {"field": "simulate"},
                 )
             answer["simulation"] = simulate(compiled)
+            if worst is not None:
+                answer["simulation"]["worstCase"] = worst
         return answer
+
+
+def _worst_case(definition: Any, runtime: Any) -> dict[str, Any] | None:
+    """``loops.worst_case`` of a definition that parses and declares a loop, else None."""
+    if definition is None:
+        return None
+    try:
+        compiled = parse_workflow(definition, runtime)
+        return loops.worst_case(compiled) if compiled.loops else None
+    except Exception:  # noqa: BLE001 - the findings already say why it does not parse
+        return None

@@ -188,6 +188,8 @@ class CheckpointWriter:
             self._guard.mark_lost("lease_lost")
             raise
         step = str(entry.get("name", ""))
+        if "iteration" in entry:  # a loop's iteration k > 0: the crash point's detail says it
+            step = f"{step}#{entry['iteration']}"
         log.debug(
             "step checkpointed", extra={"action": "step_checkpointed", "step": step, **self._ctx}
         )

@@ -104,14 +104,15 @@ class BudgetPolicy:
 
     def resume(self, prior: Sequence[Any], n_complete: int) -> None:
         """A segment starts from ``prior``: may its next step run? Checked only when some
-        steps are done and some are left (``0 < len(prior) < n_complete``). Entries that are
+        steps are done and some are left (``0 < len(prior) < n_complete``; a loop's
+        ``n_complete`` is 0, unknown: checked whenever some steps are done). Entries that are
         not JSON objects are not metered: the engine's replay fails the run naming them.
 
         :param n_complete: checkpoints a completed run holds.
         :raises BudgetExceeded: the budget is spent (or a step's cost cannot be metered).
         :raises StoreError: reading the run's grants failed.
         """
-        if self.meter is None or not prior or len(prior) >= n_complete:
+        if self.meter is None or not prior or 0 < n_complete <= len(prior):
             return
         self.meter.replay(prior)
         last = prior[-1]

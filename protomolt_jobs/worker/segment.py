@@ -68,6 +68,7 @@ from protomolt_jobs.worker.settlement import (
 from protomolt_jobs.worker.settler import Settler, SettleStore
 from protomolt_jobs.workflow import cancel
 from protomolt_jobs.workflow.effects import EffectContext
+from protomolt_jobs.workflow.loops import LOOP_WAIT
 from protomolt_jobs.workflow.types import Runtime
 
 __all__ = ["SegmentExecutor", "SegmentStore"]
@@ -80,6 +81,8 @@ class SegmentStore(SettleStore, CheckpointStore, CompensationStore, Protocol):
     checkpoints and intents, the row read and compensation write, and the budget's grants."""
 
     def job_budget_cost_pauses(self, job_id: uuid.UUID) -> int: ...
+
+    def job_loop_extensions(self, job_id: uuid.UUID) -> dict[str, int]: ...
 
     def grant_gate_decision(
         self, job_id: uuid.UUID | str, step: str
@@ -247,6 +250,12 @@ class SegmentExecutor:
                 watch_cancel=(
                     guard.watch_cancel if cancel.interrupts_calls(run.stored.definition) else None
                 ),
+                # read only by a run whose loop reached its bound (workflow/loops.py)
+                loop_extensions=(
+                    (lambda: self._store.job_loop_extensions(job.job_id))
+                    if run.workflow.loops
+                    else None
+                ),
             )
             check = self._grants.check_for(
                 job,
@@ -309,6 +318,12 @@ class SegmentExecutor:
         if isinstance(returned, engine.Parked):
             if returned.wait_kind == "approval":
                 return Halted("approval", returned.step, timers=returned.timers)
+            if returned.wait_kind == LOOP_WAIT:
+                detail = (
+                    f"LOOP: loop '{returned.step}' exhausted its iterations (onExhausted park); "
+                    "extend-loop raises its bound, cancel-job ends the run"
+                )
+                return Halted("loop", returned.step, detail)
             return Halted("parked", returned.step)
         name = type(returned).__name__
         return Failed("", f"WORKFLOW: the engine returned {name}, not Completed or Parked")

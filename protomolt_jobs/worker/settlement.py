@@ -13,6 +13,8 @@ outcome                                     write
 :class:`Halted` ``parked``                  ``job_park`` (no lease, no permit after)
 :class:`Halted` ``approval``                ``job_park_approval`` (WAITING with ``wait_kind``
                                             ``approval``: ``approve-step`` votes decide)
+:class:`Halted` ``loop``                    ``job_loop_pause`` (a loop exhausted with
+                                            ``onExhausted: "park"``: PAUSED, error ``LOOP:``)
 :class:`Halted` ``recovery``                ``job_recovery_required`` (a step's state cannot
                                             be proven)
 :class:`OverBudget`                         ``job_budget_pause`` when ``budget.onExceeded``
@@ -110,10 +112,11 @@ class Finished:
 class Halted:
     """The segment stopped at a step on purpose: ``parked`` (an external step waits for
     ``complete-step``), ``approval`` (an approval step waits for ``approve-step`` votes) or
-    ``recovery`` (the step's state cannot be proven; ``reason`` says why).
+    ``recovery`` (the step's state cannot be proven; ``reason`` says why) or ``loop`` (a loop
+    exhausted with ``onExhausted: "park"``; ``reason`` is the stored error).
     """
 
-    how: Literal["parked", "approval", "recovery"]
+    how: Literal["parked", "approval", "recovery", "loop"]
     step: str
     reason: str = ""
     #: an approval step's timers, offsets from the park (``Parked.timers``).
@@ -173,6 +176,7 @@ class WriteKind(enum.Enum):
     PARK_APPROVAL = "park_approval"
     RECOVERY = "recovery"
     BUDGET_PAUSE = "budget_pause"
+    LOOP_PAUSE = "loop_pause"
     FAIL = "fail"
     RETRY = "retry"
     DEAD = "dead"
@@ -222,6 +226,10 @@ class Write:
     @classmethod
     def budget_pause(cls, step: str, detail: str) -> Write:
         return cls(WriteKind.BUDGET_PAUSE, step=step, error=detail)
+
+    @classmethod
+    def loop_pause(cls, step: str, detail: str) -> Write:
+        return cls(WriteKind.LOOP_PAUSE, step=step, error=detail)
 
     @classmethod
     def fail(cls, step: str, detail: str) -> Write:
@@ -282,6 +290,8 @@ def decide(outcome: Outcome, job: AttemptedJob, policies: Policies) -> Write | N
             return Write.park(step)
         case Halted(how="approval", step=step, timers=timers):
             return Write.park_approval(step, timers)
+        case Halted(how="loop", step=step, reason=reason):
+            return Write.loop_pause(step, reason)
         case Halted(step=step, reason=reason):
             return Write.recovery(step, reason)
         case OverBudget(step=step, detail=detail) if policies.budget.pauses:

@@ -61,6 +61,8 @@ class SettleStore(Protocol):
 
     def job_budget_pause(self, lease: Lease, error: str, step: str = "") -> str: ...
 
+    def job_loop_pause(self, lease: Lease, error: str, step: str = "") -> str: ...
+
     def job_fail(self, lease: Lease, error: str, step: str = "") -> str: ...
 
     def job_retry(self, lease: Lease, backoff_s: float, error: str) -> object: ...
@@ -112,6 +114,11 @@ _ROWS: dict[WriteKind, _Row] = {
         Settlement.CONTROLLED, "job_paused_by_budget", "job PAUSED by its budget",
         logging.WARNING, ("step", "error"),
         lambda s, lease, w: s.job_budget_pause(lease, w.error, w.step),
+    ),
+    WriteKind.LOOP_PAUSE: _Row(
+        Settlement.CONTROLLED, "job_paused_by_loop", "job PAUSED: a loop exhausted",
+        logging.WARNING, ("step", "error"),
+        lambda s, lease, w: s.job_loop_pause(lease, w.error, w.step),
     ),
     WriteKind.FAIL: _Row(
         Settlement.FAILED, "job_failed", "job FAILED", logging.WARNING, ("step", "error"),

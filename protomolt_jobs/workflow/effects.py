@@ -6,7 +6,8 @@ worker hands :func:`~protomolt_jobs.workflow.runner.run_segment` an :class:`Effe
 writes an intent under the lease). Without one, a segment runs exactly as before.
 
 - **Idempotency key**: every call carries ``x-protomolt-idempotency-key:
-  <job_id>:<step>:<generation>`` (generation 0 until ``retry-step`` grows it).
+  <job_id>:<step>:<generation>`` (generation 0 until ``retry-step`` grows it); in a loop's
+  iteration k > 0, ``<job_id>:<step>:<generation>:<k>`` (``loops.key_suffix``).
 - **Intent**: before calling an ``external`` step, ``on_intent(step, key)`` (one fenced write).
   A resumed segment that finds an intent and no checkpoint does not call the step blindly:
   the ``verify`` probe decides, else the run stops as ``RecoveryRequired``.
@@ -64,6 +65,7 @@ class EffectContext:
     :ivar intents: ``{step: intent}`` from the row (an intent is a JSON object).
     :ivar on_intent: ``(step, key) -> None``: store an intent before an external call
         (raises on a lost lease or a store failure: the step is then not called).
+    :ivar loop_extensions: see the field.
     :ivar watch_cancel: ``(fn) -> withdraw``: ``fn`` is called once a cancel of the run is
         requested (at once when one already is); a step without an external effect hands it
         its call's ``cancel``, so the call stops (None: calls are never cancelled).
@@ -75,6 +77,9 @@ class EffectContext:
     intents: Mapping[str, Any] = field(default_factory=dict)
     on_intent: Callable[[str, str], None] | None = None
     watch_cancel: Callable[[Callable[[], None]], Callable[[], None]] | None = None
+    #: ``() -> {loop step: re-runs extend-loop added}``: asked by a graph run whose loop reached
+    #: its bound (one read of the row; never for a run without loops). None: no extension.
+    loop_extensions: Callable[[], Mapping[str, Any]] | None = None
 
     def canceller(self, step: Step) -> Callable[[Callable[[], None]], Callable[[], None]] | None:
         """What cancels ``step``'s call on a cancel request: :attr:`watch_cancel` for a step

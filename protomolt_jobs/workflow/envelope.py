@@ -67,6 +67,7 @@ from protomolt_jobs.workflow.types import (
     EFFECTS,
     ON_DECISION,
     ON_DONE,
+    ON_EXHAUSTED,
     ON_FAILURE,
     ON_SUCCESS,
     ApprovalSpec,
@@ -74,6 +75,7 @@ from protomolt_jobs.workflow.types import (
     Dependency,
     EdgeSpec,
     FanOutSpec,
+    LoopSpec,
     Output,
     Runtime,
     Step,
@@ -581,7 +583,7 @@ def _parse_effect(
 
 #: Step keys that make a workflow a graph workflow (besides the workflow's own
 #: ``maxParallel`` and ``completion``).
-GRAPH_STEP_KEYS = ("after", "join", "compensate", "edge", "fanOut", "structured")
+GRAPH_STEP_KEYS = ("after", "join", "compensate", "edge", "fanOut", "structured", "loop")
 _ON = (ON_SUCCESS, ON_FAILURE, ON_DONE)
 _INT32 = (-(2**31), 2**31 - 1)
 
@@ -623,6 +625,37 @@ def _parse_after(value: Any, step: str) -> tuple[Dependency, ...]:
         else:
             raise WorkflowParseError(step, f"{shape}; got {_brief(item)}")
     return tuple(out)
+
+
+_LOOP_SHAPE = '\'loop\' must be an object {"to": step, "max": 1..20, "onExhausted": "fail"|"park"}'
+
+
+def _parse_loop(value: Any, step: str) -> LoopSpec:
+    """A step's ``loop`` object (docs/workflows.md *Bounded loops*); the verifier checks the
+    bounds and the body (``loops.findings``).
+
+    :raises WorkflowParseError: not an object, ``to`` not a name, ``max`` not a whole number,
+        ``onExhausted`` not ``fail``/``park``, ``allowEffects`` not a boolean.
+    """
+    if not isinstance(value, dict):
+        raise WorkflowParseError(step, f"{_LOOP_SHAPE}; got {_brief(value)}")
+    to = _text(value, "to")
+    if to is None or not to.strip():
+        raise WorkflowParseError(step, "'loop.to' must name a step")
+    bound = value.get("max")
+    if isinstance(bound, float) and bound.is_integer():
+        bound = int(bound)
+    if isinstance(bound, bool) or not isinstance(bound, int) or not _INT32[0] <= bound <= _INT32[1]:
+        raise WorkflowParseError(step, f"'loop.max' must be a whole number; got {_brief(bound)}")
+    on_exhausted = value.get("onExhausted", "fail")
+    if on_exhausted not in ON_EXHAUSTED:
+        raise WorkflowParseError(
+            step, f"'loop.onExhausted' must be 'fail' or 'park'; got {_brief(on_exhausted)}"
+        )
+    allow = value.get("allowEffects", False)
+    if not isinstance(allow, bool):
+        raise WorkflowParseError(step, "'loop.allowEffects' must be a boolean")
+    return LoopSpec(to=to.strip(), max=bound, on_exhausted=on_exhausted, allow_effects=allow)
 
 
 def _parse_structured(
@@ -787,6 +820,7 @@ def _parse_step(
         adapter_version=adapter_version,
         approval=approval,
         capabilities=_parse_capabilities(obj, name),
+        loop=_parse_loop(obj["loop"], name) if "loop" in obj else None,
     )
 
 

@@ -1,7 +1,7 @@
 """Graph workflows: dependencies, the one decision table, structural findings and simulation.
 
 A workflow that uses a graph key (``after``, ``join``, ``compensate``, ``edge``, ``fanOut``,
-``structured``, ``maxParallel``, ``completion``) is a graph: each step runs after its
+``structured``, ``loop``, ``maxParallel``, ``completion``) is a graph: each step runs after its
 dependencies (``Step.depends``, resolved by the envelope) instead of after the step before it.
 This module owns what the verifier, the executor (``graph_run``) and ``check-workflow
 {"simulate": true}`` must agree on; nothing here calls anything.
@@ -77,6 +77,7 @@ __all__ = [
     "contradiction_findings",
     "criterion",
     "decide",
+    "graph_edges",
     "names_read",
     "simulate",
     "structure_findings",
@@ -206,6 +207,8 @@ class _Plan:
     dependants: Mapping[str, tuple[tuple[int, str], ...]]
     #: the main steps with no dependency (decidable at once)
     roots: tuple[int, ...]
+    #: main step name -> its index in ``mains``
+    index: Mapping[str, int] = field(default_factory=dict)
 
 
 _PLANS: weakref.WeakKeyDictionary[CompiledWorkflow, _Plan] = weakref.WeakKeyDictionary()
@@ -228,6 +231,7 @@ def _plan(workflow: CompiledWorkflow) -> _Plan:
         compensations=workflow.compensations,
         dependants={k: tuple(v) for k, v in dependants.items()},
         roots=tuple(i for i, s in enumerate(mains) if not s.depends),
+        index={s.name: i for i, s in enumerate(mains)},
     )
     with _PLANS_LOCK:
         _PLANS[workflow] = plan
@@ -254,9 +258,13 @@ class GraphState:
     unhandled: str | None = None
     #: approval step name -> its decision, for the approval steps that decided.
     decisions: dict[str, str] = field(default_factory=dict)
+    #: steps that may not be decided now (a loop's: ``loops.LoopTracker.blocked``); they stay
+    #: decidable and are looked at again once unblocked. Empty without loops.
+    blocked: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         plan = _plan(self.workflow)
+        self._index = plan.index
         self._mains = plan.mains
         self._handled = plan.handled
         self._compensations = plan.compensations
@@ -310,6 +318,8 @@ class GraphState:
                 continue
             if step.name in self.running:
                 continue  # stays dirty: a running step given back without an outcome reruns
+            if self.blocked and step.name in self.blocked:
+                continue  # stays dirty: decided once its loop lets it
             decision = decide(step, self.outcomes, self.decisions)
             if decision is None:
                 self._dirty.discard(i)
@@ -320,6 +330,31 @@ class GraphState:
             else:
                 skip.append((step, self._not_taken(step, decision[1])))
         return start, skip
+
+    def reset(self, names: Iterable[str]) -> None:
+        """Forget the outcomes of ``names`` (a loop body about to run again): they, and the
+        steps that depend on them, are decided again from the outcomes left."""
+        forget = set(names)
+        for name in forget:
+            self.outcomes.pop(name, None)
+            self.reasons.pop(name, None)
+            self.decisions.pop(name, None)
+        touched = {self._index[n] for n in forget if n in self._index}
+        for name in forget:
+            touched.update(i for i, _ in self._dependants.get(name, ()))
+        for i in touched:
+            step = self._mains[i]
+            ended = mismatch = 0
+            for d in step.depends:
+                outcome = self.outcomes.get(d.step)
+                if outcome is None:
+                    continue
+                ended += 1
+                if not matches(d.on, outcome, self.decisions.get(d.step)):
+                    mismatch = 1
+            self._ended[i], self._mismatch[i] = ended, bool(mismatch)
+            if ended >= len(step.depends) or (mismatch and step.join != "any"):
+                self._dirty.add(i)
 
     def _not_taken(self, step: Step, reason: str) -> str:
         """A skip behind a branch an approval step did not take is itself not taken."""
@@ -348,7 +383,11 @@ class GraphState:
         already ended excluded."""
         by_name = {s.name: s for s in self.workflow.steps}
         out = []
+        seen: set[str] = set()
         for name in reversed(self.order):
+            if name in seen:
+                continue  # a loop body's step ended once per iteration: undone once
+            seen.add(name)
             step = by_name.get(name)
             if step is None or not step.compensate or self.outcomes.get(name) != SUCCEEDED:
                 continue
@@ -387,19 +426,37 @@ def report_from_checkpoints(
     workflow: CompiledWorkflow, checkpoints: list[Any], status: str, error: str | None = None
 ) -> dict[str, Any]:
     """The final report of a stored graph run, rebuilt from its checkpoints (no call, no
-    parse of responses): what :func:`report` said when the run settled.
+    parse of responses): what :func:`report` said when the run settled. A workflow with a
+    loop has a row per iteration of each body step (``"iteration": k`` on rows after the
+    first), the earlier ones before the latest.
 
     :param status: the job's status (COMPLETED, FAILED, DEAD, ...).
     :param error: the job's error text, used when no checkpoint explains the end (a retryable
         failure that exhausted its attempts is not checkpointed).
     """
     state = GraphState(workflow)
+    looped = bool(workflow.loops)
+    #: a loop body's earlier iterations: name -> [(iteration, row)], shown before the latest
+    earlier: dict[str, list[dict[str, Any]]] = {}
+    iteration: dict[str, int] = {}
     for entry in settled(workflow, checkpoints or []):
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             continue
         name = entry["name"]
-        if workflow.step(name) is None or name in state.outcomes:
+        if workflow.step(name) is None:
             continue
+        if name in state.outcomes:
+            if not looped:
+                continue
+            row = {"name": name, "status": state.outcomes[name]}
+            if iteration.get(name):
+                row["iteration"] = iteration[name]
+            if state.reasons.get(name):
+                row["reason"] = state.reasons[name]
+            earlier.setdefault(name, []).append(row)
+            state.reset([name])
+        k = entry.get("iteration")
+        iteration[name] = k if isinstance(k, int) and not isinstance(k, bool) else 0
         if "failed" in entry:
             failed = entry["failed"] if isinstance(entry["failed"], dict) else {}
             state.ended(name, FAILED, str(failed.get("message", "")))
@@ -423,6 +480,14 @@ def report_from_checkpoints(
         sentence = f"{sentence}; the run ended {status}: {error}"
     out = report(state, status == "COMPLETED", sentence)
     out["status"] = status
+    if looped:
+        rows: list[dict[str, Any]] = []
+        for row in out["steps"]:
+            rows.extend(earlier.get(row["name"], ()))
+            if iteration.get(row["name"]):
+                row["iteration"] = iteration[row["name"]]
+            rows.append(row)
+        out["steps"] = rows
     if status == "CANCELLED":
         for entry in out["steps"]:
             if entry["status"] == "not run":
@@ -448,7 +513,8 @@ def requeue_checkpoints(workflow: CompiledWorkflow, checkpoints: list[Any]) -> l
     attempts (for ``requeue-job``): without failed entries, compensation entries, the entries
     of steps a compensation undid, skips that an upstream outcome decided, and every entry of a
     step downstream of one dropped (its inputs may change). Succeeded steps (not undone) and
-    ``condition false`` skips stay: they are not called again.
+    ``condition false`` skips stay: they are not called again. A workflow with a loop keeps
+    the entries before the first one dropped.
     """
     entries = [
         e for e in checkpoints or [] if isinstance(e, dict) and isinstance(e.get("name"), str)
@@ -464,6 +530,12 @@ def requeue_checkpoints(workflow: CompiledWorkflow, checkpoints: list[Any]) -> l
         if e["name"] in comp or "failed" in e or upstream_skip:
             dropped.add(e["name"])
     dropped = descendants(workflow, dropped - comp) | (dropped & comp)
+    if workflow.loops:
+        # A loop body's steps repeat: keep the entries before the first one dropped (a prefix
+        # of the completion order replays as a run that stopped there; dropping names would
+        # leave later iterations without their earlier ones).
+        first = next((i for i, e in enumerate(entries) if e["name"] in dropped), len(entries))
+        return entries[:first]
     return [e for e in entries if e["name"] not in dropped]
 
 
@@ -814,14 +886,22 @@ def _contradiction(
 
 
 def read_findings(
-    workflow: CompiledWorkflow, known: set[str], anc: Mapping[str, Iterable[str]]
+    workflow: CompiledWorkflow,
+    known: set[str],
+    anc: Mapping[str, Iterable[str]],
+    also: Mapping[str, Iterable[str]] | None = None,
 ) -> list[Finding]:
-    """A step reading a step that is not its ancestor (a sibling's output is a race)."""
+    """A step reading a step that is not its ancestor (a sibling's output is a race).
+
+    :param also: step -> further names it may read (a loop body's steps read the loop step).
+    """
     out: list[Finding] = []
     for s in workflow.steps:
         if s.name not in known:
             continue
         mine = set(anc.get(s.name, ()))
+        if also:
+            mine.update(also.get(s.name, ()))
         for name in sorted(names_read(s)):
             if name in known and name != s.name and name not in mine:
                 out.append(
@@ -996,6 +1076,22 @@ def simulate(
         else:
             outcome = _unhandled_path(workflow, trace, base, s.name)
         per_step.append({"step": s.name, **outcome})
+    return out
+
+
+def graph_edges(workflow: CompiledWorkflow) -> list[dict[str, str]]:
+    """The graph's edges for drawing: ``{"from", "to", "on", "kind"}`` with ``kind`` ``after``
+    (a dependency: ``to`` runs after ``from`` ended with ``on``), ``compensate`` (``to`` undoes
+    ``from``) or ``loop`` (the back-edge of a loop step ``from`` to its body's first step
+    ``to``; ``on`` is ``success``)."""
+    out: list[dict[str, str]] = []
+    for s in workflow.steps:
+        for d in s.depends:
+            out.append({"from": d.step, "to": s.name, "on": d.on, "kind": "after"})
+        if s.compensate:
+            out.append({"from": s.name, "to": s.compensate, "on": ON_FAILURE, "kind": "compensate"})
+        if s.loop is not None:
+            out.append({"from": s.name, "to": s.loop.to, "on": ON_SUCCESS, "kind": "loop"})
     return out
 
 

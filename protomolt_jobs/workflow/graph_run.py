@@ -33,6 +33,8 @@ them:
    (:class:`Parked`); else COMPLETED when the criterion holds; else, before the error
    leaves, the **compensation** steps of every succeeded step that declared ``compensate``
    run one by one in reverse completion order, each checkpointed.
+6. A workflow with a ``loop`` has a ``loop_run.LoopRun`` (None otherwise): it re-runs a body,
+   blocks the steps waiting on a loop, stamps iterations and checks repeated names on replay.
 
 Steps call through the segment's channels (one per ``(target, tls)``, shared by the threads)
 and, when the worker passes ``call_permit``, each call holds the worker's per-target permit
@@ -65,6 +67,7 @@ from protomolt_jobs.workflow import graph as g
 from protomolt_jobs.workflow.calls import SegmentChannels, call_unary
 from protomolt_jobs.workflow.envelope import message_class
 from protomolt_jobs.workflow.external import record_intent, resume_external
+from protomolt_jobs.workflow.loop_run import LoopRun
 from protomolt_jobs.workflow.step_run import (
     DRIFT,
     GrantGate,
@@ -153,6 +156,11 @@ class _Run:
         #: and taken by :meth:`succeeded` on this thread.
         self.receipts: dict[str, Any] = {}
         self.deadline = time.monotonic() + workflow.deadline_ms / 1000.0
+        #: the run's loops (``loop_run.py``), None for a workflow without ``loop``
+        self.loops: LoopRun | None = None
+        if workflow.loops:
+            self.loops = LoopRun(workflow, self.state, lambda: self.effects)
+            self.values.update(self.loops.defaults())
 
     # -- replay ------------------------------------------------------------------------------
 
@@ -174,7 +182,9 @@ class _Run:
                     f"checkpoint {i} names step '{name}', which the workflow does not have; "
                     f"{DRIFT}",
                 )
-            if name in seen:
+            if self.loops is not None:
+                self.loops.before_replay(i, step, entry)
+            elif name in seen:
                 raise fail(
                     FailureKind.WORKFLOW, name, f"checkpoint {i} repeats step '{name}'; {DRIFT}"
                 )
@@ -190,6 +200,7 @@ class _Run:
             exc = _error_from_entry(name, entry["failed"])
             self.errors[name] = exc
             self.state.ended(name, g.FAILED, exc.message)
+            self.loop_ended(name)
             return
         check_fingerprint(self.workflow, step, entry)
         replayed = replay(self.workflow, i, step, entry)
@@ -199,6 +210,14 @@ class _Run:
         else:
             self.values[name] = replayed
             self._decided(step, entry)
+        self.loop_ended(name)
+
+    def loop_ended(self, name: str) -> None:
+        """Tell the run's loops that ``name`` ended; a loop exhausted with ``fail`` is the
+        run's unhandled failure (LOOP, naming the loop step)."""
+        error = self.loops.ended(name) if self.loops is not None else None
+        if error is not None:
+            self.errors[name] = error
 
     def _decided(self, step: Step, entry: dict[str, Any]) -> None:
         """A replayed step that succeeded; an approval step by its decision (an ``end: fail``
@@ -218,6 +237,8 @@ class _Run:
 
     def record(self, step: Step, entry: dict[str, Any]) -> None:
         """Hand one entry to ``on_checkpoint``; a failure there is the run's (store) failure."""
+        if self.loops is not None:
+            self.loops.stamp(entry)
         deliver_checkpoint(self.on_checkpoint, step, entry)
 
     def succeeded(self, step: Step, response: Message) -> None:
@@ -229,12 +250,14 @@ class _Run:
         self.values[step.name] = response
         self.record(step, entry)
         self.state.ended(step.name, g.SUCCEEDED)
+        self.loop_ended(step.name)
 
     def skipped(self, step: Step, reason: str) -> None:
         assert step.output_type is not None
         self.values[step.name] = message_class(step.output_type)()
         self.record(step, {"name": step.name, "skipped": True, "reason": reason})
         self.state.ended(step.name, g.SKIPPED, reason)
+        self.loop_ended(step.name)
 
     def failed(self, step: Step, exc: WorkflowExecutionError) -> None:
         assert step.output_type is not None
@@ -242,6 +265,7 @@ class _Run:
         self.errors[step.name] = exc
         self.record(step, failed_entry(step.name, exc))
         self.state.ended(step.name, g.FAILED, exc.message)
+        self.loop_ended(step.name)
 
     # -- one step ----------------------------------------------------------------------------
 
@@ -268,7 +292,19 @@ class _Run:
     def metadata(self, step: Step) -> list[tuple[str, str]] | None:
         if self.effects is None:
             return None
-        return [(fx.IDEMPOTENCY_HEADER, self.effects.key(step.name))]
+        return [(fx.IDEMPOTENCY_HEADER, self.key(step))]
+
+    def key(self, step: Step) -> str:
+        """``step``'s idempotency key; in a loop's iteration k > 0 it ends with ``:<k>``."""
+        key = self.effects.key(step.name)
+        return key if self.loops is None else key + self.loops.suffix(step.name)
+
+    def has_intent(self, step: Step) -> bool:
+        """Whether the row holds ``step``'s intent for this iteration (its key's)."""
+        intent = self.effects.intents.get(step.name)
+        return intent is not None and (
+            self.loops is None or self.loops.current(step, intent, self.key(step))
+        )
 
     def execute(self, step: Step, scope: dict[str, Message], can_park: bool = False) -> Message:
         """Run one step (on a pool thread): its result, or a WorkflowExecutionError; a
@@ -300,8 +336,8 @@ class _Run:
 
         :raises RecoveryStop: no probe, or the probe could not tell.
         """
-        self.receipts[step.name] = {"idempotencyKey": self.effects.key(step.name)}
-        if step.name not in self.effects.intents:
+        self.receipts[step.name] = {"idempotencyKey": self.key(step)}
+        if not self.has_intent(step):
             return None
         found = resume_external(
             self.workflow, step, Scope(scope), self.channel, self.effects, self.call_ms(step)
@@ -486,6 +522,9 @@ def _schedule(run: _Run) -> Parked | None:
             cf.wait(list(futures))
         if fatal is not None:
             raise fatal
+    exhausted = run.loops.parked if run.loops is not None else None
+    if exhausted is not None and state.unhandled is None:
+        return exhausted
     if (external or run.gates) and state.unhandled is None:
         pending = {s.name for s in state.pending()}
         for step in external:
@@ -505,9 +544,12 @@ def _start_ready(
     limit: int,
 ) -> None:
     state = run.state
+    loops = run.loops
     while True:
+        if loops is not None and loops.parked is not None:
+            return  # a loop exhausted with onExhausted "park": nothing new starts
+        progressed = loops is not None and loops.restart_due(state.running)
         start, skip = state.next()
-        progressed = False
         for step, reason in skip:
             run.skipped(step, reason)
             progressed = True
@@ -539,13 +581,9 @@ def _start_ready(
                     external.append(step)
                 continue
             effects = run.effects
-            if (
-                step.effect == EFFECT_EXTERNAL
-                and effects is not None
-                and step.name not in effects.intents
-            ):
+            if step.effect == EFFECT_EXTERNAL and effects is not None and not run.has_intent(step):
                 # the intent is stored (one fenced write, on this thread) before the call
-                record_intent(effects, step, effects.key(step.name))
+                record_intent(effects, step, run.key(step))
             state.running.add(step.name)
             # In the caller's context (a copy per call): the segment's trace span, if any.
             call = contextvars.copy_context().run

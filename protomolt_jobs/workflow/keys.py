@@ -168,7 +168,15 @@ KINDS: Mapping[str, Kind] = _kinds(
             "approval": "approval",
             # the capabilities the step needs granted before it runs (docs/approvals.md)
             "capabilities": None,
+            # a bounded back-edge to an ancestor (DESIGN.md 22; workflow/loops.py)
+            "loop": "loop",
         },
+    ),
+    Kind(
+        "loop",
+        "a loop",
+        "steps[i].loop",
+        {"to": None, "max": None, "onExhausted": None, "allowEffects": None},
     ),
     Kind("after", "an after entry", "steps[i].after[j]", {"step": None, "on": None}),
     Kind(

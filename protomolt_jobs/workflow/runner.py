@@ -97,7 +97,7 @@ def run_segment(
     if resolved is not None:
         prior, held = resolved.prior, resolved.held
         on_checkpoint = held.wrap(on_checkpoint)
-    if len(prior) > len(steps):
+    if len(prior) > len(steps) and not workflow.loops:  # a loop's iterations add entries
         raise fail(
             FailureKind.WORKFLOW,
             "",

@@ -43,6 +43,7 @@ __all__ = [
     "FailureKind",
     "FanOutSpec",
     "Finding",
+    "LoopSpec",
     "Output",
     "Parked",
     "RecoveryRequired",
@@ -90,6 +91,8 @@ class FailureKind(str, enum.Enum):
     #: a step's capabilities were not granted (``[[jobs.grants]]`` or ``authorize_step``
     #: denied, or an approver rejected the grant); never retried.
     PERMISSION = "PERMISSION"
+    #: a bounded loop ran out of iterations and its ``onExhausted`` says ``fail``.
+    LOOP = "LOOP"
 
     def __str__(self) -> str:
         return self.value
@@ -176,7 +179,8 @@ class WorkflowExecutionError(ProtomoltJobsError):
 class Finding:
     """One static verification problem: ``kind`` is ``workflow``, ``method``, ``completion``,
     ``rule``, ``celRule``, ``when``, ``output``, ``validate``, ``verify``, ``graph``, ``edge``,
-    ``fanOut``, ``structured``, ``effect-external-in-graph``, ``unsupported``, or (from
+    ``fanOut``, ``structured``, ``effect-external-in-graph``, ``unsupported``, ``loop`` (a
+    bounded loop's bounds, body and worst case: ``loops.findings``), or (from
     ``verifier.check`` only) ``unknown-key``, or (from ``floors.findings``, the node's policy
     floors) ``weakens_policy``."""
 
@@ -288,6 +292,27 @@ class StructuredSpec:
     max_attempts: int = 0
 
 
+#: ``loop.onExhausted`` values: the run fails (kind LOOP), or it pauses for a human.
+ON_EXHAUSTED = ("fail", "park")
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    """A step's ``loop`` (docs/workflows.md *Bounded loops*): when the step succeeds, the body
+    (``to``, the step and every step between) runs again, at most ``max`` more times.
+
+    :ivar to: the first step of the body (an ancestor of the loop step).
+    :ivar max: the iterations after the first (1..20; the verifier reports others).
+    :ivar on_exhausted: ``fail`` or ``park``.
+    :ivar allow_effects: the body may hold ``effect: "external"`` steps.
+    """
+
+    to: str
+    max: int
+    on_exhausted: str = "fail"
+    allow_effects: bool = False
+
+
 #: ``Step.effect`` values (docs/workflows.md *Effects*).
 EFFECT_NONE = "none"
 EFFECT_IDEMPOTENT = "idempotent"
@@ -359,6 +384,8 @@ class Step:
     #: ``capabilities`` as declared (sorted, unique; ``()`` when absent): the worker asks its
     #: grant policy before the step's call; declaring grants nothing.
     capabilities: tuple[str, ...] = ()
+    #: the step's ``loop`` (a bounded back-edge to an ancestor), or None.
+    loop: LoopSpec | None = None
 
     @property
     def external(self) -> bool:
@@ -400,7 +427,7 @@ class CompiledWorkflow:
     #: the files the schema named (their transitive imports included), by file name.
     files: tuple[str, ...] = ()
     #: True when the workflow uses a graph key (``after``, ``join``, ``compensate``, ``edge``,
-    #: ``fanOut``, ``structured``, ``maxParallel``, ``completion``): it runs on the graph
+    #: ``fanOut``, ``structured``, ``loop``, ``maxParallel``, ``completion``): on the graph
     #: executor. False: the sequential runner, exactly as before graphs existed.
     graph: bool = False
     #: ready steps run at once (graph workflows).
@@ -414,9 +441,18 @@ class CompiledWorkflow:
         return frozenset(s.compensate for s in self.steps if s.compensate)
 
     @property
+    def loops(self) -> tuple[Step, ...]:
+        """The steps that declare a ``loop``, in declaration order (empty for most)."""
+        return tuple(s for s in self.steps if s.loop is not None)
+
+    @property
     def checkpoints_to_complete(self) -> int:
         """How many checkpoint entries a completed run holds: every step for a sequential
-        workflow; every step but the compensation steps for a graph workflow."""
+        workflow; every step but the compensation steps for a graph workflow; 0 (unknown:
+        nothing is counted or held) for a workflow with a loop, whose iterations add
+        entries."""
+        if any(s.loop is not None for s in self.steps):
+            return 0
         if not self.graph:
             return len(self.steps)
         comp = self.compensations

@@ -25,10 +25,10 @@ from celpy import celtypes
 from google.protobuf import descriptor as _d
 
 from protomolt_jobs.workflow import approval as _approval
-from protomolt_jobs.workflow import cancel, cel_check, keys, mapping
+from protomolt_jobs.workflow import cancel, cel_check, keys, loops, mapping
 from protomolt_jobs.workflow import cel as _cel
 from protomolt_jobs.workflow import graph as _graph
-from protomolt_jobs.workflow.envelope import message_class, parse_workflow
+from protomolt_jobs.workflow.envelope import MAX_GRAPH_STEPS, message_class, parse_workflow
 from protomolt_jobs.workflow.types import (
     EXTERNAL,
     CompiledWorkflow,
@@ -305,7 +305,15 @@ def _verify_graph(workflow: CompiledWorkflow) -> list[Finding]:
             scope[name] = step.output_type
     findings.extend(_graph.structure_findings(workflow, known))
     anc = _graph.ancestors(workflow)
-    findings.extend(_graph.read_findings(workflow, known, anc))
+    # a loop body's steps read the loop step (its output of the iteration before)
+    also: dict[str, list[str]] = {}
+    loop_findings = loops.findings(workflow, MAX_GRAPH_STEPS)
+    if workflow.loops and not loop_findings:
+        for lp in loops.plan(workflow).loops.values():
+            for name in lp.body:
+                also.setdefault(name, []).append(lp.step)
+    findings.extend(loop_findings)
+    findings.extend(_graph.read_findings(workflow, known, anc, also))
     for step in workflow.steps:
         if step.name in known:
             findings.extend(_check_graph_step(workflow, step, scope, anc.get(step.name, ())))

@@ -35,6 +35,7 @@ VERBS = [
     "requeue-job",
     "job-history",
     "approve-step",
+    "extend-loop",
 ]
 
 

@@ -28,6 +28,7 @@ VERBS = [
     "requeue-job",
     "job-history",
     "approve-step",
+    "extend-loop",
 ]
 
 

@@ -108,6 +108,7 @@ class _Workflow:
     graph = False
     checkpoints_to_complete = 2
     compensations: frozenset[str] = frozenset()
+    loops: tuple[object, ...] = ()
 
 
 @pytest.fixture

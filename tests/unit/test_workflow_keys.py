@@ -131,6 +131,13 @@ KIND_CASES = [
     ("budget", {"budget": {"maxCosts": 3}}, "budget.maxCosts", "", "maxCost"),
     ("cancel", {"cancel": {"compensat": False}}, "cancel.compensat", "", "compensate"),
     (
+        "loop",
+        {"steps": [step(loop={"to": "a", "max": 2, "onExhaust": "park"})]},
+        "steps[0].loop.onExhaust",
+        "s",
+        "onExhausted",
+    ),
+    (
         "approval",
         {"steps": [step(completion="approval", approval={"quorm": 2})]},
         "steps[0].approval.quorm",

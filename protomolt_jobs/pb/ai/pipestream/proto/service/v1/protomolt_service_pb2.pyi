@@ -377,3 +377,33 @@ class ApproveStepResponse(_message.Message):
     status: str
     message: str
     def __init__(self, ok: _Optional[bool] = ..., decided: _Optional[bool] = ..., decision: _Optional[str] = ..., tally: _Optional[_Mapping[str, int]] = ..., needed: _Optional[int] = ..., error: _Optional[str] = ..., status: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ExtendLoopRequest(_message.Message):
+    __slots__ = ("job_id", "step", "by", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    step: str
+    by: int
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[str] = ..., by: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ExtendLoopResponse(_message.Message):
+    __slots__ = ("ok", "status", "error", "step", "max", "extended_by", "requeued")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    EXTENDED_BY_FIELD_NUMBER: _ClassVar[int]
+    REQUEUED_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    status: str
+    error: str
+    step: str
+    max: int
+    extended_by: int
+    requeued: bool
+    def __init__(self, ok: _Optional[bool] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., step: _Optional[str] = ..., max: _Optional[int] = ..., extended_by: _Optional[int] = ..., requeued: _Optional[bool] = ...) -> None: ...

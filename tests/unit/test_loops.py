@@ -1,0 +1,256 @@
+"""Bounded loops: the verifier's findings (kind ``loop``), the worst case, the unrolled graph,
+and the tracker's decisions (no network: definitions over the test schema)."""
+
+from __future__ import annotations
+
+import pytest
+
+from protomolt_jobs.verbs.workflow import CheckWorkflowAction
+from protomolt_jobs.workflow import Runtime, WorkflowParseError, check, loops, parse_workflow
+from protomolt_jobs.workflow import graph as g
+from tests.support.graphs import graph, step
+
+T = "127.0.0.1:1"
+RUNTIME = Runtime()
+
+
+def chain(loop: dict | None = None, **keys) -> dict:
+    """a -> b -> c -> d, with ``loop`` on c."""
+    c = step("c", T, after=["b"])
+    if loop is not None:
+        c["loop"] = loop
+    return graph([step("a", T), step("b", T, after=["a"]), c, step("d", T, after=["c"])], **keys)
+
+
+def loop_findings(wf: dict) -> list[tuple[str, str]]:
+    return [(f.step, f.error) for f in check(wf, RUNTIME) if f.kind == "loop"]
+
+
+def test_a_sound_loop_has_no_finding_and_its_body_is_to_through_the_loop_step():
+    wf = chain({"to": "b", "max": 2})
+    assert check(wf, RUNTIME) == []
+    compiled = parse_workflow(wf, RUNTIME)
+    (lp,) = loops.plan(compiled).loops.values()
+    assert lp.body == {"b", "c"} and lp.waiting == {"d"}
+    assert compiled.graph is True
+
+
+@pytest.mark.parametrize("bound", [0, 21, -1])
+def test_max_outside_1_to_20_is_a_finding_naming_the_step(bound):
+    assert loop_findings(chain({"to": "b", "max": bound})) == [
+        ("c", f"loop.max must be between 1 and 20; got {bound}")
+    ]
+
+
+def test_to_not_an_ancestor_is_a_finding():
+    assert loop_findings(chain({"to": "d", "max": 2})) == [
+        (
+            "c",
+            (
+                "loop.to 'd' is not an ancestor of 'c': a loop goes back to a step the loop "
+                "step runs after"
+            ),
+        )
+    ]
+    assert loop_findings(chain({"to": "c", "max": 2}))[0][1].startswith("loop.to 'c' is not")
+    assert loop_findings(chain({"to": "zz", "max": 2})) == [("c", "loop.to names no step 'zz'")]
+
+
+def test_crossing_bodies_are_a_finding():
+    wf = graph(
+        [
+            step("a", T),
+            step("b", T, after=["a"]),
+            step("c", T, after=["b"], loop={"to": "a", "max": 1}),
+            step("d", T, after=["c"], loop={"to": "b", "max": 1}),
+        ]
+    )
+    (finding,) = loop_findings(wf)
+    assert finding[0] == "d"
+    assert "the bodies of loops 'c' and 'd' cross (they share b, c)" in finding[1]
+
+
+def test_nested_bodies_are_fine_and_multiply_the_worst_case():
+    wf = graph(
+        [
+            step("a", T),
+            step("b", T, after=["a"]),
+            step("c", T, after=["b"], loop={"to": "b", "max": 1}),
+            step("d", T, after=["c"], loop={"to": "a", "max": 2}),
+        ]
+    )
+    assert check(wf, RUNTIME) == []
+    worst = loops.worst_case(parse_workflow(wf, RUNTIME))
+    # a, d: 3 times; b, c: 3 x 2 times
+    assert (worst["executions"], worst["calls"]) == (18, 18)
+
+
+def test_an_external_step_in_a_body_needs_allow_effects():
+    wf = chain({"to": "b", "max": 2})
+    wf["steps"][1]["effect"] = "external"
+    assert loop_findings(wf) == [
+        (
+            "b",
+            (
+                "step 'b' has effect 'external' inside the body of loop 'c'; the loop must say "
+                "allowEffects: true (each iteration makes the effect again)"
+            ),
+        )
+    ]
+    wf["steps"][2]["loop"]["allowEffects"] = True
+    assert loop_findings(wf) == []
+
+
+def test_the_worst_case_over_budget_max_cost_is_a_finding():
+    wf = chain({"to": "b", "max": 3}, budget={"maxCost": 10})
+    for s in wf["steps"]:
+        s["cost"] = "1"
+    # a, d once; b, c four times: 10 executions costing 1 each: within 10
+    assert loop_findings(wf) == []
+    wf["budget"]["maxCost"] = 9
+    assert loop_findings(wf) == [
+        ("c", "worst case: 10 step executions, 10 calls, cost 10, over budget.maxCost 9")
+    ]
+
+
+def test_a_cost_read_from_the_response_leaves_the_cost_unknown():
+    wf = chain({"to": "b", "max": 3}, budget={"maxCost": 1})
+    wf["steps"][1]["cost"] = "response.seen.size()"
+    compiled = parse_workflow(wf, RUNTIME)
+    assert loops.worst_case(compiled)["cost"] is None
+    assert loop_findings(wf) == []
+
+
+def test_the_unrolled_graph_copies_the_body_per_iteration():
+    compiled = parse_workflow(chain({"to": "b", "max": 2}), RUNTIME)
+    unrolled = loops.unroll(compiled)
+    deps = {s.name: [(d.step, d.on) for d in s.depends] for s in unrolled.steps}
+    assert deps["b@c1"] == [("a", "success"), ("c", "success")]
+    assert deps["b@c2"] == [("a", "success"), ("c@c1", "success")]
+    assert deps["d"] == [("c@c2", "success")]
+    assert g.structure_findings(unrolled, {s.name for s in unrolled.steps}) == []
+
+
+def test_an_unrolled_graph_over_the_step_cap_is_a_finding():
+    steps = [step("s0", T)] + [step(f"s{i}", T, after=[f"s{i - 1}"]) for i in range(1, 60)]
+    steps[-1]["loop"] = {"to": "s1", "max": 20}
+    findings = loop_findings(graph(steps))
+    assert findings == [
+        (
+            "s59",
+            (
+                "unrolled {max + 1} times the graph has 1240 step executions, over the cap of "
+                "1024 steps"
+            ),
+        )
+    ]
+
+
+def test_a_body_step_may_read_the_loop_step_and_nothing_outside_may():
+    wf = chain({"to": "b", "max": 2})
+    wf["steps"][1]["rules"].append("seen += c.seen")
+    assert check(wf, RUNTIME) == []
+    wf["steps"][0]["rules"].append("seen += c.seen")  # a is outside the body
+    assert [(f.step, f.kind) for f in check(wf, RUNTIME)] == [("a", "graph")]
+
+
+@pytest.mark.parametrize(
+    ("loop", "message"),
+    [
+        ([1], "'loop' must be an object"),
+        ({"max": 2}, "'loop.to' must name a step"),
+        ({"to": "b", "max": "x"}, "'loop.max' must be a whole number"),
+        ({"to": "b", "max": 2, "onExhausted": "retry"}, "'loop.onExhausted' must be 'fail'"),
+        ({"to": "b", "max": 2, "allowEffects": "yes"}, "'loop.allowEffects' must be a boolean"),
+    ],
+)
+def test_a_malformed_loop_does_not_parse(loop, message):
+    with pytest.raises(WorkflowParseError) as info:
+        parse_workflow(chain(loop), RUNTIME)
+    assert info.value.step == "c" and info.value.message.startswith(message)
+
+
+def test_check_workflow_prints_the_worst_case():
+    action = CheckWorkflowAction(RUNTIME)
+    answer = action.execute({"workflow": chain({"to": "b", "max": 2}), "simulate": True})
+    assert answer["ok"] is True
+    assert answer["worstCase"] == {
+        "executions": 8,
+        "calls": 8,
+        "cost": 0.0,
+        "loops": [{"step": "c", "to": "b", "max": 2, "body": ["b", "c"]}],
+    }
+    assert answer["simulation"]["worstCase"] == answer["worstCase"]
+    plain = action.execute({"workflow": chain()})
+    assert "worstCase" not in plain
+
+
+def test_the_loop_edge_is_in_the_graph_model():
+    edges = g.graph_edges(parse_workflow(chain({"to": "b", "max": 2}), RUNTIME))
+    assert {"from": "c", "to": "b", "on": "success", "kind": "loop"} in edges
+    assert {"from": "b", "to": "c", "on": "success", "kind": "after"} in edges
+
+
+def test_the_tracker_reruns_below_the_bound_then_exhausts():
+    compiled = parse_workflow(chain({"to": "b", "max": 1, "onExhausted": "park"}), RUNTIME)
+    tracker = loops.LoopTracker(compiled, lambda: {"c": 1})
+    assert tracker.blocked() == {"d"}
+    assert tracker.ended("c", "succeeded") is None and tracker.pending == ["c"]
+    assert tracker.blocked() == {"b", "c", "d"}
+    assert tracker.restart("c") == {"b", "c"} and tracker.iteration("b") == 1
+    # at the bound: the extension (asked once) allows one more
+    assert tracker.ended("c", "succeeded") is None and tracker.pending == ["c"]
+    tracker.restart("c")
+    assert tracker.ended("c", "succeeded") is None and tracker.parked == "c"
+    assert tracker.iteration("b") == 2 and tracker.iteration("a") == 0
+    skipped = loops.LoopTracker(compiled)
+    assert skipped.ended("c", "skipped") is None and skipped.blocked() == set()
+
+
+def test_open_iteration_counts_the_loop_steps_successes():
+    compiled = parse_workflow(chain({"to": "b", "max": 3}), RUNTIME)
+    entries = [
+        {"name": "a"},
+        {"name": "b"},
+        {"name": "c", "skipped": False},
+        {"name": "b", "iteration": 1},
+        {"name": "c", "iteration": 1},
+    ]
+    assert loops.open_iteration(compiled, entries, "b") == 2
+    assert loops.open_iteration(compiled, entries, "a") == 0
+    assert loops.key_suffix(0) == "" and loops.key_suffix(2) == ":2"
+
+
+def test_more_than_64_loops_is_one_finding():
+    steps = [step("s0", T)] + [step(f"s{i}", T, after=[f"s{i - 1}"]) for i in range(1, 1024)]
+    for i in range(1, 1024):
+        steps[i]["loop"] = {"to": "s0", "max": 1}
+    findings = loop_findings(graph(steps))
+    assert findings == [("s65", "a workflow declares at most 64 loops; this one 1023")]
+    # 64 nested loops: the worst case stops counting, over the cap
+    for i in range(65, 1024):
+        del steps[i]["loop"]
+    (finding,) = loop_findings(graph(steps))
+    assert finding[1].startswith("unrolled {max + 1} times the graph has 1000000 step executions")
+
+
+def test_retry_step_in_a_body_or_scope_only_is_refused_and_requeue_keeps_a_prefix():
+    compiled = parse_workflow(chain({"to": "b", "max": 2}), RUNTIME)
+    assert loops.retry_refusal(compiled, "b", "dependants").startswith(
+        "retry-step of 'b', a step inside the body of loop 'c', is not supported"
+    )
+    assert loops.retry_refusal(compiled, "a", "only") == (
+        "retry-step with scope 'only' is not supported in a workflow with a loop"
+    )
+    assert loops.retry_refusal(compiled, "d", "dependants") == ""
+    entries = [
+        {"name": "a", "skipped": False},
+        {"name": "b", "skipped": False},
+        {"name": "c", "skipped": False},
+        {"name": "b", "skipped": False, "iteration": 1},
+        {"name": "c", "skipped": False, "iteration": 1},
+        {"name": "d", "failed": {"kind": "GRPC", "message": "down"}},
+    ]
+    assert g.requeue_checkpoints(compiled, entries) == entries[:5]
+    plain = parse_workflow(chain(), RUNTIME)
+    assert loops.retry_refusal(plain, "b", "only") == ""
