@@ -402,19 +402,25 @@ def test_twenty_races_of_a_cancel_and_the_deciding_grant_vote_end_one_way(node, 
             lambda j=job_id: vote(url, j, "chief-2", "accept", "release")[1],
             lambda j=job_id: post(url, "cancel-job", {"jobId": j, "reason": "race"}),
         )
-        assert cancel_status == 200 and cancel["ok"], cancel
+        assert cancel_status == 200, cancel
         kinds = [t["kind"] for t in history(url, job_id)]
         if answer["ok"]:
             assert answer["decided"] is True and answer["decision"] == "accept"
             assert kinds.count("decision") == 1
-            stop = next(i for i, k in enumerate(kinds) if k in ("cancel", "cancel-request"))
-            assert kinds.index("decision") < stop
+            if cancel["ok"]:
+                stop = next(i for i, k in enumerate(kinds) if k in ("cancel", "cancel-request"))
+                assert kinds.index("decision") < stop
+            else:
+                # The worker ran the granted step and finished before the cancel arrived.
+                assert cancel["status"] == "COMPLETED", cancel
+                assert "cancel" not in kinds
             decided += 1
         else:
+            assert cancel["ok"], cancel
             assert answer["error"] == "not-open" and answer["status"] == "CANCELLED", answer
             assert "decision" not in kinds and kinds.count("cancel") == 1
             cancelled_first += 1
-        ended(url, job_id, "CANCELLED")
+        ended(url, job_id, "CANCELLED" if cancel["ok"] else "COMPLETED")
     assert decided + cancelled_first == RACES
     print(f"grant gate cancel races: vote decided {decided}, cancel first {cancelled_first}")
 
