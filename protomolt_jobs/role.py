@@ -50,6 +50,7 @@ from protomolt_jobs.hooks.contract import (
 )
 from protomolt_jobs.hooks.hookspecs import hookimpl
 from protomolt_jobs.runs.inspector import JobInspector
+from protomolt_jobs.runs.retention import Bounds
 from protomolt_jobs.telemetry import metrics
 from protomolt_jobs.verbs import (
     CheckWorkflowAction,
@@ -157,7 +158,16 @@ class JobsModule:
         for action in jobs_actions(backend, runtime, floors):
             ctx.contributions.contribute(Action, action)
         ctx.contributions.contribute(Action, RunWorkflowAction(runtime, repository, floors))
-        ctx.contributions.contribute(Action, CheckWorkflowAction(runtime, repository, floors))
+        ctx.contributions.contribute(
+            Action,
+            CheckWorkflowAction(
+                runtime,
+                repository,
+                floors,
+                retention_bounds=Bounds.of(config),
+                run_retention_s=config.run_retention_seconds,
+            ),
+        )
         mount = JobsMount(
             config=config,
             repository=repository,

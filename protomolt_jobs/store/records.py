@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, Literal
@@ -273,6 +274,10 @@ class NewJob:
     deadline_s: float | None = None
     #: Who submitted it (the transition log's actor): an API principal, ``kafka:<topic>``.
     actor: str = "api"
+    #: The workflow's retention (migration 0020): final status (``COMPLETED``, ``FAILED``,
+    #: ``DEAD``, ``CANCELLED``) -> seconds its runs are kept; None: the node-wide
+    #: ``jobs.run_retention_seconds``.
+    retention: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
