@@ -173,6 +173,19 @@ SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
  ORDER BY created_at DESC, job_id DESC
  LIMIT %(limit)s OFFSET %(offset)s
 
+-- name: job_replay_runs
+-- description: a workflow's runs in the given statuses, newest first, at most %(limit)s (replay-check; read only): the live ones are few, so the status index finds them; finished ones come by idx_workflow_run_name_created.
+SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
+       input::text AS input, status, attempt, max_attempts, run_after, outstanding_step,
+       checkpoints::text AS checkpoints, result::text AS result, verdict, error,
+       lease_owner, lease_token, lease_until, created_at, updated_at, completed_at,
+       priority, queue, fairness_key, dedup_key, deadline_at, wait_kind
+  FROM workflow_run
+ WHERE workflow_name = %(workflow_name)s
+   AND status = ANY(%(statuses)s::text[])
+ ORDER BY created_at DESC, job_id DESC
+ LIMIT %(limit)s
+
 -- name: job_lock
 -- description: one job's full row under FOR UPDATE (the gate of parked completions).
 SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,

@@ -63,6 +63,7 @@ def test_verb_names():
         "requeue-job",
         "job-history",
         "approve-step",
+        "replay-check",
     }
 
 
