@@ -6,6 +6,7 @@ submit naming the bound; docs/workflows.md's *Retention* example is stored as wr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -119,6 +120,7 @@ def test_the_pruner_honours_each_workflows_retention_by_the_database_clock(
     assert stamped["keep-node"] is None  # no key: nothing stored, the node-wide setting applies
 
     before = {kind: _counts(fresh_dsn, v) for kind, v in ids.items()}
+    before_each = {job: _counts(fresh_dsn, [job]) for job in every}
     for kind, (runs, log, out) in before.items():
         assert runs == 3 and log > 0 and out > 0, (kind, before)
 
@@ -140,17 +142,49 @@ def test_the_pruner_honours_each_workflows_retention_by_the_database_clock(
         "published_at = published_at - interval '2 days' WHERE kafka_key = ANY(%s)",
         (every,),
     )
+    # One event of the second 1-day run is still owed to the broker (PENDING); the third
+    # 1-day run and its events were written by another writer (origin NULL: a Java node's).
+    short_ok, short_pending, short_foreign = ids["short"]
+    _sql(
+        fresh_dsn,
+        "UPDATE workflow_run_events_outbox SET status = 'PENDING', published_at = NULL "
+        "WHERE event_id = (SELECT event_id FROM workflow_run_events_outbox WHERE kafka_key = %s "
+        "ORDER BY seq LIMIT 1)",
+        (short_pending,),
+    )
+    _sql(
+        fresh_dsn, "UPDATE workflow_run SET origin = NULL WHERE job_id::text = %s", (short_foreign,)
+    )
+    _sql(
+        fresh_dsn,
+        "UPDATE workflow_run_events_outbox SET origin = NULL WHERE kafka_key = %s",
+        (short_foreign,),
+    )
     result = pruner.run_once()
-    assert result.retained_runs == 3
-    assert result.runs == 6  # the 1-day workflow's three, and the three without a retention
-    # The 1-day workflow: the runs, their transition log and their outbox rows are gone.
-    assert _counts(fresh_dsn, ids["short"]) == (0, 0, 0)
+    assert result.retained_runs == 2
+    assert result.runs == 5  # two 1-day runs, and the three without a retention
+    # The 1-day workflow: the runs, their transition log and their outbox rows are gone ...
+    assert _counts(fresh_dsn, [short_ok]) == (0, 0, 0)
+    # ... but for an event not yet published, which the relay still owes (never pruned) ...
+    assert _counts(fresh_dsn, [short_pending]) == (0, 0, 1)
+    assert _sql(
+        fresh_dsn,
+        "SELECT status FROM workflow_run_events_outbox WHERE kafka_key = %s",
+        (short_pending,),
+    ) == [("PENDING",)]
+    # ... and a foreign writer's run, left alone as before (jobs.prune_foreign_rows = false).
+    assert _counts(fresh_dsn, [short_foreign]) == before_each[short_foreign]
     # The 365-day workflow: everything kept, though the node-wide retention (1 day) has passed.
     assert _counts(fresh_dsn, ids["long"]) == before["long"]
     # Without the key, exactly as before: the node-wide statement deleted the runs (and their
     # log), and their PUBLISHED outbox rows wait for the outbox retention (7 days).
     assert _counts(fresh_dsn, ids["plain"]) == (0, 0, before["plain"][2])
     assert pruner.run_once().runs == 0
+    # With jobs.prune_foreign_rows the foreign 1-day run goes too (the 365-day ones stay).
+    foreign = Pruner(store, config=dataclasses.replace(config, prune_foreign_rows=True))
+    assert foreign.run_once().retained_runs == 1
+    assert _counts(fresh_dsn, [short_foreign]) == (0, 0, 0)
+    assert _counts(fresh_dsn, ids["long"]) == before["long"]
     store.close()
 
 
