@@ -30,6 +30,7 @@ from protomolt_jobs.kafka.request_consumer import RequestConsumer
 from protomolt_jobs.kafka.topics import ensure_topics
 from protomolt_jobs.maintenance.pruner import Pruner
 from protomolt_jobs.maintenance.sweeper import Sweeper
+from protomolt_jobs.runs.retention import Bounds
 from protomolt_jobs.runs.submitter import Submitter
 from protomolt_jobs.service import Startable
 from protomolt_jobs.store.migrate import migrate
@@ -149,6 +150,8 @@ class JobsApp:
             config.max_attempts,
             fairness_weights=config.fairness_weights,
             floors=node_floors(config),
+            retention_bounds=Bounds.of(config),
+            run_retention_s=config.run_retention_seconds,
         )
         self.probe = DatabaseProbe(store)
         self._kafka = bool(config.kafka_bootstrap)

@@ -141,6 +141,10 @@ class JobsConfig:
     run_retention_seconds: float = 30 * 86_400.0
     #: How often the pruner runs a pass, seconds.
     prune_interval_seconds: float = 60.0
+    #: The shortest and longest ``retention`` a workflow definition may set, seconds (1 hour
+    #: and 3650 days; docs/workflows.md, Retention). Checked at check-workflow, PUT and submit.
+    workflow_retention_min_seconds: float = 3_600.0
+    workflow_retention_max_seconds: float = 3_650 * 86_400.0
     #: The queues this process's claim loops serve (a TOML list, or JSON / comma-separated
     #: text in the environment).
     queues: tuple[str, ...] = ("default",)
@@ -210,6 +214,12 @@ class JobsConfig:
                     f"jobs.{key} must be a finite number of seconds, {lower} and at most "
                     f"{seconds_most:g}; got {_shown(value)}"
                 )
+        if self.workflow_retention_min_seconds > self.workflow_retention_max_seconds:
+            raise ConfigError(
+                "jobs.workflow_retention_min_seconds "
+                f"({self.workflow_retention_min_seconds:g}) must not be above "
+                f"jobs.workflow_retention_max_seconds ({self.workflow_retention_max_seconds:g})"
+            )
         if self.events_wire not in ("confluent", "raw"):
             raise ConfigError(
                 f"jobs.events_wire must be 'confluent' or 'raw'; got {_shown(self.events_wire)}"
@@ -369,6 +379,8 @@ _SECONDS_LIMITS: dict[str, tuple[float | None, float]] = {
     "outbox_retention_seconds": (0.0, 3_650 * 86_400.0),
     "run_retention_seconds": (0.0, 3_650 * 86_400.0),
     "prune_interval_seconds": (None, 86_400.0),
+    "workflow_retention_min_seconds": (None, 3_650 * 86_400.0),
+    "workflow_retention_max_seconds": (None, 3_650 * 86_400.0),
     "relay_linger_seconds": (0.0, 60.0),
 }
 _INT_KEYS = set(_INT_LIMITS)

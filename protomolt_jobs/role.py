@@ -6,7 +6,7 @@ Role ``jobs``, requires ``registry`` (its :class:`WorkflowRepository`, read at w
   ``jobs requires a co-mounted registry contributing a WorkflowRepository``), read the
   ``[jobs]`` settings into a :class:`~protomolt_jobs.config.JobsConfig`, build the engine's
   ``Runtime`` over the node's shared type pool and channel factory, and contribute six
-  actions: the four job verbs plus ``run-workflow`` and ``check-workflow``, and a
+  actions: the job verbs plus ``run-workflow``, ``check-workflow`` and ``replay-check``, and a
   :class:`~protomolt_jobs.hooks.contract.RefusalRecorder` (:class:`JobRefusals`) that writes
   each refused call naming a job into that job's transition log. Nothing is opened.
 - **start** (only with ``jobs.dsn``): migrate, open the store's pool, bind the verbs, start
@@ -50,10 +50,12 @@ from protomolt_jobs.hooks.contract import (
 )
 from protomolt_jobs.hooks.hookspecs import hookimpl
 from protomolt_jobs.runs.inspector import JobInspector
+from protomolt_jobs.runs.retention import Bounds
 from protomolt_jobs.telemetry import metrics
 from protomolt_jobs.verbs import (
     CheckWorkflowAction,
     JobsBackend,
+    ReplayCheckAction,
     RunWorkflowAction,
     jobs_actions,
 )
@@ -158,7 +160,17 @@ class JobsModule:
         for action in jobs_actions(backend, runtime, floors):
             ctx.contributions.contribute(Action, action)
         ctx.contributions.contribute(Action, RunWorkflowAction(runtime, repository, floors))
-        ctx.contributions.contribute(Action, CheckWorkflowAction(runtime, repository, floors))
+        ctx.contributions.contribute(
+            Action,
+            CheckWorkflowAction(
+                runtime,
+                repository,
+                floors,
+                retention_bounds=Bounds.of(config),
+                run_retention_s=config.run_retention_seconds,
+            ),
+        )
+        ctx.contributions.contribute(Action, ReplayCheckAction(backend, runtime, repository))
         mount = JobsMount(
             config=config,
             repository=repository,

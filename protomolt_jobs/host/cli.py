@@ -608,6 +608,8 @@ def cmd_workflow(args: argparse.Namespace) -> int:
     (and, for put, is stored); 1 with the findings on stdout when it does not."""
     definition = _workflow_file(args.file)
     token = _token(args)
+    if args.workflow_command == "replay-check":
+        return _replay_check(args, definition, token)
     if args.workflow_command == "check":
         try:
             answer = call_verb(args.url, "check-workflow", {"workflow": definition}, token)
@@ -643,6 +645,32 @@ def cmd_workflow(args: argparse.Namespace) -> int:
     print(str(refused), file=sys.stderr)
     _print_findings(refused.envelope.get("findings") or [])
     return EXIT_USAGE if refused.code == "invalid-input" else EXIT_ACTION_ERROR
+
+
+def _replay_check(args: argparse.Namespace, candidate: Any, token: str | None) -> int:
+    """``workflow replay-check NAME FILE``: the node's replay-check verb; exit 0 when no
+    examined run would drift, 1 with one line per drifting run otherwise."""
+    body: dict[str, Any] = {"workflowName": args.name, "candidate": candidate}
+    if args.limit is not None:
+        body["limit"] = args.limit
+    if args.finished is not None:
+        body["finished"] = args.finished
+    try:
+        answer = call_verb(args.url, "replay-check", body, token)
+    except ActionFailed as failed:
+        print(str(failed), file=sys.stderr)
+        return EXIT_USAGE if failed.code == "invalid-input" else EXIT_ACTION_ERROR
+    examined = answer.get("examined") or {}
+    seen = f"{examined.get('live', 0)} live, {examined.get('finished', 0)} finished"
+    drifting = answer.get("drifting") or []
+    more = " (more live runs than the limit)" if answer.get("more") else ""
+    if not drifting:
+        print(f"{args.file}: no run would drift ({seen} examined){more}")
+        return EXIT_OK
+    print(f"{args.file}: {len(drifting)} of the runs ({seen} examined) would drift{more}")
+    for run in drifting:
+        print(f"  {run.get('jobId')} {run.get('status')}: [{run.get('rule')}] {run.get('reason')}")
+    return EXIT_ACTION_ERROR
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -835,7 +863,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     workflow = sub.add_parser("workflow", help="check or store a workflow file on a running node")
     workflow_sub = workflow.add_subparsers(
-        dest="workflow_command", required=True, metavar="check|put"
+        dest="workflow_command", required=True, metavar="check|put|replay-check"
     )
     check = workflow_sub.add_parser(
         "check", help="verify a workflow file (check-workflow): findings, nothing stored"
@@ -848,6 +876,15 @@ def build_parser() -> argparse.ArgumentParser:
     put.add_argument("name", help="the name to submit it by (lower case, digits, '.', '_', '-')")
     put.add_argument("file", help="the workflow envelope, a JSON file ('-' reads stdin)")
     _client_options(put)
+    replay = workflow_sub.add_parser(
+        "replay-check",
+        help="list the runs of NAME whose checkpoints would not replay under FILE (replay-check)",
+    )
+    replay.add_argument("name", help="the workflow whose runs are replayed")
+    replay.add_argument("file", help="the candidate envelope, a JSON file ('-' reads stdin)")
+    replay.add_argument("--limit", type=int, help="most live runs examined (1..500; 100)")
+    replay.add_argument("--finished", type=int, help="also the last N finished runs (0..100)")
+    _client_options(replay)
     workflow.set_defaults(func=cmd_workflow)
 
     demo = sub.add_parser("demo", help="run the demo: one job per text file")

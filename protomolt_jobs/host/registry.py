@@ -15,9 +15,11 @@ The role requires nothing. At wire it contributes:
   ``[node.scopes]``):
 
   - ``GET /protomolt/workflows`` (scope ``schema-read``): the sorted names (JSON array).
-  - ``GET /protomolt/workflows/{name}`` (scope ``schema-read``): the stored JSON verbatim;
-    404 ``not-found`` when absent; 500 ``workflow-corrupt`` when the file does not read as a
-    JSON object.
+  - ``GET /protomolt/workflows/{name}`` (scope ``schema-read``): the stored JSON verbatim,
+    with the header ``ProtoMolt-Retention`` when it has a ``retention`` key (the effective
+    retention of its runs per final status, JSON, from ``check-workflow``; without the key, or
+    without a jobs role, no header: the node-wide ``jobs.run_retention_seconds``); 404 ``not-found`` when
+    absent; 500 ``workflow-corrupt`` when the file does not read as a JSON object.
   - ``PUT /protomolt/workflows/{name}`` (scope ``workflow-write``): the name must match
     :data:`NAME_PATTERN` and the body must be a JSON object (else **422** ``invalid-input``,
     also for a body nested too deep or holding a lone surrogate escape). The definition is
@@ -228,6 +230,25 @@ def _refusal(status: int, code: str, message: str, **extra: Any) -> HttpResponse
     return error_response(status, code, message, error_code=ERROR_CODES[code], **extra)
 
 
+#: The GET answer's header holding the stored workflow's effective retention.
+RETENTION_HEADER = "ProtoMolt-Retention"
+
+
+def _retention_header(request: HttpRequest, name: str) -> tuple[tuple[str, str], ...]:
+    """``ProtoMolt-Retention: <JSON>``: the effective retention of the stored workflow's
+    runs per final status, as ``check-workflow`` answers it (run in-process; its parse and
+    verification are cached per definition). None for a workflow without a ``retention`` key
+    (its runs keep the node-wide setting) or when no jobs role is mounted."""
+    try:
+        definition = request.catalog.execute("check-workflow", {"workflowName": name})
+    except ProtomoltJobsError:  # no jobs role mounted (UnknownAction), or its refusal
+        return ()
+    kept = definition.get("retention") if isinstance(definition, dict) else None
+    if not isinstance(kept, dict):
+        return ()
+    return ((RETENTION_HEADER, json.dumps(kept, separators=(",", ":"), sort_keys=True)),)
+
+
 def workflow_routes(store: WorkflowStore) -> list[HttpRoute]:
     """The registry's routes over ``store`` (see the module docstring)."""
 
@@ -238,13 +259,14 @@ def workflow_routes(store: WorkflowStore) -> list[HttpRoute]:
         name = request.params["name"]
         try:
             text = store.read_text(name)
-            if text is not None:
-                store.workflow(name)  # refuse to serve a corrupt file as if it were fine
+            # refuse to serve a corrupt file as if it were fine
+            stored = store.workflow(name) if text is not None else None
         except CorruptWorkflow as exc:
             return _refusal(500, "workflow-corrupt", str(exc))
         if text is None:
             return _refusal(404, "not-found", f"Workflow not found: {name}")
-        return HttpResponse(200, text.encode("utf-8"))
+        kept = _retention_header(request, name) if stored and "retention" in stored else ()
+        return HttpResponse(200, text.encode("utf-8"), headers=kept)
 
     def put_one(request: HttpRequest) -> HttpResponse:
         name = request.params["name"]

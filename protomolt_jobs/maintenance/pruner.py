@@ -6,7 +6,11 @@ long), oldest first, in database time:
 
 - PUBLISHED outbox rows published more than ``outbox_retention_seconds`` ago;
 - terminal runs (COMPLETED, FAILED, DEAD, CANCELLED) completed more than
-  ``run_retention_seconds`` ago (their transition log goes with them, ``ON DELETE CASCADE``).
+  ``run_retention_seconds`` ago (their transition log goes with them, ``ON DELETE CASCADE``);
+- terminal runs of workflows with their own ``retention`` (the run's ``retention`` column,
+  migration 0020) whose retention for their final status has ended, with their PUBLISHED
+  outbox rows. The node-wide statements leave such runs alone, and this one runs even when
+  ``run_retention_seconds`` is 0 (docs/workflows.md, Retention).
 
 Never deleted, and the queries say so in their ``WHERE`` clauses: a PENDING or FAILED outbox
 row (an event not yet published, or the outbox's dead letter), and a QUEUED, RUNNING, WAITING
@@ -44,11 +48,13 @@ class PruneResult:
     """What one pass deleted.
 
     :ivar outbox_rows: PUBLISHED outbox rows deleted.
-    :ivar runs: terminal runs deleted.
+    :ivar runs: terminal runs deleted (both kinds).
+    :ivar retained_runs: of ``runs``, those deleted under their workflow's own retention.
     """
 
     outbox_rows: int = 0
     runs: int = 0
+    retained_runs: int = 0
 
 
 class Pruner(PeriodicService):
@@ -57,7 +63,7 @@ class Pruner(PeriodicService):
     a warning and the pass is retried after a backoff).
 
     :param store: the job store (``outbox_prune_published``, ``job_prune_terminal``,
-        ``job_prune_cancelled``, ``outbox_pending_count``).
+        ``job_prune_cancelled``, ``job_prune_retention``, ``outbox_pending_count``).
     :param config: ``JobsConfig`` (``outbox_retention_seconds``, ``run_retention_seconds``,
         ``prune_interval_seconds``, ``prune_foreign_rows``, ``kafka_bootstrap``, ``worker_id``;
         validated there).
@@ -103,6 +109,9 @@ class Pruner(PeriodicService):
         if self.run_retention_s > 0:
             runs = self._drain(self._store.job_prune_terminal, self.run_retention_s)
             runs += self._drain(self._store.job_prune_cancelled, self.run_retention_s)
+        retained, retained_outbox = self._drain_retained()
+        runs += retained
+        outbox_rows += retained_outbox
         if outbox_rows or runs:
             self.log.info(
                 "pruned %d published outbox rows and %d finished runs",
@@ -130,7 +139,7 @@ class Pruner(PeriodicService):
                         "pending_at_least": pending,
                     },
                 )
-        return PruneResult(outbox_rows=outbox_rows, runs=runs)
+        return PruneResult(outbox_rows=outbox_rows, runs=runs, retained_runs=retained)
 
     def _drain(self, prune: Any, retention_s: float) -> int:
         deleted = 0
@@ -142,6 +151,21 @@ class Pruner(PeriodicService):
             if n < self.batch_rows:
                 break
         return deleted
+
+    def _drain_retained(self) -> tuple[int, int]:
+        """The runs whose workflow retention ended, batch by batch: ``(runs, outbox rows)``."""
+        runs = outbox_rows = 0
+        for _ in range(self.max_batches):
+            if self._stop.is_set():
+                break
+            n, events = self._store.job_prune_retention(
+                self.batch_rows, foreign_rows=self.foreign_rows
+            )
+            runs += n
+            outbox_rows += events
+            if n < self.batch_rows:
+                break
+        return runs, outbox_rows
 
     def _wait_before_first_pass(self) -> bool:
         return True

@@ -15,7 +15,10 @@ Checks run in the reference's order (upstream ``WorkflowRunSubmitter``):
 5. check the input against the workflow's ``inputType`` (the engine's ``parse_input``);
 6. resolve the scheduling fields and the budget (:mod:`~protomolt_jobs.runs.scheduling`): a
    submitted value that is malformed is ``invalid-input``, a workflow's own ``scheduling`` or
-   ``budget`` that is malformed is ``invalid-definition``, both naming the field;
+   ``budget`` that is malformed is ``invalid-definition``, both naming the field; then the
+   workflow's ``retention`` (:mod:`~protomolt_jobs.runs.retention`): malformed or outside the
+   node's bounds is ``invalid-input`` (``field`` ``workflow``/``workflowName``, ``path`` the
+   key, the message naming the bound);
 7. take the job id (a uuid) or mint a uuid4;
 8. insert the row with the definition and the input snapshotted (``ON CONFLICT DO NOTHING``:
    a resubmission returns the stored row untouched; a live run holding the same ``dedupKey``
@@ -138,6 +141,10 @@ class Submitter:
     :param fairness_weights: fairness key -> weight (> 0); a key not listed weighs 1.
     :param floors: the node's policy floors (``workflow/floors.py``); a definition weaker
         than one is refused ``invalid-input`` (``weakens_policy``, naming the rule).
+    :param retention_bounds: the node's bounds on a workflow's ``retention``
+        (:class:`~protomolt_jobs.runs.retention.Bounds`); None: the defaults of ``JobsConfig``.
+    :param run_retention_s: the node's ``jobs.run_retention_seconds``, stamped for the final
+        statuses a workflow's ``retention`` object leaves out.
     :raises ValueError: ``max_attempts`` is not a positive integer.
     """
 
@@ -149,6 +156,8 @@ class Submitter:
         max_attempts: int,
         fairness_weights: Mapping[str, float] | None = None,
         floors: Sequence[Any] = (),
+        retention_bounds: Any = None,
+        run_retention_s: float = 0.0,
     ) -> None:
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise ValueError(f"max_attempts must be a positive integer; got {max_attempts!r}")
@@ -158,6 +167,16 @@ class Submitter:
         self.max_attempts = max_attempts
         self.fairness_weights = dict(fairness_weights or {})
         self.floors = tuple(floors)
+        self.retention_bounds = retention_bounds
+        self.run_retention_s = run_retention_s
+
+    def _bounds(self) -> Any:
+        if self.retention_bounds is not None:
+            return self.retention_bounds
+        from protomolt_jobs.config import JobsConfig
+        from protomolt_jobs.runs.retention import Bounds
+
+        return Bounds.of(JobsConfig())
 
     def submit(
         self,
@@ -308,6 +327,22 @@ class Submitter:
             return _refuse(
                 "invalid-definition" if own else "invalid-input", exc.message, field=exc.field
             )
+        # 6b. The workflow's own retention, within the node's bounds (a definition without
+        # the key costs one dict lookup and stores NULL: the node-wide setting applies).
+        kept = None
+        if definition.get("retention") is not None:
+            from protomolt_jobs.runs import retention
+
+            try:
+                kept = retention.stamp(definition, self._bounds(), self.run_retention_s)
+            except scheduling.FieldError as exc:
+                stored = name if workflow is None else ""
+                return _refuse(
+                    "invalid-input",
+                    f"stored workflow '{stored}': {exc.message}" if stored else exc.message,
+                    field="workflowName" if stored else "workflow",
+                    path=exc.field,
+                )
         # 7. The job id, after the workflow checks (as the reference orders them).
         if job_id is None or (isinstance(job_id, str) and not job_id.strip()):
             key = uuid.uuid4()
@@ -339,6 +374,7 @@ class Submitter:
                 deadline_s=budget.deadline_s if budget is not None else None,
                 actor=actor,
                 groups=tuple(groups),
+                retention=kept,
             )
         )
         job = outcome.job

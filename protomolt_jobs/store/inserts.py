@@ -19,6 +19,20 @@ PRIORITIES = frozenset({1, 2, 3, 4, 5})
 _DEDUP_TRIES = 5
 
 
+def _retention(retention: Any) -> Any:
+    """``NewJob.retention`` as the ``retention`` column's JSONB (None stays NULL).
+
+    :raises ValueError: a status that is not a final one, or seconds that are not above 0.
+    """
+    if retention is None:
+        return None
+    for status, seconds in dict(retention).items():
+        if status not in ("COMPLETED", "FAILED", "DEAD", "CANCELLED"):
+            raise ValueError(f"retention: {status!r} is not a final status")
+        checks.positive_seconds(f"retention.{status}", seconds)
+    return checks.jsonb("retention", {k: float(v) for k, v in retention.items()}, dict)
+
+
 class InsertsMixin(db.Database):
     """``JobStore``'s inserts: a job, and a request-topic reject."""
 
@@ -80,6 +94,7 @@ class InsertsMixin(db.Database):
             "deadline_s": float(new.deadline_s) if new.deadline_s is not None else None,
             "actor": scrub_text(new.actor or "api"),
             "groups": sorted({scrub_text(g) for g in new.groups}) or None,
+            "retention": _retention(new.retention),
         }
         existing: dict[str, Any] | None = None
         deduplicated = False

@@ -201,8 +201,10 @@ class MaintenanceMixin(db.Database):
         ``retention_s`` seconds ago (database time), oldest first.
 
         SQL: ``job_prune_terminal`` (a ``DELETE`` over a ``FOR UPDATE SKIP LOCKED`` batch,
-        index ``idx_workflow_run_terminal_completed``; its ``WHERE`` re-checks the terminal
-        status under the row lock, so a run requeued meanwhile is kept). The run's outbox rows
+        index ``idx_workflow_run_terminal_completed_node``; its ``WHERE`` re-checks the terminal
+        status under the row lock, so a run requeued meanwhile is kept). Only runs without a
+        workflow retention (``retention`` NULL, migration 0020): :meth:`job_prune_retention`
+        deletes the others. The run's outbox rows
         are left to :meth:`outbox_prune_published` (a PENDING one is never deleted).
         Transaction: one statement, autocommit.
 
@@ -222,7 +224,8 @@ class MaintenanceMixin(db.Database):
     ) -> int:
         """Delete one batch of CANCELLED runs cancelled more than ``retention_s`` seconds ago,
         oldest first (a query of its own: migration 0004's partial index predates the status,
-        and cancelled runs are few). SQL: ``job_prune_cancelled``; its ``WHERE`` re-checks
+        and cancelled runs are few). Only runs without a workflow retention (migration 0020).
+        SQL: ``job_prune_cancelled``; its ``WHERE`` re-checks
         ``status = 'CANCELLED'`` under the row lock (a PAUSED run is never deleted); the
         run's transition log goes with it (``ON DELETE CASCADE``). Runs our store did not
         insert are kept unless ``foreign_rows``. Transaction: one statement.
@@ -232,6 +235,34 @@ class MaintenanceMixin(db.Database):
         :raises StoreError: on a database failure.
         """
         return self._prune_batch("job_prune_cancelled", retention_s, limit, foreign_rows)
+
+    @db.translated
+    def job_prune_retention(
+        self, limit: int = PRUNE_BATCH_DEFAULT, *, foreign_rows: bool = False
+    ) -> tuple[int, int]:
+        """Delete one batch of terminal runs whose workflow's own retention has ended
+        (``completed_at`` plus the seconds the run's ``retention`` column gives its final
+        status is before the database's ``now()``; migration 0020), soonest expiry first.
+
+        SQL: ``job_prune_retention``: one statement, autocommit, over a ``FOR UPDATE SKIP
+        LOCKED`` batch found through ``idx_workflow_run_retention_expires``; it deletes the
+        runs (their transition log and votes go with them, ``ON DELETE CASCADE``) and their
+        PUBLISHED outbox rows written while they ran. A status the run's retention does not
+        name is kept; a live run, and a PENDING or FAILED outbox row, never go.
+
+        :param limit: most runs deleted (> 0).
+        :param foreign_rows: also rows our store did not write (``jobs.prune_foreign_rows``).
+        :returns: ``(runs deleted, outbox rows deleted)``.
+        :raises ValueError: for a non-positive limit.
+        :raises StoreError: on a database failure.
+        """
+        checks.positive_int("limit", limit)
+        params = {"limit": limit, "foreign_rows": bool(foreign_rows)}
+        with self._connection() as conn:
+            row = db.one(conn, "job_prune_retention", params)
+        if row is None:
+            return 0, 0
+        return int(row["runs"]), int(row["outbox_rows"])
 
     def _prune_batch(self, query: str, retention_s: float, limit: int, foreign_rows: bool) -> int:
         """One pruning ``DELETE`` (``query``) of up to ``limit`` rows older than

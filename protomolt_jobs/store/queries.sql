@@ -103,13 +103,13 @@ WITH base AS (
 INSERT INTO workflow_run (job_id, workflow_name, workflow_definition, input, status,
                           max_attempts, error, completed_at, priority, queue, fairness_key,
                           fairness_pass, dedup_key, deadline_at, trace_context, change_actor,
-                          change_reason, submitted_by, submitted_groups)
+                          change_reason, submitted_by, submitted_groups, retention)
 SELECT %(job_id)s, %(workflow_name)s, %(workflow_definition)s, %(input)s, %(status)s,
        %(max_attempts)s, %(error)s,
        CASE WHEN %(status)s::text IN ('COMPLETED', 'FAILED', 'DEAD') THEN now() END,
        %(priority)s, %(queue)s, %(fairness_key)s, stamp.last_pass, %(dedup_key)s,
        now() + make_interval(secs => %(deadline_s)s), %(trace_context)s,
-       %(actor)s, %(error)s, %(actor)s, %(groups)s::text[]
+       %(actor)s, %(error)s, %(actor)s, %(groups)s::text[], %(retention)s
   FROM stamp
 ON CONFLICT DO NOTHING
 RETURNING job_id, workflow_name, workflow_definition::text AS workflow_definition,
@@ -172,6 +172,19 @@ SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
    AND (%(id_low)s::uuid IS NULL OR job_id BETWEEN %(id_low)s::uuid AND %(id_high)s::uuid)
  ORDER BY created_at DESC, job_id DESC
  LIMIT %(limit)s OFFSET %(offset)s
+
+-- name: job_replay_runs
+-- description: a workflow's runs in the given statuses, newest first, at most %(limit)s (replay-check; read only): the live ones are few, so the status index finds them; finished ones come by idx_workflow_run_name_created.
+SELECT job_id, workflow_name, workflow_definition::text AS workflow_definition,
+       input::text AS input, status, attempt, max_attempts, run_after, outstanding_step,
+       checkpoints::text AS checkpoints, result::text AS result, verdict, error,
+       lease_owner, lease_token, lease_until, created_at, updated_at, completed_at,
+       priority, queue, fairness_key, dedup_key, deadline_at, wait_kind
+  FROM workflow_run
+ WHERE workflow_name = %(workflow_name)s
+   AND status = ANY(%(statuses)s::text[])
+ ORDER BY created_at DESC, job_id DESC
+ LIMIT %(limit)s
 
 -- name: job_lock
 -- description: one job's full row under FOR UPDATE (the gate of parked completions).
@@ -1113,11 +1126,12 @@ DELETE FROM workflow_run_events_outbox AS o
    AND o.status = 'PUBLISHED'
 
 -- name: job_prune_terminal
--- description: delete up to %(limit)s terminal runs (COMPLETED, FAILED, DEAD) completed more than %(retention_s)s seconds ago (oldest first, SKIP LOCKED); never a QUEUED, RUNNING or WAITING run, and only runs our store inserted (origin, migration 0013) unless %(foreign_rows)s.
+-- description: delete up to %(limit)s terminal runs (COMPLETED, FAILED, DEAD) without a workflow retention (migration 0020; index idx_workflow_run_terminal_completed_node) completed more than %(retention_s)s seconds ago (oldest first, SKIP LOCKED); never a QUEUED, RUNNING or WAITING run, and only runs our store inserted (origin, migration 0013) unless %(foreign_rows)s.
 WITH doomed AS (
     SELECT job_id
       FROM workflow_run
      WHERE status IN ('COMPLETED', 'FAILED', 'DEAD')
+       AND retention IS NULL
        AND completed_at < now() - make_interval(secs => %(retention_s)s)
        AND (%(foreign_rows)s OR origin = 'protomolt-jobs')
      ORDER BY completed_at
@@ -1157,11 +1171,12 @@ UPDATE workflow_run
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
 -- name: job_prune_cancelled
--- description: delete up to %(limit)s CANCELLED runs cancelled more than %(retention_s)s seconds ago (oldest first, SKIP LOCKED; index idx_workflow_run_status_run_after); never a live or PAUSED run, and only runs our store inserted (origin, migration 0013) unless %(foreign_rows)s.
+-- description: delete up to %(limit)s CANCELLED runs without a workflow retention (migration 0020) cancelled more than %(retention_s)s seconds ago (oldest first, SKIP LOCKED; index idx_workflow_run_status_run_after); never a live or PAUSED run, and only runs our store inserted (origin, migration 0013) unless %(foreign_rows)s.
 WITH doomed AS (
     SELECT job_id
       FROM workflow_run
      WHERE status = 'CANCELLED'
+       AND retention IS NULL
        AND completed_at < now() - make_interval(secs => %(retention_s)s)
        AND (%(foreign_rows)s OR origin = 'protomolt-jobs')
      ORDER BY completed_at
@@ -1172,6 +1187,44 @@ DELETE FROM workflow_run AS r
  USING doomed AS d
  WHERE r.job_id = d.job_id
    AND r.status = 'CANCELLED'
+
+-- name: job_prune_retention
+-- description: delete up to %(limit)s terminal runs whose workflow retention has ended (workflow_run_expires_at < now(), migration 0020; soonest expiry first, SKIP LOCKED; index idx_workflow_run_retention_expires), with their transition log (ON DELETE CASCADE) and their PUBLISHED outbox rows written while they ran (created_at from the run's created_at to its completed_at plus one second: the final event of a completion is stamped now() + 1 microsecond); never a live run, nor a PENDING or FAILED outbox row; only rows our store wrote (origin, migration 0013) unless %(foreign_rows)s.
+WITH doomed AS (
+    SELECT job_id
+      FROM workflow_run
+     WHERE retention IS NOT NULL
+       AND status IN ('COMPLETED', 'FAILED', 'DEAD', 'CANCELLED')
+       AND workflow_run_expires_at(completed_at, status, retention) < now()
+       AND (%(foreign_rows)s OR origin = 'protomolt-jobs')
+     ORDER BY workflow_run_expires_at(completed_at, status, retention)
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), runs AS (
+    DELETE FROM workflow_run AS r
+     USING doomed AS d
+     WHERE r.job_id = d.job_id
+       AND r.status IN ('COMPLETED', 'FAILED', 'DEAD', 'CANCELLED')
+    RETURNING r.job_id, r.created_at, r.completed_at
+), span AS (
+    -- The batch's window: its runs' events were written from the earliest start to the
+    -- latest end (a completion's last event is stamped now() + 1 microsecond).
+    SELECT min(created_at) AS lo, max(completed_at) + interval '1 second' AS hi FROM runs
+), events AS (
+    -- One range scan of idx_workflow_run_events_outbox_status_created over the window,
+    -- matched to the runs by key and by each run's own life.
+    DELETE FROM workflow_run_events_outbox AS o
+     USING span, runs
+     WHERE o.status = 'PUBLISHED'
+       AND o.created_at >= span.lo
+       AND o.created_at <= span.hi
+       AND o.kafka_key = runs.job_id::text
+       AND o.created_at >= runs.created_at
+       AND o.created_at <= runs.completed_at + interval '1 second'
+       AND (%(foreign_rows)s OR o.origin = 'protomolt-jobs')
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM runs) AS runs, (SELECT count(*) FROM events) AS outbox_rows
 
 -- ---------------------------------------------------------------------------------------------
 -- Effects (migration 0006, issue #17)

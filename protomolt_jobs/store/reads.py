@@ -103,6 +103,30 @@ class ReadsMixin(db.Database):
         return [JobRecord.from_row(r) for r in rows]
 
     @db.translated
+    @db.read_retried_once
+    def job_replay_runs(
+        self, workflow_name: str, statuses: list[str], limit: int
+    ) -> list[JobRecord]:
+        """The runs of ``workflow_name`` in ``statuses``, newest first, at most ``limit``
+        (``replay-check``).
+
+        SQL: ``job_replay_runs``. Transaction: one, read only. A row whose stored JSON does not
+        decode comes back with ``unreadable`` set.
+
+        :raises ValueError: an unknown status, a blank name, or a limit below 1.
+        :raises StoreError: on a database failure.
+        """
+        checks.text("workflow_name", workflow_name)
+        checks.positive_int("limit", limit)
+        for status in statuses:
+            if status not in JOB_STATUSES:
+                raise ValueError(f"statuses: {status!r} is not a job status")
+        params = {"workflow_name": workflow_name, "statuses": list(statuses), "limit": limit}
+        with self._connection() as conn:
+            rows = db.rows(conn, "job_replay_runs", params)
+        return [JobRecord.from_row(r) for r in rows]
+
+    @db.translated
     def job_statuses(self, job_ids: list[uuid.UUID | str]) -> list[dict[str, Any]]:
         """The status columns of ``job_ids`` (absent ids are left out), for progress displays.
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, Literal
@@ -279,6 +280,10 @@ class NewJob:
     actor: str = "api"
     #: The submitting caller's groups (recorded as ``submitted_groups``; empty: none).
     groups: tuple[str, ...] = ()
+    #: The workflow's retention (migration 0020): final status (``COMPLETED``, ``FAILED``,
+    #: ``DEAD``, ``CANCELLED``) -> seconds its runs are kept; None: the node-wide
+    #: ``jobs.run_retention_seconds``.
+    retention: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,12 +11,14 @@ module                verbs
 :mod:`.recovery`      ``reconcile-step``, ``migrate-checkpoint``
 :mod:`.loops`         ``extend-loop``
 :mod:`.workflow`      ``run-workflow``, ``check-workflow`` (the engine's; no store)
+:mod:`.replay`        ``replay-check`` (a candidate version against the stored runs)
 ===================== ======================================================================
 
 :mod:`.base` holds what every verb shares (the backend, the verb classes, field readers,
 answers); :mod:`.responses` turns a supplied response into a checkpoint entry. No verb module
 imports another (import-linter contract ``verbs-on-one-base``). :func:`jobs_actions` gives the
-job verbs in manifest order; the role adds ``run-workflow`` and ``check-workflow`` after them.
+job verbs in manifest order; the role adds ``run-workflow``, ``check-workflow`` and
+``replay-check`` after them.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from protomolt_jobs.verbs.control import (
 from protomolt_jobs.verbs.loops import ExtendLoopAction
 from protomolt_jobs.verbs.read import GetJobAction, JobHistoryAction, ListJobsAction
 from protomolt_jobs.verbs.recovery import MigrateCheckpointAction, ReconcileStepAction
+from protomolt_jobs.verbs.replay import ReplayCheckAction
 from protomolt_jobs.verbs.submit import SOURCE_RULE, SubmitWorkflowAction
 from protomolt_jobs.verbs.workflow import CheckWorkflowAction, RunWorkflowAction
 from protomolt_jobs.workflow.floors import Floor
@@ -57,6 +60,7 @@ __all__ = [
     "MigrateCheckpointAction",
     "PauseJobAction",
     "ReconcileStepAction",
+    "ReplayCheckAction",
     "RequeueJobAction",
     "ResumeJobAction",
     "RetryStepAction",

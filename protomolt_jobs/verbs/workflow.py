@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 from protomolt_jobs.errors import InternalError, InvalidInput
 from protomolt_jobs.input_rules import check_json, invalid, proto_json_path
+from protomolt_jobs.runs import retention
+from protomolt_jobs.runs.scheduling import FieldError
 from protomolt_jobs.verbs.base import Verb, only_known
 from protomolt_jobs.workflow import (
     Runtime,
@@ -218,10 +220,17 @@ class CheckWorkflowAction(Verb):
     ``workflow`` gets findings, never an error; each key the definition's objects do not know
     is a finding of kind ``unknown-key`` naming its path and the closest known key; a step
     weaker than a node policy floor that selects it is a finding of kind ``weakens_policy``
-    naming the rule (``workflow/floors.py``). The registry's PUT runs this verb, so such a
-    definition is refused there (422) with the same findings.
+    naming the rule (``workflow/floors.py``); a ``retention`` that is malformed or outside the
+    node's bounds is a finding of kind ``retention`` naming the field and the bound
+    (``runs/retention.py``). The registry's PUT runs this verb, so such a definition is
+    refused there (422) with the same findings. A definition with a ``retention`` key also
+    gets ``retention`` in the answer: the effective retention of its runs per final status (``{"completed":
+    {"seconds", "source": "workflow" | "node"}, ...}``, ``seconds`` None when kept).
 
     :param floors: the node's policy floors (none: nothing to weaken).
+    :param retention_bounds: the node's bounds on ``retention`` (None: any positive duration).
+    :param run_retention_s: the node's ``jobs.run_retention_seconds`` (the statuses a
+        workflow leaves out).
     """
 
     name = "check-workflow"
@@ -237,10 +246,14 @@ class CheckWorkflowAction(Verb):
         runtime: Runtime,
         repository: _Repository | None = None,
         floors: tuple[Floor, ...] = (),
+        retention_bounds: retention.Bounds | None = None,
+        run_retention_s: float = 0.0,
     ) -> None:
         self.runtime = runtime
         self.repository = repository
         self.floors = tuple(floors)
+        self.retention_bounds = retention_bounds
+        self.run_retention_s = run_retention_s
         self.input_schema = {
             "type": "object",
             "properties": {
@@ -287,10 +300,13 @@ class CheckWorkflowAction(Verb):
             if not found and self.floors:
                 found = floor_findings(parse_workflow(definition, self.runtime), self.floors)
             findings = [f.to_json() for f in found]
+            findings += self._retention_findings(definition)
         answer: dict[str, Any] = {"ok": not findings, "findings": findings}
         worst = _worst_case(definition, self.runtime)
         if worst is not None:
             answer["worstCase"] = worst
+        if isinstance(definition, dict) and definition.get(retention.KEY) is not None:
+            answer["retention"] = retention.effective(definition, self.run_retention_s)
         if simulated and not findings:
             compiled = parse_workflow(definition, self.runtime)
             if len(compiled.steps) > MAX_GRAPH_STEPS:
@@ -303,6 +319,18 @@ class CheckWorkflowAction(Verb):
             if worst is not None:
                 answer["simulation"]["worstCase"] = worst
         return answer
+
+    def _retention_findings(self, definition: Any) -> list[dict[str, Any]]:
+        """The definition's ``retention``, malformed or outside the node's bounds, as one
+        finding of kind ``retention`` naming the field and the bound."""
+        if not isinstance(definition, dict) or definition.get(retention.KEY) is None:
+            return []
+        bounds = self.retention_bounds or retention.Bounds(0.0, float("inf"))
+        try:
+            retention.parse(definition, bounds)
+        except FieldError as exc:
+            return [{"step": "", "kind": retention.FINDING_KIND, "error": exc.message}]
+        return []
 
 
 def _worst_case(definition: Any, runtime: Any) -> dict[str, Any] | None:

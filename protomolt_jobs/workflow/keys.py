@@ -120,6 +120,9 @@ KINDS: Mapping[str, Kind] = _kinds(
             "budget": "budget",
             # what cancel-job does by default (issue 27 item 4; workflow/cancel.py)
             "cancel": "cancel",
+            # how long finished runs are kept, per final status (issue 30 item 6;
+            # runs/retention.py): a duration, or an object of the kind below
+            "retention": "retention",
         },
     ),
     Kind(
@@ -270,6 +273,13 @@ KINDS: Mapping[str, Kind] = _kinds(
     ),
     Kind("budget", "the budget", "budget", {"deadline": None, "maxCost": None, "onExceeded": None}),
     Kind("cancel", "the cancel", "cancel", {"compensate": None, "interruptCalls": None}),
+    # issue 30 item 6 (runs/retention.py): durations by final status
+    Kind(
+        "retention",
+        "the retention",
+        "retention",
+        {"completed": None, "failed": None, "cancelled": None, "dead": None},
+    ),
 )
 
 #: Misspellings difflib cannot see (another word for the same thing), per kind: unknown key

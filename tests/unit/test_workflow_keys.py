@@ -130,6 +130,7 @@ KIND_CASES = [
     ("scheduling", {"scheduling": {"priorty": 2}}, "scheduling.priorty", "", "priority"),
     ("budget", {"budget": {"maxCosts": 3}}, "budget.maxCosts", "", "maxCost"),
     ("cancel", {"cancel": {"compensat": False}}, "cancel.compensat", "", "compensate"),
+    ("retention", {"retention": {"complete": "P1D"}}, "retention.complete", "", "completed"),
     (
         "loop",
         {"steps": [step(loop={"to": "a", "max": 2, "onExhaust": "park"})]},

@@ -407,3 +407,61 @@ class ExtendLoopResponse(_message.Message):
     extended_by: int
     requeued: bool
     def __init__(self, ok: _Optional[bool] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., step: _Optional[str] = ..., max: _Optional[int] = ..., extended_by: _Optional[int] = ..., requeued: _Optional[bool] = ...) -> None: ...
+
+class ReplayCheckRequest(_message.Message):
+    __slots__ = ("workflow_name", "candidate", "limit", "finished")
+    WORKFLOW_NAME_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    workflow_name: str
+    candidate: _struct_pb2.Struct
+    limit: int
+    finished: int
+    def __init__(self, workflow_name: _Optional[str] = ..., candidate: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., limit: _Optional[int] = ..., finished: _Optional[int] = ...) -> None: ...
+
+class ReplayExamined(_message.Message):
+    __slots__ = ("live", "finished")
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    live: int
+    finished: int
+    def __init__(self, live: _Optional[int] = ..., finished: _Optional[int] = ...) -> None: ...
+
+class ReplayDrift(_message.Message):
+    __slots__ = ("job_id", "status", "outstanding_step", "stored_version", "checkpoint", "step", "rule", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    OUTSTANDING_STEP_FIELD_NUMBER: _ClassVar[int]
+    STORED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    status: str
+    outstanding_step: str
+    stored_version: bool
+    checkpoint: int
+    step: str
+    rule: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., status: _Optional[str] = ..., outstanding_step: _Optional[str] = ..., stored_version: _Optional[bool] = ..., checkpoint: _Optional[int] = ..., step: _Optional[str] = ..., rule: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ReplayCheckResponse(_message.Message):
+    __slots__ = ("ok", "workflow_name", "examined", "more", "drifting", "unreadable", "error")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_NAME_FIELD_NUMBER: _ClassVar[int]
+    EXAMINED_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    DRIFTING_FIELD_NUMBER: _ClassVar[int]
+    UNREADABLE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    workflow_name: str
+    examined: ReplayExamined
+    more: bool
+    drifting: _containers.RepeatedCompositeFieldContainer[ReplayDrift]
+    unreadable: _containers.RepeatedScalarFieldContainer[str]
+    error: str
+    def __init__(self, ok: _Optional[bool] = ..., workflow_name: _Optional[str] = ..., examined: _Optional[_Union[ReplayExamined, _Mapping]] = ..., more: _Optional[bool] = ..., drifting: _Optional[_Iterable[_Union[ReplayDrift, _Mapping]]] = ..., unreadable: _Optional[_Iterable[str]] = ..., error: _Optional[str] = ...) -> None: ...
