@@ -44,6 +44,7 @@ def _queue(dsn: str, rows: list[dict[str, Any]]) -> None:
             "trace_context": None,
             "actor": "bench",
             "retention": None,
+            "groups": None,
             "priority": 3,
             "queue": r.get("queue", "default"),
             "fairness_key": r.get("fairness_key", "default"),

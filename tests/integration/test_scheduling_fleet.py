@@ -106,6 +106,7 @@ def insert_jobs(dsn: str, definition: dict, rows: list[dict]) -> None:
             "deadline_s": None,
             "trace_context": None,
             "actor": "api",
+            "groups": None,
             "retention": None,
         }
         for r in rows

@@ -53,6 +53,8 @@ def bulk_insert(dsn: str, rows: list[dict]) -> list[uuid.UUID]:
                 "deadline_s": None,
                 "trace_context": None,
                 "actor": "api",
+                "groups": None,
+                "retention": None,
             }
         )
     with psycopg.connect(dsn) as conn, conn.cursor() as cur:
@@ -314,6 +316,8 @@ def test_the_default_keys_stamp_is_index_backed_and_takes_no_lock(store, fresh_d
             "deadline_s": None,
             "trace_context": None,
             "actor": "api",
+            "groups": None,
+            "retention": None,
         }
         conn.execute(QUERIES["job_insert"], params)
         # The default key wrote no counter row (so no submit of it waits on another's lock).
