@@ -123,6 +123,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="scale: QUEUED rows over 10 queues x 1000 fairness keys per point (0: skip)",
     )
     p.add_argument("--memory-n", type=int)
+    p.add_argument(
+        "--own-cluster",
+        action="store_true",
+        help="run on a throwaway PostgreSQL of the benchmark's own (pg_stat_statements, "
+        "track_io_timing): per-statement figures, PostgreSQL CPU per job, HOT share",
+    )
     p.add_argument("--json", help="also write the raw results to this file")
     return p.parse_args(argv)
 
@@ -190,7 +196,25 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
     args = parse_args(argv)
     opts = options(args)
-    results = run(args.scenario, opts)
+    if args.own_cluster:
+        from bench import scenarios
+        from bench.cluster import OwnCluster
+        from bench.dbprobe import ClusterProbe
+
+        with OwnCluster() as cluster:
+            print(
+                f"== own cluster in {cluster.dir} on port {cluster.port} "
+                f"(postmaster {cluster.postmaster_pid}): {cluster.settings}",
+                flush=True,
+            )
+            scenarios.PROBE = ClusterProbe(cluster.dsn, cluster.postmaster_pid or 0)
+            try:
+                results = run(args.scenario, opts)
+            finally:
+                scenarios.PROBE = None
+            results["own_cluster"] = {"port": cluster.port, "settings": cluster.settings}
+    else:
+        results = run(args.scenario, opts)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2, default=str)

@@ -262,8 +262,23 @@ def table(results: dict, title: str = "protomolt-jobs benchmarks") -> Table:
 
 
 def print_table(results: dict, console: Console | None = None) -> None:
-    """Print the one table to the terminal (width permitting, else rich wraps cells)."""
+    """Print the one table to the terminal (width permitting, else rich wraps cells), then,
+    after an ``--own-cluster`` run, the cluster's settings and each throughput run's
+    database figures (statements, PostgreSQL CPU per job, HOT share)."""
     (console or Console(width=220)).print(table(results))
+    own = results.get("own_cluster")
+    if not own:
+        return
+    from bench.dbprobe import print_probe
+
+    print("own cluster settings: " + ", ".join(f"{k}={v}" for k, v in own["settings"].items()))
+    for r in (results.get("throughput") or {}).get("runs", []):
+        if "db" not in r:
+            continue
+        print(f"{r['system']} W={r['workers']}: {r['jobs_per_s']} jobs/s, {r['tx_per_job']} tx/job")
+        print_probe(r["system"], r["db"])
+        for s in r.get("sizes", []):
+            print(f"    {s['table']}: {_hot_share(s)} of {s['updates']} updates")
 
 
 def markdown(results: dict) -> str:

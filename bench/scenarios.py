@@ -39,10 +39,14 @@ PEERS: dict[str, tuple[str, dict]] = {
 
 #: Tables measured after each throughput run, per child system.
 TABLES = {
-    "ours": ["workflow_run", "workflow_run_events_outbox"],
+    "ours": ["workflow_run", "workflow_run_events_outbox", "workflow_run_transition"],
     "procrastinate": ["procrastinate_jobs", "procrastinate_events"],
     "dbos": ["dbos.workflow_status", "dbos.operation_outputs"],
 }
+
+#: ``--own-cluster``: the probe of the benchmark's own cluster (set by ``bench.__main__``);
+#: each throughput run then reports its statements and PostgreSQL CPU (bench/dbprobe.py).
+PROBE = None
 
 #: dbos-queue-1s runs at about W jobs/s: it gets this many jobs per worker.
 DBOS_1S_JOBS_PER_W = 15
@@ -144,7 +148,9 @@ def _throughput_run(label: str, system: str, params: dict, opts: Options) -> dic
             dbname=db.name,
             idle_window_s=opts.idle_window_s,
             settle_s=opts.settle_s,
+            on_go=PROBE.start if PROBE is not None else None,
         )
+        probe = PROBE.stop(db.name, r["jobs"]) if PROBE is not None else None
         sizes = relation_sizes(db.dsn, TABLES[system])
     jobs = r["jobs"]
     run = {
@@ -159,6 +165,8 @@ def _throughput_run(label: str, system: str, params: dict, opts: Options) -> dic
         "idle_rate": r["idle_rate"],
         "sizes": sizes,
     }
+    if probe is not None:
+        run["db"] = probe
     for key in (
         "not_completed",
         "store_calls_per_job",
@@ -186,6 +194,16 @@ def _throughput_run(label: str, system: str, params: dict, opts: Options) -> dic
         f"{run['jobs_per_s']:8.1f} jobs/s  {run['tx_per_job']} tx/job{extra}",
         flush=True,
     )
+    if probe is not None:
+        from bench.dbprobe import print_probe
+
+        print_probe(label, probe)
+        hot = "  ".join(
+            f"{s['table']} {100 * s['hot_updates'] / s['updates']:.0f} % HOT of {s['updates']}"
+            for s in sizes
+            if s["updates"]
+        )
+        print(f"    HOT share of updates: {hot or '-'}", flush=True)
     checks = run.get("checks")
     failed = [k for k in ("completed_once", "all_published") if checks and checks.get(k) is False]
     if failed:
