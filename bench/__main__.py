@@ -21,7 +21,7 @@ from importlib import metadata
 import psycopg
 
 from bench import report
-from bench.scenarios import PEERS, SCENARIOS, Options
+from bench.scenarios import PEERS, SCENARIOS, SEPARATE, Options
 
 #: ``all``: every scenario, sized to finish in about ten minutes on a 2-core machine.
 ALL = {
@@ -124,6 +124,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--memory-n", type=int)
     p.add_argument(
+        "--floor-clients",
+        type=lambda s: [int(x) for x in s.split(",")],
+        help="floor: pgbench client counts, e.g. 1,4,16",
+    )
+    p.add_argument("--floor-s", type=float, help="floor: seconds per pgbench run")
+    p.add_argument(
+        "--floor-variants",
+        type=lambda s: [x for x in s.split(",") if x],
+        help="floor: shipped,no-trigger,essential-indexes,bare",
+    )
+    p.add_argument(
         "--own-cluster",
         action="store_true",
         help="run on a throwaway PostgreSQL of the benchmark's own (pg_stat_statements, "
@@ -155,6 +166,9 @@ def options(args: argparse.Namespace) -> Options:
         "scale_sched_queued",
         "memory_n",
         "outbox_payloads",
+        "floor_clients",
+        "floor_s",
+        "floor_variants",
     ):
         value = getattr(args, name)
         if value is not None:
@@ -162,6 +176,13 @@ def options(args: argparse.Namespace) -> Options:
     bad = [w for w in opts.workloads if w not in ("noop", "realistic")]
     if bad:
         raise SystemExit(f"--workload: unknown {', '.join(bad)}; choose from noop, realistic")
+    from bench.floor import VARIANTS
+
+    bad = [v for v in opts.floor_variants if v not in VARIANTS]
+    if bad:
+        raise SystemExit(
+            f"--floor-variants: unknown {', '.join(bad)}; choose from {', '.join(VARIANTS)}"
+        )
     unknown = [p for p in opts.peers if p not in PEERS]
     if unknown:
         raise SystemExit(
@@ -172,7 +193,9 @@ def options(args: argparse.Namespace) -> Options:
 
 def run(scenario: str, opts: Options) -> dict:
     """Run one scenario (or all of them) and return the results with their context."""
-    names = list(SCENARIOS) if scenario in ("all", "smoke") else [scenario]
+    names = (
+        [n for n in SCENARIOS if n not in SEPARATE] if scenario in ("all", "smoke") else [scenario]
+    )
     results: dict = {
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "scenario": scenario,

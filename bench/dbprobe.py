@@ -146,8 +146,26 @@ class ClusterProbe:
         self._thread = threading.Thread(target=self._loop, daemon=True, name="cluster-probe")
         self._thread.start()
 
+    def _wait_gone(self, dbname: str, timeout_s: float = 15.0) -> None:
+        """Wait until no client backend of ``dbname`` is left and the postmaster has reaped
+        the last one (its CPU is then in the postmaster's ``cutime``)."""
+        deadline = time.monotonic() + timeout_s
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while time.monotonic() < deadline:
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+                    "AND backend_type = 'client backend'",
+                    (dbname,),
+                ).fetchone()
+                if not row or row[0] == 0:
+                    break
+                time.sleep(0.05)
+        time.sleep(0.2)
+
     def stop(self, dbname: str, jobs: int) -> dict:
-        """Close the window; ``{"cpu": ..., "statements": [...]}`` (see the module doc)."""
+        """Close the window once the run's backends are gone; ``{"cpu": ...,
+        "statements": [...]}`` (see the module doc)."""
+        self._wait_gone(dbname)
         self._sample()
         total = self._total() - self._total0
         self._stop.set()
@@ -159,6 +177,7 @@ class ClusterProbe:
             kind = self._kinds.get(pid, "client backend")
             by_kind[kind] = by_kind.get(kind, 0.0) + last - self._first.get(pid, 0.0)
         by_kind["exited (unsampled)"] = max(0.0, total - sum(by_kind.values()))
+        total = max(total, sum(by_kind.values()))
 
         def per_job(s: float) -> float | None:
             return round(1000 * s / jobs, 3) if jobs else None

@@ -93,6 +93,12 @@ class Options:
     #: throughput: our ``jobs.outbox_payloads`` (``columns``, the default, or ``always``: every
     #: outbox row written with its payload, the shared-outbox interop mode).
     outbox_payloads: str = "columns"
+    #: floor (issue 33): pgbench clients, seconds per run, variants (bench/floor.py).
+    floor_clients: list[int] = field(default_factory=lambda: [1, 4, 16])
+    floor_s: float = 10.0
+    floor_variants: list[str] = field(
+        default_factory=lambda: ["shipped", "no-trigger", "essential-indexes", "bare"]
+    )
 
 
 def _guarded(label: str, fn, *args):
@@ -368,6 +374,16 @@ def cap(opts: Options) -> dict:
     return out
 
 
+def floor(opts: Options) -> dict:
+    """The SQL floor: a three-step job's statements through pgbench (bench/floor.py)."""
+    from bench.floor import floor as measure_floor
+
+    return measure_floor(opts.floor_clients, opts.floor_s, opts.floor_variants)
+
+
+#: Scenarios ``all`` and ``smoke`` leave out (each starts a cluster of its own).
+SEPARATE = ("floor",)
+
 SCENARIOS = {
     "ceiling": ceiling,
     "fairness": fairness,
@@ -377,4 +393,5 @@ SCENARIOS = {
     "latency": latency,
     "scale": scale,
     "memory": memory,
+    "floor": floor,
 }
