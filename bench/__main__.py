@@ -132,7 +132,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--floor-variants",
         type=lambda s: [x for x in s.split(",") if x],
-        help="floor: shipped,no-trigger,essential-indexes,bare",
+        help="floor: shipped,before-0018,no-trigger,essential-indexes,bare",
     )
     p.add_argument(
         "--own-cluster",

@@ -36,6 +36,7 @@ from bench import pgdb
 SETTINGS = {
     "shared_preload_libraries": "pg_stat_statements",
     "pg_stat_statements.track": "all",
+    "pg_stat_statements.track_planning": "on",
     "pg_stat_statements.max": "10000",
     "track_io_timing": "on",
     "listen_addresses": "127.0.0.1",
@@ -55,6 +56,7 @@ REPORTED = (
     "autovacuum",
     "shared_preload_libraries",
     "pg_stat_statements.track",
+    "pg_stat_statements.track_planning",
     "track_io_timing",
     "jit",
 )

@@ -6,7 +6,8 @@
   statements by total execution time: the store's named query when the text is one of
   :data:`protomolt_jobs.store.queries.QUERIES`, else the normalised text shortened; calls,
   total and mean ms, rows, WAL bytes, shared blocks hit and dirtied, and whether it was a
-  top-level statement (``track=all`` also lists the trigger's INSERT and the foreign-key
+  top-level statement, plans per call and planning ms per job (``track_planning``: a plan
+  per call means the statement is planned every time) (``track=all`` also lists the trigger's INSERT and the foreign-key
   checks run inside the store's statements: ``top`` false);
 - **cpu**: PostgreSQL CPU by process accounting, from ``/proc/<pid>/stat`` (``utime + stime``):
   the postmaster's children are sampled every 0.2 s and grouped by kind (client backends,
@@ -201,13 +202,16 @@ class ClusterProbe:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             rows = conn.execute(
                 "SELECT query, toplevel, calls, total_exec_time, rows, wal_bytes, "
-                "shared_blks_hit, shared_blks_dirtied FROM pg_stat_statements "
-                "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s) "
+                "shared_blks_hit, shared_blks_dirtied, plans, total_plan_time "
+                "FROM pg_stat_statements "
+                "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s) AND calls > 0 "
                 "ORDER BY total_exec_time DESC LIMIT %s",
                 (dbname, TOP),
             ).fetchall()
         out = []
-        for query, top, calls, total_ms, nrows, wal, hit, dirtied in rows:
+        for query, top, calls, total_ms, nrows, wal, hit, dirtied, plans, plan_ms in rows:
+            if not calls:
+                continue  # planned only (a PL/pgSQL expression's plan under track_planning)
             out.append(
                 {
                     "statement": names.get(_key(query)) or short(query),
@@ -221,6 +225,9 @@ class ClusterProbe:
                     "wal_bytes_per_call": round(int(wal) / calls) if calls else None,
                     "blks_hit_per_call": round(hit / calls, 1) if calls else None,
                     "blks_dirtied_per_call": round(dirtied / calls, 2) if calls else None,
+                    # Plans made (track_planning): 1 per call = re-planned every time.
+                    "plans_per_call": round(plans / calls, 2) if calls else None,
+                    "plan_ms_per_job": round(plan_ms / jobs, 3) if jobs else None,
                 }
             )
         return out
@@ -237,7 +244,8 @@ def print_probe(label: str, probe: dict) -> None:
     )
     print(
         f"    {'statement':58s} {'top':>3s} {'calls/job':>9s} {'mean ms':>8s} "
-        f"{'ms/job':>7s} {'WAL B/call':>10s} {'hit/call':>8s} {'dirt/call':>9s}",
+        f"{'ms/job':>7s} {'WAL B/call':>10s} {'hit/call':>8s} {'dirt/call':>9s} "
+        f"{'plans/call':>10s} {'plan ms/job':>11s}",
         flush=True,
     )
     for s in probe["statements"]:
@@ -245,6 +253,7 @@ def print_probe(label: str, probe: dict) -> None:
             f"    {short(s['statement'], 58):58s} {'y' if s['top'] else 'n':>3s} "
             f"{s['calls_per_job']!s:>9s} {s['mean_ms']!s:>8s} {s['ms_per_job']!s:>7s} "
             f"{s['wal_bytes_per_call']!s:>10s} {s['blks_hit_per_call']!s:>8s} "
-            f"{s['blks_dirtied_per_call']!s:>9s}",
+            f"{s['blks_dirtied_per_call']!s:>9s} {s['plans_per_call']!s:>10s} "
+            f"{s['plan_ms_per_job']!s:>11s}",
             flush=True,
         )

@@ -26,7 +26,8 @@ implied: the floor always runs on one, with the statement and CPU probe of
 - ``no-trigger``: without the transition triggers (no history row, no hash);
 - ``essential-indexes``: without the indexes no statement of the floor reads (the listing,
   metrics, deadline, wake, dedup and pruning indexes);
-- ``bare``: both.
+- ``bare``: both;
+- ``before-0018``: every migration but 0018 (issue 33's fillfactor), for before/after.
 """
 
 from __future__ import annotations
@@ -67,11 +68,15 @@ NON_ESSENTIAL_INDEXES = (
     "idx_workflow_run_events_outbox_status_created",
     "idx_workflow_run_events_outbox_pending_key",
 )
-VARIANTS = {
-    "shipped": (False, False),
-    "no-trigger": (True, False),
-    "essential-indexes": (False, True),
-    "bare": (True, True),
+#: Variant -> (without the transition triggers, without NON_ESSENTIAL_INDEXES, migrations
+#: left out): ``before-0018`` is the schema before issue 33's migration, for before/after in
+#: one run.
+VARIANTS: dict[str, tuple[bool, bool, tuple[str, ...]]] = {
+    "shipped": (False, False, ()),
+    "before-0018": (False, False, ("0018",)),
+    "no-trigger": (True, False, ()),
+    "essential-indexes": (False, True, ()),
+    "bare": (True, True, ()),
 }
 #: Jobs queued before each run (so a claim always finds one).
 BACKLOG = 200
@@ -159,11 +164,20 @@ def _conn_args(dsn: str) -> list[str]:
     return ["-h", p.get("host", "127.0.0.1"), "-p", str(p.get("port", 5432)), "-U", "postgres"]
 
 
-def _prepare(dsn: str, no_trigger: bool, essential: bool, params: dict[str, Any]) -> None:
-    from protomolt_jobs.store.migrate import migrate
+def _prepare(
+    dsn: str, no_trigger: bool, essential: bool, without: tuple[str, ...], params: dict[str, Any]
+) -> None:
+    from protomolt_jobs.store.migrate import migrate, migrations_dir
     from protomolt_jobs.store.queries import QUERIES
 
-    migrate(dsn)
+    if without:
+        with tempfile.TemporaryDirectory() as tmp:
+            for f in migrations_dir().iterdir():
+                if f.name.endswith(".sql") and not f.name.startswith(without):
+                    (Path(tmp) / f.name).write_bytes(f.read_bytes())
+            migrate(dsn, directory=Path(tmp))
+    else:
+        migrate(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
         if no_trigger:
             conn.execute("DROP TRIGGER trg_workflow_run_transition ON workflow_run")
@@ -245,10 +259,10 @@ def floor(clients: list[int], seconds: float, variants: list[str]) -> dict:
         path.write_text(script(params))
         settings = cluster.settings if cluster is not None else None
         for variant in variants:
-            no_trigger, essential = VARIANTS[variant]
+            no_trigger, essential, without = VARIANTS[variant]
             for c in clients:
                 with BenchDatabase(f"floor_{variant.replace('-', '_')}") as db:
-                    _prepare(db.dsn, no_trigger, essential, params)
+                    _prepare(db.dsn, no_trigger, essential, without, params)
                     with psycopg.connect(db.dsn, autocommit=True) as conn:
                         conn.execute("CHECKPOINT")
                     probe.start()

@@ -97,7 +97,13 @@ class Options:
     floor_clients: list[int] = field(default_factory=lambda: [1, 4, 16])
     floor_s: float = 10.0
     floor_variants: list[str] = field(
-        default_factory=lambda: ["shipped", "no-trigger", "essential-indexes", "bare"]
+        default_factory=lambda: [
+            "shipped",
+            "before-0018",
+            "no-trigger",
+            "essential-indexes",
+            "bare",
+        ]
     )
 
 

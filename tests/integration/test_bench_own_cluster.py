@@ -139,3 +139,52 @@ def test_own_cluster_is_removed_when_the_run_is_interrupted():
             proc.kill()
             proc.wait()
         proc.stdout.close()
+
+
+@pytest.mark.timeout(240)
+def test_floor_runs_the_store_statements_through_pgbench(tmp_path):
+    out = tmp_path / "floor.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "floor",
+            "--floor-clients",
+            "1,2",
+            "--floor-s",
+            "1",
+            "--floor-variants",
+            "shipped,bare",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=230,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
+    floor = json.loads(out.read_text())["floor"]
+    # The script is the store's own statements (their text up to the first parameter), in
+    # the hot path's order.
+    from protomolt_jobs.store.queries import QUERIES
+
+    order = ["job_insert", "job_claim_one_queue", "job_checkpoint", "job_complete_with_checkpoint"]
+    at = [floor["script"].find(QUERIES[name].split("%(")[0]) for name in order]
+    assert -1 not in at and at == sorted(at), at
+    runs = {(r["variant"], r["clients"]): r for r in floor["runs"]}
+    assert set(runs) == {("shipped", 1), ("shipped", 2), ("bare", 1), ("bare", 2)}
+    for (variant, _), r in runs.items():
+        assert r["jobs"] > 0 and r["failed"] == 0
+        # Every pgbench transaction completed exactly one job.
+        assert r["completed"] == r["jobs"]
+        statements = {s["statement"]: s for s in r["db"]["statements"]}
+        for name in order:
+            assert name in statements, sorted(statements)
+        history = any(k.startswith("INSERT INTO workflow_run_transition") for k in statements)
+        assert history is (variant == "shipped")
+        assert r["db"]["cpu"]["total_ms_per_job"] is not None
+    assert "floor (shipped, pgbench): jobs/s, 1 clients" in proc.stdout
