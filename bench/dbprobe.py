@@ -72,6 +72,15 @@ def _kind(pid: int) -> str:
     return "client backend"
 
 
+def _sys(pid: int) -> float:
+    """Kernel CPU seconds of ``pid`` plus its reaped children's (0 when gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[12]) + int(fields[14])) / _TICK
+
+
 def _children(postmaster: int) -> dict[int, float]:
     out: dict[int, float] = {}
     for entry in os.listdir("/proc"):
@@ -114,6 +123,7 @@ class ClusterProbe:
         self._last: dict[int, float] = {}
         self._kinds: dict[int, str] = {}
         self._total0 = 0.0
+        self._sys0 = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
@@ -122,6 +132,9 @@ class ClusterProbe:
         st = _stat(self.postmaster)
         own = (st[1] + st[2]) if st else 0.0
         return own + sum(_children(self.postmaster).values())
+
+    def _total_sys(self) -> float:
+        return _sys(self.postmaster) + sum(_sys(pid) for pid in _children(self.postmaster))
 
     def _sample(self) -> None:
         for pid, used in _children(self.postmaster).items():
@@ -142,6 +155,7 @@ class ClusterProbe:
         self._kinds = {pid: _kind(pid) for pid in self._first}
         self._last = dict(self._first)
         self._total0 = self._total()
+        self._sys0 = self._total_sys()
         self._t0 = time.monotonic()
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="cluster-probe")
@@ -169,6 +183,7 @@ class ClusterProbe:
         self._wait_gone(dbname)
         self._sample()
         total = self._total() - self._total0
+        kernel = self._total_sys() - self._sys0
         self._stop.set()
         if self._thread:
             self._thread.join()
@@ -187,6 +202,8 @@ class ClusterProbe:
             "window_s": round(wall, 2),
             "total_s": round(total, 2),
             "total_ms_per_job": per_job(total),
+            # Of the total, in the kernel (WAL writes and flushes, sockets, ...).
+            "sys_ms_per_job": per_job(max(0.0, kernel)),
             # Client backends plus what exited between samples (backends at the end of a
             # run): the statements' own cost.
             "backend_ms_per_job": per_job(
@@ -239,7 +256,8 @@ def print_probe(label: str, probe: dict) -> None:
     kinds = "  ".join(f"{k} {v}" for k, v in cpu["by_kind_ms_per_job"].items())
     print(
         f"    postgres CPU/job {cpu['total_ms_per_job']} ms (backends "
-        f"{cpu['backend_ms_per_job']} ms) over {cpu['window_s']} s: {kinds}",
+        f"{cpu['backend_ms_per_job']} ms, kernel {cpu.get('sys_ms_per_job')} ms) over "
+        f"{cpu['window_s']} s: {kinds}",
         flush=True,
     )
     print(
