@@ -21,7 +21,7 @@ from importlib import metadata
 import psycopg
 
 from bench import report
-from bench.scenarios import PEERS, SCENARIOS, Options
+from bench.scenarios import PEERS, SCENARIOS, SEPARATE, Options
 
 #: ``all``: every scenario, sized to finish in about ten minutes on a 2-core machine.
 ALL = {
@@ -123,6 +123,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="scale: QUEUED rows over 10 queues x 1000 fairness keys per point (0: skip)",
     )
     p.add_argument("--memory-n", type=int)
+    p.add_argument(
+        "--floor-clients",
+        type=lambda s: [int(x) for x in s.split(",")],
+        help="floor: pgbench client counts, e.g. 1,4,16",
+    )
+    p.add_argument("--floor-s", type=float, help="floor: seconds per pgbench run")
+    p.add_argument(
+        "--floor-variants",
+        type=lambda s: [x for x in s.split(",") if x],
+        help="floor: shipped,before-0018,no-trigger,essential-indexes,bare",
+    )
+    p.add_argument(
+        "--own-cluster",
+        action="store_true",
+        help="run on a throwaway PostgreSQL of the benchmark's own (pg_stat_statements, "
+        "track_io_timing): per-statement figures, PostgreSQL CPU per job, HOT share",
+    )
     p.add_argument("--json", help="also write the raw results to this file")
     return p.parse_args(argv)
 
@@ -149,6 +166,9 @@ def options(args: argparse.Namespace) -> Options:
         "scale_sched_queued",
         "memory_n",
         "outbox_payloads",
+        "floor_clients",
+        "floor_s",
+        "floor_variants",
     ):
         value = getattr(args, name)
         if value is not None:
@@ -156,6 +176,13 @@ def options(args: argparse.Namespace) -> Options:
     bad = [w for w in opts.workloads if w not in ("noop", "realistic")]
     if bad:
         raise SystemExit(f"--workload: unknown {', '.join(bad)}; choose from noop, realistic")
+    from bench.floor import VARIANTS
+
+    bad = [v for v in opts.floor_variants if v not in VARIANTS]
+    if bad:
+        raise SystemExit(
+            f"--floor-variants: unknown {', '.join(bad)}; choose from {', '.join(VARIANTS)}"
+        )
     unknown = [p for p in opts.peers if p not in PEERS]
     if unknown:
         raise SystemExit(
@@ -166,7 +193,9 @@ def options(args: argparse.Namespace) -> Options:
 
 def run(scenario: str, opts: Options) -> dict:
     """Run one scenario (or all of them) and return the results with their context."""
-    names = list(SCENARIOS) if scenario in ("all", "smoke") else [scenario]
+    names = (
+        [n for n in SCENARIOS if n not in SEPARATE] if scenario in ("all", "smoke") else [scenario]
+    )
     results: dict = {
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "scenario": scenario,
@@ -190,7 +219,25 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
     args = parse_args(argv)
     opts = options(args)
-    results = run(args.scenario, opts)
+    if args.own_cluster:
+        from bench import scenarios
+        from bench.cluster import OwnCluster
+        from bench.dbprobe import ClusterProbe
+
+        with OwnCluster() as cluster:
+            print(
+                f"== own cluster in {cluster.dir} on port {cluster.port} "
+                f"(postmaster {cluster.postmaster_pid}): {cluster.settings}",
+                flush=True,
+            )
+            scenarios.PROBE = ClusterProbe(cluster.dsn, cluster.postmaster_pid or 0)
+            try:
+                results = run(args.scenario, opts)
+            finally:
+                scenarios.PROBE = None
+            results["own_cluster"] = {"port": cluster.port, "settings": cluster.settings}
+    else:
+        results = run(args.scenario, opts)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2, default=str)

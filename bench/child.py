@@ -81,12 +81,14 @@ def run_child(
     idle_window_s: float = 3.0,
     settle_s: float = SETTLE_S,
     timeout_s: float = 1800.0,
+    on_go: Callable[[], None] | None = None,
 ) -> dict:
     """Run one system in a child process and return its result, with ``xact_commit`` accounting.
 
     Adds ``commits`` (raw delta from go to exit), ``idle_rate`` (commits/s before go) and
     ``commits_net`` (delta minus idle rate x run time minus the child's own polls) when
-    ``dbname`` is given.
+    ``dbname`` is given. ``on_go`` is called just before ``go`` (the start of the measured
+    window; e.g. :meth:`bench.dbprobe.ClusterProbe.start`).
 
     :raises RuntimeError: the child failed or broke the protocol (its stderr is passed through).
     """
@@ -112,6 +114,8 @@ def run_child(
             # Counted in the idle rate, they would be subtracted from the run as if idle.
             time.sleep(settle_s)
             idle_rate, start = counter.idle_rate(idle_window_s)
+        if on_go is not None:
+            on_go()
         proc.stdin.write("go\n")
         proc.stdin.flush()
         result = _read_event(proc)

@@ -56,6 +56,20 @@ def rows(results: dict) -> list[dict]:
                     "peers": {},
                 }
             )
+    fl = results.get("floor")
+    for r in (fl or {}).get("runs", []):
+        for key, label, better in (
+            ("jobs_per_s", "jobs/s", "higher"),
+            ("db.cpu.total_ms_per_job", "PostgreSQL CPU ms/job", "lower"),
+        ):
+            out.append(
+                {
+                    "metric": f"floor ({r['variant']}, pgbench): {label}, {r['clients']} clients",
+                    "better": better,
+                    "ours": _get(r, key),
+                    "peers": {},
+                }
+            )
     rl = results.get("relay")
     if rl and "events_per_s" in rl:
         for key, label, better in (
@@ -93,6 +107,7 @@ def rows(results: dict) -> list[dict]:
                     ),
                     ("cpu_ms_per_job_run", "CPU ms/job, worker+relay", "lower"),
                     ("cpu_ms_per_job", "CPU ms/job, with submitting", "lower"),
+                    ("db.cpu.total_ms_per_job", "PostgreSQL CPU ms/job (own cluster)", "lower"),
                     # What was subtracted (times the run's duration) to get transactions/job.
                     ("idle_rate", "idle commits/s (subtracted)", "lower"),
                     ("relay.events_per_s", "relay events/s", "higher"),
@@ -106,8 +121,13 @@ def rows(results: dict) -> list[dict]:
                     if value is None:
                         continue
                     peers = {}
-                    if noop and key in ("jobs_per_s", "tx_per_job", "idle_rate"):
-                        peers = {p: by[(p, w)].get(key) for p in PEER_ORDER if (p, w) in by}
+                    if noop and key in (
+                        "jobs_per_s",
+                        "tx_per_job",
+                        "idle_rate",
+                        "db.cpu.total_ms_per_job",
+                    ):
+                        peers = {p: _get(by[(p, w)], key) for p in PEER_ORDER if (p, w) in by}
                     out.append(
                         {
                             "metric": f"throughput W={w} ({label}): {name}",
@@ -193,7 +213,7 @@ def rows(results: dict) -> list[dict]:
                         "peers": {},
                     }
                 )
-    for name in ("ceiling", "relay", "throughput", "latency", "scale", "memory"):
+    for name in ("ceiling", "floor", "relay", "throughput", "latency", "scale", "memory"):
         if "error" in (results.get(name) or {}):
             out.append(
                 {
@@ -262,8 +282,23 @@ def table(results: dict, title: str = "protomolt-jobs benchmarks") -> Table:
 
 
 def print_table(results: dict, console: Console | None = None) -> None:
-    """Print the one table to the terminal (width permitting, else rich wraps cells)."""
+    """Print the one table to the terminal (width permitting, else rich wraps cells), then,
+    after an ``--own-cluster`` run, the cluster's settings and each throughput run's
+    database figures (statements, PostgreSQL CPU per job, HOT share)."""
     (console or Console(width=220)).print(table(results))
+    own = results.get("own_cluster")
+    if not own:
+        return
+    from bench.dbprobe import print_probe
+
+    print("own cluster settings: " + ", ".join(f"{k}={v}" for k, v in own["settings"].items()))
+    for r in (results.get("throughput") or {}).get("runs", []):
+        if "db" not in r:
+            continue
+        print(f"{r['system']} W={r['workers']}: {r['jobs_per_s']} jobs/s, {r['tx_per_job']} tx/job")
+        print_probe(r["system"], r["db"])
+        for s in r.get("sizes", []):
+            print(f"    {s['table']}: {_hot_share(s)} of {s['updates']} updates")
 
 
 def markdown(results: dict) -> str:

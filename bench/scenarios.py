@@ -39,10 +39,14 @@ PEERS: dict[str, tuple[str, dict]] = {
 
 #: Tables measured after each throughput run, per child system.
 TABLES = {
-    "ours": ["workflow_run", "workflow_run_events_outbox"],
+    "ours": ["workflow_run", "workflow_run_events_outbox", "workflow_run_transition"],
     "procrastinate": ["procrastinate_jobs", "procrastinate_events"],
     "dbos": ["dbos.workflow_status", "dbos.operation_outputs"],
 }
+
+#: ``--own-cluster``: the probe of the benchmark's own cluster (set by ``bench.__main__``);
+#: each throughput run then reports its statements and PostgreSQL CPU (bench/dbprobe.py).
+PROBE = None
 
 #: dbos-queue-1s runs at about W jobs/s: it gets this many jobs per worker.
 DBOS_1S_JOBS_PER_W = 15
@@ -89,6 +93,18 @@ class Options:
     #: throughput: our ``jobs.outbox_payloads`` (``columns``, the default, or ``always``: every
     #: outbox row written with its payload, the shared-outbox interop mode).
     outbox_payloads: str = "columns"
+    #: floor (issue 33): pgbench clients, seconds per run, variants (bench/floor.py).
+    floor_clients: list[int] = field(default_factory=lambda: [1, 4, 16])
+    floor_s: float = 10.0
+    floor_variants: list[str] = field(
+        default_factory=lambda: [
+            "shipped",
+            "before-0018",
+            "no-trigger",
+            "essential-indexes",
+            "bare",
+        ]
+    )
 
 
 def _guarded(label: str, fn, *args):
@@ -144,7 +160,9 @@ def _throughput_run(label: str, system: str, params: dict, opts: Options) -> dic
             dbname=db.name,
             idle_window_s=opts.idle_window_s,
             settle_s=opts.settle_s,
+            on_go=PROBE.start if PROBE is not None else None,
         )
+        probe = PROBE.stop(db.name, r["jobs"]) if PROBE is not None else None
         sizes = relation_sizes(db.dsn, TABLES[system])
     jobs = r["jobs"]
     run = {
@@ -159,6 +177,8 @@ def _throughput_run(label: str, system: str, params: dict, opts: Options) -> dic
         "idle_rate": r["idle_rate"],
         "sizes": sizes,
     }
+    if probe is not None:
+        run["db"] = probe
     for key in (
         "not_completed",
         "store_calls_per_job",
@@ -186,6 +206,16 @@ def _throughput_run(label: str, system: str, params: dict, opts: Options) -> dic
         f"{run['jobs_per_s']:8.1f} jobs/s  {run['tx_per_job']} tx/job{extra}",
         flush=True,
     )
+    if probe is not None:
+        from bench.dbprobe import print_probe
+
+        print_probe(label, probe)
+        hot = "  ".join(
+            f"{s['table']} {100 * s['hot_updates'] / s['updates']:.0f} % HOT of {s['updates']}"
+            for s in sizes
+            if s["updates"]
+        )
+        print(f"    HOT share of updates: {hot or '-'}", flush=True)
     checks = run.get("checks")
     failed = [k for k in ("completed_once", "all_published") if checks and checks.get(k) is False]
     if failed:
@@ -350,6 +380,16 @@ def cap(opts: Options) -> dict:
     return out
 
 
+def floor(opts: Options) -> dict:
+    """The SQL floor: a three-step job's statements through pgbench (bench/floor.py)."""
+    from bench.floor import floor as measure_floor
+
+    return measure_floor(opts.floor_clients, opts.floor_s, opts.floor_variants)
+
+
+#: Scenarios ``all`` and ``smoke`` leave out (each starts a cluster of its own).
+SEPARATE = ("floor",)
+
 SCENARIOS = {
     "ceiling": ceiling,
     "fairness": fairness,
@@ -359,4 +399,5 @@ SCENARIOS = {
     "latency": latency,
     "scale": scale,
     "memory": memory,
+    "floor": floor,
 }

@@ -180,3 +180,44 @@ def test_unreachable_database_is_a_store_error():
 
     with pytest.raises(StoreError, match="cannot connect"):
         migrate("postgresql://postgres@127.0.0.1:1/nowhere?connect_timeout=2")
+
+
+def test_checkpoint_updates_of_full_size_runs_stay_hot(fresh_dsn):
+    """Migration 0018: workflow_run's fillfactor leaves room on each page, so an update that
+    changes only unindexed columns (a checkpoint) of a full-size run (~1.7 KB) is HOT. At the
+    default fillfactor 100, four such rows fill a page and most of these updates are not."""
+    from protomolt_jobs.store.queries import QUERIES
+
+    definition = {"name": "hot", "steps": [], "pad": "d" * 1500}
+    with psycopg.connect(fresh_dsn, autocommit=True) as conn:
+        for _ in range(12):
+            conn.execute(
+                QUERIES["job_insert"],
+                {
+                    "job_id": uuid.uuid4(),
+                    "workflow_name": "hot",
+                    "workflow_definition": psycopg.types.json.Jsonb(definition),
+                    "input": psycopg.types.json.Jsonb({"text": "x"}),
+                    "status": "QUEUED",
+                    "max_attempts": 3,
+                    "error": None,
+                    "trace_context": None,
+                    "priority": 3,
+                    "queue": "default",
+                    "fairness_key": "default",
+                    "stride": 1.0,
+                    "dedup_key": None,
+                    "deadline_s": None,
+                    "actor": "test",
+                },
+            )
+        conn.execute(
+            'UPDATE workflow_run SET checkpoints = checkpoints || \'[{"name": "s0"}]\'::jsonb'
+        )
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        upd, hot = conn.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+            "WHERE relname = 'workflow_run'"
+        ).fetchone()
+    assert upd == 12
+    assert hot == 12

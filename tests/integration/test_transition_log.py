@@ -211,3 +211,30 @@ def test_the_hash_is_inlinable_and_still_the_documented_chain(store, fresh_dsn):
         prev = hashlib.sha256(prev + canonical).digest()
         assert bytes(stored) == prev
     assert bytes(head) == prev
+
+
+def _history_rows(dsn, job_id) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM workflow_run_transition WHERE job_id = %s", (job_id,)
+        ).fetchone()
+    return int(row[0])
+
+
+def test_a_deleted_run_takes_its_history_with_it_and_no_other(store, fresh_dsn):
+    """Migration 0018 replaced the history's foreign key (ON DELETE CASCADE) by statement-level
+    delete triggers: deleting runs deletes exactly their history, in the same statement."""
+    gone, kept = queued_job(store), queued_job(store)
+    lease = store.job_claim("w1", 60).lease
+    assert lease.job_id in (gone.job_id, kept.job_id)
+    assert _history_rows(fresh_dsn, gone.job_id) >= 1
+    assert _sql(fresh_dsn, "DELETE FROM workflow_run WHERE job_id = %s", gone.job_id) == 1
+    assert _history_rows(fresh_dsn, gone.job_id) == 0
+    history = store.job_history(kept.job_id)
+    assert history.first_bad_seq is None and len(history.transitions) >= 1
+
+
+def test_a_truncate_of_the_runs_empties_the_history(store, fresh_dsn):
+    job = queued_job(store)
+    _sql(fresh_dsn, "TRUNCATE workflow_run CASCADE")
+    assert _history_rows(fresh_dsn, job.job_id) == 0
