@@ -107,6 +107,8 @@ def _params(definition: dict) -> dict[str, Any]:
         "dedup_key": None,
         "deadline_s": None,
         "actor": "api",
+        "groups": None,
+        "retention": None,
         "worker_id": "floor",
         "owner": "floor",
         "lease_s": 60.0,

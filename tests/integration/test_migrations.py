@@ -209,6 +209,8 @@ def test_checkpoint_updates_of_full_size_runs_stay_hot(fresh_dsn):
                     "dedup_key": None,
                     "deadline_s": None,
                     "actor": "test",
+                    "groups": None,
+                    "retention": None,
                 },
             )
         conn.execute(
