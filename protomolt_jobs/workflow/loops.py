@@ -66,7 +66,6 @@ __all__ = [
     "key_suffix",
     "open_iteration",
     "plan",
-    "retry_refusal",
     "worst_case",
 ]
 
@@ -447,25 +446,6 @@ def open_iteration(workflow: CompiledWorkflow, checkpoints: Iterable[Any], step:
         and c.get("skipped") is not True
         and "failed" not in c
     )
-
-
-def retry_refusal(workflow: CompiledWorkflow, step: str, scope: str) -> str:
-    """Why ``retry-step`` of ``step`` is refused in a workflow with loops ("" when it is not):
-    a step inside a loop body has one entry per iteration, and scope ``only`` keeps entries by
-    name; neither can be dropped or kept without breaking the iterations after them (a retry
-    of a step outside every body, with the default scope, drops every iteration of the bodies
-    after it, which then run again from iteration 0)."""
-    if not workflow.loops:
-        return ""
-    around = plan(workflow).around.get(step, ())
-    if around:
-        return (
-            f"retry-step of '{step}', a step inside the body of loop '{around[0]}', is not "
-            "supported (its iterations follow each other); requeue-job or a new run instead"
-        )
-    if scope == "only":
-        return "retry-step with scope 'only' is not supported in a workflow with a loop"
-    return ""
 
 
 # -- the run -----------------------------------------------------------------------------------

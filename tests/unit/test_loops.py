@@ -8,6 +8,7 @@ import pytest
 from protomolt_jobs.verbs.workflow import CheckWorkflowAction
 from protomolt_jobs.workflow import Runtime, WorkflowParseError, check, loops, parse_workflow
 from protomolt_jobs.workflow import graph as g
+from protomolt_jobs.workflow import retry_scope
 from tests.support.graphs import graph, step
 
 T = "127.0.0.1:1"
@@ -234,15 +235,8 @@ def test_more_than_64_loops_is_one_finding():
     assert finding[1].startswith("unrolled {max + 1} times the graph has 1000000 step executions")
 
 
-def test_retry_step_in_a_body_or_scope_only_is_refused_and_requeue_keeps_a_prefix():
+def test_retry_in_a_body_drops_the_latest_iteration_only_and_requeue_keeps_finished_ones():
     compiled = parse_workflow(chain({"to": "b", "max": 2}), RUNTIME)
-    assert loops.retry_refusal(compiled, "b", "dependants").startswith(
-        "retry-step of 'b', a step inside the body of loop 'c', is not supported"
-    )
-    assert loops.retry_refusal(compiled, "a", "only") == (
-        "retry-step with scope 'only' is not supported in a workflow with a loop"
-    )
-    assert loops.retry_refusal(compiled, "d", "dependants") == ""
     entries = [
         {"name": "a", "skipped": False},
         {"name": "b", "skipped": False},
@@ -251,6 +245,26 @@ def test_retry_step_in_a_body_or_scope_only_is_refused_and_requeue_keeps_a_prefi
         {"name": "c", "skipped": False, "iteration": 1},
         {"name": "d", "failed": {"kind": "GRPC", "message": "down"}},
     ]
+    # the failed step's latest entry is the first dropped: both iterations stay
     assert g.requeue_checkpoints(compiled, entries) == entries[:5]
-    plain = parse_workflow(chain(), RUNTIME)
-    assert loops.retry_refusal(plain, "b", "only") == ""
+    # a failure in iteration 1 of a body step drops that entry only, not iteration 0's
+    failed_in_1 = [*entries[:4], {"name": "c", "iteration": 1, "failed": {"kind": "GRPC"}}]
+    assert g.requeue_checkpoints(compiled, failed_in_1) == entries[:4]
+    plan = retry_scope.plan_retry(
+        compiled, entries[:5], "b", scope="dependants", downstream=["c", "d"]
+    )
+    assert plan.checkpoints == entries[:3] and plan.dropped == ["b", "c", "d"]
+    only = retry_scope.plan_retry(compiled, entries[:5], "b", scope="only", downstream=["c", "d"])
+    assert only.checkpoints[:3] == entries[:3]
+    assert only.checkpoints[3]["retryOf"] == {
+        "step": "b",
+        "outputSha256": retry_scope.output_sha256(entries[3]),
+        "iteration": 1,
+    }
+    # before b runs again in iteration 1, its iteration-0 entry does not decide the mark
+    resolved = retry_scope.resolve(compiled, only.checkpoints)
+    assert resolved is not None and resolved.prior == entries[:3]
+    assert "c" in resolved.held.waiting
+    # upstream of the body, scope only would keep two iterations of c on a condition
+    with pytest.raises(retry_scope.LoopRetryError, match="scope 'dependants'"):
+        retry_scope.plan_retry(compiled, entries[:5], "a", scope="only", downstream=["b", "c", "d"])
