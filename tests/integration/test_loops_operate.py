@@ -219,3 +219,61 @@ def test_requeue_of_a_run_that_failed_in_iteration_1_resumes_there(
     assert _entries(store, job_id) == FULL
     # only what iteration 1 had not finished was called: c and d
     assert _calls(services) == {"a": 1, "b": 2, "send": 2, "c": 3, "d": 2}
+
+
+GRPC_TOKEN = "loops-grpc"
+
+
+@pytest.fixture
+def node(tmp_path, fresh_dsn):
+    from tests.support.node import node_environ, start_node
+
+    surfaces = start_node(node_environ(tmp_path, fresh_dsn, token=GRPC_TOKEN))
+    yield surfaces
+    surfaces.close()
+
+
+def test_grpc_retry_step_carries_scope_only_and_answers_what_it_kept(node, services):
+    from protomolt_jobs.pb.ai.pipestream.proto.service.v1 import protomolt_service_pb2 as pb
+    from tests.support.node import http, wait_for
+
+    url = node.http.url
+    headers = {"Authorization": f"Bearer {GRPC_TOKEN}", "Content-Type": "application/json"}
+
+    def verb(name, body):
+        return http("POST", f"{url}/protomolt/actions/{name}", body=body, headers=headers)[1]
+
+    def status(job_id):
+        return verb("get-job", {"jobId": job_id})["job"]["status"]
+
+    answer = verb("submit-workflow", {"workflow": looping(services.target), "input": {"text": "x"}})
+    assert answer["ok"], answer
+    job_id = answer["jobId"]
+    wait_for(lambda: status(job_id) == "PAUSED", timeout_s=60)
+    assert _calls(services) == {"a": 1, "b": 2, "send": 2, "c": 2, "d": 2}
+
+    auth = (("authorization", f"Bearer {GRPC_TOKEN}"),)
+    with grpc.insecure_channel(node.grpc.target) as channel:
+        retry = channel.unary_unary(
+            "/ai.pipestream.proto.service.v1.ProtoMoltService/RetryStep",
+            request_serializer=pb.RetryStepRequest.SerializeToString,
+            response_deserializer=pb.JobControlResponse.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as bad:
+            retry(pb.RetryStepRequest(job_id=job_id, step_name="c", scope="some"), metadata=auth)
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "scope" in bad.value.details()
+        assert status(job_id) == "PAUSED"
+        reply = retry(
+            pb.RetryStepRequest(job_id=job_id, step_name="c", scope="only", reason="grpc"),
+            metadata=auth,
+        )
+    assert reply.ok and reply.status == "QUEUED", reply
+    assert reply.scope == "only"
+    assert list(reply.dropped) == ["c"] and list(reply.rerun_if_changed) == ["d"]
+    wait_for(lambda: services.step_calls("c") == 3 and status(job_id) == "PAUSED", timeout_s=60)
+    # scope only reached the verb: d was replayed, not called
+    assert _calls(services) == {"a": 1, "b": 2, "send": 2, "c": 3, "d": 2}
+    history = verb("job-history", {"jobId": job_id})
+    (retried,) = [t for t in history["transitions"] if t["kind"] == "retry-step"]
+    assert retried["reason"] == "scope only; grpc"
