@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from protomolt_jobs.errors import ProtomoltJobsError
 from protomolt_jobs.workflow.types import EFFECT_EXTERNAL, CompiledWorkflow
 
 __all__ = [
@@ -97,7 +98,7 @@ def _key(entry: Any) -> tuple[str | None, int]:
     return _name(entry), _iteration(entry)
 
 
-class LoopRetryError(ValueError):
+class LoopRetryError(ProtomoltJobsError, ValueError):
     """A retry a workflow with loops cannot keep apart (the message says why)."""
 
 
