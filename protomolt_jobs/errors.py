@@ -29,6 +29,7 @@ base where callers catch that)::
     +-- CelError (ValueError)            workflow/cel.py
     +-- Unrepresentable                  workflow/celenv.py: the fast CEL path cannot answer
     +-- RuleError (ValueError)           workflow/validation.py
+    +-- LoopRetryError (ValueError)      workflow/retry_scope.py: a retry a loop cannot keep apart
     +-- host/: UsageError, ActionFailed, NodeUnreachable (cli.py), DocumentRefused (parse.py),
         BodyFieldError (http_route.py), CorruptWorkflow (registry.py),
         EmbeddedPostgresError (embedded_pg.py)

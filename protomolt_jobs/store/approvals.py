@@ -257,6 +257,9 @@ class ApprovalMixin(db.Database):
             for v in votes:
                 tally[v.decision] = tally.get(v.decision, 0) + 1
             built = entry(step, "reject", tally, votes)
+            iteration = expiry.get("iteration")
+            if isinstance(iteration, int) and not isinstance(iteration, bool) and iteration > 0:
+                built["iteration"] = iteration  # the loop iteration the step was opened in
             row = db.one(
                 conn,
                 "approval_decide",

@@ -28,8 +28,7 @@ from protomolt_jobs.verbs.base import (
     unreadable_row,
 )
 from protomolt_jobs.workflow.graph import requeue_checkpoints
-from protomolt_jobs.workflow.loops import retry_refusal as loop_refusal
-from protomolt_jobs.workflow.retry_scope import SCOPES, plan_retry
+from protomolt_jobs.workflow.retry_scope import SCOPES, LoopRetryError, plan_retry
 from protomolt_jobs.workflow.types import EFFECT_EXTERNAL
 
 __all__ = [
@@ -332,16 +331,16 @@ class RetryStepAction(ControlVerb):
             raise corrupt_snapshot(exc) from exc
         if step_name not in stored.step_names():
             raise invalid("stepName", f"the workflow has no step named '{step_name}'")
-        unlooped = loop_refusal(stored.workflow, step_name, scope)
-        if unlooped:
-            return refused(job_id, job.status, unlooped)
-        plan = plan_retry(
-            stored.workflow,
-            list(job.checkpoints or []),
-            step_name,
-            scope=scope,
-            downstream=stored.dependants().get(step_name, ()),
-        )
+        try:
+            plan = plan_retry(
+                stored.workflow,
+                list(job.checkpoints or []),
+                step_name,
+                scope=scope,
+                downstream=stored.dependants().get(step_name, ()),
+            )
+        except LoopRetryError as exc:
+            return refused(job_id, job.status, str(exc))
         # An intent without a checkpoint is an external effect nothing proves (a run that was
         # RECOVERY_REQUIRED, then cancelled): only the retried step's own is the operator's word
         # (it is called again); any other stays, so the run asks its probe (or waits as

@@ -27,7 +27,11 @@ from protomolt_jobs.verbs.base import (
     require_string,
 )
 
-__all__ = ["ExtendLoopAction"]
+__all__ = ["EXTEND_LOOP_STATUSES", "ExtendLoopAction"]
+
+#: The statuses extend-loop acts on (a finished run has no loop left to extend); the store's
+#: ``EXTENDABLE`` holds its write to the same.
+EXTEND_LOOP_STATUSES = ("QUEUED", "RUNNING", "WAITING", "PAUSED")
 
 
 class ExtendLoopAction(ControlVerb):
@@ -41,6 +45,7 @@ class ExtendLoopAction(ControlVerb):
         "runs only."
     )
     fields = ("jobId", "step", "by", "reason")
+    statuses = EXTEND_LOOP_STATUSES
 
     def __init__(self, backend: JobsBackend, runtime: Any) -> None:
         super().__init__(backend)
@@ -73,6 +78,8 @@ class ExtendLoopAction(ControlVerb):
         job = store.job_get(job_id)
         if job is None:
             return not_found(job_id)
+        if job.status not in EXTEND_LOOP_STATUSES:
+            return refused(job_id, job.status, "only a run that has not finished can be extended")
         try:
             stored = StoredRun.load(job, self.runtime)
         except SnapshotError as exc:

@@ -10,6 +10,7 @@ found, does not parse, does not verify or fails while running is an answer with 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Protocol
 
 from protomolt_jobs.errors import InternalError, InvalidInput
@@ -33,6 +34,7 @@ from protomolt_jobs.workflow.envelope import MAX_GRAPH_STEPS
 from protomolt_jobs.workflow.floors import Floor
 from protomolt_jobs.workflow.floors import findings as floor_findings
 from protomolt_jobs.workflow.graph import simulate
+from protomolt_jobs.workflow.loop_exits import loop_exits
 
 __all__ = ["NO_REPOSITORY", "CheckWorkflowAction", "RunWorkflowAction"]
 
@@ -275,7 +277,8 @@ class CheckWorkflowAction(Verb):
         "reason"}}`` (see ``graph.simulate``: at most 1024 failure paths and 2 s of this
         thread's CPU). A workflow that declares a ``loop`` also gets ``"worstCase":
         {"executions", "calls", "cost", "loops"}`` (``loops.worst_case``; in ``simulation``
-        too).
+        too) and, simulated, ``simulation.loopExits`` (``loop_exits.loop_exits``: each loop
+        left at each iteration, and exhausted; ``loopExitsTruncated`` when the caps cut it).
 
         :raises InvalidInput: the input is not an object, ``workflowName`` is not a string, a
             field other than ``workflow``, ``workflowName``, ``simulate``.
@@ -315,9 +318,15 @@ class CheckWorkflowAction(Verb):
                     f"has {len(compiled.steps)}",
                     {"field": "simulate"},
                 )
+            started_s = time.thread_time()
             answer["simulation"] = simulate(compiled)
             if worst is not None:
                 answer["simulation"]["worstCase"] = worst
+                # the loop exits share simulate's caps (paths and CPU)
+                played = len(answer["simulation"]["ifFails"])
+                answer["simulation"].update(
+                    loop_exits(compiled, played=played, started_s=started_s)
+                )
         return answer
 
     def _retention_findings(self, definition: Any) -> list[dict[str, Any]]:

@@ -74,9 +74,16 @@ def timers_of(step: Step) -> tuple[dict[str, Any], ...]:
     return tuple(out)
 
 
-def parked(step: Step) -> Parked:
-    """The :class:`Parked` a run stops with at ``step`` (external or approval)."""
-    return Parked(step.name, step.completion, timers_of(step))
+def parked(step: Step, iteration: int = 0) -> Parked:
+    """The :class:`Parked` a run stops with at ``step`` (external or approval).
+
+    :param iteration: the loop iteration ``step`` waits in; above 0 each timer carries it
+        (``"iteration": k``), so the expiry sweeper's decision entry records it.
+    """
+    timers = timers_of(step)
+    if iteration > 0:
+        timers = tuple({**t, "iteration": iteration} for t in timers)
+    return Parked(step.name, step.completion, timers)
 
 
 def decision_of(step: Step, entry: Any) -> str | None:

@@ -514,7 +514,9 @@ def requeue_checkpoints(workflow: CompiledWorkflow, checkpoints: list[Any]) -> l
     of steps a compensation undid, skips that an upstream outcome decided, and every entry of a
     step downstream of one dropped (its inputs may change). Succeeded steps (not undone) and
     ``condition false`` skips stay: they are not called again. A workflow with a loop keeps
-    the entries before the first one dropped.
+    the entries before the first dropped one, where only a step's latest entry (its latest
+    iteration's) or a compensation's can be dropped: the run resumes in the iteration it
+    failed in, its earlier iterations and its count kept.
     """
     entries = [
         e for e in checkpoints or [] if isinstance(e, dict) and isinstance(e.get("name"), str)
@@ -529,13 +531,23 @@ def requeue_checkpoints(workflow: CompiledWorkflow, checkpoints: list[Any]) -> l
         )
         if e["name"] in comp or "failed" in e or upstream_skip:
             dropped.add(e["name"])
-    dropped = descendants(workflow, dropped - comp) | (dropped & comp)
     if workflow.loops:
         # A loop body's steps repeat: keep the entries before the first one dropped (a prefix
-        # of the completion order replays as a run that stopped there; dropping names would
-        # leave later iterations without their earlier ones).
-        first = next((i for i, e in enumerate(entries) if e["name"] in dropped), len(entries))
+        # of the completion order replays as a run that stopped there, in the iteration it
+        # stopped in). Only a step's latest entry can be dropped: its earlier iterations'
+        # entries are finished history (a failure there was handled, or the loop would not
+        # have gone on), so the count and those iterations' steps are kept.
+        latest = {e["name"]: i for i, e in enumerate(entries)}
+        first = next(
+            (
+                i
+                for i, e in enumerate(entries)
+                if e["name"] in comp or (e["name"] in dropped and latest[e["name"]] == i)
+            ),
+            len(entries),
+        )
         return entries[:first]
+    dropped = descendants(workflow, dropped - comp) | (dropped & comp)
     return [e for e in entries if e["name"] not in dropped]
 
 

@@ -529,7 +529,7 @@ def _schedule(run: _Run) -> Parked | None:
         pending = {s.name for s in state.pending()}
         for step in external:
             if step.name in pending:
-                return approval.parked(step)
+                return approval.parked(step, run.loops.iteration(step.name) if run.loops else 0)
         for name, parked in run.gates.items():
             if name in pending:
                 return parked

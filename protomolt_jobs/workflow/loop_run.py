@@ -110,8 +110,8 @@ class LoopRun:
         current = self.tracker.iteration(name)
         raw = entry.get(ITERATION)
         if raw is None:
-            # an approval decision written by the timer sweep carries no iteration: its place
-            # (the step's open iteration) says it
+            # an approval decision the timer sweep wrote before its timers carried the
+            # iteration has none: its place (the step's open iteration) says it
             wanted = current if step.approval is not None else 0
         elif isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
             wanted = raw

@@ -30,7 +30,9 @@ Verification (:func:`findings`, kind ``loop``): ``1 <= max <= 20``; ``to`` names
 an ancestor of the loop step; bodies nest or are disjoint; an ``external`` step in a body needs
 ``allowEffects``; the graph unrolled ``max + 1`` times (each body copied once per iteration, each
 copy of ``to`` after the previous copy of the loop step) passes ``graph.structure_findings``
-within the step cap. :func:`worst_case` is what check-workflow prints: the most step executions
+within the step cap, and each copy of a step reads only copies that ran before it (the
+same iteration's body steps, the loop step's previous iteration, a body's last iteration from
+outside it). :func:`worst_case` is what check-workflow prints: the most step executions
 and calls, and the most cost when every step's ``cost`` is a constant (a finding when it is over
 ``budget.maxCost``).
 """
@@ -66,7 +68,9 @@ __all__ = [
     "key_suffix",
     "open_iteration",
     "plan",
-    "retry_refusal",
+    "unroll",
+    "unroll_with_copies",
+    "unrolled_read_findings",
     "worst_case",
 ]
 
@@ -293,10 +297,11 @@ def findings(workflow: CompiledWorkflow, max_steps: int) -> list[Finding]:
                 )
     if out:
         return out
-    unrolled = unroll(workflow)
+    unrolled, copies = unroll_with_copies(workflow)
     for f in g.structure_findings(unrolled, {s.name for s in unrolled.steps}):
         base = f.step.split("@", 1)[0]
         out.append(Finding(base, FINDING_KIND, f"unrolled: {f.error}"))
+    out.extend(unrolled_read_findings(workflow, unrolled, copies))
     max_cost = _max_cost(workflow.definition)
     if max_cost is not None and worst.get("cost") is not None and worst["cost"] > max_cost:
         out.append(
@@ -391,10 +396,20 @@ def unroll(workflow: CompiledWorkflow) -> CompiledWorkflow:
     ``k`` of a body step is ``<name>@<loop step><k>``, the copy of ``to`` also runs after copy ``k - 1`` of
     the loop step, and a step outside the body that depended on a body step depends on the
     last copy. Only the dependency structure is meaningful (for the structural checks)."""
+    return unroll_with_copies(workflow)[0]
+
+
+#: copy name -> (the step it copies, {loop step: its iteration in this copy})
+_Copies = dict[str, tuple[str, dict[str, int]]]
+
+
+def unroll_with_copies(workflow: CompiledWorkflow) -> tuple[CompiledWorkflow, _Copies]:
+    """:func:`unroll`, and ``{copy name: (the step it copies, {loop step: iteration})}``."""
     steps = list(workflow.steps)
+    copies: _Copies = {s.name: (s.name, {}) for s in steps}
     lplan = plan(workflow)
     for lp in sorted(lplan.loops.values(), key=lambda x: len(x.body)):
-        members = {s.name for s in steps if s.name.split("@", 1)[0] in lp.body}
+        members = {s.name for s in steps if copies[s.name][0] in lp.body}
         k_last = max(lp.max, 0)
 
         def copy_name(n: str, k: int, tag: str = lp.step) -> str:
@@ -403,6 +418,7 @@ def unroll(workflow: CompiledWorkflow) -> CompiledWorkflow:
         out: list[Step] = []
         for s in steps:
             if s.name in members:
+                copies[s.name][1][lp.step] = 0
                 out.append(dataclasses.replace(s, loop=None))
             else:
                 deps = tuple(
@@ -420,15 +436,68 @@ def unroll(workflow: CompiledWorkflow) -> CompiledWorkflow:
                 )
                 if s.name == lp.to:
                     deps = (*deps, Dependency(copy_name(lp.step, k - 1)))
+                name = copy_name(s.name, k)
+                base, at = copies[s.name]
+                copies[name] = (base, {**at, lp.step: k})
                 out.append(
-                    dataclasses.replace(
-                        s, name=copy_name(s.name, k), depends=deps, loop=None, compensate=""
-                    )
+                    dataclasses.replace(s, name=name, depends=deps, loop=None, compensate="")
                 )
         steps = out
-    return dataclasses.replace(
+    unrolled = dataclasses.replace(
         workflow, steps=tuple(dataclasses.replace(s, index=i) for i, s in enumerate(steps))
     )
+    return unrolled, copies
+
+
+def unrolled_read_findings(
+    workflow: CompiledWorkflow, unrolled: CompiledWorkflow, copies: _Copies
+) -> list[Finding]:
+    """The unrolled graph's reads: every copy of a step reads, for each step name it reads,
+    the copy the run binds then (a body step: the same iteration's; the loop step around it:
+    the previous iteration's, its default before the first; a body step read from outside the
+    body: the last iteration's), and that copy must be one of its ancestors in the unrolled
+    graph (a later or sibling copy is a race or a value not yet produced)."""
+    from protomolt_jobs.workflow import graph as g
+
+    lplan = plan(workflow)
+    by_name = {s.name: s for s in workflow.steps}
+    index = {(base, tuple(sorted(at.items()))): name for name, (base, at) in copies.items()}
+    anc = g.ancestors(unrolled)
+    plain = g.ancestors(workflow)
+    out: list[Finding] = []
+    reported: set[tuple[str, str]] = set()
+    for copy in unrolled.steps:
+        base, at = copies.get(copy.name, (copy.name, {}))
+        step = by_name.get(base)
+        if step is None:
+            continue
+        for read in sorted(g.names_read(step)):
+            if read == base or read not in by_name or (base, read) in reported:
+                continue
+            if read not in plain.get(base, ()) and read not in lplan.around.get(base, ()):
+                continue  # not an ancestor: the plain graph's read check names it
+            want: dict[str, int] = {}
+            for loop_step in lplan.around.get(read, ()):
+                k = at.get(loop_step, max(lplan.loops[loop_step].max, 0))
+                if read == loop_step and loop_step in at:
+                    k -= 1  # the loop step's output of the iteration before
+                want[loop_step] = k
+            if any(k < 0 for k in want.values()):
+                continue  # before the first iteration: the output type's default
+            instance = index.get((read, tuple(sorted(want.items()))))
+            if instance is None or instance in anc.get(copy.name, ()):
+                continue
+            reported.add((base, read))
+            out.append(
+                Finding(
+                    base,
+                    FINDING_KIND,
+                    f"unrolled: '{copy.name}' reads '{instance}', which is not its ancestor "
+                    "(in that iteration the value is not produced yet, or a sibling's output "
+                    "is a race)",
+                )
+            )
+    return out
 
 
 def open_iteration(workflow: CompiledWorkflow, checkpoints: Iterable[Any], step: str) -> int:
@@ -447,25 +516,6 @@ def open_iteration(workflow: CompiledWorkflow, checkpoints: Iterable[Any], step:
         and c.get("skipped") is not True
         and "failed" not in c
     )
-
-
-def retry_refusal(workflow: CompiledWorkflow, step: str, scope: str) -> str:
-    """Why ``retry-step`` of ``step`` is refused in a workflow with loops ("" when it is not):
-    a step inside a loop body has one entry per iteration, and scope ``only`` keeps entries by
-    name; neither can be dropped or kept without breaking the iterations after them (a retry
-    of a step outside every body, with the default scope, drops every iteration of the bodies
-    after it, which then run again from iteration 0)."""
-    if not workflow.loops:
-        return ""
-    around = plan(workflow).around.get(step, ())
-    if around:
-        return (
-            f"retry-step of '{step}', a step inside the body of loop '{around[0]}', is not "
-            "supported (its iterations follow each other); requeue-job or a new run instead"
-        )
-    if scope == "only":
-        return "retry-step with scope 'only' is not supported in a workflow with a loop"
-    return ""
 
 
 # -- the run -----------------------------------------------------------------------------------

@@ -34,12 +34,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from protomolt_jobs.errors import ProtomoltJobsError
 from protomolt_jobs.workflow.types import EFFECT_EXTERNAL, CompiledWorkflow
 
 __all__ = [
     "MARKER",
     "SCOPES",
     "Held",
+    "LoopRetryError",
     "Resolved",
     "RetryPlan",
     "output_sha256",
@@ -86,6 +88,20 @@ def _strip(entry: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in entry.items() if k != MARKER}
 
 
+def _iteration(entry: Any) -> int:
+    """A stored entry's loop iteration (0 when it carries none)."""
+    k = entry.get("iteration", 0) if isinstance(entry, dict) else 0
+    return k if isinstance(k, int) and not isinstance(k, bool) and k > 0 else 0
+
+
+def _key(entry: Any) -> tuple[str | None, int]:
+    return _name(entry), _iteration(entry)
+
+
+class LoopRetryError(ProtomoltJobsError, ValueError):
+    """A retry a workflow with loops cannot keep apart (the message says why)."""
+
+
 def _records_result(entry: dict[str, Any]) -> bool:
     return "failed" not in entry and entry.get("skipped") is not True
 
@@ -120,24 +136,36 @@ def plan_retry(
     Entries an earlier retry marked are first settled (:func:`settled`); one still waiting on
     its retried step keeps its mark.
 
+    In a workflow with loops, the retried step's latest entry (its latest iteration's) is
+    dropped and only the downstream entries stored after it are dropped or kept on a
+    condition; the entries of earlier iterations stay as they are, so the run goes on in that
+    iteration with the loop's count kept. A provisional mark then also carries the retried
+    step's ``iteration``.
+
     :param downstream: the steps downstream of ``step`` (``StoredRun.dependants()[step]``).
+    :raises LoopRetryError: scope ``only`` would keep two entries of one step on a condition
+        (a step upstream of a loop body).
     :raises ValueError: ``scope`` is not one of :data:`SCOPES`.
     """
     if scope not in SCOPES:
         raise ValueError(f"scope: one of {', '.join(SCOPES)}; got {scope!r}")
     below = set(downstream)
     entries = settled(workflow, checkpoints, keep_waiting=True)
-    old = next((e for e in reversed(entries) if _name(e) == step and not _marker(e)), None)
+    at = next((i for i in range(len(entries) - 1, -1, -1) if _name(entries[i]) == step), None)
+    old = entries[at] if at is not None and not _marker(entries[at]) else None
     sha = output_sha256(old) if old is not None else None
+    # In a workflow with loops only the step's latest entry (its latest iteration's) is
+    # dropped, and only the entries after it are downstream: earlier iterations stay.
+    looped = bool(workflow.loops)
     kept: list[Any] = []
     dropped: set[str] = {step}
     provisional: set[str] = set()
     effects: set[str] = set()
-    for entry in entries:
+    for i, entry in enumerate(entries):
         name = _name(entry)
-        if name == step:
+        if name == step and (not looped or i == at):
             continue
-        if name is None or name not in below:
+        if name is None or name not in below or (looped and at is not None and i < at):
             kept.append(entry)
             continue
         declared = workflow.step(name)
@@ -148,7 +176,16 @@ def plan_retry(
             kept.append(entry)  # still waiting on an earlier retry's step: as it was
             provisional.add(name)
         elif scope == "only" and sha is not None:
-            kept.append({**entry, MARKER: {"step": step, "outputSha256": sha}})
+            if looped and name in provisional:
+                raise LoopRetryError(
+                    f"retry-step of '{step}' with scope 'only' would keep several iterations of "
+                    f"'{name}' on a condition (it is upstream of a loop body); use scope "
+                    "'dependants' (the loop runs again from its first iteration)"
+                )
+            mark: dict[str, Any] = {"step": step, "outputSha256": sha}
+            if _iteration(old):
+                mark["iteration"] = _iteration(old)
+            kept.append({**entry, MARKER: mark})
             provisional.add(name)
         else:
             dropped.add(name)
@@ -225,8 +262,10 @@ def _split(
 ) -> tuple[list[Any], list[dict[str, Any]], dict[str, bool]]:
     """(unmarked entries, marked entries not superseded, retried step -> output unchanged)."""
     plain = [e for e in checkpoints if _marker(e) is None]
-    names = {_name(e) for e in plain}
-    marked = [e for e in checkpoints if _marker(e) is not None and _name(e) not in names]
+    # a marked entry is superseded by a later run of its step in the same loop iteration
+    # (iteration 0 for a workflow without loops: by name)
+    names = {_key(e) for e in plain}
+    marked = [e for e in checkpoints if _marker(e) is not None and _key(e) not in names]
     current = {}
     for e in plain:
         if _name(e) is not None:
@@ -235,7 +274,12 @@ def _split(
     for e in marked:
         mark = _marker(e) or {}
         anchor = mark.get("step")
-        if "outputSha256" in mark and isinstance(anchor, str) and anchor in current:
+        if (
+            "outputSha256" in mark
+            and isinstance(anchor, str)
+            and anchor in current
+            and _iteration(current[anchor]) == _iteration(mark)
+        ):
             same = output_sha256(current[anchor]) == mark["outputSha256"]
             decided[anchor] = decided.get(anchor, True) and same
     return plain, marked, decided
@@ -252,13 +296,19 @@ def settled(
         return list(checkpoints or [])
     plain, marked, decided = _split(workflow, checkpoints)
     out = list(plain)
+    chosen: dict[int, Any] = {id(e): e for e in plain}
     for e in marked:
         mark = _marker(e) or {}
         anchor = mark.get("step")
         if mark.get("kept") == "effect" or decided.get(str(anchor)) is True:
             out.append(_strip(e))
+            chosen[id(e)] = out[-1]
         elif keep_waiting and str(anchor) not in decided:
             out.append(e)
+            chosen[id(e)] = e
+    if workflow.loops:
+        # a loop's entries stay in completion order (replay follows the iterations)
+        return [chosen[id(e)] for e in checkpoints if id(e) in chosen]
     return out
 
 
@@ -274,15 +324,23 @@ def resolve(workflow: CompiledWorkflow, checkpoints: list[Any]) -> Resolved | No
         return None
     plain, marked, decided = _split(workflow, checkpoints)
     ready: list[dict[str, Any]] = []
+    chosen = {id(e) for e in plain}
     held = Held()
     for e in marked:
         mark = _marker(e) or {}
         anchor = str(mark.get("step"))
         if mark.get("kept") == "effect" or decided.get(anchor) is True:
             ready.append(_strip(e))
+            chosen.add(id(e))
         elif anchor not in decided and isinstance(mark.get("outputSha256"), str):
             held.waiting[str(_name(e))] = (anchor, mark["outputSha256"], _strip(e))
     entries = [*plain, *ready]
+    if workflow.graph and workflow.loops:
+        # a loop's replay follows the completion order: each kept entry in its stored place
+        in_order = [
+            _strip(e) if _marker(e) is not None else e for e in checkpoints if id(e) in chosen
+        ]
+        return Resolved(prior=in_order, held=held)
     if workflow.graph:
         return Resolved(prior=entries, held=held)
     index = {s.name: i for i, s in enumerate(workflow.steps)}

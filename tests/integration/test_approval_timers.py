@@ -162,3 +162,51 @@ def test_an_expiry_can_pause_and_a_resume_waits_again(node, worker, services):
     _, answer, _ = vote(url, job_id, "ed-3", "accept")
     assert answer["decided"] is True
     wait_for(lambda: get_job(url, job_id)["status"] == "COMPLETED", timeout_s=30)
+
+
+def looped_review(target: str) -> dict:
+    """draft -> review (approval, expires in 3 s, an expiry rejects) -> replan on 'fix', which
+    loops back to draft: the review opens again in iteration 1."""
+    return graph(
+        [
+            step("draft", target),
+            {
+                "name": "review",
+                "after": ["draft"],
+                "completion": "approval",
+                "approval": {
+                    "approvers": {"roles": ["editor"]},
+                    "decisions": ["accept", "fix", "reject"],
+                    "end": {"reject": "fail"},
+                    "expires": "PT3S",
+                    "onExpire": "reject",
+                },
+            },
+            step(
+                "replan",
+                target,
+                after=[{"step": "review", "on": "decision:fix"}],
+                loop={"to": "draft", "max": 2, "onExhausted": "fail"},
+            ),
+            step("publish", target, after=[{"step": "review", "on": "decision:accept"}]),
+        ],
+        name="looped-review",
+    )
+
+
+def test_an_expiry_inside_a_loop_body_records_the_iteration_it_decided(
+    node, worker, services, store
+):
+    url = node.http.url
+    job_id = submit(url, looped_review(services.target))
+    _, answer, _ = vote(url, job_id, "ed-2", "fix")
+    assert answer["decided"] is True and answer["decision"] == "fix", answer
+    # iteration 1: draft again, the review opens again, and this time nobody votes
+    wait_for(lambda: services.step_calls("draft") == 2, timeout_s=30)
+    failed = wait_for(lambda: (j := get_job(url, job_id))["status"] == "FAILED" and j, timeout_s=30)
+    assert failed["error"] == "APPROVAL: approval step 'review' decided 'reject'"
+    assert any(actor == "sweeper" for _, actor in kinds(url, job_id))
+    reviews = [c for c in store.job_get(job_id).checkpoints if c["name"] == "review"]
+    assert [(c.get("iteration", 0), c["decision"]) for c in reviews] == [(0, "fix"), (1, "reject")]
+    # the reject ended the run: replan ran once (after the fix), publish never
+    assert services.step_calls("replan") == 1 and services.step_calls("publish") == 0

@@ -41,6 +41,7 @@ INPUTS = {
     "resume-job": {},
     "requeue-job": {},
     "retry-step": {"stepName": "tokenize"},
+    "extend-loop": {"step": "tokenize", "by": 1},
     "reconcile-step": {"stepName": "tokenize", "outcome": "not-done"},
     "migrate-checkpoint": {"stepName": "tokenize", "action": "discard"},
 }

@@ -47,7 +47,8 @@ def test_the_dashboard_table_is_what_each_verb_accepts_for_each_status(verbs):
         assert isinstance(action, ControlVerb)
         assert action.statuses, verb
         for status in STATUSES:
-            assert (verb in operate.offered(table, status)) == (status in action.statuses), (
+            offered = operate.offered(table, status, loops=True)
+            assert (verb in offered) == (status in action.statuses), (
                 verb,
                 status,
             )
@@ -199,3 +200,35 @@ def test_a_flash_is_shown_once():
     keys = [flashes.put(Flash("message", str(i))) for i in range(3)]
     assert flashes.take(keys[0]) is None  # pushed out by newer ones
     assert flashes.take(keys[2]).text == "2"
+
+
+def test_extend_loop_is_offered_only_for_a_run_with_a_loop_and_its_form_builds_the_input(verbs):
+    table = operate.status_table(verbs[0].manifest())
+    assert "extend-loop" not in operate.offered(table, "PAUSED")
+    assert "extend-loop" in operate.offered(table, "PAUSED", loops=True)
+    assert "extend-loop" not in operate.offered(table, "COMPLETED", loops=True)
+    job = {
+        "graph": {
+            "edges": [
+                {"from": "a", "to": "b", "kind": "after"},
+                {"from": "d", "to": "b", "kind": "loop"},
+            ]
+        }
+    }
+    assert operate.loop_steps(job) == ["d"]
+    assert operate.loop_steps({"graph": None}) == []
+    form = {"confirm": "on", "step": "d", "by": "2", "reason": "one more"}
+    assert operate.envelope("extend-loop", "J", form) == {
+        "jobId": "J",
+        "step": "d",
+        "by": 2,
+        "reason": "one more",
+    }
+    # not a number: sent as typed, so the verb names the field
+    assert operate.envelope("extend-loop", "J", {**form, "by": "two"})["by"] == "two"
+    ok, text = operate.outcome(
+        "extend-loop",
+        {"ok": True, "status": "QUEUED", "step": "d", "max": 2, "extendedBy": 1},
+        "",
+    )
+    assert ok and text == "extend-loop: now QUEUED; loop 'd' may now re-run 2 times"

@@ -3,10 +3,20 @@ and the tracker's decisions (no network: definitions over the test schema)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from protomolt_jobs.verbs.workflow import CheckWorkflowAction
-from protomolt_jobs.workflow import Runtime, WorkflowParseError, check, loops, parse_workflow
+from protomolt_jobs.workflow import (
+    Runtime,
+    WorkflowParseError,
+    check,
+    loops,
+    parse_workflow,
+    retry_scope,
+    types,
+)
 from protomolt_jobs.workflow import graph as g
 from tests.support.graphs import graph, step
 
@@ -234,15 +244,8 @@ def test_more_than_64_loops_is_one_finding():
     assert finding[1].startswith("unrolled {max + 1} times the graph has 1000000 step executions")
 
 
-def test_retry_step_in_a_body_or_scope_only_is_refused_and_requeue_keeps_a_prefix():
+def test_retry_in_a_body_drops_the_latest_iteration_only_and_requeue_keeps_finished_ones():
     compiled = parse_workflow(chain({"to": "b", "max": 2}), RUNTIME)
-    assert loops.retry_refusal(compiled, "b", "dependants").startswith(
-        "retry-step of 'b', a step inside the body of loop 'c', is not supported"
-    )
-    assert loops.retry_refusal(compiled, "a", "only") == (
-        "retry-step with scope 'only' is not supported in a workflow with a loop"
-    )
-    assert loops.retry_refusal(compiled, "d", "dependants") == ""
     entries = [
         {"name": "a", "skipped": False},
         {"name": "b", "skipped": False},
@@ -251,6 +254,143 @@ def test_retry_step_in_a_body_or_scope_only_is_refused_and_requeue_keeps_a_prefi
         {"name": "c", "skipped": False, "iteration": 1},
         {"name": "d", "failed": {"kind": "GRPC", "message": "down"}},
     ]
+    # the failed step's latest entry is the first dropped: both iterations stay
     assert g.requeue_checkpoints(compiled, entries) == entries[:5]
-    plain = parse_workflow(chain(), RUNTIME)
-    assert loops.retry_refusal(plain, "b", "only") == ""
+    # a failure in iteration 1 of a body step drops that entry only, not iteration 0's
+    failed_in_1 = [*entries[:4], {"name": "c", "iteration": 1, "failed": {"kind": "GRPC"}}]
+    assert g.requeue_checkpoints(compiled, failed_in_1) == entries[:4]
+    plan = retry_scope.plan_retry(
+        compiled, entries[:5], "b", scope="dependants", downstream=["c", "d"]
+    )
+    assert plan.checkpoints == entries[:3] and plan.dropped == ["b", "c", "d"]
+    only = retry_scope.plan_retry(compiled, entries[:5], "b", scope="only", downstream=["c", "d"])
+    assert only.checkpoints[:3] == entries[:3]
+    assert only.checkpoints[3]["retryOf"] == {
+        "step": "b",
+        "outputSha256": retry_scope.output_sha256(entries[3]),
+        "iteration": 1,
+    }
+    # before b runs again in iteration 1, its iteration-0 entry does not decide the mark
+    resolved = retry_scope.resolve(compiled, only.checkpoints)
+    assert resolved is not None and resolved.prior == entries[:3]
+    assert "c" in resolved.held.waiting
+    # upstream of the body, scope only would keep two iterations of c on a condition
+    with pytest.raises(retry_scope.LoopRetryError, match="scope 'dependants'"):
+        retry_scope.plan_retry(compiled, entries[:5], "a", scope="only", downstream=["b", "c", "d"])
+
+
+def _exits_on_done(loop: dict) -> dict:
+    """a -> b -> c (loop back to b) -> d, d after c whatever its end (a skip included)."""
+    c = step("c", T, after=["b"], loop=loop)
+    d = step("d", T, after=[{"step": "c", "on": "done"}])
+    return graph([step("a", T), step("b", T, after=["a"]), c, d])
+
+
+def test_simulate_plays_each_exit_of_a_loop_and_its_exhaustion():
+    action = CheckWorkflowAction(RUNTIME)
+    answer = action.execute({"workflow": _exits_on_done({"to": "b", "max": 2}), "simulate": True})
+    exits = answer["simulation"]["loopExits"]
+    assert [(e["loop"], e["iterations"], e["exhausted"], e["status"]) for e in exits] == [
+        ("c", 1, False, "COMPLETED"),
+        ("c", 2, False, "COMPLETED"),
+        ("c", 3, False, "COMPLETED"),
+        ("c", 3, True, "FAILED"),
+    ]
+    assert exits[1]["runs"] == ["a", "b", "c", "b#1", "d"]
+    assert exits[1]["skipped"] == [{"step": "c#1", "reason": "the loop exits here (simulated)"}]
+    assert exits[3]["notRun"] == ["d"]
+    assert exits[3]["runs"] == ["a", "b", "c", "b#1", "c#1", "b#2", "c#2"]
+    assert exits[3]["criterion"].startswith("loop 'c' exhausted")
+    assert "loopExitsTruncated" not in answer["simulation"]
+    parked = action.execute(
+        {"workflow": chain({"to": "b", "max": 1, "onExhausted": "park"}), "simulate": True}
+    )
+    assert parked["simulation"]["loopExits"][-1]["status"] == "PAUSED"
+    # d after c on success: leaving the loop (c skipped) skips d, and the run fails: shown
+    first = parked["simulation"]["loopExits"][0]
+    assert (
+        first["status"] == "FAILED"
+        and {"step": "d", "reason": "upstream c skipped"} in (first["skipped"])
+    )
+    assert "loopExits" not in action.execute({"workflow": chain(), "simulate": True})["simulation"]
+
+
+def _reviewed() -> dict:
+    """draft -> review (approval: accept, fix) -> replan on 'fix' loops to draft; publish on
+    'accept' after the loop."""
+    review = {
+        "name": "review",
+        "after": ["draft"],
+        "completion": "approval",
+        "approval": {"approvers": {"roles": ["editor"]}, "decisions": ["accept", "fix"]},
+    }
+    return graph(
+        [
+            step("draft", T),
+            review,
+            step(
+                "replan",
+                T,
+                after=[{"step": "review", "on": "decision:fix"}],
+                loop={"to": "draft", "max": 1},
+            ),
+            step("publish", T, after=[{"step": "review", "on": "decision:accept"}]),
+        ]
+    )
+
+
+def test_a_loop_decided_by_an_approval_exits_by_its_other_decision():
+    compiled = parse_workflow(_reviewed(), RUNTIME)
+    assert check(_reviewed(), RUNTIME) == []
+    from protomolt_jobs.workflow.loop_exits import loop_exits
+
+    exits = loop_exits(compiled)["loopExits"]
+    # at once: review accepts, publish runs; once round: review says fix, then accepts
+    assert exits[0]["runs"] == ["draft", "review", "publish"]
+    assert exits[1]["runs"] == ["draft", "review", "replan", "draft#1", "review#1", "publish"]
+    assert [e["status"] for e in exits] == ["COMPLETED", "COMPLETED", "FAILED"]
+    assert exits[2]["runs"][-1] == "replan#1"
+
+
+def test_loop_exits_keep_to_the_simulation_caps():
+    from protomolt_jobs.workflow.loop_exits import loop_exits
+
+    compiled = parse_workflow(chain({"to": "b", "max": 2}), RUNTIME)
+    capped = loop_exits(compiled, played=1022)
+    assert len(capped["loopExits"]) == 2
+    assert capped["loopExitsTruncated"]["played"] == 2
+    assert capped["loopExitsTruncated"]["of"] == 4
+    assert "at most 1024 paths" in capped["loopExitsTruncated"]["reason"]
+    spent = loop_exits(compiled, cpu_budget_s=-1.0)
+    assert spent["loopExits"] == [] and "CPU budget" in spent["loopExitsTruncated"]["reason"]
+
+
+def test_the_unrolled_reads_name_a_copy_that_reads_a_value_not_produced_before_it():
+    wf = chain({"to": "b", "max": 2})
+    wf["steps"][1]["rules"].append("seen += c.seen")  # b reads the previous iteration's c
+    wf["steps"][3]["rules"].append("seen += b.seen")  # d reads the last iteration's b
+    compiled = parse_workflow(wf, RUNTIME)
+    assert check(wf, RUNTIME) == []
+    unrolled, copies = loops.unroll_with_copies(compiled)
+    assert copies["b@c2"] == ("b", {"c": 2}) and copies["b"] == ("b", {"c": 0})
+    assert loops.unrolled_read_findings(compiled, unrolled, copies) == []
+    # without the back-edge's order (b@c1 no longer after c), b@c1 reads c before it ran
+    cut = tuple(
+        dataclasses.replace(s, depends=tuple(d for d in s.depends if d.step != "c"))
+        if s.name == "b@c1"
+        else s
+        for s in unrolled.steps
+    )
+    broken = dataclasses.replace(unrolled, steps=cut)
+    (finding,) = loops.unrolled_read_findings(compiled, broken, copies)
+    assert finding.step == "b" and finding.kind == "loop"
+    assert finding.error.startswith("unrolled: 'b@c1' reads 'c', which is not its ancestor")
+    # d reads the last copy of b: without d's edge to the last copies, that is named too
+    cut_d = tuple(
+        dataclasses.replace(s, depends=(types.Dependency("a"),)) if s.name == "d" else s
+        for s in unrolled.steps
+    )
+    (finding,) = loops.unrolled_read_findings(
+        compiled, dataclasses.replace(unrolled, steps=cut_d), copies
+    )
+    assert finding.error.startswith("unrolled: 'd' reads 'b@c2'")

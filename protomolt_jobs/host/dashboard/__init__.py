@@ -489,6 +489,7 @@ class Dashboard:
                 answer_type = desc.full_name
                 fields = [form_field(f) for f in desc.fields]
         manifest = self.catalog.manifest(self._caller(request))
+        loop_steps = operate.loop_steps(job)
         return self._render(
             request,
             "job.html",
@@ -504,7 +505,10 @@ class Dashboard:
             form=form or {},
             answer_type=answer_type,
             operator_verbs=OPERATOR_VERBS,
-            offered=operate.offered(operate.status_table(manifest), job["status"]),
+            offered=operate.offered(
+                operate.status_table(manifest), job["status"], loops=bool(loop_steps)
+            ),
+            loop_steps=loop_steps,
             verb_scopes=operate.scopes(manifest),
             checkpointed=[n for n in names or list(done) if n in done],
             zones=times.zones(),

@@ -41,9 +41,12 @@ OPERATOR_VERBS = (
     "resume-job",
     "requeue-job",
     "retry-step",
+    "extend-loop",
     "reconcile-step",
     "migrate-checkpoint",
 )
+#: Offered only for a run whose workflow declares a loop.
+LOOP_VERBS = ("extend-loop",)
 #: The verbs the jobs list applies to several selected jobs at once.
 BULK_VERBS = ("cancel-job", "requeue-job", "retry-step")
 #: Longest text kept from a form's JSON box (the verbs bound their inputs again).
@@ -74,9 +77,26 @@ def scopes(manifest: Iterable[Any]) -> dict[str, str]:
     }
 
 
-def offered(table: dict[str, tuple[str, ...]], status: str) -> list[str]:
-    """The operator verbs that apply to a job in ``status``, in :data:`OPERATOR_VERBS` order."""
-    return [verb for verb in OPERATOR_VERBS if status in table.get(verb, ())]
+def offered(table: dict[str, tuple[str, ...]], status: str, *, loops: bool = False) -> list[str]:
+    """The operator verbs that apply to a job in ``status``, in :data:`OPERATOR_VERBS` order
+    (:data:`LOOP_VERBS` only when ``loops``: the job's workflow declares a loop)."""
+    return [
+        verb
+        for verb in OPERATOR_VERBS
+        if status in table.get(verb, ()) and (loops or verb not in LOOP_VERBS)
+    ]
+
+
+def loop_steps(job: dict[str, Any]) -> list[str]:
+    """The loop steps of a job read with ``graph: true`` (its drawing's ``loop`` edges), in
+    the drawing's order; empty for a workflow without loops."""
+    graph = job.get("graph")
+    edges = graph.get("edges") if isinstance(graph, dict) else None
+    return [
+        str(e["from"])
+        for e in edges or []
+        if isinstance(e, dict) and e.get("kind") == "loop" and isinstance(e.get("from"), str)
+    ]
 
 
 def _json_field(form: dict[str, str], name: str) -> Any:
@@ -122,6 +142,11 @@ def envelope(verb: str, job_id: str, form: dict[str, str]) -> dict[str, Any]:
         body["stepName"] = form.get("stepName", "")
         if form.get("scope", ""):
             body["scope"] = form["scope"]
+    elif verb == "extend-loop":
+        body["step"] = form.get("step", "")
+        by = form.get("by", "").strip()
+        # digits become the number; anything else goes as typed and the verb names 'by'
+        body["by"] = int(by) if by.isdigit() and len(by) <= 6 else by
     elif verb == "reconcile-step":
         body["stepName"] = form.get("stepName", "")
         body["outcome"] = form.get("outcome", "")
@@ -155,6 +180,8 @@ def outcome(verb: str, answer: dict[str, Any], error: str) -> tuple[bool, str]:
         text += f", to run after {answer['runAfter']}"
     if answer.get("outstandingStep"):
         text += f", waiting on {answer['outstandingStep']}"
+    if "extendedBy" in answer:
+        text += f"; loop '{answer.get('step')}' may now re-run {answer.get('max')} times"
     if answer.get("dropped"):
         text += f"; steps to run again: {', '.join(answer['dropped'])}"
     return True, text

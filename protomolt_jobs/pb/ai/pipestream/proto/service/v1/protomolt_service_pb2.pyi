@@ -228,14 +228,18 @@ class ResumeJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., at: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class RetryStepRequest(_message.Message):
-    __slots__ = ("job_id", "step_name", "reason")
+    __slots__ = ("job_id", "step_name", "reason", "scope", "new_idempotency_key")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_NAME_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    NEW_IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     step_name: str
     reason: str
-    def __init__(self, job_id: _Optional[str] = ..., step_name: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    scope: str
+    new_idempotency_key: bool
+    def __init__(self, job_id: _Optional[str] = ..., step_name: _Optional[str] = ..., reason: _Optional[str] = ..., scope: _Optional[str] = ..., new_idempotency_key: _Optional[bool] = ...) -> None: ...
 
 class ReconcileStepRequest(_message.Message):
     __slots__ = ("job_id", "step_name", "outcome", "response", "reason")
@@ -274,7 +278,7 @@ class RequeueJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class JobControlResponse(_message.Message):
-    __slots__ = ("ok", "status", "error", "requested", "message", "outstanding_step", "run_after", "withdrawn", "dropped")
+    __slots__ = ("ok", "status", "error", "requested", "message", "outstanding_step", "run_after", "withdrawn", "dropped", "scope", "rerun_if_changed", "kept_effects")
     OK_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -284,6 +288,9 @@ class JobControlResponse(_message.Message):
     RUN_AFTER_FIELD_NUMBER: _ClassVar[int]
     WITHDRAWN_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    RERUN_IF_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    KEPT_EFFECTS_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     status: str
     error: str
@@ -293,7 +300,10 @@ class JobControlResponse(_message.Message):
     run_after: str
     withdrawn: str
     dropped: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, ok: _Optional[bool] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., requested: _Optional[str] = ..., message: _Optional[str] = ..., outstanding_step: _Optional[str] = ..., run_after: _Optional[str] = ..., withdrawn: _Optional[str] = ..., dropped: _Optional[_Iterable[str]] = ...) -> None: ...
+    scope: str
+    rerun_if_changed: _containers.RepeatedScalarFieldContainer[str]
+    kept_effects: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ok: _Optional[bool] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., requested: _Optional[str] = ..., message: _Optional[str] = ..., outstanding_step: _Optional[str] = ..., run_after: _Optional[str] = ..., withdrawn: _Optional[str] = ..., dropped: _Optional[_Iterable[str]] = ..., scope: _Optional[str] = ..., rerun_if_changed: _Optional[_Iterable[str]] = ..., kept_effects: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JobHistoryRequest(_message.Message):
     __slots__ = ("job_id",)
