@@ -55,6 +55,7 @@ from protomolt_jobs.verbs import (
     CheckWorkflowAction,
     JobsBackend,
     RunWorkflowAction,
+    TestWorkflowAction,
     jobs_actions,
 )
 from protomolt_jobs.worker.grants import GrantPolicy
@@ -159,6 +160,15 @@ class JobsModule:
             ctx.contributions.contribute(Action, action)
         ctx.contributions.contribute(Action, RunWorkflowAction(runtime, repository, floors))
         ctx.contributions.contribute(Action, CheckWorkflowAction(runtime, repository, floors))
+        ctx.contributions.contribute(
+            Action,
+            TestWorkflowAction(
+                runtime,
+                repository,
+                max_attempts=config.max_attempts,
+                backoff_base_s=config.backoff_base_seconds,
+            ),
+        )
         mount = JobsMount(
             config=config,
             repository=repository,

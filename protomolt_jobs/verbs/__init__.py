@@ -11,12 +11,13 @@ module                verbs
 :mod:`.recovery`      ``reconcile-step``, ``migrate-checkpoint``
 :mod:`.loops`         ``extend-loop``
 :mod:`.workflow`      ``run-workflow``, ``check-workflow`` (the engine's; no store)
+:mod:`.workflow_tests` ``test-workflow`` (a definition's tests, mocked; no store, no network)
 ===================== ======================================================================
 
 :mod:`.base` holds what every verb shares (the backend, the verb classes, field readers,
 answers); :mod:`.responses` turns a supplied response into a checkpoint entry. No verb module
 imports another (import-linter contract ``verbs-on-one-base``). :func:`jobs_actions` gives the
-job verbs in manifest order; the role adds ``run-workflow`` and ``check-workflow`` after them.
+job verbs in manifest order; the role adds ``run-workflow``, ``check-workflow`` and ``test-workflow`` after them.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from protomolt_jobs.verbs.read import GetJobAction, JobHistoryAction, ListJobsAc
 from protomolt_jobs.verbs.recovery import MigrateCheckpointAction, ReconcileStepAction
 from protomolt_jobs.verbs.submit import SOURCE_RULE, SubmitWorkflowAction
 from protomolt_jobs.verbs.workflow import CheckWorkflowAction, RunWorkflowAction
+from protomolt_jobs.verbs.workflow_tests import TestWorkflowAction
 from protomolt_jobs.workflow.floors import Floor
 
 __all__ = [
@@ -62,6 +64,7 @@ __all__ = [
     "RetryStepAction",
     "RunWorkflowAction",
     "SubmitWorkflowAction",
+    "TestWorkflowAction",
     "Verb",
     "jobs_actions",
 ]

@@ -120,6 +120,9 @@ KINDS: Mapping[str, Kind] = _kinds(
             "budget": "budget",
             # what cancel-job does by default (issue 27 item 4; workflow/cancel.py)
             "cancel": "cancel",
+            # tests in the definition (DESIGN.md 25; workflow/testing/cases.py): mocks are
+            # keyed by step name, so `mocks` is walked by cases.parse_cases, not here
+            "tests": "testCase",
         },
     ),
     Kind(
@@ -270,6 +273,31 @@ KINDS: Mapping[str, Kind] = _kinds(
     ),
     Kind("budget", "the budget", "budget", {"deadline": None, "maxCost": None, "onExceeded": None}),
     Kind("cancel", "the cancel", "cancel", {"compensate": None, "interruptCalls": None}),
+    Kind(
+        "testCase",
+        "a test case",
+        "tests[i]",
+        {"name": None, "input": None, "mocks": None, "events": "testEvent", "expect": "testExpect"},
+    ),
+    Kind(
+        "testEvent",
+        "a test event",
+        "tests[i].events[j]",
+        {"after": None, "advanceMs": None, "crash": None, "action": None},
+    ),
+    Kind(
+        "testExpect",
+        "a test's expect",
+        "tests[i].expect",
+        {
+            "status": None,
+            "path": None,
+            "calls": None,
+            "skipped": None,
+            "errorKind": None,
+            "failedStep": None,
+        },
+    ),
 )
 
 #: Misspellings difflib cannot see (another word for the same thing), per kind: unknown key
