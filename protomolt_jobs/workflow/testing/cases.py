@@ -165,6 +165,18 @@ def parse_cases(workflow: CompiledWorkflow, tests: Any, where: str = "tests") ->
     return cases
 
 
+def _whole(value: Any) -> int | None:
+    """``value`` as a whole number, or None: JSON ``3`` or ``3.0`` (a ``google.protobuf.Struct``
+    over gRPC carries every number as a double)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
 def _object(value: Any, path: str, known: tuple[str, ...]) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise CaseError(path, "must be an object")
@@ -210,8 +222,8 @@ def _case(workflow: CompiledWorkflow, raw: Any, path: str) -> Case:
 
 def _mock(step: Step, raw: Any, path: str) -> Mock:
     obj = _object(raw, path, MOCK_KEYS)
-    delay = obj.get("delayMs", 0)
-    if not isinstance(delay, int) or isinstance(delay, bool) or not 0 <= delay <= 86_400_000:
+    delay = _whole(obj.get("delayMs", 0))
+    if delay is None or not 0 <= delay <= 86_400_000:
         raise CaseError(f"{path}.delayMs", "must be an integer from 0 to 86400000")
     answers = [k for k in ("response", "status", "votes") if k in obj]
     if len(answers) != 1:
@@ -270,8 +282,8 @@ def _event(workflow: CompiledWorkflow, raw: Any, path: str) -> Event:
     if len(kinds) != 1:
         raise CaseError(path, "needs exactly one of 'advanceMs', 'crash', 'action'")
     if "advanceMs" in obj:
-        ms = obj["advanceMs"]
-        if not isinstance(ms, int) or isinstance(ms, bool) or not 0 < ms <= 366 * 86_400_000:
+        ms = _whole(obj["advanceMs"])
+        if ms is None or not 0 < ms <= 366 * 86_400_000:
             raise CaseError(f"{path}.advanceMs", "must be a positive integer (at most a year)")
         return Event(after=after, advance_ms=ms)
     if "crash" in obj:
@@ -302,15 +314,15 @@ def _expect(workflow: CompiledWorkflow, raw: Any, path: str) -> dict[str, Any]:
         for name, v in value.items():
             if workflow.step(name) is None:
                 raise CaseError(f"{path}.{key}.{name}", "the workflow has no step of this name")
-            ok = (
-                isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                if key == "calls"
-                else isinstance(v, str)
-            )
+            count = _whole(v)
+            ok = count is not None and count >= 0 if key == "calls" else isinstance(v, str)
             if not ok:
                 said = "a count >= 0" if key == "calls" else "a reason (text it contains)"
                 raise CaseError(f"{path}.{key}.{name}", f"must be {said}")
     for key in ("errorKind", "failedStep"):
         if key in obj and not isinstance(obj[key], str):
             raise CaseError(f"{path}.{key}", "must be a string")
-    return dict(obj)
+    out = dict(obj)
+    if "calls" in out:
+        out["calls"] = {name: _whole(n) for name, n in out["calls"].items()}
+    return out
