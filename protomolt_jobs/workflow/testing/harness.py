@@ -120,6 +120,21 @@ class _Row:
         self.checkpoints.append(entry)
         self.fire(entry.get("name"))
 
+    def while_paused(self) -> str | None:
+        """Apply the at-once events that follow a pause: None once one resumes the run (and
+        the at-once events after it), ``"pause"`` when none does, ``"cancel"`` for a cancel."""
+        while self.events and self.events[0].after is None:
+            ev = self.events.pop(0)
+            if ev.advance_ms:
+                self.clock.advance(ev.advance_ms)
+            elif ev.action == "cancel":
+                return "cancel"
+            elif ev.action == "resume":
+                self.stop = None
+                self.fire(None)
+                return self.stop
+        return "pause"
+
     def fire(self, name: str | None) -> None:
         """Apply the events due once ``name`` checkpointed (None: at a boundary)."""
         while self.events and self.stop is None:
@@ -167,13 +182,11 @@ def run_case(
         if out.status != "QUEUED":
             break
         if row.stop == "pause":
-            row.stop = None
-            if row.events and row.events[0].action == "resume" and row.events[0].after is None:
-                row.events.pop(0)
-                row.fire(None)
-                continue
-            out.status = "PAUSED"
-            break
+            row.stop = row.while_paused()
+            if row.stop == "pause":
+                out.status = "PAUSED"
+                break
+            continue
         if row.stop == "cancel":
             out.status = "CANCELLED"
             break
