@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from protomolt_jobs.errors import InvalidInput
 from protomolt_jobs.verbs import CheckWorkflowAction, TestWorkflowAction
 from protomolt_jobs.workflow import Runtime, keys, parse_workflow
 from protomolt_jobs.workflow.testing.cases import CaseError, parse_cases
-from protomolt_jobs.errors import InvalidInput
 
 PROTO = """syntax = "proto3";
 package t.v1;
