@@ -64,6 +64,7 @@ def test_verb_names():
         "job-history",
         "approve-step",
         "extend-loop",
+        "test-workflow",
     }
 
 

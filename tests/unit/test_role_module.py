@@ -61,7 +61,7 @@ def test_registry_is_wired_first_and_six_actions_are_contributed(tmp_path):
     node = node_for(tmp_path, ["jobs", "registry"])
     try:
         assert node.roles == ["registry", "jobs"]
-        assert node.catalog.names() == [*VERBS, "run-workflow", "check-workflow"]
+        assert node.catalog.names() == [*VERBS, "run-workflow", "check-workflow", "test-workflow"]
         scopes = {m["name"]: m["scope"] for m in node.catalog.manifest()}
         assert scopes["submit-workflow"] == "workflow-run"
         assert scopes["get-job"] == scopes["list-jobs"] == "service-invoke"

@@ -32,6 +32,7 @@ import grpc
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from protomolt_jobs.errors import ProtomoltJobsError
 from protomolt_jobs.workflow.envelope import message_class
 from protomolt_jobs.workflow.types import CompiledWorkflow, Finding, Step
 
@@ -77,7 +78,7 @@ MAX_MOCKS = 100
 _NAME = re.compile(r"^[^\x00-\x1f\x7f]{1,100}$")
 
 
-class CaseError(ValueError):
+class CaseError(ProtomoltJobsError, ValueError):
     """A ``tests`` value that is not what the key takes.
 
     :ivar path: where (``tests[0].mocks.charge[1].status.code``).

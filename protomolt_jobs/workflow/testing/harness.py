@@ -33,6 +33,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from protomolt_jobs.errors import ProtomoltJobsError
 from protomolt_jobs.workflow import approval as approvals
 from protomolt_jobs.workflow import graph, loops
 from protomolt_jobs.workflow.effects import EffectContext
@@ -55,7 +56,7 @@ __all__ = ["MAX_SEGMENTS", "CaseRun", "path_of", "run_case"]
 MAX_SEGMENTS = 200
 
 
-class _Stop(Exception):
+class _Stop(ProtomoltJobsError):
     """Raised from the checkpoint callback: a crash or an operator action ends the segment."""
 
 

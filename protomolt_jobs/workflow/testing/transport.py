@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 
+from protomolt_jobs.errors import ProtomoltJobsError
 from protomolt_jobs.workflow.effects import IDEMPOTENCY_HEADER
 from protomolt_jobs.workflow.testing.cases import Mock
 
@@ -29,7 +30,7 @@ __all__ = ["MockTransport", "Unmocked", "VirtualClock"]
 _TAIL = re.compile(r"^:\d+(?::\d+)?$")
 
 
-class Unmocked(Exception):
+class Unmocked(ProtomoltJobsError):
     """A step was called (or parked) with no mock left; the case fails naming it."""
 
     def __init__(self, step: str, message: str) -> None:
@@ -49,7 +50,7 @@ class VirtualClock:
         self.now_ms += int(ms)
 
 
-class _MockRpcError(grpc.RpcError):
+class _MockRpcError(ProtomoltJobsError, grpc.RpcError):
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
         super().__init__(details)
         self._code, self._details = code, details
