@@ -282,3 +282,20 @@ def test_a_loop_body_is_on_the_path_by_iteration_and_coverage_tracks_the_loop():
     assert answer["ok"] is True, answer
     assert answer["coverage"]["loopExits"] == ["fix: exhausted"]
     assert answer["coverage"]["failureEdges"] == []
+
+
+def test_a_definitions_tests_are_not_part_of_its_fingerprint():
+    from protomolt_jobs.workflow.effects import fingerprint
+
+    with_tests = _wf(SEQ, [_case(mocks=ALL_OK)])
+    without = {k: v for k, v in with_tests.items() if k != "tests"}
+    other = copy.deepcopy(with_tests)
+    other["tests"][0]["name"] = "renamed"
+    prints = [fingerprint(parse_workflow(d, Runtime())) for d in (with_tests, without, other)]
+    assert prints[0].definition_sha256 == prints[1].definition_sha256
+    assert prints[2].definition_sha256 == prints[1].definition_sha256
+    changed = copy.deepcopy(without)
+    changed["steps"][0]["deadlineMs"] = 5
+    assert fingerprint(parse_workflow(changed, Runtime())).definition_sha256 != (
+        prints[1].definition_sha256
+    )
