@@ -261,6 +261,22 @@ def test_cli_output_is_the_guides_and_bad_tests_are_invalid_input_on_every_door(
     status, answer, _ = _post(url, "test-workflow", {"workflow": wf, "test": []})
     assert status == 400 and answer["error"] == "invalid-input", answer
 
+    # the registry's PUT checks the tests (check-workflow): a bad one is refused, naming it;
+    # a stored workflow is tested by name, and its stored tests' errors name workflowName
+    put = f"{url}/protomolt/workflows/order"
+    auth = {"Authorization": f"Bearer {ROOT}"}
+    status, answer, _ = http("PUT", put, inside, headers=auth)
+    assert status == 422 and answer["error"] == "does-not-verify", answer
+    assert [(f["kind"], f["error"].split(":", 1)[0]) for f in answer["findings"]] == [
+        ("tests", "tests[2].expect.status")
+    ]
+    status, answer, _ = http("PUT", put, wf, headers=auth)
+    assert status == 200, answer
+    status, answer, _ = _post(url, "test-workflow", {"workflowName": "order"})
+    assert status == 200 and answer["ok"] is True and answer["passed"] == 3, answer
+    status, answer, _ = _post(url, "test-workflow", {"workflowName": "order", "tests": [{}]})
+    assert status == 400 and answer["details"] == {"field": "tests", "path": "tests[0].name"}
+
     # gRPC TestWorkflow
     with grpc.insecure_channel(node.grpc.target) as channel:
         call = channel.unary_unary(

@@ -70,7 +70,8 @@ class CaseRun:
     :ivar error: the stored error (``"<KIND>: <message>"``), or None.
     :ivar error_kind: the failure's kind (``GRPC``), or None.
     :ivar failed_step: the failing step, or None.
-    :ivar attempts: segments started as attempts.
+    :ivar attempts: segments run: the claims a worker would make (a retry, a re-entry after a
+        crash, a resume after a park or a pause each start one).
     :ivar clock_ms: the virtual clock at the end.
     :ivar unmocked: the message naming a step called without a mock, or None.
     :ivar report: a graph run's report (as get-job rebuilds it), else None.
