@@ -299,3 +299,22 @@ def test_a_definitions_tests_are_not_part_of_its_fingerprint():
     assert fingerprint(parse_workflow(changed, Runtime())).definition_sha256 != (
         prints[1].definition_sha256
     )
+
+
+def test_a_parks_answer_gives_the_run_its_attempts_back():
+    steps = [
+        _step("a"),
+        {"name": "ext", "target": TARGET, "method": "t.v1.S/B", "completion": "external"},
+        _step("c", "C"),
+    ]
+    case = _case(
+        mocks={
+            "a": [{"status": {"code": "UNAVAILABLE"}}, OK],
+            "ext": {"response": {"id": "e"}},
+            "c": [{"status": {"code": "UNAVAILABLE"}}] * 3,
+        },
+        expect={"status": "DEAD", "failedStep": "c", "calls": {"a": 2, "c": 3}},
+    )
+    got = _only(_wf(steps, [case]))
+    assert got["passed"] is True, got
+    assert got["actual"]["attempts"] == 2 + 3  # claims: a's two, then c's three after the park

@@ -14,7 +14,8 @@ intents. Around it, :func:`run_case` plays the part of the worker's settle loop
   ``approve-step`` stores it (``approval.decision_entry``); no decision: WAITING.
 - A failure the engine calls retryable (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED,
   DEADLINE) is retried while ``attempt < max_attempts``, after ``base * 2^(attempt-1)`` seconds
-  on the virtual clock; exhausted: DEAD. Any other failure: FAILED. A recovery stop:
+  on the virtual clock; exhausted: DEAD. A parked step's answer resets the attempts, as
+  ``complete-step`` and ``approve-step`` do. Any other failure: FAILED. A recovery stop:
   RECOVERY_REQUIRED. A loop exhausted with ``onExhausted: park``: PAUSED.
 - Events: ``advanceMs`` moves the clock; ``crash`` at ``before_checkpoint`` drops the step's
   checkpoint (its call happened) and ``after_checkpoint`` keeps it, and either ends the segment
@@ -99,6 +100,9 @@ class _Row:
         self.events = list(case.events)
         self.clock = clock
         self.stop: str | None = None  # "crash" | "pause" | "cancel"
+        #: the row's attempt: the retry budget's count (a park's answer resets it to 0, as
+        #: the store's job_complete_parked does)
+        self.attempt = 0
 
     def on_intent(self, step: str, key: str) -> None:
         self.intents[step] = {"key": key}
@@ -118,8 +122,10 @@ class _Row:
             raise _Stop(self.stop)
 
     def on_checkpoint_parked(self, entry: dict[str, Any]) -> None:
-        """Store a parked step's answer (complete-step's or approve-step's entry)."""
+        """Store a parked step's answer (complete-step's or approve-step's entry); the run is
+        queued with its attempts reset."""
         self.checkpoints.append(entry)
+        self.attempt = 0
         self.fire(entry.get("name"))
 
     def while_paused(self) -> str | None:
@@ -194,9 +200,10 @@ def run_case(
             break
         row.stop = None
         out.attempts += 1
+        row.attempt += 1
         effects = EffectContext(
             job_id=job_id,
-            attempt=out.attempts,
+            attempt=row.attempt,
             intents=dict(row.intents),
             on_intent=row.on_intent,
         )
@@ -222,7 +229,7 @@ def run_case(
                 row.stop = None  # the worker died: the row is claimed again from checkpoints
             continue
         if failure is not None:
-            _settle_failure(out, failure, max_attempts, backoff_base_s, clock)
+            _settle_failure(out, failure, row.attempt, max_attempts, backoff_base_s, clock)
             continue
         if isinstance(returned, Completed):
             out.status = "COMPLETED"  # the worker's complete clears the last retry's error
@@ -253,6 +260,7 @@ def _input_message(workflow: CompiledWorkflow) -> Any:
 def _settle_failure(
     out: CaseRun,
     failure: BaseException,
+    attempt: int,
     max_attempts: int,
     backoff_base_s: float,
     clock: VirtualClock,
@@ -265,8 +273,8 @@ def _settle_failure(
         retryable, kind, step = True, "WORKFLOW", ""
         detail = f"WORKFLOW: {type(failure).__name__}: {failure}"
     out.error, out.error_kind, out.failed_step = detail, kind, step
-    if retryable and out.attempts < max_attempts:
-        exponent = min(max(out.attempts - 1, 0), 20)
+    if retryable and attempt < max_attempts:
+        exponent = min(max(attempt - 1, 0), 20)
         clock.advance(backoff_base_s * 1000.0 * 2**exponent)
         return  # QUEUED: the next attempt
     out.status = "DEAD" if retryable else "FAILED"
