@@ -282,6 +282,16 @@ def test_a_loop_body_is_on_the_path_by_iteration_and_coverage_tracks_the_loop():
     assert answer["ok"] is True, answer
     assert answer["coverage"]["loopExits"] == ["fix: exhausted"]
     assert answer["coverage"]["failureEdges"] == []
+    # a case where check passes at once: the loop is left without repeating
+    once = _case(
+        "once",
+        mocks={"build": OK, "check": OK, "publish": OK},
+        expect={"path": ["build#0", "check#0", "publish"]},
+    )
+    answer = _run(_wf(steps, [once]))
+    assert answer["ok"] is True, answer
+    assert answer["coverage"]["loopExits"] == ["fix: repeated", "fix: exhausted"]
+    assert answer["coverage"]["failureEdges"] == ["check -> fix"]
 
 
 def test_a_definitions_tests_are_not_part_of_its_fingerprint():

@@ -5,8 +5,8 @@
 - ``failureEdges``: each ``after`` entry ``on: failure`` (``"<step> -> <dependant>"``) whose
   step failed in no case, and each ``compensate`` step no case ran;
 - ``loopExits``: each loop whose body no case repeated (``"<loop step>: repeated"``) and each
-  loop no case left with the loop step's condition false before its bound
-  (``"<loop step>: exited"``), or exhausted (``"<loop step>: exhausted"``);
+  loop no case left before its bound, its loop step skipped or failed
+  (``"<loop step>: exited"``), and each loop no case exhausted (``"<loop step>: exhausted"``);
 - ``escalations``: each approval step's escalation and expiry timers (timers are not played
   by the in-process run, so these are always listed).
 """
@@ -77,7 +77,8 @@ def coverage(workflow: CompiledWorkflow, runs: Iterable[CaseRun]) -> dict[str, l
             reps = iterations.get(body_first, 0)
             if reps == 0:
                 out["loopExits"].append(f"{step.name}: repeated")
-            if step.name not in exhausted and step.name not in ran:
+            if step.name not in skipped and step.name not in failed:
+                # a loop is left before its bound when its loop step is skipped or fails
                 out["loopExits"].append(f"{step.name}: exited")
             if step.name not in exhausted:
                 out["loopExits"].append(f"{step.name}: exhausted")
