@@ -57,6 +57,7 @@ from protomolt_jobs.verbs import (
     JobsBackend,
     ReplayCheckAction,
     RunWorkflowAction,
+    TestWorkflowAction,
     jobs_actions,
 )
 from protomolt_jobs.worker.grants import GrantPolicy
@@ -171,6 +172,15 @@ class JobsModule:
             ),
         )
         ctx.contributions.contribute(Action, ReplayCheckAction(backend, runtime, repository))
+        ctx.contributions.contribute(
+            Action,
+            TestWorkflowAction(
+                runtime,
+                repository,
+                max_attempts=config.max_attempts,
+                backoff_base_s=config.backoff_base_seconds,
+            ),
+        )
         mount = JobsMount(
             config=config,
             repository=repository,

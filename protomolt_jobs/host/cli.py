@@ -610,6 +610,8 @@ def cmd_workflow(args: argparse.Namespace) -> int:
     token = _token(args)
     if args.workflow_command == "replay-check":
         return _replay_check(args, definition, token)
+    if args.workflow_command == "test":
+        return _workflow_test(args, definition, token)
     if args.workflow_command == "check":
         try:
             answer = call_verb(args.url, "check-workflow", {"workflow": definition}, token)
@@ -671,6 +673,30 @@ def _replay_check(args: argparse.Namespace, candidate: Any, token: str | None) -
     for run in drifting:
         print(f"  {run.get('jobId')} {run.get('status')}: [{run.get('rule')}] {run.get('reason')}")
     return EXIT_ACTION_ERROR
+
+
+def _workflow_test(args: argparse.Namespace, definition: Any, token: str | None) -> int:
+    """``workflow test FILE``: the node's test-workflow verb; a line per case (its first
+    difference when it failed), then what no case reached. Exit 0 when every case passed, 1
+    when one failed (or the definition has none), 2 for invalid input."""
+    try:
+        answer = call_verb(args.url, "test-workflow", {"workflow": definition}, token)
+    except ActionFailed as failed:
+        print(str(failed), file=sys.stderr)
+        return EXIT_USAGE if failed.code == "invalid-input" else EXIT_ACTION_ERROR
+    if "cases" not in answer:
+        print(f"{args.file}: {answer.get('error', 'not tested')}")
+        return EXIT_ACTION_ERROR
+    for case in answer["cases"]:
+        if case.get("passed"):
+            print(f"  pass  {case.get('name')}")
+        else:
+            print(f"  FAIL  {case.get('name')}: {case.get('difference', '')}")
+    print(f"{args.file}: {answer.get('passed', 0)} passed, {answer.get('failed', 0)} failed")
+    for kind, items in (answer.get("coverage") or {}).items():
+        if items:
+            print(f"  not reached ({kind}): {', '.join(str(i) for i in items)}")
+    return EXIT_OK if answer.get("ok") else EXIT_ACTION_ERROR
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -863,13 +889,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     workflow = sub.add_parser("workflow", help="check or store a workflow file on a running node")
     workflow_sub = workflow.add_subparsers(
-        dest="workflow_command", required=True, metavar="check|put|replay-check"
+        dest="workflow_command", required=True, metavar="check|test|put|replay-check"
     )
     check = workflow_sub.add_parser(
         "check", help="verify a workflow file (check-workflow): findings, nothing stored"
     )
     check.add_argument("file", help="the workflow envelope, a JSON file ('-' reads stdin)")
     _client_options(check)
+    wtest = workflow_sub.add_parser(
+        "test",
+        help="run a workflow file's tests (test-workflow): mocked steps, no network, nothing stored",
+    )
+    wtest.add_argument("file", help="the workflow envelope, a JSON file ('-' reads stdin)")
+    _client_options(wtest)
     put = workflow_sub.add_parser(
         "put", help="store a workflow under NAME (refused with its findings if it does not verify)"
     )

@@ -12,13 +12,14 @@ module                verbs
 :mod:`.loops`         ``extend-loop``
 :mod:`.workflow`      ``run-workflow``, ``check-workflow`` (the engine's; no store)
 :mod:`.replay`        ``replay-check`` (a candidate version against the stored runs)
+:mod:`.workflow_tests` ``test-workflow`` (a definition's tests, mocked; no store, no network)
 ===================== ======================================================================
 
 :mod:`.base` holds what every verb shares (the backend, the verb classes, field readers,
 answers); :mod:`.responses` turns a supplied response into a checkpoint entry. No verb module
 imports another (import-linter contract ``verbs-on-one-base``). :func:`jobs_actions` gives the
-job verbs in manifest order; the role adds ``run-workflow``, ``check-workflow`` and
-``replay-check`` after them.
+job verbs in manifest order; the role adds ``run-workflow``, ``check-workflow``,
+``replay-check`` and ``test-workflow`` after them.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from protomolt_jobs.verbs.recovery import MigrateCheckpointAction, ReconcileStep
 from protomolt_jobs.verbs.replay import ReplayCheckAction
 from protomolt_jobs.verbs.submit import SOURCE_RULE, SubmitWorkflowAction
 from protomolt_jobs.verbs.workflow import CheckWorkflowAction, RunWorkflowAction
+from protomolt_jobs.verbs.workflow_tests import TestWorkflowAction
 from protomolt_jobs.workflow.floors import Floor
 
 __all__ = [
@@ -66,6 +68,7 @@ __all__ = [
     "RetryStepAction",
     "RunWorkflowAction",
     "SubmitWorkflowAction",
+    "TestWorkflowAction",
     "Verb",
     "jobs_actions",
 ]

@@ -16,6 +16,7 @@ writes an intent under the lease). Without one, a segment runs exactly as before
   reach), ``requestSha256`` (deterministic serialization of the request), ``adapterVersion``
   (when declared), ``attempt``, ``receipt`` (external steps); the store stamps ``at`` with the
   database's time. The per-step parts are computed once per compiled workflow (cached).
+  ``definitionSha256`` covers the definition without its ``tests`` (they never change a run).
   Replay compares an entry's ``definitionSha256``, ``descriptorSha256`` and ``adapterVersion``
   (when present: older entries have none and replay as before).
 """
@@ -151,9 +152,12 @@ def fingerprint(workflow: CompiledWorkflow) -> Fingerprint:
     cached = _CACHE.get(workflow)
     if cached is not None:
         return cached
-    canonical = json.dumps(
-        workflow.definition, sort_keys=True, separators=(",", ":"), ensure_ascii=False
-    )
+    definition = workflow.definition
+    if isinstance(definition, dict) and "tests" in definition:
+        # a definition's tests never change how it runs: editing them is not a new definition
+        # for replay (docs/workflows.md, Tests in the definition)
+        definition = {k: v for k, v in definition.items() if k != "tests"}
+    canonical = json.dumps(definition, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     fp = Fingerprint(
         definition_sha256=_sha(canonical.encode("utf-8", "surrogatepass")),
         descriptor_sha256={s.name: descriptor_sha256(*_step_types(s)) for s in workflow.steps},

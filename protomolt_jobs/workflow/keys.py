@@ -123,6 +123,9 @@ KINDS: Mapping[str, Kind] = _kinds(
             # how long finished runs are kept, per final status (issue 30 item 6;
             # runs/retention.py): a duration, or an object of the kind below
             "retention": "retention",
+            # tests in the definition (DESIGN.md 25; workflow/testing/cases.py): mocks are
+            # keyed by step name, so `mocks` is walked by cases.parse_cases, not here
+            "tests": "testCase",
         },
     ),
     Kind(
@@ -279,6 +282,31 @@ KINDS: Mapping[str, Kind] = _kinds(
         "the retention",
         "retention",
         {"completed": None, "failed": None, "cancelled": None, "dead": None},
+    ),
+    Kind(
+        "testCase",
+        "a test case",
+        "tests[i]",
+        {"name": None, "input": None, "mocks": None, "events": "testEvent", "expect": "testExpect"},
+    ),
+    Kind(
+        "testEvent",
+        "a test event",
+        "tests[i].events[j]",
+        {"after": None, "advanceMs": None, "crash": None, "action": None},
+    ),
+    Kind(
+        "testExpect",
+        "a test's expect",
+        "tests[i].expect",
+        {
+            "status": None,
+            "path": None,
+            "calls": None,
+            "skipped": None,
+            "errorKind": None,
+            "failedStep": None,
+        },
     ),
 )
 

@@ -29,6 +29,7 @@ from protomolt_jobs.workflow import cancel, cel_check, keys, loops, mapping
 from protomolt_jobs.workflow import cel as _cel
 from protomolt_jobs.workflow import graph as _graph
 from protomolt_jobs.workflow.envelope import MAX_GRAPH_STEPS, message_class, parse_workflow
+from protomolt_jobs.workflow.testing import cases as testcases
 from protomolt_jobs.workflow.types import (
     EXTERNAL,
     CompiledWorkflow,
@@ -570,7 +571,11 @@ def check(obj: Any, runtime: Runtime) -> list[Finding]:
             Finding("", "workflow", f"workflow could not be parsed: {type(exc).__name__}: {exc}"),
         ]
     try:
-        return [*unknown, *verify(workflow)]
+        found = [*unknown, *verify(workflow)]
+        if isinstance(obj, dict) and "tests" in obj and not found:
+            # the cases' mocks are parsed strictly as their steps' output types (DESIGN.md 25)
+            found = testcases.findings(workflow, obj["tests"])
+        return found
     except Exception as exc:  # a checker answers, whatever it is given
         log.warning(
             "workflow verification failed unexpectedly",

@@ -174,7 +174,13 @@ def test_the_manifest_the_registry_and_unknown_tokens(tmp_path, fresh_dsn):
             return {a["name"] for a in body}
 
         # Each caller's manifest lists only what it may run.
-        assert manifest(VIEWER) == {"get-job", "list-jobs", "job-history", "check-workflow"}
+        assert manifest(VIEWER) == {
+            "get-job",
+            "list-jobs",
+            "job-history",
+            "check-workflow",
+            "test-workflow",
+        }
         assert manifest(READER) == {"get-job", "list-jobs", "job-history"}
         assert "cancel-job" in manifest(EDITOR) and "check-workflow" not in manifest(EDITOR)
         everything = manifest(ROOT)

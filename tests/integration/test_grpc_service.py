@@ -65,6 +65,7 @@ def test_verb_names():
         "approve-step",
         "extend-loop",
         "replay-check",
+        "test-workflow",
     }
 
 

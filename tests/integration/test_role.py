@@ -104,7 +104,13 @@ def test_node_runs_jobs_through_the_verbs_and_closes_clean(tmp_path, fresh_dsn, 
     node.start()
     call = node.catalog.execute
     try:
-        assert node.catalog.names() == [*VERBS, "run-workflow", "check-workflow", "replay-check"]
+        assert node.catalog.names() == [
+            *VERBS,
+            "run-workflow",
+            "check-workflow",
+            "replay-check",
+            "test-workflow",
+        ]
 
         def job(job_id: str) -> dict:
             answer = call("get-job", {"jobId": job_id})

@@ -61,7 +61,13 @@ def test_registry_is_wired_first_and_six_actions_are_contributed(tmp_path):
     node = node_for(tmp_path, ["jobs", "registry"])
     try:
         assert node.roles == ["registry", "jobs"]
-        assert node.catalog.names() == [*VERBS, "run-workflow", "check-workflow", "replay-check"]
+        assert node.catalog.names() == [
+            *VERBS,
+            "run-workflow",
+            "check-workflow",
+            "replay-check",
+            "test-workflow",
+        ]
         scopes = {m["name"]: m["scope"] for m in node.catalog.manifest()}
         assert scopes["replay-check"] == "workflow-write"
         assert scopes["submit-workflow"] == "workflow-run"

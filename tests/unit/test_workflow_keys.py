@@ -131,6 +131,21 @@ KIND_CASES = [
     ("budget", {"budget": {"maxCosts": 3}}, "budget.maxCosts", "", "maxCost"),
     ("cancel", {"cancel": {"compensat": False}}, "cancel.compensat", "", "compensate"),
     ("retention", {"retention": {"complete": "P1D"}}, "retention.complete", "", "completed"),
+    ("testCase", {"tests": [{"name": "c", "expct": {}}]}, "tests[0].expct", "", "expect"),
+    (
+        "testEvent",
+        {"tests": [{"name": "c", "events": [{"advanceMS": 1}]}]},
+        "tests[0].events[0].advanceMS",
+        "",
+        "advanceMs",
+    ),
+    (
+        "testExpect",
+        {"tests": [{"name": "c", "expect": {"errorkind": "GRPC"}}]},
+        "tests[0].expect.errorkind",
+        "",
+        "errorKind",
+    ),
     (
         "loop",
         {"steps": [step(loop={"to": "a", "max": 2, "onExhaust": "park"})]},

@@ -475,3 +475,31 @@ class ReplayCheckResponse(_message.Message):
     unreadable: _containers.RepeatedScalarFieldContainer[str]
     error: str
     def __init__(self, ok: _Optional[bool] = ..., workflow_name: _Optional[str] = ..., examined: _Optional[_Union[ReplayExamined, _Mapping]] = ..., more: _Optional[bool] = ..., drifting: _Optional[_Iterable[_Union[ReplayDrift, _Mapping]]] = ..., unreadable: _Optional[_Iterable[str]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class TestWorkflowRequest(_message.Message):
+    __slots__ = ("workflow", "workflow_name", "tests")
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_NAME_FIELD_NUMBER: _ClassVar[int]
+    TESTS_FIELD_NUMBER: _ClassVar[int]
+    workflow: _struct_pb2.Struct
+    workflow_name: str
+    tests: _struct_pb2.ListValue
+    def __init__(self, workflow: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., workflow_name: _Optional[str] = ..., tests: _Optional[_Union[_struct_pb2.ListValue, _Mapping]] = ...) -> None: ...
+
+class TestWorkflowResponse(_message.Message):
+    __slots__ = ("ok", "passed", "failed", "cases", "coverage", "error", "failed_step")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    CASES_FIELD_NUMBER: _ClassVar[int]
+    COVERAGE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    FAILED_STEP_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    passed: int
+    failed: int
+    cases: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
+    coverage: _struct_pb2.Struct
+    error: str
+    failed_step: str
+    def __init__(self, ok: _Optional[bool] = ..., passed: _Optional[int] = ..., failed: _Optional[int] = ..., cases: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., coverage: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[str] = ..., failed_step: _Optional[str] = ...) -> None: ...
