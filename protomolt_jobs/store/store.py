@@ -101,6 +101,7 @@ from protomolt_jobs.store.maintenance import (
     MaintenanceMixin,
 )
 from protomolt_jobs.store.outbox import OUTBOX_CLAIM_S_DEFAULT, OutboxMixin
+from protomolt_jobs.store.progress import ProgressMixin
 from protomolt_jobs.store.reads import LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, ReadsMixin
 from protomolt_jobs.store.settles import SettlesMixin
 
@@ -124,6 +125,7 @@ class JobStore(
     SettlesMixin,
     ControlMixin,
     LoopsMixin,
+    ProgressMixin,
     OutboxMixin,
     MaintenanceMixin,
 ):

@@ -136,6 +136,10 @@ class GetJobAction(JobVerb):
         if getattr(job, "unreadable", None):
             raise unreadable_row(job)
         body = job_json(job, full=True)
+        if job.status not in TERMINAL_STATUSES:
+            progress = _progress(store, job_id)
+            if progress is not None:
+                body["progress"] = progress
         if job.status in TERMINAL_STATUSES or drawing:
             runtime = self.runtime or getattr(submitter, "runtime", None)
             stored = _stored(job, runtime)
@@ -145,6 +149,16 @@ class GetJobAction(JobVerb):
             if drawing:
                 body["graph"] = graph_view(job, stored, report)
         return {"ok": True, "job": body}
+
+
+def _progress(store: Any, job_id: Any) -> dict[str, Any] | None:
+    """The last progress report of the run's step in flight (a resumable step's:
+    ``{step, iteration, percent, details, updatedAt}``), or None (docs/long-steps.md)."""
+    read = getattr(store, "job_progress_current", None)
+    if read is None:
+        return None
+    progress = read(job_id)
+    return None if progress is None else dict(progress.to_json())
 
 
 def _stored(job: Any, runtime: Any) -> StoredRun | None:

@@ -131,6 +131,13 @@ KIND_CASES = [
     ("budget", {"budget": {"maxCosts": 3}}, "budget.maxCosts", "", "maxCost"),
     ("cancel", {"cancel": {"compensat": False}}, "cancel.compensat", "", "compensate"),
     (
+        "resumable",
+        {"steps": [step(resumable={"state": "state", "dnoe": "response.done"})]},
+        "steps[0].resumable.dnoe",
+        "s",
+        "done",
+    ),
+    (
         "loop",
         {"steps": [step(loop={"to": "a", "max": 2, "onExhaust": "park"})]},
         "steps[0].loop.onExhaust",

@@ -1,0 +1,182 @@
+"""Resumable long steps (issue 28 items 1 and 3; docs/long-steps.md): an 8-frame render step
+served by a real gRPC render service on loopback that renders one frame per call and counts
+frames, a real Worker (in-process, and real worker processes for the SIGKILL), real
+PostgreSQL. Verbs run through the host catalog as a named principal."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from protomolt_jobs.host.catalog import Caller, Catalog
+from protomolt_jobs.runs.submitter import Submitter
+from protomolt_jobs.store import JobStore
+from protomolt_jobs.verbs import JobsBackend, jobs_actions
+from protomolt_jobs.worker import Worker
+from protomolt_jobs.workflow import Runtime
+from tests.support.render_service import RenderService, render_workflow
+from tests.support.worker_proc import WorkerProcess, event_types, jobs_config, wait_for
+
+FRAMES = 8
+
+
+@pytest.fixture
+def store(fresh_dsn):
+    s = JobStore.open(fresh_dsn, max_size=8)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def verbs(store):
+    runtime = Runtime()
+    backend = JobsBackend(configured=True)
+    backend.bind(store, Submitter(store, None, runtime, 3))
+    catalog = Catalog()
+    for action in jobs_actions(backend, runtime):
+        catalog.register(action)
+
+    def call(verb, body, *, principal="alice"):
+        return catalog.execute(verb, body, caller=Caller(principal, unrestricted=True))
+
+    return call
+
+
+@pytest.fixture
+def worker(store, fresh_dsn):
+    workers = []
+
+    def start(**overrides):
+        config = jobs_config(fresh_dsn, **{"lease_seconds": 3.0, **overrides})
+        w = Worker(store, runtime=Runtime(), config=config, dsn=fresh_dsn)
+        w.start()
+        workers.append(w)
+        return w
+
+    yield start
+    for w in workers:
+        w.stop(timeout_s=5)
+
+
+@pytest.fixture
+def render():
+    with RenderService(frame_s=0.02) as svc:
+        yield svc
+
+
+def _submit(verbs, render):
+    answer = verbs(
+        "submit-workflow",
+        {"workflow": render_workflow(render.target), "input": {"scene": "s", "frames": FRAMES}},
+    )
+    assert answer["ok"], answer
+    return answer["jobId"]
+
+
+def _job(verbs, job_id):
+    return verbs("get-job", {"jobId": job_id})["job"]
+
+
+def _progress_rows(dsn, job_id):
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            "SELECT step, iteration, attempt, seq, percent, state, done"
+            " FROM workflow_run_progress WHERE job_id = %s",
+            (job_id,),
+        ).fetchall()
+
+
+def test_pause_lands_after_the_current_frame_and_resume_continues_from_it(
+    store, verbs, worker, render, fresh_dsn
+):
+    started = render.hold(2)
+    job_id = _submit(verbs, render)
+    worker()
+    assert started.wait(20), "frame 2 never started"
+    answer = verbs("pause-job", {"jobId": job_id, "reason": "after this frame"})
+    assert answer["ok"] and answer["status"] == "RUNNING", answer  # a pending request
+    render.release(2)
+    wait_for(lambda: _job(verbs, job_id)["status"] == "PAUSED" or None, timeout_s=20)
+    job = _job(verbs, job_id)
+    # stopped after the current frame: frame 2, not 8
+    assert render.rendered == [1, 2], render.rendered
+    progress = job["progress"]
+    assert progress["step"] == "render" and progress["iteration"] == 0
+    assert 25 <= progress["percent"] <= 37, progress
+    assert progress["details"] == "frame 2 of 8" and progress["updatedAt"]
+    attempt_paused = job["attempt"]
+    history = [t["kind"] for t in verbs("job-history", {"jobId": job_id})["transitions"]]
+    assert history[-1] == "pause", history
+    assert verbs("resume-job", {"jobId": job_id})["ok"]
+    wait_for(lambda: _job(verbs, job_id)["status"] == "COMPLETED" or None, timeout_s=30)
+    job = _job(verbs, job_id)
+    # continued from the saved frame: 8 frames in all, none twice
+    assert render.rendered == list(range(1, FRAMES + 1)), render.rendered
+    assert render.started == list(range(1, FRAMES + 1)), render.started
+    assert job["result"]["framesDone"] == FRAMES and job["result"]["done"] is True
+    assert "progress" not in job  # a finished run shows no step in flight
+    # the pause used up no attempt: a resumed run starts its attempts afresh
+    assert job["attempt"] == attempt_paused == 1, (job["attempt"], attempt_paused)
+    rows = _progress_rows(fresh_dsn, job_id)
+    assert len(rows) == 1 and rows[0][3] == FRAMES and rows[0][6] is True, rows
+    types = [e for e, _ in event_types(store, job_id)]
+    assert types.count("PAUSED") == 1 and types.count("COMPLETED") == 1, types
+
+
+def test_cancel_between_frames_ends_cancelled_without_further_frames(verbs, worker, render):
+    started = render.hold(3)
+    job_id = _submit(verbs, render)
+    worker()
+    assert started.wait(20)
+    answer = verbs("cancel-job", {"jobId": job_id, "reason": "enough"})
+    assert answer["ok"] and answer["status"] == "RUNNING", answer
+    render.release(3)
+    wait_for(lambda: _job(verbs, job_id)["status"] == "CANCELLED" or None, timeout_s=20)
+    assert render.rendered == [1, 2, 3], render.rendered
+    assert render.started == [1, 2, 3], render.started
+    job = _job(verbs, job_id)
+    assert "progress" not in job and job["error"].startswith("CANCELLED by alice")
+
+
+def test_sigkill_mid_render_resumes_from_the_last_progress_checkpoint(store, fresh_dsn, render):
+    started = render.hold(4)
+    job = store.job_insert(_new_job(render)).job
+    fast = {
+        "lease_seconds": 1.5,
+        "poll_interval_ms": 200,
+        "sweep_interval_ms": 200,
+        "backoff_base_seconds": 0.2,
+        "worker_count": 1,
+        "pool_max_size": 4,
+    }
+    a = WorkerProcess(fresh_dsn, worker_id="proc-a", **fast)
+    b = WorkerProcess(fresh_dsn, worker_id="proc-b", **fast)
+    try:
+        a.start()
+        assert started.wait(30), "frame 4 never started"
+        assert a.kill() == -9
+        render.release(4)  # the dead worker's chunk ends on the service side
+        b.start()  # its sweeper requeues the expired lease, then it claims the run
+        wait_for(lambda: store.job_get(job.job_id).status == "COMPLETED" or None, timeout_s=40)
+    finally:
+        a.close()
+        b.close()
+    # frames 1-3 were checkpointed before the kill: only the chunk in flight (4) is repeated
+    assert render.started == [1, 2, 3, 4, 4, 5, 6, 7, 8], render.started
+    row = store.job_get(job.job_id)
+    assert row.result["framesDone"] == FRAMES
+    assert row.attempt == 2  # the crash used one attempt, as any crash does
+
+
+def _new_job(render):
+    import uuid
+
+    from protomolt_jobs.store import NewJob
+
+    return NewJob(
+        job_id=uuid.uuid4(),
+        workflow_name="render",
+        workflow_definition=render_workflow(render.target),
+        input={"scene": "s", "frames": FRAMES},
+        max_attempts=3,
+    )
