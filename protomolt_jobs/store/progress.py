@@ -25,7 +25,7 @@ from protomolt_jobs.store import checks, db
 from protomolt_jobs.store.records import Lease
 from protomolt_jobs.store.scrub import scrub_json, scrub_text
 
-__all__ = ["Progress", "ProgressMixin", "ProgressReport"]
+__all__ = ["Progress", "ProgressMixin", "ProgressReport", "report_params"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +110,12 @@ def _progress(row: dict[str, Any]) -> Progress:
     )
 
 
-def _checked(report: ProgressReport) -> dict[str, Any]:
+def report_params(report: ProgressReport) -> dict[str, Any]:
+    """The ``job_progress`` parameters of ``report``, checked and scrubbed.
+
+    :raises ValueError, TypeError: naming the field (``step``, ``iteration``, ``percent``,
+        ``state``).
+    """
     checks.text("step", report.step)
     checks.non_negative_int("iteration", report.iteration)
     percent = report.percent
@@ -156,7 +161,7 @@ class ProgressMixin(db.Database):
         :raises StoreError: on a database failure.
         """
         checks.positive_seconds("lease_s", lease_s)
-        params = _checked(report)
+        params = report_params(report)
         params["lease_s"] = float(lease_s)
         with self._connection() as conn, conn.transaction():
             row = db.fenced(conn, "job_progress", lease, params)

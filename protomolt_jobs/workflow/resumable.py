@@ -7,7 +7,8 @@ again and again by :func:`call`, which both runners use in place of ``calls.call
 1. the request is built once from the step's mappings; when a saved progress checkpoint of
    the step exists (``EffectContext.progress_saved``: a pause, a crash or a lost lease ended an
    earlier attempt mid-step), the request's ``state`` field is set from its saved state, so
-   the call continues where the last chunk ended, never from scratch;
+   the call continues where the last chunk ended, never from scratch (a saved report that
+   said done is not continued from: the step runs again in full, as after ``retry-step``);
 2. each call is one chunk. Its response's ``state`` field, the ``done`` expression's verdict
    and the ``progress`` expression's percent are handed to ``EffectContext.on_progress``,
    which stores them with ONE fenced statement that is also the heartbeat. A pending pause or
@@ -90,7 +91,9 @@ def call(
     input_sha256 = hashlib.sha256(request.SerializeToString(deterministic=True)).hexdigest()
     saved = saved_of(step.name, iteration) if saved_of is not None else None
     next_request = request
-    if saved is not None and saved.state is not None:
+    if saved is not None and saved.state is not None and not saved.done:
+        # a report that said done is never continued from: its step's checkpoint was dropped
+        # (retry-step) or lost with the settle, and the step runs again in full
         next_request = _with_state(step, request, saved.state)
     for chunk in range(MAX_CHUNKS):
         timeout_ms = call_ms if chunk == 0 else budget_ms()

@@ -8,9 +8,11 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from protomolt_jobs.errors import LeaseLost
 from protomolt_jobs.host.catalog import Caller, Catalog
 from protomolt_jobs.runs.submitter import Submitter
 from protomolt_jobs.store import JobStore
+from protomolt_jobs.store.progress import ProgressReport
 from protomolt_jobs.verbs import JobsBackend, jobs_actions
 from protomolt_jobs.worker import Worker
 from protomolt_jobs.workflow import Runtime
@@ -180,3 +182,62 @@ def _new_job(render):
         input={"scene": "s", "frames": FRAMES},
         max_attempts=3,
     )
+
+
+def test_a_progress_report_is_fenced_extends_the_lease_and_a_stale_one_changes_nothing(
+    store, fresh_dsn, render
+):
+    store.job_insert(_new_job(render))
+    first = store.job_claim("old-owner", 60)
+    report = ProgressReport(step="render", percent=25.0, details="frame 2", state={"nextFrame": 3})
+    assert store.job_report_progress(first.lease, 60, report) == 1
+    with psycopg.connect(fresh_dsn) as conn:
+        conn.execute(
+            "UPDATE workflow_run SET lease_until = now() - interval '1 second' WHERE job_id = %s",
+            (first.job_id,),
+        )
+    # a report extends the lease like a heartbeat
+    assert store.job_report_progress(first.lease, 60, report) == 2
+    assert store.job_sweep_expired().requeued == 0
+    with psycopg.connect(fresh_dsn) as conn:
+        conn.execute(
+            "UPDATE workflow_run SET lease_until = now() - interval '1 second' WHERE job_id = %s",
+            (first.job_id,),
+        )
+    assert store.job_sweep_expired().requeued == 1
+    second = store.job_claim("new-owner", 60)
+    assert second.job_id == first.job_id
+    before = _progress_rows(fresh_dsn, first.job_id)
+    stale = ProgressReport(step="render", percent=90.0, state={"nextFrame": 8})
+    with pytest.raises(LeaseLost):
+        store.job_report_progress(first.lease, 60, stale)
+    assert _progress_rows(fresh_dsn, first.job_id) == before
+    saved = store.job_progress_saved(first.job_id, "render")
+    assert (saved.percent, saved.state, saved.attempt, saved.seq) == (25.0, {"nextFrame": 3}, 1, 2)
+    # a bad report is refused naming the field, before anything is written
+    with pytest.raises(ValueError, match="percent"):
+        store.job_report_progress(second.lease, 60, ProgressReport(step="render", percent=120))
+    assert _progress_rows(fresh_dsn, first.job_id) == before
+
+
+def test_a_workflow_without_resumable_steps_writes_no_progress(verbs, worker, render, fresh_dsn):
+    workflow = render_workflow(render.target)
+    del workflow["steps"][0]["resumable"]
+    answer = verbs(
+        "submit-workflow", {"workflow": workflow, "input": {"scene": "s", "frames": FRAMES}}
+    )
+    job_id = answer["jobId"]
+    worker()
+    wait_for(lambda: _job(verbs, job_id)["status"] == "COMPLETED" or None, timeout_s=20)
+    assert render.rendered == [1]  # one call, as before
+    assert _progress_rows(fresh_dsn, job_id) == []
+    assert "progress" not in _job(verbs, job_id)
+
+
+def test_a_bad_resumable_declaration_is_refused_at_submit_naming_the_field(verbs, render):
+    workflow = render_workflow(render.target)
+    workflow["steps"][0]["resumable"]["state"] = "scene"
+    answer = verbs(
+        "submit-workflow", {"workflow": workflow, "input": {"scene": "s", "frames": FRAMES}}
+    )
+    assert not answer["ok"] and "resumable.state" in str(answer), answer
