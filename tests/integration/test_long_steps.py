@@ -16,6 +16,7 @@ from protomolt_jobs.store.progress import ProgressReport
 from protomolt_jobs.verbs import JobsBackend, jobs_actions
 from protomolt_jobs.worker import Worker
 from protomolt_jobs.workflow import Runtime
+from tests.support.node import http, node_environ, start_node
 from tests.support.render_service import RenderService, render_workflow
 from tests.support.worker_proc import WorkerProcess, event_types, jobs_config, wait_for
 
@@ -241,3 +242,50 @@ def test_a_bad_resumable_declaration_is_refused_at_submit_naming_the_field(verbs
         "submit-workflow", {"workflow": workflow, "input": {"scene": "s", "frames": FRAMES}}
     )
     assert not answer["ok"] and "resumable.state" in str(answer), answer
+
+
+def test_the_dashboard_and_http_get_job_show_a_paused_renders_progress(tmp_path, fresh_dsn, render):
+    token = "long-steps-secret"
+    auth = {"Authorization": f"Bearer {token}"}
+    started = render.hold(2)
+    surfaces = start_node(node_environ(tmp_path, fresh_dsn, token=token))
+    try:
+        url = surfaces.http.url
+        status, answer, _ = http(
+            "POST",
+            f"{url}/protomolt/actions/submit-workflow",
+            {"workflow": render_workflow(render.target), "input": {"scene": "s", "frames": 8}},
+            headers=auth,
+        )
+        assert status == 200 and answer["ok"], answer
+        job_id = answer["jobId"]
+        assert started.wait(20)
+        status, answer, _ = http(
+            "POST", f"{url}/protomolt/actions/pause-job", {"jobId": job_id}, headers=auth
+        )
+        assert status == 200 and answer["ok"], answer
+        render.release(2)
+
+        def job():
+            _, answer, _ = http(
+                "POST", f"{url}/protomolt/actions/get-job", {"jobId": job_id}, headers=auth
+            )
+            return answer["job"]
+
+        wait_for(lambda: job()["status"] == "PAUSED" or None, timeout_s=20)
+        progress = job()["progress"]
+        assert (progress["step"], progress["percent"], progress["details"]) == (
+            "render",
+            25.0,
+            "frame 2 of 8",
+        )
+        status, body, _ = http(
+            "GET", f"{url}/ui/jobs/{job_id}", headers={"Cookie": f"protomolt_token={token}"}
+        )
+        assert status == 200, body[:500]
+        assert b'id="job-progress-bar" max="100" value="25.0"' in body, body[:4000]
+        assert b'id="job-progress-percent">25.0 %' in body
+        assert b"frame 2 of 8" in body
+    finally:
+        surfaces.close()
+    assert render.rendered == [1, 2]
