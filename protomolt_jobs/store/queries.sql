@@ -1579,3 +1579,22 @@ SELECT step, iteration, attempt, seq, percent, details, adapter_version, done, u
  WHERE job_id = %(job_id)s AND NOT done
  ORDER BY updated_at DESC
  LIMIT 1
+
+-- ---------------------------------------------------------------------------------------------
+-- local times (store/local_times.py)
+-- ---------------------------------------------------------------------------------------------
+
+-- name: local_time_resolve
+-- description: read-only: the instants a local date-time (timestamp without zone) names in an IANA zone, by the database's time zone rules: local - offset for each UTC offset the zone has within a day either side, kept when it maps back to the same local time. No row with an instant: the clocks skip that time; two: they pass it twice (the caller takes the first). An unknown zone raises (22023).
+WITH probes AS (
+    SELECT (%(local)s::timestamp AT TIME ZONE 'UTC') + d * interval '1 day' AS p
+      FROM generate_series(-1, 1) AS d
+), offsets AS (
+    SELECT DISTINCT (p AT TIME ZONE %(zone)s) - (p AT TIME ZONE 'UTC') AS off FROM probes
+), candidates AS (
+    SELECT (%(local)s::timestamp - off) AT TIME ZONE 'UTC' AS instant FROM offsets
+)
+SELECT instant
+  FROM candidates
+ WHERE (instant AT TIME ZONE %(zone)s) = %(local)s::timestamp
+ ORDER BY instant

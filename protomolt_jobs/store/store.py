@@ -94,6 +94,7 @@ from protomolt_jobs.store.claims import ClaimsMixin
 from protomolt_jobs.store.control import ControlMixin
 from protomolt_jobs.store.db import NOTIFY_CHANNEL
 from protomolt_jobs.store.inserts import InsertsMixin
+from protomolt_jobs.store.local_times import LocalTimesMixin
 from protomolt_jobs.store.loops import LoopsMixin
 from protomolt_jobs.store.maintenance import (
     SWEEP_BATCH_DEFAULT,
@@ -126,6 +127,7 @@ class JobStore(
     ControlMixin,
     LoopsMixin,
     ProgressMixin,
+    LocalTimesMixin,
     OutboxMixin,
     MaintenanceMixin,
 ):

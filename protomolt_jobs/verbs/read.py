@@ -37,8 +37,9 @@ def job_json(job: Any, *, full: bool) -> dict[str, Any]:
 
     Keys in order: ``jobId, workflowName, status, attempt, outstandingStep?, priority,
     queue, fairnessKey, dedupKey?, deadlineAt?`` (``phase: waiting_approval`` after
-    ``outstandingStep`` when the run waits for approve-step votes), then when ``full`` ``maxAttempts, runAfter,
-    control?, input, checkpoints, effectIntents?, stepGenerations?, result?``, then ``verdict?,
+    ``outstandingStep`` when the run waits for approve-step votes), then when ``full``
+    ``maxAttempts, runAfter, control?, input, checkpoints, effectIntents?, stepGenerations?,
+    result?`` (a summary of a QUEUED job has ``runAfter`` too: when it will be claimed), then ``verdict?,
     error?, createdAt?, updatedAt?, completedAt?``. Never shown: the lease, the fairness pass,
     the definition.
     """
@@ -62,6 +63,9 @@ def job_json(job: Any, *, full: bool) -> dict[str, Any]:
     if full:
         body["maxAttempts"] = job.max_attempts
         body["runAfter"] = iso_instant(job.run_after)
+    elif job.status == "QUEUED" and getattr(job, "run_after", None) is not None:
+        body["runAfter"] = iso_instant(job.run_after)  # when a QUEUED job will run (list-jobs)
+    if full:
         control = getattr(job, "control", None)
         if control:
             body["control"] = control
