@@ -5,11 +5,15 @@ PostgreSQL. Verbs run through the host catalog as a named principal."""
 
 from __future__ import annotations
 
+import copy
+
+import grpc
 import psycopg
 import pytest
 
 from protomolt_jobs.errors import LeaseLost
 from protomolt_jobs.host.catalog import Caller, Catalog
+from protomolt_jobs.pb.ai.pipestream.proto.service.v1 import protomolt_service_pb2 as pb
 from protomolt_jobs.runs.submitter import Submitter
 from protomolt_jobs.store import JobStore
 from protomolt_jobs.store.progress import ProgressReport
@@ -279,6 +283,18 @@ def test_the_dashboard_and_http_get_job_show_a_paused_renders_progress(tmp_path,
             25.0,
             "frame 2 of 8",
         )
+        # gRPC GetJob carries it too (WorkflowRun.progress)
+        with grpc.insecure_channel(surfaces.grpc.target) as channel:
+            get = channel.unary_unary(
+                "/ai.pipestream.proto.service.v1.ProtoMoltService/GetJob",
+                request_serializer=pb.GetJobRequest.SerializeToString,
+                response_deserializer=pb.GetJobResponse.FromString,
+            )
+            answer = get(
+                pb.GetJobRequest(job_id=job_id), metadata=(("authorization", f"Bearer {token}"),)
+            )
+        assert answer.ok and answer.job.status == "PAUSED"
+        assert answer.job.progress["percent"] == 25.0 and answer.job.progress["step"] == "render"
         status, body, _ = http(
             "GET", f"{url}/ui/jobs/{job_id}", headers={"Cookie": f"protomolt_token={token}"}
         )
@@ -289,3 +305,31 @@ def test_the_dashboard_and_http_get_job_show_a_paused_renders_progress(tmp_path,
     finally:
         surfaces.close()
     assert render.rendered == [1, 2]
+
+
+def test_a_resumable_step_in_a_graph_run_pauses_between_frames_and_resumes(verbs, worker, render):
+    workflow = render_workflow(render.target, name="render-graph")
+    first = workflow["steps"][0]
+    second = copy.deepcopy(first)
+    second["name"] = "encode"
+    second["after"] = [{"step": "render", "on": "success"}]
+    second["rules"] = ["scene = input.scene", "frames = render.frames_total"]
+    workflow["steps"].append(second)
+    started = render.hold(3)
+    answer = verbs("submit-workflow", {"workflow": workflow, "input": {"scene": "s", "frames": 4}})
+    assert answer["ok"], answer
+    job_id = answer["jobId"]
+    worker()
+    assert started.wait(20)
+    assert verbs("pause-job", {"jobId": job_id})["status"] == "RUNNING"
+    render.release(3)
+    wait_for(lambda: _job(verbs, job_id)["status"] == "PAUSED" or None, timeout_s=20)
+    job = _job(verbs, job_id)
+    assert render.rendered == [1, 2, 3] and job["checkpoints"] == [], job
+    assert (job["progress"]["step"], job["progress"]["percent"]) == ("render", 75.0)
+    assert verbs("resume-job", {"jobId": job_id})["ok"]
+    wait_for(lambda: _job(verbs, job_id)["status"] == "COMPLETED" or None, timeout_s=30)
+    # render continued at frame 4; encode (its own progress row) ran frames 1-4
+    assert render.rendered == [1, 2, 3, 4, 1, 2, 3, 4], render.rendered
+    names = [c["name"] for c in _job(verbs, job_id)["checkpoints"]]
+    assert names == ["render", "encode"], names
