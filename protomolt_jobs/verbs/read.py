@@ -151,7 +151,7 @@ class GetJobAction(JobVerb):
             if job.status in TERMINAL_STATUSES:
                 body["report"] = report
             if drawing:
-                body["graph"] = graph_view(job, stored, report)
+                body["graph"] = graph_view(job, stored, report, body.get("progress"))
         return {"ok": True, "job": body}
 
 

@@ -327,6 +327,11 @@ def test_a_resumable_step_in_a_graph_run_pauses_between_frames_and_resumes(verbs
     job = _job(verbs, job_id)
     assert render.rendered == [1, 2, 3] and job["checkpoints"] == [], job
     assert (job["progress"]["step"], job["progress"]["percent"]) == ("render", 75.0)
+    drawn = verbs("get-job", {"jobId": job_id, "graph": True})["job"]["graph"]["steps"]
+    assert [s.get("progress") for s in drawn] == [
+        {"percent": 75.0, "details": "frame 3 of 4"},
+        None,
+    ], drawn
     assert verbs("resume-job", {"jobId": job_id})["ok"]
     wait_for(lambda: _job(verbs, job_id)["status"] == "COMPLETED" or None, timeout_s=30)
     # render continued at frame 4; encode (its own progress row) ran frames 1-4
