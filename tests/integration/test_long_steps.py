@@ -6,10 +6,15 @@ PostgreSQL. Verbs run through the host catalog as a named principal."""
 from __future__ import annotations
 
 import copy
+import shutil
+import tempfile
 
 import grpc
 import psycopg
 import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
 
 from protomolt_jobs.errors import LeaseLost
 from protomolt_jobs.host.catalog import Caller, Catalog
@@ -20,11 +25,13 @@ from protomolt_jobs.store.progress import ProgressReport
 from protomolt_jobs.verbs import JobsBackend, jobs_actions
 from protomolt_jobs.worker import Worker
 from protomolt_jobs.workflow import Runtime
+from tests.support.browser import browser_paths, require_browser
 from tests.support.node import http, node_environ, start_node
 from tests.support.render_service import RenderService, render_workflow
 from tests.support.worker_proc import WorkerProcess, event_types, jobs_config, wait_for
 
 FRAMES = 8
+CHROMIUM, CHROMEDRIVER = browser_paths()
 
 
 @pytest.fixture
@@ -63,6 +70,31 @@ def worker(store, fresh_dsn):
     yield start
     for w in workers:
         w.stop(timeout_s=5)
+
+
+@pytest.fixture
+def browser():
+    """Headless Chromium (Debian's chromium and chromium-driver; tests/support/browser.py)."""
+    require_browser(CHROMIUM, CHROMEDRIVER)  # fails this test alone, with the apt-get hint
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    profile = tempfile.mkdtemp(prefix="pmj-chromium-")
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-background-networking",
+        f"--user-data-dir={profile}",
+    ):
+        options.add_argument(flag)  # fmt: skip
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.fixture
@@ -248,7 +280,9 @@ def test_a_bad_resumable_declaration_is_refused_at_submit_naming_the_field(verbs
     assert not answer["ok"] and "resumable.state" in str(answer), answer
 
 
-def test_the_dashboard_and_http_get_job_show_a_paused_renders_progress(tmp_path, fresh_dsn, render):
+def test_the_dashboard_and_http_get_job_show_a_paused_renders_progress(
+    tmp_path, fresh_dsn, render, browser
+):
     token = "long-steps-secret"
     auth = {"Authorization": f"Bearer {token}"}
     started = render.hold(2)
@@ -302,6 +336,20 @@ def test_the_dashboard_and_http_get_job_show_a_paused_renders_progress(tmp_path,
         assert b'id="job-progress-bar" max="100" value="25.0"' in body, body[:4000]
         assert b'id="job-progress-percent">25.0 %' in body
         assert b"frame 2 of 8" in body
+        # and in a real browser, signed in through the login form
+        browser.get(f"{url}/ui/")
+        wait_for(lambda: browser.find_elements(By.ID, "token") or None, timeout_s=20)
+        browser.find_element(By.ID, "token").send_keys(token)
+        browser.find_element(By.ID, "login-submit").click()
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#jobs") or None, timeout_s=20)
+        browser.get(f"{url}/ui/jobs/{job_id}")
+        bar = wait_for(
+            lambda: (browser.find_elements(By.ID, "job-progress-bar") or [None])[0], timeout_s=20
+        )
+        assert float(bar.get_attribute("value")) == 25.0
+        assert browser.find_element(By.ID, "job-progress-percent").text == "25.0 %"
+        assert browser.find_element(By.ID, "job-progress-details").text == "frame 2 of 8"
+        assert browser.find_element(By.ID, "job-status").text == "PAUSED"
     finally:
         surfaces.close()
     assert render.rendered == [1, 2]
