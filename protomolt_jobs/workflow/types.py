@@ -180,7 +180,8 @@ class Finding:
     """One static verification problem: ``kind`` is ``workflow``, ``method``, ``completion``,
     ``rule``, ``celRule``, ``when``, ``output``, ``validate``, ``verify``, ``graph``, ``edge``,
     ``fanOut``, ``structured``, ``effect-external-in-graph``, ``unsupported``, ``loop`` (a
-    bounded loop's bounds, body and worst case: ``loops.findings``), or (from
+    bounded loop's bounds, body and worst case: ``loops.findings``), ``resumable`` (a
+    resumable step's declaration: ``resumable.findings``), or (from
     ``verifier.check`` only) ``unknown-key``, or (from ``floors.findings``, the node's policy
     floors) ``weakens_policy``."""
 
