@@ -168,3 +168,19 @@ def test_a_bad_report_is_refused_naming_the_field(report, named):
     with pytest.raises((ValueError, TypeError)) as info:
         report_params(report)
     assert named in str(info.value)
+
+
+def test_the_guides_render_step_is_the_one_the_tests_run():
+    """docs/long-steps.md's step, as written, parses and verifies against the render proto,
+    and declares what the integration tests' render step declares."""
+    import json
+    import re
+    from pathlib import Path
+
+    guide = Path(__file__).resolve().parents[2] / "docs" / "long-steps.md"
+    block = re.search(r"```json\n(.*?)```", guide.read_text(), re.DOTALL)
+    assert block is not None
+    step = json.loads(block.group(1))
+    wf = render_workflow(step["target"])
+    assert step == wf["steps"][0] | {"target": step["target"]}
+    assert engine.verify(engine.parse_workflow(wf, RUNTIME)) == []
