@@ -498,6 +498,8 @@ def _control(args: argparse.Namespace, console: Any) -> int:
         envelope["reason"] = args.reason
     if getattr(args, "at", None):
         envelope["at"] = args.at
+    if getattr(args, "zone", None):
+        envelope["zone"] = args.zone
     if getattr(args, "step", None):
         envelope["step" if verb == "extend-loop" else "stepName"] = args.step
     if getattr(args, "by", None) is not None:
@@ -861,7 +863,16 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--step", required=True, help="the step that declares the loop")
             p.add_argument("--by", required=True, type=int, help="re-runs to add (>= 1)")
         if name == "resume":
-            p.add_argument("--at", help="RFC 3339 time (database clock), e.g. 2026-01-02T22:00:00Z")
+            p.add_argument(
+                "--at",
+                help="RFC 3339 time (database clock), e.g. 2026-01-02T22:00:00Z, or with --zone "
+                "a local time, e.g. '2026-12-03 22:00'",
+            )
+            p.add_argument(
+                "--zone",
+                help="IANA time zone of a local --at, e.g. Europe/Warsaw (a time the clocks skip "
+                "is refused, one they pass twice is the first)",
+            )
         if name == "retry":
             p.add_argument("--step", required=True, help="the step to run again")
             p.add_argument(

@@ -13,7 +13,8 @@ Shape::
                 "when"?: str,               # the step's condition
                 "completion"?: "external" | "approval",
                 "decision"?: str,           # an approval step that decided
-                "compensation"?: true}],    # a step that runs only to undo another
+                "compensation"?: true,      # a step that runs only to undo another
+                "progress"?: {"percent", "details"}}],  # a resumable step's last report
      "edges": [{"from", "to", "kind", "label"?}]}
 
 ``state`` is one of :data:`STATES`; ``kind`` one of :data:`EDGE_KINDS`. Steps are in
@@ -61,13 +62,20 @@ EDGE_KINDS = ("success", "failure", "done", "condition", "decision", "compensati
 _FINISHED = frozenset({"COMPLETED", "FAILED", "DEAD", "CANCELLED"})
 
 
-def graph_view(job: Any, stored: StoredRun | None, report: dict[str, Any]) -> dict[str, Any]:
+def graph_view(
+    job: Any,
+    stored: StoredRun | None,
+    report: dict[str, Any],
+    progress: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The drawing document of ``job`` (the module docstring gives its shape).
 
     :param job: the ``JobRecord``.
     :param stored: its snapshotted definition, or None when it cannot be read.
     :param report: ``runs.report.report_json`` of the job (attempts, durations, and the
         failed step and reasons of a finished run), built for any status.
+    :param progress: get-job's ``progress`` (a resumable step's last report), or None: the
+        step it names gets ``progress: {percent, details}`` (docs/long-steps.md).
     :returns: ``{"kind", "steps", "edges"}``.
     """
     checkpoints = [c for c in job.checkpoints or [] if isinstance(c, dict)]
@@ -122,6 +130,11 @@ def graph_view(job: Any, stored: StoredRun | None, report: dict[str, Any]) -> di
             doc["decision"] = found["decision"]
         if s.name in comp:
             doc["compensation"] = True
+        if progress is not None and progress.get("step") == s.name:
+            doc["progress"] = {
+                "percent": progress.get("percent"),
+                "details": progress.get("details"),
+            }
         steps.append(doc)
     return {
         "kind": "graph" if workflow.graph else "sequential",

@@ -1581,3 +1581,73 @@ UPDATE workflow_run
        change_step = %(step)s
  WHERE job_id = %(job_id)s
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+
+-- ---------------------------------------------------------------------------------------------
+-- progress (migration 0022; store/progress.py)
+-- ---------------------------------------------------------------------------------------------
+
+-- name: job_progress
+-- description: fenced (status, lease_owner, attempt, lease_token): one progress report of a long step: extends lease_until to now() + lease_s (the report is the heartbeat) and upserts the (job_id, step, iteration) progress row from the same statement. When an operator request is pending and the step is not done, the update names its change ('progress'), so it is a boundary write and the trigger applies the request here (PAUSED or CANCELLED, lease cleared): control lands between chunks, with the report stored. No event of its own.
+WITH moved AS (
+    UPDATE workflow_run
+       SET lease_until = now() + make_interval(secs => %(lease_s)s),
+           updated_at = now(),
+           change_kind = CASE WHEN control IS NULL OR %(done)s THEN NULL ELSE 'progress' END,
+           change_actor = CASE WHEN control IS NULL OR %(done)s THEN NULL
+                               ELSE 'worker:' || %(owner)s END,
+           change_step = CASE WHEN control IS NULL OR %(done)s THEN NULL ELSE %(step)s END
+     WHERE job_id = %(job_id)s AND status = 'RUNNING'
+       AND lease_owner = %(owner)s AND attempt = %(attempt)s
+       AND lease_token = %(token)s
+    RETURNING job_id, workflow_name, status, attempt, error, lease_until
+), saved AS (
+    INSERT INTO workflow_run_progress AS p
+        (job_id, step, iteration, attempt, seq, percent, details, state, state_ref,
+         adapter_version, input_sha256, done, updated_at)
+    SELECT m.job_id, %(step)s, %(iteration)s, %(attempt)s, 1, %(percent)s, %(details)s,
+           %(state)s::jsonb, %(state_ref)s, %(adapter_version)s, %(input_sha256)s, %(done)s, now()
+      FROM moved AS m
+    ON CONFLICT (job_id, step, iteration) DO UPDATE
+       SET attempt = EXCLUDED.attempt, seq = p.seq + 1, percent = EXCLUDED.percent,
+           details = EXCLUDED.details, state = EXCLUDED.state, state_ref = EXCLUDED.state_ref,
+           adapter_version = EXCLUDED.adapter_version, input_sha256 = EXCLUDED.input_sha256,
+           done = EXCLUDED.done, updated_at = EXCLUDED.updated_at
+    RETURNING seq
+)
+SELECT m.job_id, m.workflow_name, m.status, m.attempt, m.error, m.lease_until,
+       now() AS tx_now, (SELECT seq FROM saved) AS seq
+  FROM moved AS m
+
+-- name: job_progress_saved
+-- description: read-only: the last progress report of one step of one run ((job_id, step, iteration)), the state a resumable step continues from.
+SELECT step, iteration, attempt, seq, percent, details, state::text AS state, state_ref,
+       adapter_version, input_sha256, done, updated_at
+  FROM workflow_run_progress
+ WHERE job_id = %(job_id)s AND step = %(step)s AND iteration = %(iteration)s
+
+-- name: job_progress_current
+-- description: read-only: the most recent unfinished progress report of a run (the step in flight; get-job, the dashboard), or no row.
+SELECT step, iteration, attempt, seq, percent, details, adapter_version, done, updated_at
+  FROM workflow_run_progress
+ WHERE job_id = %(job_id)s AND NOT done
+ ORDER BY updated_at DESC
+ LIMIT 1
+
+-- ---------------------------------------------------------------------------------------------
+-- local times (store/local_times.py)
+-- ---------------------------------------------------------------------------------------------
+
+-- name: local_time_resolve
+-- description: read-only: the instants a local date-time (timestamp without zone) names in an IANA zone, by the database's time zone rules: local - offset for each UTC offset the zone has within a day either side, kept when it maps back to the same local time. No row with an instant: the clocks skip that time; two: they pass it twice (the caller takes the first). An unknown zone raises (22023).
+WITH probes AS (
+    SELECT (%(local)s::timestamp AT TIME ZONE 'UTC') + d * interval '1 day' AS p
+      FROM generate_series(-1, 1) AS d
+), offsets AS (
+    SELECT DISTINCT (p AT TIME ZONE %(zone)s) - (p AT TIME ZONE 'UTC') AS off FROM probes
+), candidates AS (
+    SELECT (%(local)s::timestamp - off) AT TIME ZONE 'UTC' AS instant FROM offsets
+)
+SELECT instant
+  FROM candidates
+ WHERE (instant AT TIME ZONE %(zone)s) = %(local)s::timestamp
+ ORDER BY instant

@@ -94,6 +94,7 @@ from protomolt_jobs.store.claims import ClaimsMixin
 from protomolt_jobs.store.control import ControlMixin
 from protomolt_jobs.store.db import NOTIFY_CHANNEL
 from protomolt_jobs.store.inserts import InsertsMixin
+from protomolt_jobs.store.local_times import LocalTimesMixin
 from protomolt_jobs.store.loops import LoopsMixin
 from protomolt_jobs.store.maintenance import (
     SWEEP_BATCH_DEFAULT,
@@ -101,6 +102,7 @@ from protomolt_jobs.store.maintenance import (
     MaintenanceMixin,
 )
 from protomolt_jobs.store.outbox import OUTBOX_CLAIM_S_DEFAULT, OutboxMixin
+from protomolt_jobs.store.progress import ProgressMixin
 from protomolt_jobs.store.reads import LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, ReadsMixin
 from protomolt_jobs.store.settles import SettlesMixin
 
@@ -124,6 +126,8 @@ class JobStore(
     SettlesMixin,
     ControlMixin,
     LoopsMixin,
+    ProgressMixin,
+    LocalTimesMixin,
     OutboxMixin,
     MaintenanceMixin,
 ):

@@ -27,6 +27,7 @@ from protomolt_jobs.verbs.base import (
     require_string,
     unreadable_row,
 )
+from protomolt_jobs.verbs.local_time import resolve_at
 from protomolt_jobs.workflow.graph import requeue_checkpoints
 from protomolt_jobs.workflow.retry_scope import SCOPES, LoopRetryError, plan_retry
 from protomolt_jobs.workflow.types import EFFECT_EXTERNAL
@@ -164,11 +165,14 @@ class ResumeJobAction(ControlVerb):
 
     name = "resume-job"
     description = (
-        "Resume a PAUSED job ('jobId', optional 'at' RFC 3339 time and 'reason'): it is QUEUED "
+        "Resume a PAUSED job ('jobId', optional 'at' and 'zone', and 'reason'): it is QUEUED "
         "to start no earlier than 'at' (database clock; past or absent means now), or WAITING "
-        "again on its parked step. On a RUNNING job it withdraws a pending pause."
+        "again on its parked step. 'at' is an RFC 3339 time with an offset, or with 'zone' (an "
+        "IANA zone) a local date and time resolved by the database (a time the clocks skip is "
+        "refused, one they pass twice is the first). On a RUNNING job it withdraws a pending "
+        "pause."
     )
-    fields = ("jobId", "at", "reason")
+    fields = ("jobId", "at", "zone", "reason")
     statuses = RESUME_STATUSES
 
     def __init__(self, backend: JobsBackend) -> None:
@@ -177,10 +181,13 @@ class ResumeJobAction(ControlVerb):
             {
                 "at": {
                     "type": "string",
-                    "format": "date-time",
-                    "description": "RFC 3339 time with an offset; compared with the "
-                    "database clock.",
-                }
+                    "description": "RFC 3339 time with an offset, or with 'zone' a local date "
+                    "and time (2026-12-03T22:00); compared with the database clock.",
+                },
+                "zone": {
+                    "type": "string",
+                    "description": "IANA time zone of a local 'at' (Europe/Warsaw).",
+                },
             }
         )
 
@@ -193,7 +200,7 @@ class ResumeJobAction(ControlVerb):
         :raises InvalidInput: a malformed field; ``at`` not an RFC 3339 time with an offset.
         """
         store, job_id, reason = self._begin(input)
-        at = _rfc3339(input, "at")
+        at = resolve_at(store, input) if input.get("zone") is not None else _rfc3339(input, "at")
         outcome = store.job_resume(job_id, actor=actor(), reason=reason, at=at)
         self._log(job_id, outcome.status, reason)
         if outcome.changed and outcome.status == "RUNNING":
@@ -231,7 +238,7 @@ def _rfc3339(input: dict[str, Any], field: str) -> datetime | None:
         raise invalid(
             field,
             f"Field '{field}' must be an RFC 3339 time with an offset "
-            f"(like 2026-01-01T22:00:00Z); got '{raw}'",
+            f"(like 2026-01-01T22:00:00Z), or a local time with 'zone'; got '{raw}'",
         )
     try:
         utc = moment.astimezone(UTC)

@@ -37,8 +37,9 @@ def job_json(job: Any, *, full: bool) -> dict[str, Any]:
 
     Keys in order: ``jobId, workflowName, status, attempt, outstandingStep?, priority,
     queue, fairnessKey, dedupKey?, deadlineAt?`` (``phase: waiting_approval`` after
-    ``outstandingStep`` when the run waits for approve-step votes), then when ``full`` ``maxAttempts, runAfter,
-    control?, input, checkpoints, effectIntents?, stepGenerations?, result?``, then ``verdict?,
+    ``outstandingStep`` when the run waits for approve-step votes), then when ``full``
+    ``maxAttempts, runAfter, control?, input, checkpoints, effectIntents?, stepGenerations?,
+    result?`` (a summary of a QUEUED job has ``runAfter`` too: when it will be claimed), then ``verdict?,
     error?, createdAt?, updatedAt?, completedAt?``. Never shown: the lease, the fairness pass,
     the definition.
     """
@@ -62,6 +63,9 @@ def job_json(job: Any, *, full: bool) -> dict[str, Any]:
     if full:
         body["maxAttempts"] = job.max_attempts
         body["runAfter"] = iso_instant(job.run_after)
+    elif job.status == "QUEUED" and getattr(job, "run_after", None) is not None:
+        body["runAfter"] = iso_instant(job.run_after)  # when a QUEUED job will run (list-jobs)
+    if full:
         control = getattr(job, "control", None)
         if control:
             body["control"] = control
@@ -136,6 +140,10 @@ class GetJobAction(JobVerb):
         if getattr(job, "unreadable", None):
             raise unreadable_row(job)
         body = job_json(job, full=True)
+        if job.status not in TERMINAL_STATUSES:
+            progress = _progress(store, job_id)
+            if progress is not None:
+                body["progress"] = progress
         if job.status in TERMINAL_STATUSES or drawing:
             runtime = self.runtime or getattr(submitter, "runtime", None)
             stored = _stored(job, runtime)
@@ -143,8 +151,18 @@ class GetJobAction(JobVerb):
             if job.status in TERMINAL_STATUSES:
                 body["report"] = report
             if drawing:
-                body["graph"] = graph_view(job, stored, report)
+                body["graph"] = graph_view(job, stored, report, body.get("progress"))
         return {"ok": True, "job": body}
+
+
+def _progress(store: Any, job_id: Any) -> dict[str, Any] | None:
+    """The last progress report of the run's step in flight (a resumable step's:
+    ``{step, iteration, percent, details, updatedAt}``), or None (docs/long-steps.md)."""
+    read = getattr(store, "job_progress_current", None)
+    if read is None:
+        return None
+    progress = read(job_id)
+    return None if progress is None else dict(progress.to_json())
 
 
 def _stored(job: Any, runtime: Any) -> StoredRun | None:

@@ -53,6 +53,7 @@ from protomolt_jobs.worker.grants import GrantPolicy
 from protomolt_jobs.worker.heartbeat import Heartbeat, LeaseGuard
 from protomolt_jobs.worker.permits import PermitCancelled, TargetPermits
 from protomolt_jobs.worker.policies import BudgetPolicy, EffectPolicy, Policies, RetryPolicy
+from protomolt_jobs.worker.progress import ProgressStore, ProgressWriter
 from protomolt_jobs.worker.settlement import (
     Failed,
     Finished,
@@ -67,6 +68,7 @@ from protomolt_jobs.worker.settlement import (
 )
 from protomolt_jobs.worker.settler import Settler, SettleStore
 from protomolt_jobs.workflow import cancel
+from protomolt_jobs.workflow import resumable as engine_resumable
 from protomolt_jobs.workflow.effects import EffectContext
 from protomolt_jobs.workflow.loops import LOOP_WAIT
 from protomolt_jobs.workflow.types import Runtime
@@ -76,7 +78,7 @@ __all__ = ["SegmentExecutor", "SegmentStore"]
 log = logging.getLogger("protomolt_jobs.worker")
 
 
-class SegmentStore(SettleStore, CheckpointStore, CompensationStore, Protocol):
+class SegmentStore(SettleStore, CheckpointStore, CompensationStore, ProgressStore, Protocol):
     """Everything a segment asks of the store (``JobStore``): the fenced settling writes,
     checkpoints and intents, the row read and compensation write, and the budget's grants."""
 
@@ -257,6 +259,17 @@ class SegmentExecutor:
                     else None
                 ),
             )
+            if engine_resumable.declared(run.workflow):
+                # only a workflow with a resumable step reports progress (worker/progress.py)
+                progress = ProgressWriter(
+                    self._store,
+                    guard,
+                    lease_s=self._heartbeat.lease_s,
+                    interval_s=self._heartbeat.interval_s,
+                    ctx=ctx,
+                )
+                effects.on_progress = progress.on_progress
+                effects.progress_saved = progress.saved
             check = self._grants.check_for(
                 job,
                 ctx,

@@ -81,6 +81,14 @@ class EffectContext:
     #: ``() -> {loop step: re-runs extend-loop added}``: asked by a graph run whose loop reached
     #: its bound (one read of the row; never for a run without loops). None: no extension.
     loop_extensions: Callable[[], Mapping[str, Any]] | None = None
+    #: ``(step, iteration, report) -> None``: store one progress report of a resumable step
+    #: (``report``: ``{percent, details, state, adapterVersion, inputSha256, done}``); raises
+    #: when the lease is gone or an operator's pause or cancel took the run there
+    #: (``workflow/resumable.py``). None: nothing is stored.
+    on_progress: Callable[[str, int, Mapping[str, Any]], None] | None = None
+    #: ``(step, iteration) -> saved progress or None``: the last report of a resumable step
+    #: (an object with ``state``), read once when the step starts. None: never any.
+    progress_saved: Callable[[str, int], Any] | None = None
 
     def canceller(self, step: Step) -> Callable[[Callable[[], None]], Callable[[], None]] | None:
         """What cancels ``step``'s call on a cancel request: :attr:`watch_cancel` for a step

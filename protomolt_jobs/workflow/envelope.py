@@ -77,6 +77,7 @@ from protomolt_jobs.workflow.types import (
     FanOutSpec,
     LoopSpec,
     Output,
+    ResumableSpec,
     Runtime,
     Step,
     StructuredSpec,
@@ -821,7 +822,43 @@ def _parse_step(
         approval=approval,
         capabilities=_parse_capabilities(obj, name),
         loop=_parse_loop(obj["loop"], name) if "loop" in obj else None,
+        resumable=_parse_resumable(obj["resumable"], name) if "resumable" in obj else None,
     )
+
+
+_RESUMABLE_SHAPE = (
+    '\'resumable\' must be an object {"state": field, "done": expression, "progress"?: expression}'
+)
+
+
+def _parse_resumable(value: Any, step: str) -> ResumableSpec:
+    """A step's ``resumable`` object (docs/long-steps.md); the verifier checks the fields
+    against the method's messages (``resumable.findings``).
+
+    :raises WorkflowParseError: not an object, ``state`` not a field name, ``done`` blank or
+        not text, ``progress`` not text.
+    """
+    if not isinstance(value, dict):
+        raise WorkflowParseError(step, f"{_RESUMABLE_SHAPE}; got {_brief(value)}")
+    state = value.get("state")
+    if not isinstance(state, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", state.strip()):
+        raise WorkflowParseError(
+            step, f"'resumable.state' must name a field of the response; got {_brief(state)}"
+        )
+    done = value.get("done")
+    if not isinstance(done, str) or not done.strip():
+        raise WorkflowParseError(
+            step, f"'resumable.done' must be a CEL expression (a string); got {_brief(done)}"
+        )
+    progress = value.get("progress", "")
+    if progress is None:
+        progress = ""
+    if not isinstance(progress, str):
+        raise WorkflowParseError(
+            step,
+            f"'resumable.progress' must be a CEL expression (a string); got {_brief(progress)}",
+        )
+    return ResumableSpec(state=state.strip(), done=done.strip(), progress=progress.strip())
 
 
 #: A capability name: letters, digits and ``_ . : / -``, starting with a letter (``publish:site``).

@@ -61,10 +61,10 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from protomolt_jobs.workflow import approval, edges, retry_scope
+from protomolt_jobs.workflow import approval, edges, resumable, retry_scope
 from protomolt_jobs.workflow import effects as fx
 from protomolt_jobs.workflow import graph as g
-from protomolt_jobs.workflow.calls import SegmentChannels, call_unary
+from protomolt_jobs.workflow.calls import SegmentChannels
 from protomolt_jobs.workflow.envelope import message_class
 from protomolt_jobs.workflow.external import record_intent, resume_external
 from protomolt_jobs.workflow.loop_run import LoopRun
@@ -280,13 +280,15 @@ class _Run:
     def call(self, step: Step, request: Message, call_ms: int, channel: grpc.Channel) -> Message:
         permit = self.call_permit(step.target) if self.call_permit else contextlib.nullcontext()
         with permit:
-            return call_unary(
+            return resumable.call(
                 channel,
                 step,
                 request,
-                call_ms / 1000.0,
+                call_ms,
+                lambda: self.call_ms(step),
                 self.metadata(step),
-                self.effects.canceller(step) if self.effects is not None else None,
+                self.effects,
+                self.loops.iteration(step.name) if self.loops is not None else 0,
             )
 
     def metadata(self, step: Step) -> list[tuple[str, str]] | None:

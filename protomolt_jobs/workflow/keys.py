@@ -176,7 +176,16 @@ KINDS: Mapping[str, Kind] = _kinds(
             "capabilities": None,
             # a bounded back-edge to an ancestor (DESIGN.md 22; workflow/loops.py)
             "loop": "loop",
+            # a step called chunk by chunk, each response a progress checkpoint
+            # (DESIGN.md 23; workflow/resumable.py)
+            "resumable": "resumable",
         },
+    ),
+    Kind(
+        "resumable",
+        "a resumable spec",
+        "steps[i].resumable",
+        {"state": None, "done": None, "progress": None},
     ),
     Kind(
         "loop",

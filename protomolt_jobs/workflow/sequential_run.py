@@ -31,15 +31,16 @@ replayed, does not replace it; upstream lets a replayed skip replace it, referen
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
 
 from google.protobuf.message import Message
 
-from protomolt_jobs.workflow import approval
+from protomolt_jobs.workflow import approval, resumable
 from protomolt_jobs.workflow import effects as fx
-from protomolt_jobs.workflow.calls import SegmentChannels, call_unary
+from protomolt_jobs.workflow.calls import SegmentChannels
 from protomolt_jobs.workflow.envelope import message_class
 from protomolt_jobs.workflow.external import record_intent, resume_external
 from protomolt_jobs.workflow.step_run import (
@@ -164,13 +165,14 @@ def run_steps(
             if found is not None:
                 response, receipt = found
             else:
-                response = call_unary(
+                response = resumable.call(
                     channels.channel(step),
                     step,
                     request,
-                    call_ms / 1000.0,
+                    call_ms,
+                    functools.partial(call_budget_ms, step, deadline),
                     metadata,
-                    effects.canceller(step) if effects is not None else None,
+                    effects,
                 )
                 if step.validate:
                     validate_response(step, response)

@@ -180,7 +180,8 @@ class Finding:
     """One static verification problem: ``kind`` is ``workflow``, ``method``, ``completion``,
     ``rule``, ``celRule``, ``when``, ``output``, ``validate``, ``verify``, ``graph``, ``edge``,
     ``fanOut``, ``structured``, ``effect-external-in-graph``, ``unsupported``, ``loop`` (a
-    bounded loop's bounds, body and worst case: ``loops.findings``), or (from
+    bounded loop's bounds, body and worst case: ``loops.findings``), ``resumable`` (a
+    resumable step's declaration: ``resumable.findings``), or (from
     ``verifier.check`` only) ``unknown-key``, or (from ``floors.findings``, the node's policy
     floors) ``weakens_policy``."""
 
@@ -313,6 +314,22 @@ class LoopSpec:
     allow_effects: bool = False
 
 
+@dataclass(frozen=True)
+class ResumableSpec:
+    """A step's ``resumable`` (docs/long-steps.md): the engine calls the step again and again,
+    each response a progress checkpoint, until ``done`` holds.
+
+    :ivar state: the field holding the state: read from each response, set on the next request
+        (the same name in both messages).
+    :ivar done: a CEL expression over ``response``: true when the step is finished.
+    :ivar progress: a CEL expression over ``response`` giving the percent (0..100), or "".
+    """
+
+    state: str
+    done: str
+    progress: str = ""
+
+
 #: ``Step.effect`` values (docs/workflows.md *Effects*).
 EFFECT_NONE = "none"
 EFFECT_IDEMPOTENT = "idempotent"
@@ -386,6 +403,8 @@ class Step:
     capabilities: tuple[str, ...] = ()
     #: the step's ``loop`` (a bounded back-edge to an ancestor), or None.
     loop: LoopSpec | None = None
+    #: the step's ``resumable`` (called chunk by chunk), or None.
+    resumable: ResumableSpec | None = None
 
     @property
     def external(self) -> bool:

@@ -147,6 +147,13 @@ KIND_CASES = [
         "errorKind",
     ),
     (
+        "resumable",
+        {"steps": [step(resumable={"state": "state", "dnoe": "response.done"})]},
+        "steps[0].resumable.dnoe",
+        "s",
+        "done",
+    ),
+    (
         "loop",
         {"steps": [step(loop={"to": "a", "max": 2, "onExhaust": "park"})]},
         "steps[0].loop.onExhaust",

@@ -44,7 +44,7 @@ class WorkflowRunCheckpoint(_message.Message):
     def __init__(self, name: _Optional[str] = ..., skipped: _Optional[bool] = ..., response: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class WorkflowRun(_message.Message):
-    __slots__ = ("job_id", "workflow_name", "status", "attempt", "outstanding_step", "input", "checkpoints", "result", "error", "created_at", "updated_at", "completed_at", "verdict", "max_attempts", "run_after", "control", "report", "phase")
+    __slots__ = ("job_id", "workflow_name", "status", "attempt", "outstanding_step", "input", "checkpoints", "result", "error", "created_at", "updated_at", "completed_at", "verdict", "max_attempts", "run_after", "control", "report", "phase", "progress")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_NAME_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,7 @@ class WorkflowRun(_message.Message):
     CONTROL_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     workflow_name: str
     status: str
@@ -81,7 +82,8 @@ class WorkflowRun(_message.Message):
     control: _struct_pb2.Struct
     report: _struct_pb2.Struct
     phase: str
-    def __init__(self, job_id: _Optional[str] = ..., workflow_name: _Optional[str] = ..., status: _Optional[str] = ..., attempt: _Optional[int] = ..., outstanding_step: _Optional[str] = ..., input: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., checkpoints: _Optional[_Iterable[_Union[WorkflowRunCheckpoint, _Mapping]]] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[str] = ..., created_at: _Optional[str] = ..., updated_at: _Optional[str] = ..., completed_at: _Optional[str] = ..., verdict: _Optional[str] = ..., max_attempts: _Optional[int] = ..., run_after: _Optional[str] = ..., control: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., report: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., phase: _Optional[str] = ...) -> None: ...
+    progress: _struct_pb2.Struct
+    def __init__(self, job_id: _Optional[str] = ..., workflow_name: _Optional[str] = ..., status: _Optional[str] = ..., attempt: _Optional[int] = ..., outstanding_step: _Optional[str] = ..., input: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., checkpoints: _Optional[_Iterable[_Union[WorkflowRunCheckpoint, _Mapping]]] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[str] = ..., created_at: _Optional[str] = ..., updated_at: _Optional[str] = ..., completed_at: _Optional[str] = ..., verdict: _Optional[str] = ..., max_attempts: _Optional[int] = ..., run_after: _Optional[str] = ..., control: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., report: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., phase: _Optional[str] = ..., progress: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)
@@ -218,14 +220,16 @@ class PauseJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ResumeJobRequest(_message.Message):
-    __slots__ = ("job_id", "at", "reason")
+    __slots__ = ("job_id", "at", "reason", "zone")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     at: str
     reason: str
-    def __init__(self, job_id: _Optional[str] = ..., at: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    zone: str
+    def __init__(self, job_id: _Optional[str] = ..., at: _Optional[str] = ..., reason: _Optional[str] = ..., zone: _Optional[str] = ...) -> None: ...
 
 class RetryStepRequest(_message.Message):
     __slots__ = ("job_id", "step_name", "reason", "scope", "new_idempotency_key")

@@ -1,0 +1,267 @@
+"""Resumable steps: a long step called chunk by chunk, each response a progress checkpoint.
+
+A step that declares ``resumable: {state, done, progress?}`` (docs/long-steps.md) is called
+again and again by :func:`call`, which both runners use in place of ``calls.call_unary``
+(a step without ``resumable`` goes straight to ``call_unary``: nothing changes for it):
+
+1. the request is built once from the step's mappings; when a saved progress checkpoint of
+   the step exists (``EffectContext.progress_saved``: a pause, a crash or a lost lease ended an
+   earlier attempt mid-step), the request's ``state`` field is set from its saved state, so
+   the call continues where the last chunk ended, never from scratch (a saved report that
+   said done is not continued from: the step runs again in full, as after ``retry-step``);
+2. each call is one chunk. Its response's ``state`` field, the ``done`` expression's verdict
+   and the ``progress`` expression's percent are handed to ``EffectContext.on_progress``,
+   which stores them with ONE fenced statement that is also the heartbeat. A pending pause or
+   cancel is applied by the database inside that write (the store raises
+   ``ControlApplied``; the runner's failure wraps it), so control lands between chunks:
+   "after the current frame" is a chunk boundary;
+3. while ``done`` is false the next request is the first one with ``state`` set from the
+   response; when it is true the last response is the step's response (checkpointed as any
+   step's).
+
+Without an ``EffectContext`` (a synchronous ``run-workflow``) the loop still runs, nothing is
+stored and no control applies. :func:`findings` is the verifier's check of a declaration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from protomolt_jobs.workflow import cel as _cel
+from protomolt_jobs.workflow.calls import call_unary
+from protomolt_jobs.workflow.step_run import fail
+from protomolt_jobs.workflow.types import (
+    EFFECT_EXTERNAL,
+    CompiledWorkflow,
+    FailureKind,
+    Finding,
+    Step,
+)
+
+__all__ = ["FINDING_KIND", "MAX_CHUNKS", "call", "declared", "findings"]
+
+#: The ``kind`` of the verifier's findings about ``resumable``.
+FINDING_KIND = "resumable"
+#: Most chunks one call of a resumable step makes in one segment (a service that never says
+#: done fails the step rather than loop for ever).
+MAX_CHUNKS = 100_000
+
+
+def declared(workflow: Any) -> bool:
+    """True when a step of ``workflow`` is ``resumable`` (the worker then wires progress)."""
+    return any(getattr(s, "resumable", None) is not None for s in workflow.steps)
+
+
+def call(
+    channel: grpc.Channel,
+    step: Step,
+    request: Message,
+    call_ms: int,
+    budget_ms: Callable[[], int],
+    metadata: list[tuple[str, str]] | None,
+    effects: Any,
+    iteration: int = 0,
+) -> Any:
+    """``step``'s response: one ``call_unary`` for a step without ``resumable``; for a
+    resumable step, chunks until ``done`` (see the module text).
+
+    :param call_ms: the first call's deadline (ms).
+    :param budget_ms: the call deadline (ms) of each later chunk (``step_run.call_budget_ms``:
+        raises DEADLINE once the segment's budget is spent).
+    :param effects: the job's ``EffectContext`` (its ``watch_cancel``, ``on_progress`` and
+        ``progress_saved``), or None.
+    :param iteration: the step's loop iteration (0 outside a loop).
+    :raises WorkflowExecutionError: a chunk's call failed (GRPC), ``done`` or ``progress``
+        could not be evaluated (WORKFLOW naming the expression), the service never said done
+        within :data:`MAX_CHUNKS` (WORKFLOW), or storing a report failed (WORKFLOW with
+        ``store_failure``; its ``__cause__`` is the store's ``LeaseLost``/``ControlApplied``).
+    """
+    watch = effects.canceller(step) if effects is not None else None
+    spec = step.resumable
+    if spec is None:
+        return call_unary(channel, step, request, call_ms / 1000.0, metadata, watch)
+    on_progress = getattr(effects, "on_progress", None) if effects is not None else None
+    saved_of = getattr(effects, "progress_saved", None) if effects is not None else None
+    input_sha256 = hashlib.sha256(request.SerializeToString(deterministic=True)).hexdigest()
+    saved = saved_of(step.name, iteration) if saved_of is not None else None
+    next_request = request
+    if saved is not None and saved.state is not None and not saved.done:
+        # a report that said done is never continued from: its step's checkpoint was dropped
+        # (retry-step) or lost with the settle, and the step runs again in full
+        next_request = _with_state(step, request, saved.state)
+    for chunk in range(MAX_CHUNKS):
+        timeout_ms = call_ms if chunk == 0 else budget_ms()
+        response = call_unary(channel, step, next_request, timeout_ms / 1000.0, metadata, watch)
+        activation = {"response": _cel.bind_message(response)}
+        done = _done(step, activation)
+        percent = 100.0 if done else _percent(step, activation)
+        state = _state_of(step, response)
+        if on_progress is not None:
+            try:
+                on_progress(
+                    step.name,
+                    iteration,
+                    {
+                        "percent": percent,
+                        "details": _details(response),
+                        "state": state,
+                        "adapterVersion": step.adapter_version,
+                        "inputSha256": input_sha256,
+                        "done": done,
+                    },
+                )
+            except Exception as exc:  # LeaseLost, ControlApplied, StoreError: the worker's
+                raise fail(
+                    FailureKind.WORKFLOW,
+                    step.name,
+                    f"progress report of step '{step.name}' stopped the run: {exc}",
+                    store_failure=True,
+                ) from exc
+        if done:
+            return response
+        next_request = _with_state(step, request, state)
+    raise fail(
+        FailureKind.WORKFLOW,
+        step.name,
+        f"step '{step.name}' did not finish within {MAX_CHUNKS} chunks (resumable.done)",
+    )
+
+
+def _state_of(step: Step, response: Message) -> Any:
+    """The response's state field as proto3 JSON (None when unset)."""
+    assert step.resumable is not None
+    as_json = json_format.MessageToDict(response, always_print_fields_with_no_presence=True)
+    return as_json.get(_json_name(response, step.resumable.state))
+
+
+def _json_name(msg: Message, field: str) -> str:
+    fd = msg.DESCRIPTOR.fields_by_name.get(field)
+    return fd.json_name if fd is not None else field
+
+
+def _with_state(step: Step, request: Message, state: Any) -> Message:
+    """A copy of ``request`` with its state field set from ``state`` (proto3 JSON)."""
+    assert step.resumable is not None
+    out = type(request)()
+    out.CopyFrom(request)
+    out.ClearField(step.resumable.state)
+    if state is None:
+        return out
+    try:
+        json_format.ParseDict({_json_name(out, step.resumable.state): state}, out)
+    except Exception as exc:  # ParseError and its kin: a saved state of another shape
+        raise fail(
+            FailureKind.WORKFLOW,
+            step.name,
+            f"the saved state of step '{step.name}' does not fit request field "
+            f"'{step.resumable.state}': {exc}",
+        ) from exc
+    return out
+
+
+def _done(step: Step, activation: dict[str, Any]) -> bool:
+    assert step.resumable is not None
+    try:
+        return _cel.evaluate_bool(step.resumable.done, activation)
+    except Exception as exc:  # CelError or a value CEL cannot read
+        raise fail(
+            FailureKind.WORKFLOW, step.name, f"resumable.done could not be evaluated: {exc}"
+        ) from exc
+
+
+def _percent(step: Step, activation: dict[str, Any]) -> float | None:
+    assert step.resumable is not None
+    if not step.resumable.progress:
+        return None
+    try:
+        value = _cel.from_cel(_cel.evaluate(step.resumable.progress, activation))
+    except Exception as exc:  # CelError or a value CEL cannot read
+        raise fail(
+            FailureKind.WORKFLOW, step.name, f"resumable.progress could not be evaluated: {exc}"
+        ) from exc
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise fail(
+            FailureKind.WORKFLOW,
+            step.name,
+            f"resumable.progress must give a number; got {type(value).__name__}",
+        )
+    return min(100.0, max(0.0, float(value)))
+
+
+def _details(response: Message) -> str:
+    """The response's ``details`` text field, when it has one ("" otherwise)."""
+    fd = response.DESCRIPTOR.fields_by_name.get("details")
+    if fd is None or fd.type != fd.TYPE_STRING or fd.is_repeated:
+        return ""
+    return str(response.details)[:1000]
+
+
+def _shape(fd: Any) -> tuple[Any, ...]:
+    """A field's type as comparable values (type, message type, enum type, repeated)."""
+    return (
+        fd.type,
+        fd.message_type.full_name if fd.message_type is not None else "",
+        fd.enum_type.full_name if fd.enum_type is not None else "",
+        fd.is_repeated,
+    )
+
+
+def findings(workflow: CompiledWorkflow) -> list[Finding]:
+    """Findings (kind ``resumable``) about the steps' ``resumable`` declarations, each naming
+    the field: ``resumable.state`` not a field of both the request and the response (of the
+    same type), ``resumable.done``/``resumable.progress`` not valid CEL, a resumable step with
+    ``effect: "external"`` (a chunk is called again after a crash: only an idempotent effect
+    may be), or one that is a fan-out, structured or approval step."""
+    out: list[Finding] = []
+    for s in workflow.steps:
+        spec = s.resumable
+        if spec is None:
+            continue
+        if s.effect == EFFECT_EXTERNAL:
+            out.append(
+                Finding(
+                    s.name,
+                    FINDING_KIND,
+                    "resumable: a step with effect 'external' cannot be resumable (a chunk in "
+                    "flight at a crash is called again)",
+                )
+            )
+        if s.fan_out is not None or s.structured is not None or s.method is None:
+            out.append(
+                Finding(s.name, FINDING_KIND, "resumable: only a plain call step can be resumable")
+            )
+            continue
+        req = s.method.input_type.fields_by_name.get(spec.state)
+        res = s.method.output_type.fields_by_name.get(spec.state)
+        if req is None or res is None:
+            where = "request" if req is None else "response"
+            out.append(
+                Finding(
+                    s.name,
+                    FINDING_KIND,
+                    f"resumable.state: '{spec.state}' is not a field of the method's {where}",
+                )
+            )
+        elif _shape(req) != _shape(res):
+            out.append(
+                Finding(
+                    s.name,
+                    FINDING_KIND,
+                    f"resumable.state: field '{spec.state}' has different types in the "
+                    "request and the response",
+                )
+            )
+        for key, text in (("done", spec.done), ("progress", spec.progress)):
+            if not text:
+                continue
+            try:
+                _cel.compile_expression(text)
+            except _cel.CelError as exc:
+                out.append(Finding(s.name, FINDING_KIND, f"resumable.{key}: {exc}"))
+    return out
