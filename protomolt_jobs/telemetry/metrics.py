@@ -16,9 +16,9 @@ metric                                   meaning
                                          lost, or released at a stop), ``unsettled`` (the
                                          settling write failed)
 ``protomolt_jobs_lease_lost_total``      fenced writes or heartbeats that matched no row
-``protomolt_jobs_step_duration_seconds`` histogram of step calls, labels ``method``
-                                         (``/pkg.Service/Method``) and ``outcome`` (``OK`` or
-                                         the gRPC status name)
+``protomolt_jobs_step_duration_seconds`` histogram of step calls, labels ``workflow``,
+                                         ``method`` (``/pkg.Service/Method``) and ``outcome``
+                                         (``OK`` or the gRPC status name)
 ``protomolt_jobs_relay_published_total`` outbox events the relay published to Kafka
 ``protomolt_jobs_queue_wait_seconds``    histogram, labels ``workflow`` and ``queue``: submit
                                          to the run's first claim (database times)
@@ -110,8 +110,8 @@ LEASE_LOST = Counter(
 )
 STEP_SECONDS = Histogram(
     "protomolt_jobs_step_duration_seconds",
-    "Step calls, seconds from request sent to response or error.",
-    ["method", "outcome"],
+    "Step calls, seconds from request sent to response or error, by workflow.",
+    ["workflow", "method", "outcome"],
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
     registry=REGISTRY,
 )
@@ -151,16 +151,17 @@ for _outcome in (
 
 # Labelled children, cached: ``labels()`` costs more than the observation itself, and the
 # label sets are few (a method and an outcome; an outcome).
-_step_children: dict[tuple[str, str], Any] = {}
+_step_children: dict[tuple[str, str, str], Any] = {}
 _settled_children: dict[str, Any] = {}
 _run_children: dict[tuple[Any, str, str], Any] = {}
 
 
-def observe_step(method: str, outcome: str, seconds: float) -> None:
-    """Record one step call in :data:`STEP_SECONDS`."""
-    child = _step_children.get((method, outcome))
+def observe_step(workflow: str, method: str, outcome: str, seconds: float) -> None:
+    """Record one step call of ``workflow`` in :data:`STEP_SECONDS`."""
+    key = (workflow, method, outcome)
+    child = _step_children.get(key)
     if child is None:
-        child = _step_children.setdefault((method, outcome), STEP_SECONDS.labels(method, outcome))
+        child = _step_children.setdefault(key, STEP_SECONDS.labels(workflow, method, outcome))
     child.observe(seconds)
 
 

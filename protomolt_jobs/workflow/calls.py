@@ -217,7 +217,9 @@ def _invoke(
             code=code,
         ) from exc
     finally:
-        metrics.observe_step(step.full_method, outcome, time.perf_counter() - started)
+        metrics.observe_step(
+            step.workflow, step.full_method, outcome, time.perf_counter() - started
+        )
 
 
 def _serialize(msg: Message) -> bytes:

@@ -730,7 +730,11 @@ def _parse_fan_out(value: Any, name: str, pool: descriptor_pool.DescriptorPool) 
 
 
 def _parse_step(
-    index: int, obj: Any, pool: descriptor_pool.DescriptorPool, files: tuple[str, ...]
+    index: int,
+    obj: Any,
+    pool: descriptor_pool.DescriptorPool,
+    files: tuple[str, ...],
+    workflow: str = "",
 ) -> Step:
     if not isinstance(obj, dict):
         raise WorkflowParseError("", "each step must be an object")
@@ -823,6 +827,7 @@ def _parse_step(
         capabilities=_parse_capabilities(obj, name),
         loop=_parse_loop(obj["loop"], name) if "loop" in obj else None,
         resumable=_parse_resumable(obj["resumable"], name) if "resumable" in obj else None,
+        workflow=workflow,
     )
 
 
@@ -1164,7 +1169,8 @@ def _parse(obj: Any, runtime: Runtime) -> CompiledWorkflow:
     raw_steps = obj.get("steps")
     if not isinstance(raw_steps, list) or not raw_steps:
         raise WorkflowParseError("", "'steps' must be a non-empty array")
-    steps = tuple(_parse_step(i, s, pool, files) for i, s in enumerate(raw_steps))
+    workflow = _text(obj, "name") or ""
+    steps = tuple(_parse_step(i, s, pool, files, workflow) for i, s in enumerate(raw_steps))
     output = _parse_output(obj.get("output"), pool) if "output" in obj else None
     deadline_ms = _deadline_ms(obj, "")
     graph = (

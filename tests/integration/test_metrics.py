@@ -95,6 +95,7 @@ def test_metrics_after_jobs_show_completions_step_histograms_and_run_counts(tmp_
                 _value(
                     families,
                     "protomolt_jobs_step_duration_seconds_count",
+                    workflow=run["workflow"],
                     method=method,
                     outcome="OK",
                 )

@@ -28,7 +28,7 @@ class _Counts:
 def _exported() -> dict[str, str]:
     """``{family name: type}`` of everything a node's ``/metrics`` can export."""
     metrics.observe_run("docs-test", "default", waited_s=0.5, total_s=2.0)
-    metrics.observe_step("/jobs.test.Tokenizer/Tokenize", "OK", 0.01)
+    metrics.observe_step("docs", "/jobs.test.Tokenizer/Tokenize", "OK", 0.01)
     node = CollectorRegistry()
     node.register(metrics.StoreCollector(_Counts(), lambda: {"worker": True}))
     text = metrics.exposition(node).decode()
