@@ -697,7 +697,10 @@ def _list_url(query: str) -> str:
 
 
 def _may_vote(approval: dict[str, Any], caller: Caller) -> bool:
-    """Whether ``caller`` is one of an approval step's approvers (by principal or group)."""
+    """Whether ``caller`` is one of an approval step's approvers (by principal or group) and
+    not the run's submitter (``submittedBy``: approve-step refuses its vote, self-approval)."""
+    if approval.get("submittedBy") and caller.name == approval["submittedBy"]:
+        return False
     return caller.name in approval["principals"] or bool(caller.groups & set(approval["roles"]))
 
 
