@@ -406,6 +406,8 @@ class ApprovalMixin(db.Database):
                     stored = c.get("tally")
                     counts = dict(stored) if isinstance(stored, dict) else {}
                     decided = c.get("decision") if isinstance(c.get("decision"), str) else None
+                    if decided is None and grant_gate:
+                        decided = _gate_decision(c)
                     return VoteOutcome("already-decided", record.status, counts, decided)
             if not is_open:
                 return VoteOutcome(
@@ -481,3 +483,17 @@ class ApprovalMixin(db.Database):
             extra={"action": "approval_decided", "job_id": str(key), "step": step},
         )
         return VoteOutcome("decided", "QUEUED", tally, decision)
+
+
+def _gate_decision(entry: dict[str, Any]) -> str | None:
+    """The grant gate's decision a step's checkpoint entry used (None: the entry used none):
+    ``accept`` when the step ran under the gate's grant (``grant.decisionId`` ``gate:<seq>``),
+    ``reject`` when it failed by the gate (its ``failed.message`` ends ``(decision
+    gate:<seq>)``), the same marks ``grant_gate_decision`` reads."""
+    grant = entry.get("grant")
+    if isinstance(grant, dict) and str(grant.get("decisionId", "")).startswith("gate:"):
+        return "accept"
+    failed = entry.get("failed")
+    if isinstance(failed, dict) and "(decision gate:" in str(failed.get("message", "")):
+        return "reject"
+    return None

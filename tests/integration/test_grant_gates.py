@@ -264,6 +264,38 @@ def test_a_rejected_graph_gate_fails_the_step_and_its_failure_edge_runs(node, se
     assert services.step_calls("rollback") == 1  # the failure edge applies
 
 
+def test_a_vote_after_the_gate_decided_and_the_run_ended_names_the_gates_decision(node, services):
+    """Found by the breaker: a vote on a grant gate whose step then ran (or failed by the
+    gate) answered ``already-decided`` with ``decision: null``, as if nothing were decided."""
+    url = node.http.url
+    accepted = submit(url, deploy_graph(services.target, side_ms=0))
+    waiting_on_gate(url, accepted)
+    _, answer, _ = vote(url, accepted, "chief-1", "accept")
+    assert answer["decided"] is True, answer
+    ended(url, accepted, "COMPLETED")
+    status, answer, _ = vote(url, accepted, "chief-2", "reject")
+    assert status == 200 and answer["ok"] is False, answer
+    assert answer["error"] == "already-decided" and answer["decision"] == "accept", answer
+    rejected = submit(
+        url,
+        graph(
+            [
+                step("draft", services.target),
+                step("deploy", services.target, after=["draft"], capabilities=["deploy:prod"]),
+            ],
+            name="deploy-graph",
+        ),
+    )
+    waiting_on_gate(url, rejected)
+    _, answer, _ = vote(url, rejected, "chief-1", "reject")
+    assert answer["decided"] is True, answer
+    ended(url, rejected, "FAILED")
+    status, answer, _ = vote(url, rejected, "chief-2", "accept")
+    assert status == 200 and answer["ok"] is False, answer
+    assert answer["error"] == "already-decided" and answer["decision"] == "reject", answer
+    assert services.step_calls("deploy") == 1  # the accepted run's, never the rejected one
+
+
 def test_an_unhandled_rejected_graph_gate_fails_the_run_once_and_compensates(node, services):
     url = node.http.url
     t = services.target
