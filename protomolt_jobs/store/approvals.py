@@ -337,12 +337,7 @@ class ApprovalMixin(db.Database):
             row = db.one(conn, "grant_gate_decision", {"job_id": key, "step": scrub_text(step)})
         if row is None:
             return None
-        # the reason is "decided <decision>", "decided <decision> (veto)" or, the sweeper's,
-        # "expired: decided reject"
-        words = str(row["reason"] or "").split()
-        at = words.index("decided") + 1 if "decided" in words else len(words)
-        decision = words[at] if at < len(words) else ""
-        return decision, str(row["actor"]), int(row["seq"])
+        return _decided(row["reason"]), str(row["actor"]), int(row["seq"])
 
     @db.translated
     def approval_vote(
@@ -399,6 +394,14 @@ class ApprovalMixin(db.Database):
                 and record.outstanding_step == step
                 and record.wait_kind == APPROVAL_WAIT
             )
+            if not is_open and grant_gate:
+                # decided, its step not run yet (the run is QUEUED or RUNNING): the decision
+                # stands (the latest: before any entry of an earlier run of the step)
+                gate = db.one(conn, "grant_gate_decision", {"job_id": key, "step": step})
+                if gate is not None:
+                    return VoteOutcome(
+                        "already-decided", record.status, {}, _decided(gate["reason"])
+                    )
             # A step open again (a loop's next iteration) has older entries: only a step that
             # is not open is already decided, by its latest entry.
             for c in reversed(record.checkpoints) if not is_open else ():
@@ -497,3 +500,12 @@ def _gate_decision(entry: dict[str, Any]) -> str | None:
     if isinstance(failed, dict) and "(decision gate:" in str(failed.get("message", "")):
         return "reject"
     return None
+
+
+def _decided(reason: object) -> str:
+    """The decision a ``decision`` transition's reason names: ``decided <decision>``,
+    ``decided <decision> (veto)`` or, the sweeper's, ``expired: decided reject`` ("" when
+    it names none)."""
+    words = str(reason or "").split()
+    at = words.index("decided") + 1 if "decided" in words else len(words)
+    return words[at] if at < len(words) else ""
