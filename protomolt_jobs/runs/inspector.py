@@ -146,7 +146,8 @@ class JobInspector:
     def approval(self, job_id: str, step_name: str) -> dict[str, Any] | None:
         """The approval step ``step_name`` of the job (or the step's grant gate) and the votes
         cast on its current opening: ``{step, roles, principals, quorum, decisions, veto,
-        votes: [{principal, decision, comment?}], tally: {decision: n}, grantGate?}``; None
+        votes: [{principal, decision, comment?}], tally: {decision: n}, submittedBy, grantGate?}``
+        (``submittedBy``: the run's submitter, who may not vote; None when unrecorded); None
         when the job, its definition or an approval step (or grant gate) of that name cannot
         be resolved. ``quorum`` and ``veto`` are those the node's policy floors leave in force
         (as ``approve-step`` counts); a grant gate's (``grantGate``: the deciding rules) are
@@ -185,6 +186,7 @@ class JobInspector:
                 for v in votes
             ],
             "tally": tally,
+            "submittedBy": job.submitted_by,
         }
 
     def _grant_gate(self, job: Any, step: Any) -> dict[str, Any] | None:
@@ -212,6 +214,7 @@ class JobInspector:
                 for v in votes
             ],
             "tally": tally,
+            "submittedBy": job.submitted_by,
             "grantGate": list(gate.rules),
         }
 

@@ -340,12 +340,7 @@ class ApprovalMixin(db.Database):
             row = db.one(conn, "grant_gate_decision", {"job_id": key, "step": scrub_text(step)})
         if row is None:
             return None
-        # the reason is "decided <decision>", "decided <decision> (veto)" or, the sweeper's,
-        # "expired: decided reject"
-        words = str(row["reason"] or "").split()
-        at = words.index("decided") + 1 if "decided" in words else len(words)
-        decision = words[at] if at < len(words) else ""
-        return decision, str(row["actor"]), int(row["seq"])
+        return _decided(row["reason"]), str(row["actor"]), int(row["seq"])
 
     @db.translated
     def approval_vote(
@@ -402,6 +397,14 @@ class ApprovalMixin(db.Database):
                 and record.outstanding_step == step
                 and record.wait_kind == APPROVAL_WAIT
             )
+            if not is_open and grant_gate:
+                # decided, its step not run yet (the run is QUEUED or RUNNING): the decision
+                # stands (the latest: before any entry of an earlier run of the step)
+                gate = db.one(conn, "grant_gate_decision", {"job_id": key, "step": step})
+                if gate is not None:
+                    return VoteOutcome(
+                        "already-decided", record.status, {}, _decided(gate["reason"])
+                    )
             # A step open again (a loop's next iteration) has older entries: only a step that
             # is not open is already decided, by its latest entry.
             for c in reversed(record.checkpoints) if not is_open else ():
@@ -409,6 +412,8 @@ class ApprovalMixin(db.Database):
                     stored = c.get("tally")
                     counts = dict(stored) if isinstance(stored, dict) else {}
                     decided = c.get("decision") if isinstance(c.get("decision"), str) else None
+                    if decided is None and grant_gate:
+                        decided = _gate_decision(c)
                     return VoteOutcome("already-decided", record.status, counts, decided)
             if not is_open:
                 return VoteOutcome(
@@ -484,3 +489,26 @@ class ApprovalMixin(db.Database):
             extra={"action": "approval_decided", "job_id": str(key), "step": step},
         )
         return VoteOutcome("decided", "QUEUED", tally, decision)
+
+
+def _gate_decision(entry: dict[str, Any]) -> str | None:
+    """The grant gate's decision a step's checkpoint entry used (None: the entry used none):
+    ``accept`` when the step ran under the gate's grant (``grant.decisionId`` ``gate:<seq>``),
+    ``reject`` when it failed by the gate (its ``failed.message`` ends ``(decision
+    gate:<seq>)``), the same marks ``grant_gate_decision`` reads."""
+    grant = entry.get("grant")
+    if isinstance(grant, dict) and str(grant.get("decisionId", "")).startswith("gate:"):
+        return "accept"
+    failed = entry.get("failed")
+    if isinstance(failed, dict) and "(decision gate:" in str(failed.get("message", "")):
+        return "reject"
+    return None
+
+
+def _decided(reason: object) -> str:
+    """The decision a ``decision`` transition's reason names: ``decided <decision>``,
+    ``decided <decision> (veto)`` or, the sweeper's, ``expired: decided reject`` ("" when
+    it names none)."""
+    words = str(reason or "").split()
+    at = words.index("decided") + 1 if "decided" in words else len(words)
+    return words[at] if at < len(words) else ""

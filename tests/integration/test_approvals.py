@@ -473,3 +473,31 @@ def test_the_dashboard_inbox_lists_approvals_by_the_viewers_groups_and_votes(nod
     )
     assert status == 200 and "decided: accept" in body, body
     wait_for(lambda: get_job(url, job_id)["status"] == "COMPLETED")
+
+
+def test_the_dashboard_offers_no_vote_form_to_the_runs_submitter(node, services):
+    """Found by the breaker: the inbox and the job page offered the vote form to the run's
+    submitter (an editor), whose every vote approve-step refuses as self-approval."""
+    url = node.http.url
+    job_id = submit(url, review_workflow(services.target), who="ed-1")
+    waiting_on_review(url, job_id)
+
+    def page(path, who):
+        status, body, _ = http(
+            "GET", f"{url}{path}", headers={"Cookie": f"protomolt_token={TOKENS[who]}"}
+        )
+        return status, body.decode()
+
+    # Another editor may vote: the approval is in its inbox, with the form on the job page.
+    status, body = page("/ui/inbox", "ed-2")
+    assert status == 200 and f'data-job-id="{job_id}"' in body
+    status, body = page(f"/ui/jobs/{job_id}", "ed-2")
+    assert status == 200 and 'id="approve-form"' in body
+    # The submitter, an editor too, may not: no entry in its inbox, no form on the page.
+    status, body = page("/ui/inbox", "ed-1")
+    assert status == 200 and f'data-job-id="{job_id}"' not in body
+    status, body = page(f"/ui/jobs/{job_id}", "ed-1")
+    assert status == 200 and 'id="approval"' in body and 'id="approve-form"' not in body
+    # approve-step agrees: the submitter's vote is self-approval.
+    status, answer, _ = vote(url, job_id, "ed-1", "accept")
+    assert status == 200 and answer["error"] == "self-approval", answer

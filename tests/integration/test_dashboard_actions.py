@@ -427,3 +427,44 @@ def test_bad_form_input_is_named_on_the_page_never_a_500(node, store):
     conn.close()
     status, body, _ = http("POST", f"{url}/ui/jobs/{paused}/action/drop-table", raw=b"confirm=on")
     assert status == 404 and b"unknown-action" in body
+
+
+def test_a_form_body_over_the_bound_or_without_a_length_is_refused_unread(node, store):
+    """Found by the breaker: the ``/ui`` mount read form bodies of any size (a 20 MiB post
+    was read whole, and a refusal quoting a 15 MiB zone kept it in the flash store for
+    minutes); the actions route's body bound did not reach it."""
+    from http.client import HTTPConnection
+
+    from protomolt_jobs.host.dashboard.body_limit import MAX_FORM_BYTES
+
+    url = node
+    paused = job_in(store, "PAUSED")
+    path = f"/ui/jobs/{paused}/action/resume-job"
+    # a length over the bound: answered from the headers, before the body is sent
+    conn = HTTPConnection(urllib.parse.urlsplit(url).netloc, timeout=20)
+    try:
+        conn.putrequest("POST", path)
+        conn.putheader("Content-Type", FORM["Content-Type"])
+        conn.putheader("Content-Length", str(MAX_FORM_BYTES + 1))
+        conn.endheaders()
+        resp = conn.getresponse()
+        body = resp.read()
+        assert resp.status == 413 and str(MAX_FORM_BYTES).encode() in body, (resp.status, body)
+    finally:
+        conn.close()
+    assert store.job_get(paused).status == "PAUSED"
+    # chunked: no length to check before reading
+    conn = HTTPConnection(urllib.parse.urlsplit(url).netloc, timeout=20)
+    try:
+        conn.request("POST", path, body=iter([b"confirm=on"]), headers=FORM, encode_chunked=True)
+        assert conn.getresponse().status == 411
+    finally:
+        conn.close()
+    # a form within the bound is read as before: the zone is refused naming the field
+    status, location, cookie, _ = _post(
+        url, path, {"confirm": "on", "at": "2027-01-01T00:00", "zone": "z" * 1_000_000}
+    )
+    assert (status, location) == (303, f"/ui/jobs/{paused}")
+    shown = _follow(url, location, cookie).decode()
+    assert "invalid-input" in shown and "zone" in shown
+    assert store.job_get(paused).status == "PAUSED"

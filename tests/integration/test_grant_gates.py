@@ -264,6 +264,68 @@ def test_a_rejected_graph_gate_fails_the_step_and_its_failure_edge_runs(node, se
     assert services.step_calls("rollback") == 1  # the failure edge applies
 
 
+def test_a_vote_after_the_gate_decided_and_the_run_ended_names_the_gates_decision(node, services):
+    """Found by the breaker: a vote on a grant gate whose step then ran (or failed by the
+    gate) answered ``already-decided`` with ``decision: null``, as if nothing were decided."""
+    url = node.http.url
+    accepted = submit(url, deploy_graph(services.target, side_ms=0))
+    waiting_on_gate(url, accepted)
+    _, answer, _ = vote(url, accepted, "chief-1", "accept")
+    assert answer["decided"] is True, answer
+    ended(url, accepted, "COMPLETED")
+    status, answer, _ = vote(url, accepted, "chief-2", "reject")
+    assert status == 200 and answer["ok"] is False, answer
+    assert answer["error"] == "already-decided" and answer["decision"] == "accept", answer
+    rejected = submit(
+        url,
+        graph(
+            [
+                step("draft", services.target),
+                step("deploy", services.target, after=["draft"], capabilities=["deploy:prod"]),
+            ],
+            name="deploy-graph",
+        ),
+    )
+    waiting_on_gate(url, rejected)
+    _, answer, _ = vote(url, rejected, "chief-1", "reject")
+    assert answer["decided"] is True, answer
+    ended(url, rejected, "FAILED")
+    status, answer, _ = vote(url, rejected, "chief-2", "accept")
+    assert status == 200 and answer["ok"] is False, answer
+    assert answer["error"] == "already-decided" and answer["decision"] == "reject", answer
+    assert services.step_calls("deploy") == 1  # the accepted run's, never the rejected one
+
+
+def test_a_vote_after_the_gate_decided_while_its_step_runs_is_already_decided(node, services):
+    """Found by the breaker: between a grant gate's decision and the step's checkpoint (the
+    run QUEUED, then RUNNING the step), a late vote answered ``not-open``, where an approval
+    step's late voter is told ``already-decided`` with the decision."""
+    url = node.http.url
+    workflow = graph(
+        [
+            step("draft", services.target),
+            step(
+                "deploy",
+                services.target,
+                after=["draft"],
+                capabilities=["deploy:prod"],
+                sleep_ms=10_000,
+            ),
+        ],
+        name="deploy-graph",
+    )
+    job_id = submit(url, workflow)
+    waiting_on_gate(url, job_id)
+    _, answer, _ = vote(url, job_id, "chief-1", "accept")
+    assert answer["decided"] is True, answer
+    wait_for(lambda: services.step_calls("deploy") == 1)  # in flight for 10 s, not checkpointed
+    status, answer, _ = vote(url, job_id, "chief-2", "reject")
+    assert status == 200 and answer["ok"] is False, answer
+    assert answer["error"] == "already-decided" and answer["decision"] == "accept", answer
+    assert answer["status"] == "RUNNING", answer
+    ended(url, job_id, "COMPLETED")
+
+
 def test_an_unhandled_rejected_graph_gate_fails_the_run_once_and_compensates(node, services):
     url = node.http.url
     t = services.target
@@ -490,11 +552,11 @@ def test_a_grant_gate_expiry_rejects_and_never_accepts(timed, services, graph_ru
     assert services.step_calls("deploy") == 0
     kinds = [(t["kind"], t["actor"], t.get("reason")) for t in history(url, job_id)]
     assert ("decision", "sweeper", "expired: decided reject") in kinds
-    # A vote after the expiry changes nothing: in a graph run the step's failed entry is its
-    # outcome (already-decided); a sequential run failed with no entry (not-open).
+    # A vote after the expiry changes nothing: the gate decided reject (in a graph run the
+    # step's failed entry used it; a sequential run failed with no entry, its decision unused)
     _, answer, _ = vote(url, job_id, "chief-1", "accept")
-    expected = "already-decided" if graph_run else "not-open"
-    assert answer["ok"] is False and answer["error"] == expected, answer
+    assert answer["ok"] is False and answer["error"] == "already-decided", answer
+    assert answer["decision"] == "reject", answer
 
 
 @pytest.mark.parametrize("timed", ["fail"], indirect=True)

@@ -48,7 +48,7 @@ import anyio.to_thread
 import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import Mount, Route, Router
 from starlette.staticfiles import StaticFiles
 
 from protomolt_jobs.errors import ActionError, Unavailable
@@ -56,6 +56,7 @@ from protomolt_jobs.host.authority import Authority
 from protomolt_jobs.host.catalog import Caller
 from protomolt_jobs.host.dashboard import drawing, operate, times
 from protomolt_jobs.host.dashboard.answer_form import answer_from_form, form_field
+from protomolt_jobs.host.dashboard.body_limit import BodyLimit
 from protomolt_jobs.host.dashboard.flash import COOKIE as FLASH_COOKIE
 from protomolt_jobs.host.dashboard.flash import TTL_S as FLASH_TTL_S
 from protomolt_jobs.host.dashboard.flash import Flash, Flashes
@@ -701,7 +702,10 @@ def _list_url(query: str) -> str:
 
 
 def _may_vote(approval: dict[str, Any], caller: Caller) -> bool:
-    """Whether ``caller`` is one of an approval step's approvers (by principal or group)."""
+    """Whether ``caller`` is one of an approval step's approvers (by principal or group) and
+    not the run's submitter (``submittedBy``: approve-step refuses its vote, self-approval)."""
+    if approval.get("submittedBy") and caller.name == approval["submittedBy"]:
+        return False
     return caller.name in approval["principals"] or bool(caller.groups & set(approval["roles"]))
 
 
@@ -735,8 +739,7 @@ def dashboard_mount(catalog: Any, inspector: Any, authority: Authority) -> Mount
     :param authority: the node's resolver (an open one: no login).
     """
     board = Dashboard(catalog, inspector, authority)
-    return Mount(
-        PREFIX,
+    router = Router(
         routes=[
             Route("/", board.jobs, methods=["GET"]),
             Route("/inbox", board.inbox, methods=["GET"]),
@@ -751,3 +754,5 @@ def dashboard_mount(catalog: Any, inspector: Any, authority: Authority) -> Mount
             Mount("/static", app=StaticFiles(directory=str(_HERE / "static")), name="static"),
         ],
     )
+    # form bodies are bounded before a handler reads one (body_limit.py)
+    return Mount(PREFIX, app=BodyLimit(router))
