@@ -11,7 +11,7 @@ import pytest
 
 from protomolt_jobs.host.catalog import Catalog
 from protomolt_jobs.host.dashboard import operate, times
-from protomolt_jobs.host.dashboard.flash import Flash, Flashes
+from protomolt_jobs.host.dashboard.flash import TEXT_CHARS, Flash, Flashes
 from protomolt_jobs.verbs import JobsBackend, jobs_actions
 from protomolt_jobs.verbs.base import ControlVerb
 from protomolt_jobs.workflow import Runtime
@@ -200,6 +200,20 @@ def test_a_flash_is_shown_once():
     keys = [flashes.put(Flash("message", str(i))) for i in range(3)]
     assert flashes.take(keys[0]) is None  # pushed out by newer ones
     assert flashes.take(keys[2]).text == "2"
+
+
+def test_flashes_are_bounded_by_characters_and_a_long_sentence_is_cut():
+    flashes = Flashes(capacity=100, max_chars=10_000)
+    cut = flashes.take(flashes.put(Flash("error", "z" * (TEXT_CHARS + 50))))
+    assert len(cut.text) == TEXT_CHARS and cut.text.endswith("…")
+    # four forms of 4,000 typed characters each: the oldest go once 10,000 are held
+    keys = [flashes.put(Flash("error", "refused", form={"response": "x" * 4000})) for _ in range(4)]
+    assert [flashes.take(k) is not None for k in keys] == [False, False, True, True]
+    # taking a message gives its characters back: two more fit again
+    again = [
+        flashes.put(Flash("error", "refused", form={"response": "y" * 4000})) for _ in range(2)
+    ]
+    assert all(flashes.take(k) is not None for k in again)
 
 
 def test_extend_loop_is_offered_only_for_a_run_with_a_loop_and_its_form_builds_the_input(verbs):
