@@ -290,3 +290,21 @@ def test_bad_input_is_invalid_argument_naming_the_field(node, renderer):
     assert code == grpc.StatusCode.INVALID_ARGUMENT and text.startswith("invalid-input:")
     # a well-formed token whose lease holds no run: lease_lost, nothing written
     assert renderer.report(valid, percent=50.0).answer == "lease_lost"
+
+
+def test_a_pending_cancel_is_told_and_lands_when_the_service_stops(node, renderer, worker):
+    verbs, _ = node
+    reached = renderer.hold(2)
+    answer = verbs(
+        "submit-workflow",
+        {"workflow": _workflow(renderer.target), "input": {"scene": "s", "frames": FRAMES}},
+    )
+    job_id = answer["jobId"]
+    assert reached.wait(20), "frame 2 never started"
+    assert verbs("cancel-job", {"jobId": job_id, "reason": "enough"})["status"] == "RUNNING"
+    renderer.holds[2].set()
+    wait_for(lambda: verbs("get-job", {"jobId": job_id})["job"]["status"] == "CANCELLED" or None)
+    # told in its next report (after frame 2), it stopped: no frame after it
+    assert renderer.answers == ["continue", "cancel_requested"], renderer.answers
+    assert renderer.rendered == [1, 2], renderer.rendered
+    assert len(renderer.first_frames) == 1, renderer.first_frames
