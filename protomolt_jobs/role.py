@@ -157,6 +157,7 @@ class JobsModule:
         backend = JobsBackend(configured=config.configured)
         backend.grant_policy = lambda: _grant_policy(config, ctx)
         backend.loop_extend_cap = config.loop_extend_cap
+        backend.lease_s = config.lease_seconds
         floors = node_floors(config)
         for action in jobs_actions(backend, runtime, floors):
             ctx.contributions.contribute(Action, action)

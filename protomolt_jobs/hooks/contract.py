@@ -165,7 +165,8 @@ class JobViews(Protocol):
 #:
 #: - ``workflow-run``: submit a job, run a workflow synchronously;
 #: - ``service-invoke``: read jobs (``get-job``, ``list-jobs``, ``job-history``);
-#: - ``job-complete``: answer a parked step (``complete-step``);
+#: - ``job-complete``: answer a parked step (``complete-step``), report a running step's
+#:   progress (``report-progress``);
 #: - ``job-control``: the operator verbs (cancel, pause, resume, requeue, retry, reconcile,
 #:   migrate a checkpoint);
 #: - ``schema-read``: verify a workflow, read the registry's workflows;

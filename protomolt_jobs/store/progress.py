@@ -163,6 +163,7 @@ class ProgressMixin(db.Database):
         checks.positive_seconds("lease_s", lease_s)
         params = report_params(report)
         params["lease_s"] = float(lease_s)
+        params["live"] = False
         with self._connection() as conn, conn.transaction():
             row = db.fenced(conn, "job_progress", lease, params)
             self._control_event_txn(conn, row, params["step"])
@@ -171,6 +172,34 @@ class ProgressMixin(db.Database):
                 lease.job_id, lease.owner, lease.attempt, "job_progress", str(row["status"])
             )
         return int(row["seq"])
+
+    @db.translated
+    def job_report_live(self, lease: Lease, lease_s: float, report: ProgressReport) -> str:
+        """Store one report made from inside a running call (``ReportProgress``) and extend
+        the lease; never applies a pending request (the service is told and acts on it).
+
+        SQL: fenced ``job_progress`` with ``live`` (one statement; not a boundary write; a
+        report without a state keeps the stored state). Transaction: one.
+
+        :returns: ``"continue"``, or ``"pause_requested"``/``"cancel_requested"`` when an
+            operator's pause or cancel of the run is pending.
+        :raises LeaseLost: when the fence matches no row (a stale attempt; nothing stored).
+        :raises ValueError, TypeError: as :meth:`job_report_progress`.
+        :raises StoreError: on a database failure.
+        """
+        checks.positive_seconds("lease_s", lease_s)
+        params = report_params(report)
+        params["lease_s"] = float(lease_s)
+        params["live"] = True
+        params["done"] = False
+        with self._connection() as conn, conn.transaction():
+            row = db.fenced(conn, "job_progress", lease, params)
+        kind = row.get("control_kind")
+        if kind == "pause":
+            return "pause_requested"
+        if kind == "cancel":
+            return "cancel_requested"
+        return "continue"
 
     @db.translated
     def job_progress_saved(self, job_id: UUID, step: str, iteration: int = 0) -> Progress | None:

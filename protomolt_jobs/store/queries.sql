@@ -1587,19 +1587,20 @@ RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 -- ---------------------------------------------------------------------------------------------
 
 -- name: job_progress
--- description: fenced (status, lease_owner, attempt, lease_token): one progress report of a long step: extends lease_until to now() + lease_s (the report is the heartbeat) and upserts the (job_id, step, iteration) progress row from the same statement. When an operator request is pending and the step is not done, the update names its change ('progress'), so it is a boundary write and the trigger applies the request here (PAUSED or CANCELLED, lease cleared): control lands between chunks, with the report stored. No event of its own.
+-- description: fenced (status, lease_owner, attempt, lease_token): one progress report of a long step: extends lease_until to now() + lease_s (the report is the heartbeat) and upserts the (job_id, step, iteration) progress row from the same statement. When an operator request is pending and the step is not done, the update names its change ('progress'), so it is a boundary write and the trigger applies the request here (PAUSED or CANCELLED, lease cleared): control lands between chunks, with the report stored. With live = true (a ReportProgress from inside a running call, store/progress.py job_report_live) it is never a boundary write (the pending request is returned as control_kind for the service to act on), and a report without a state keeps the stored one. No event of its own.
 WITH moved AS (
     UPDATE workflow_run
        SET lease_until = now() + make_interval(secs => %(lease_s)s),
            updated_at = now(),
-           change_kind = CASE WHEN control IS NULL OR %(done)s THEN NULL ELSE 'progress' END,
-           change_actor = CASE WHEN control IS NULL OR %(done)s THEN NULL
+           change_kind = CASE WHEN control IS NULL OR %(done)s OR %(live)s THEN NULL ELSE 'progress' END,
+           change_actor = CASE WHEN control IS NULL OR %(done)s OR %(live)s THEN NULL
                                ELSE 'worker:' || %(owner)s END,
-           change_step = CASE WHEN control IS NULL OR %(done)s THEN NULL ELSE %(step)s END
+           change_step = CASE WHEN control IS NULL OR %(done)s OR %(live)s THEN NULL ELSE %(step)s END
      WHERE job_id = %(job_id)s AND status = 'RUNNING'
        AND lease_owner = %(owner)s AND attempt = %(attempt)s
        AND lease_token = %(token)s
-    RETURNING job_id, workflow_name, status, attempt, error, lease_until
+    RETURNING job_id, workflow_name, status, attempt, error, lease_until,
+              control->>'kind' AS control_kind
 ), saved AS (
     INSERT INTO workflow_run_progress AS p
         (job_id, step, iteration, attempt, seq, percent, details, state, state_ref,
@@ -1609,12 +1610,15 @@ WITH moved AS (
       FROM moved AS m
     ON CONFLICT (job_id, step, iteration) DO UPDATE
        SET attempt = EXCLUDED.attempt, seq = p.seq + 1, percent = EXCLUDED.percent,
-           details = EXCLUDED.details, state = EXCLUDED.state, state_ref = EXCLUDED.state_ref,
+           details = EXCLUDED.details,
+           state = CASE WHEN %(live)s AND EXCLUDED.state IS NULL THEN p.state ELSE EXCLUDED.state END,
+           state_ref = CASE WHEN %(live)s AND EXCLUDED.state IS NULL THEN p.state_ref
+                            ELSE EXCLUDED.state_ref END,
            adapter_version = EXCLUDED.adapter_version, input_sha256 = EXCLUDED.input_sha256,
            done = EXCLUDED.done, updated_at = EXCLUDED.updated_at
     RETURNING seq
 )
-SELECT m.job_id, m.workflow_name, m.status, m.attempt, m.error, m.lease_until,
+SELECT m.job_id, m.workflow_name, m.status, m.attempt, m.error, m.lease_until, m.control_kind,
        now() AS tx_now, (SELECT seq FROM saved) AS seq
   FROM moved AS m
 

@@ -10,6 +10,7 @@ module                verbs
                       ``requeue-job``
 :mod:`.recovery`      ``reconcile-step``, ``migrate-checkpoint``
 :mod:`.loops`         ``extend-loop``
+:mod:`.progress`      ``report-progress``
 :mod:`.workflow`      ``run-workflow``, ``check-workflow`` (the engine's; no store)
 :mod:`.replay`        ``replay-check`` (a candidate version against the stored runs)
 :mod:`.workflow_tests` ``test-workflow`` (a definition's tests, mocked; no store, no network)
@@ -38,6 +39,7 @@ from protomolt_jobs.verbs.control import (
     RetryStepAction,
 )
 from protomolt_jobs.verbs.loops import ExtendLoopAction
+from protomolt_jobs.verbs.progress import ReportProgressAction
 from protomolt_jobs.verbs.read import GetJobAction, JobHistoryAction, ListJobsAction
 from protomolt_jobs.verbs.recovery import MigrateCheckpointAction, ReconcileStepAction
 from protomolt_jobs.verbs.replay import ReplayCheckAction
@@ -63,6 +65,7 @@ __all__ = [
     "PauseJobAction",
     "ReconcileStepAction",
     "ReplayCheckAction",
+    "ReportProgressAction",
     "RequeueJobAction",
     "ResumeJobAction",
     "RetryStepAction",
@@ -78,7 +81,7 @@ def jobs_actions(backend: JobsBackend, runtime: Any, floors: Sequence[Floor] = (
     """The job verbs over one backend, in manifest order: the four of the reference
     (submit-workflow, get-job, list-jobs, complete-step), then the operator verbs (cancel-job,
     pause-job, resume-job, retry-step, the recovery verbs of step effects, requeue-job),
-    job-history, approve-step and extend-loop.
+    job-history, approve-step, extend-loop and report-progress.
 
     :param backend: the role's late-bound store and submitter.
     :param runtime: the engine's runtime (type pool) for reading stored definitions.
@@ -99,4 +102,5 @@ def jobs_actions(backend: JobsBackend, runtime: Any, floors: Sequence[Floor] = (
         JobHistoryAction(backend),
         ApproveStepAction(backend, runtime, floors),
         ExtendLoopAction(backend, runtime),
+        ReportProgressAction(backend),
     ]

@@ -99,6 +99,9 @@ class JobsBackend:
         self.grant_policy: Any = None
         #: ``jobs.loop_extend_cap`` (set by the role at wire): extend-loop's ceiling.
         self.loop_extend_cap: int = 20
+        #: ``jobs.lease_seconds`` (set by the role at wire): how far report-progress extends
+        #: a run's lease.
+        self.lease_s: float = 300.0
 
     def bind(self, store: Any, submitter: Submitter) -> None:
         """Serve with ``store`` and ``submitter`` (called by the role's start)."""

@@ -20,6 +20,7 @@ from uuid import UUID
 
 from protomolt_jobs.errors import ControlApplied, LeaseLost
 from protomolt_jobs.store.progress import Progress, ProgressReport
+from protomolt_jobs.store.progress_token import HEADER, ProgressToken
 from protomolt_jobs.store.records import Lease
 from protomolt_jobs.worker.heartbeat import LeaseGuard
 
@@ -101,6 +102,12 @@ class ProgressWriter:
             "progress reported",
             extra={"action": "progress_reported", "step": step, "seq": seq, **self._ctx},
         )
+
+    def token(self, step: str, iteration: int, resumable: bool) -> tuple[str, str]:
+        """The ``protomolt-progress-token`` metadata of a ``reportsProgress`` step's call,
+        bound to this attempt's lease (store/progress_token.py); no statement."""
+        issued = ProgressToken(self._guard.lease, step, iteration, resumable)
+        return (HEADER, issued.encode())
 
     def saved(self, step: str, iteration: int) -> Progress | None:
         """The last report of ``step`` at ``iteration`` (the state to continue from), or None.

@@ -270,6 +270,8 @@ class SegmentExecutor:
                 )
                 effects.on_progress = progress.on_progress
                 effects.progress_saved = progress.saved
+                if engine_resumable.reports(run.workflow):
+                    effects.progress_token = progress.token
             check = self._grants.check_for(
                 job,
                 ctx,

@@ -827,6 +827,7 @@ def _parse_step(
         capabilities=_parse_capabilities(obj, name),
         loop=_parse_loop(obj["loop"], name) if "loop" in obj else None,
         resumable=_parse_resumable(obj["resumable"], name) if "resumable" in obj else None,
+        reports_progress=_parse_reports_progress(obj, name),
         workflow=workflow,
     )
 
@@ -834,6 +835,21 @@ def _parse_step(
 _RESUMABLE_SHAPE = (
     '\'resumable\' must be an object {"state": field, "done": expression, "progress"?: expression}'
 )
+
+
+def _parse_reports_progress(obj: Mapping[str, Any], step: str) -> bool:
+    """A step's ``reportsProgress`` (docs/long-steps.md): absent or null is false.
+
+    :raises WorkflowParseError: not a boolean.
+    """
+    value = obj.get("reportsProgress")
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise WorkflowParseError(
+            step, f"'reportsProgress' must be true or false; got {_brief(value)}"
+        )
+    return value
 
 
 def _parse_resumable(value: Any, step: str) -> ResumableSpec:

@@ -179,6 +179,9 @@ KINDS: Mapping[str, Kind] = _kinds(
             # a step called chunk by chunk, each response a progress checkpoint
             # (DESIGN.md 23; workflow/resumable.py)
             "resumable": "resumable",
+            # the service reports its own progress with ReportProgress (DESIGN.md 23;
+            # store/progress_token.py)
+            "reportsProgress": None,
         },
     ),
     Kind(

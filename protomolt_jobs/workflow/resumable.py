@@ -44,7 +44,7 @@ from protomolt_jobs.workflow.types import (
     Step,
 )
 
-__all__ = ["FINDING_KIND", "MAX_CHUNKS", "call", "declared", "findings"]
+__all__ = ["FINDING_KIND", "MAX_CHUNKS", "call", "declared", "findings", "reports"]
 
 #: The ``kind`` of the verifier's findings about ``resumable``.
 FINDING_KIND = "resumable"
@@ -54,8 +54,18 @@ MAX_CHUNKS = 100_000
 
 
 def declared(workflow: Any) -> bool:
-    """True when a step of ``workflow`` is ``resumable`` (the worker then wires progress)."""
-    return any(getattr(s, "resumable", None) is not None for s in workflow.steps)
+    """True when a step of ``workflow`` is ``resumable`` or ``reportsProgress`` (the worker
+    then wires progress)."""
+    return any(
+        getattr(s, "resumable", None) is not None or getattr(s, "reports_progress", False)
+        for s in workflow.steps
+    )
+
+
+def reports(workflow: Any) -> bool:
+    """True when a step of ``workflow`` declares ``reportsProgress`` (the worker then issues
+    progress tokens)."""
+    return any(getattr(s, "reports_progress", False) for s in workflow.steps)
 
 
 def call(
@@ -84,11 +94,19 @@ def call(
     """
     watch = effects.canceller(step) if effects is not None else None
     spec = step.resumable
-    if spec is None:
+    if spec is None and not step.reports_progress:
         return call_unary(channel, step, request, call_ms / 1000.0, metadata, watch)
     on_progress = getattr(effects, "on_progress", None) if effects is not None else None
     saved_of = getattr(effects, "progress_saved", None) if effects is not None else None
     input_sha256 = hashlib.sha256(request.SerializeToString(deterministic=True)).hexdigest()
+    token_of = getattr(effects, "progress_token", None) if effects is not None else None
+    if step.reports_progress and token_of is not None:
+        # only a step that opts in gets the header (docs/long-steps.md "ReportProgress")
+        metadata = [*(metadata or []), token_of(step.name, iteration, spec is not None)]
+    if spec is None:
+        return _reported_call(
+            channel, step, request, call_ms, metadata, watch, on_progress, iteration, input_sha256
+        )
     saved = saved_of(step.name, iteration) if saved_of is not None else None
     next_request = request
     if saved is not None and saved.state is not None and not saved.done:
@@ -103,26 +121,19 @@ def call(
         percent = 100.0 if done else _percent(step, activation)
         state = _state_of(step, response)
         if on_progress is not None:
-            try:
-                on_progress(
-                    step.name,
-                    iteration,
-                    {
-                        "percent": percent,
-                        "details": _details(response),
-                        "state": state,
-                        "adapterVersion": step.adapter_version,
-                        "inputSha256": input_sha256,
-                        "done": done,
-                    },
-                )
-            except Exception as exc:  # LeaseLost, ControlApplied, StoreError: the worker's
-                raise fail(
-                    FailureKind.WORKFLOW,
-                    step.name,
-                    f"progress report of step '{step.name}' stopped the run: {exc}",
-                    store_failure=True,
-                ) from exc
+            _report(
+                on_progress,
+                step,
+                iteration,
+                {
+                    "percent": percent,
+                    "details": _details(response),
+                    "state": state,
+                    "adapterVersion": step.adapter_version,
+                    "inputSha256": input_sha256,
+                    "done": done,
+                },
+            )
         if done:
             return response
         next_request = _with_state(step, request, state)
@@ -131,6 +142,49 @@ def call(
         step.name,
         f"step '{step.name}' did not finish within {MAX_CHUNKS} chunks (resumable.done)",
     )
+
+
+def _reported_call(
+    channel: grpc.Channel,
+    step: Step,
+    request: Message,
+    call_ms: int,
+    metadata: list[tuple[str, str]] | None,
+    watch: Any,
+    on_progress: Any,
+    iteration: int,
+    input_sha256: str,
+) -> Any:
+    """One call of a ``reportsProgress`` step that is not ``resumable``; its progress row is
+    closed (``done``, 100 %) after the call so get-job stops showing it as in flight."""
+    response = call_unary(channel, step, request, call_ms / 1000.0, metadata, watch)
+    if on_progress is not None:
+        _report(
+            on_progress,
+            step,
+            iteration,
+            {
+                "percent": 100.0,
+                "details": _details(response),
+                "state": None,
+                "adapterVersion": step.adapter_version,
+                "inputSha256": input_sha256,
+                "done": True,
+            },
+        )
+    return response
+
+
+def _report(on_progress: Any, step: Step, iteration: int, report: dict[str, Any]) -> None:
+    try:
+        on_progress(step.name, iteration, report)
+    except Exception as exc:  # LeaseLost, ControlApplied, StoreError: the worker's
+        raise fail(
+            FailureKind.WORKFLOW,
+            step.name,
+            f"progress report of step '{step.name}' stopped the run: {exc}",
+            store_failure=True,
+        ) from exc
 
 
 def _state_of(step: Step, response: Message) -> Any:
@@ -220,6 +274,12 @@ def findings(workflow: CompiledWorkflow) -> list[Finding]:
     may be), or one that is a fan-out, structured or approval step."""
     out: list[Finding] = []
     for s in workflow.steps:
+        if s.reports_progress and (
+            s.fan_out is not None or s.structured is not None or s.method is None
+        ):
+            out.append(
+                Finding(s.name, FINDING_KIND, "reportsProgress: only a plain call step can report")
+            )
         spec = s.resumable
         if spec is None:
             continue

@@ -405,6 +405,9 @@ class Step:
     loop: LoopSpec | None = None
     #: the step's ``resumable`` (called chunk by chunk), or None.
     resumable: ResumableSpec | None = None
+    #: ``reportsProgress``: the call carries a progress token and the service reports its own
+    #: progress with ``ReportProgress`` (docs/long-steps.md).
+    reports_progress: bool = False
     #: the name of the workflow the step belongs to ("" when unnamed): a label of the step
     #: metrics (``protomolt_jobs_step_duration_seconds{workflow}``).
     workflow: str = ""

@@ -66,6 +66,7 @@ def test_verb_names():
         "extend-loop",
         "replay-check",
         "test-workflow",
+        "report-progress",
     }
 
 

@@ -36,6 +36,7 @@ VERBS = [
     "job-history",
     "approve-step",
     "extend-loop",
+    "report-progress",
 ]
 
 

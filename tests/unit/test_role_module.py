@@ -29,6 +29,7 @@ VERBS = [
     "job-history",
     "approve-step",
     "extend-loop",
+    "report-progress",
 ]
 
 

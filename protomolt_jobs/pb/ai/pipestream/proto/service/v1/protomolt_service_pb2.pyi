@@ -507,3 +507,21 @@ class TestWorkflowResponse(_message.Message):
     error: str
     failed_step: str
     def __init__(self, ok: _Optional[bool] = ..., passed: _Optional[int] = ..., failed: _Optional[int] = ..., cases: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., coverage: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[str] = ..., failed_step: _Optional[str] = ...) -> None: ...
+
+class ReportProgressRequest(_message.Message):
+    __slots__ = ("token", "percent", "details", "state")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PERCENT_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    percent: float
+    details: str
+    state: _struct_pb2.Value
+    def __init__(self, token: _Optional[str] = ..., percent: _Optional[float] = ..., details: _Optional[str] = ..., state: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ...) -> None: ...
+
+class ReportProgressResponse(_message.Message):
+    __slots__ = ("answer",)
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    answer: str
+    def __init__(self, answer: _Optional[str] = ...) -> None: ...

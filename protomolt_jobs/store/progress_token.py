@@ -1,0 +1,98 @@
+"""The per-attempt progress token of a step that reports its own progress (``reportsProgress``).
+
+A step declaring ``reportsProgress: true`` is called with gRPC metadata
+``protomolt-progress-token: <token>`` (:data:`HEADER`); the service passes the token to
+``ReportProgress`` on the node's gRPC service (docs/long-steps.md). The token names the run's
+lease and the step it was issued for: ``pmp1.`` + unpadded base64url of the JSON array
+``[job_id, step, iteration, attempt, lease_owner, lease_token, resumable]``.
+
+Why no HMAC and no node secret: the lease token is a random UUID the database stamps on every
+claim (``gen_random_uuid()``, 122 random bits) and clears with the lease, so the token is a
+bearer capability for exactly one attempt. A report is ONE fenced write (``job_progress``)
+whose fence is the token's ``(job_id, lease_owner, attempt, lease_token)``: a token of an
+earlier attempt, or one whose lease moved (sweep, release, pause, cancel), matches no row and
+changes nothing. The step and iteration written are the token's, so a report lands on the
+step that was called (a holder that rewrote them could only relabel its own run's progress).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import uuid
+from dataclasses import dataclass
+
+from protomolt_jobs.store.records import Lease
+
+__all__ = ["HEADER", "PREFIX", "ProgressToken"]
+
+#: The gRPC metadata key the step call carries the token under.
+HEADER = "protomolt-progress-token"
+#: The token's version prefix.
+PREFIX = "pmp1."
+#: Longest token accepted (characters).
+MAX_LEN = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressToken:
+    """What a progress token names.
+
+    :ivar lease: the fence of the attempt it was issued to.
+    :ivar step: the step called.
+    :ivar iteration: its loop iteration (0 outside a loop).
+    :ivar resumable: the step is also ``resumable`` (a pause may end its call early).
+    """
+
+    lease: Lease
+    step: str
+    iteration: int
+    resumable: bool
+
+    def encode(self) -> str:
+        """The token text (ASCII, no padding)."""
+        body = json.dumps(
+            [
+                str(self.lease.job_id),
+                self.step,
+                self.iteration,
+                self.lease.attempt,
+                self.lease.owner,
+                str(self.lease.token),
+                self.resumable,
+            ],
+            separators=(",", ":"),
+        ).encode()
+        return PREFIX + base64.urlsafe_b64encode(body).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, text: object) -> ProgressToken:
+        """Parse a token.
+
+        :raises ValueError: ``token: ...`` when it is empty, too long, or not a token this
+            node issues.
+        """
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("token: must be the step call's protomolt-progress-token; got none")
+        if len(text) > MAX_LEN or not text.startswith(PREFIX):
+            raise ValueError("token: not a progress token (expected 'pmp1.' ...)")
+        raw = text[len(PREFIX) :]
+        try:
+            body = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+            job_id, step, iteration, attempt, owner, token, resumable = body
+            if not (
+                isinstance(step, str)
+                and step
+                and isinstance(owner, str)
+                and owner
+                and type(iteration) is int
+                and type(attempt) is int
+                and iteration >= 0
+                and isinstance(resumable, bool)
+            ):
+                raise ValueError("shape")
+            lease = Lease(uuid.UUID(job_id), owner, attempt, uuid.UUID(token))
+        except (ValueError, TypeError, binascii.Error, AttributeError):
+            raise ValueError("token: not a progress token this node issued") from None
+        return cls(lease=lease, step=step, iteration=iteration, resumable=resumable)

@@ -1,0 +1,123 @@
+"""The progress token and the ``reportsProgress`` key (issue 28 item 2; docs/long-steps.md
+*ReportProgress*): unit tests with a fake step call (no network)."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import uuid
+
+import pytest
+
+from protomolt_jobs import workflow as engine
+from protomolt_jobs.store.progress_token import HEADER, ProgressToken
+from protomolt_jobs.store.records import Lease
+from protomolt_jobs.workflow import resumable
+from protomolt_jobs.workflow.effects import EffectContext
+from tests.support.render_service import message_class, render_workflow
+
+RUNTIME = engine.Runtime()
+
+
+def _token(**overrides):
+    fields = {
+        "lease": Lease(uuid.uuid4(), "worker-1", 2, uuid.uuid4()),
+        "step": "render",
+        "iteration": 3,
+        "resumable": True,
+        **overrides,
+    }
+    return ProgressToken(**fields)
+
+
+def test_a_token_round_trips_every_binding():
+    token = _token()
+    text = token.encode()
+    assert text.startswith("pmp1.") and text.isascii() and "=" not in text
+    assert ProgressToken.decode(text) == token
+
+
+@pytest.mark.parametrize(
+    "text",
+    [None, "", "  ", 5, "garbage", "pmp1.", "pmp1.!!!", "pmp1.bm90IGpzb24", "pmp1." + "A" * 3000],
+)
+def test_anything_else_is_refused_naming_token(text):
+    with pytest.raises(ValueError, match=r"^token: "):
+        ProgressToken.decode(text)
+
+
+def test_a_token_of_another_shape_is_refused():
+    good = _token().encode()
+    body = json.loads(base64.urlsafe_b64decode(good[5:] + "=" * (-len(good[5:]) % 4)))
+    for i, bad in [(2, -1), (3, "2"), (0, "not-a-uuid"), (1, ""), (6, "yes")]:
+        forged = list(body)
+        forged[i] = bad
+        raw = base64.urlsafe_b64encode(json.dumps(forged).encode()).decode().rstrip("=")
+        with pytest.raises(ValueError, match=r"^token: "):
+            ProgressToken.decode("pmp1." + raw)
+
+
+def _step(reports):
+    wf = copy.deepcopy(render_workflow("127.0.0.1:1"))
+    del wf["steps"][0]["resumable"]
+    if reports is not None:
+        wf["steps"][0]["reportsProgress"] = reports
+    return engine.parse_workflow(wf, RUNTIME).steps[0]
+
+
+def test_reports_progress_must_be_a_boolean():
+    assert _step(True).reports_progress is True
+    assert _step(None).reports_progress is False
+    with pytest.raises(engine.WorkflowParseError, match="'reportsProgress' must be true or false"):
+        _step("yes")
+
+
+class _Fake:
+    def __init__(self):
+        self.metadata = []
+
+    def __call__(self, channel, step, request, timeout_s, metadata, watch):
+        self.metadata.append(metadata)
+        out = message_class("render.v1.RenderChunk")()
+        out.done = True
+        return out
+
+
+def _call(monkeypatch, step, effects):
+    fake = _Fake()
+    monkeypatch.setattr(resumable, "call_unary", fake)
+    request = message_class("render.v1.RenderRequest")(scene="s", frames=1)
+    resumable.call(None, step, request, 1000, lambda: 1000, [("a", "b")], effects)
+    return fake.metadata
+
+
+def test_only_a_step_that_opts_in_carries_the_token(monkeypatch):
+    issued = []
+
+    def token(step, iteration, is_resumable):
+        issued.append((step, iteration, is_resumable))
+        return (HEADER, "pmp1.x")
+
+    reports = []
+    effects = EffectContext(
+        job_id="j", progress_token=token, on_progress=lambda *a: reports.append(a)
+    )
+    assert _call(monkeypatch, _step(True), effects) == [[("a", "b"), (HEADER, "pmp1.x")]]
+    assert issued == [("render", 0, False)]
+    # a reporting step that is not resumable has its row closed after the call
+    assert [(r[0], r[2]["done"], r[2]["percent"]) for r in reports] == [("render", True, 100.0)]
+    issued.clear()
+    reports.clear()
+    assert _call(monkeypatch, _step(None), effects) == [[("a", "b")]]
+    assert issued == [] and reports == []
+
+
+def test_declared_and_reports_follow_the_key():
+    wf = copy.deepcopy(render_workflow("127.0.0.1:1"))
+    del wf["steps"][0]["resumable"]
+    plain = engine.parse_workflow(wf, RUNTIME)
+    assert not resumable.declared(plain) and not resumable.reports(plain)
+    wf["steps"][0]["reportsProgress"] = True
+    reporting = engine.parse_workflow(wf, RUNTIME)
+    assert resumable.declared(reporting) and resumable.reports(reporting)
