@@ -118,7 +118,7 @@ class Sweeper(PeriodicService):
                 min_gap=rule["min_priority_gap"],
                 after_s=rule["after_ms"] / 1000.0,
                 min_run_s=rule["min_run_ms"] / 1000.0,
-                actor=f"sweeper:{self.worker_id}",
+                actor="sweeper",
             )
             if asked is not None:
                 self.log.info(

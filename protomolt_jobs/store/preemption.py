@@ -64,7 +64,7 @@ class PreemptionMixin(db.Database):
             run asked to yield.
         :param after_s: how long the waiting run must have been ready, seconds (>= 0).
         :param min_run_s: how long the run asked must have run since its claim, seconds (>= 0).
-        :param actor: who asks (``sweeper:<worker_id>``), logged with the transition.
+        :param actor: who asks (``sweeper``), logged with the transition.
         :returns: the yield recorded, or None.
         :raises ValueError, TypeError: a blank queue or actor, a gap outside 1..4, a negative
             or non-finite time.

@@ -132,7 +132,7 @@ def test_an_urgent_run_preempts_a_low_priority_render_at_a_chunk_boundary(store,
     kinds = [h[0] for h in history]
     assert kinds.count("yield-request") == 1 and kinds.count("yield") == 1, kinds
     request = history[kinds.index("yield-request")]
-    assert request[1:3] == ("RUNNING", "RUNNING") and request[3].startswith("sweeper:")
+    assert request[1:3] == ("RUNNING", "RUNNING") and request[3] == "sweeper"
     yielded = history[kinds.index("yield")]
     assert yielded[1:3] == ("RUNNING", "QUEUED") and yielded[4] == "render", yielded
     assert yielded[5] == 0  # the attempt given back
@@ -154,7 +154,7 @@ def _claim_low_render(store, svc, dsn, *, priority=5, report=True):
 
 
 def _preempt(store, **over):
-    rule = {"min_gap": 2, "after_s": 0.0, "min_run_s": 0.0, "actor": "sweeper:t", **over}
+    rule = {"min_gap": 2, "after_s": 0.0, "min_run_s": 0.0, "actor": "sweeper", **over}
     return store.job_preempt(QUEUE, **rule)
 
 

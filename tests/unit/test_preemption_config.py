@@ -82,7 +82,7 @@ def test_each_sweep_pass_runs_each_declared_rule():
     )
     Sweeper(store, config=config).run_once()
     assert store.calls == [
-        ("gpu", {"min_gap": 2, "after_s": 1.5, "min_run_s": 0.0, "actor": "sweeper:w"})
+        ("gpu", {"min_gap": 2, "after_s": 1.5, "min_run_s": 0.0, "actor": "sweeper"})
     ]
 
 
