@@ -41,6 +41,7 @@ __all__ = [
     "default_worker_id",
     "extended_topic",
     "kafka_client_settings",
+    "preemption_rule",
 ]
 
 #: Consumer group of the request-topic consumer (a constant, as upstream).
@@ -152,6 +153,11 @@ class JobsConfig:
     #: (TOML ``[jobs.queue_limits.gpu]``; ``PROTOMOLT_JOBS_QUEUE_LIMITS`` as JSON). Written to
     #: the database at start and enforced there for every worker.
     queue_limits: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    #: Preemption rules per queue (docs/long-steps.md, Preemption): ``{"gpu":
+    #: {"min_priority_gap": 2, "after_ms": 120000, "min_run_ms": 300000}}`` (TOML
+    #: ``[jobs.queue_preemption.gpu]``; ``PROTOMOLT_JOBS_QUEUE_PREEMPTION`` as JSON). The
+    #: sweeper asks a run of a capped queue to yield for a more urgent one under its rule.
+    queue_preemption: Mapping[str, Mapping[str, int]] = dataclasses.field(default_factory=dict)
     #: Fairness weights per fairness key (> 0; an unlisted key weighs 1): a key of weight 2
     #: gets twice the claims of a weight-1 key while both have a backlog
     #: (``[jobs.fairness_weights]``; ``PROTOMOLT_JOBS_FAIRNESS_WEIGHTS`` as JSON).
@@ -257,6 +263,7 @@ class JobsConfig:
         kafka_client_settings("consumer", self.kafka_consumer, probe=bool(self.kafka_consumer))
         _check_queues(self.queues)
         _check_queue_limits(self.queue_limits)
+        _check_queue_preemption(self.queue_preemption, self.queue_limits)
         _check_weights(self.fairness_weights)
         if not self.events_topic or not str(self.events_topic).strip():
             raise ConfigError("jobs.events_topic must not be blank")
@@ -684,6 +691,54 @@ def _check_queue_limits(limits: Any) -> None:
                 )
 
 
+#: The keys of a ``[jobs.queue_preemption.<queue>]`` table: (name, least, most, default).
+_PREEMPTION_KEYS = {
+    "min_priority_gap": (1, 4, 1),
+    "after_ms": (0, 86_400_000, 0),
+    "min_run_ms": (0, 86_400_000, 0),
+}
+
+
+def preemption_rule(rule: Mapping[str, Any]) -> dict[str, int]:
+    """A checked ``[jobs.queue_preemption.<queue>]`` table with its defaults filled in:
+    ``{"min_priority_gap": 1..4 (default 1), "after_ms": 0..86400000 (default 0),
+    "min_run_ms": 0..86400000 (default 0)}``."""
+    return {key: int(rule.get(key, default)) for key, (_, _, default) in _PREEMPTION_KEYS.items()}
+
+
+def _check_queue_preemption(rules: Any, limits: Any) -> None:
+    if not isinstance(rules, Mapping):
+        raise ConfigError(
+            "jobs.queue_preemption must be a table of queues, e.g. [jobs.queue_preemption.gpu] "
+            f"with min_priority_gap = 2; got {_shown(rules)}"
+        )
+    for queue, rule in rules.items():
+        if not _is_name(queue):
+            raise ConfigError(f"jobs.queue_preemption: {_shown(queue)} is not a queue name")
+        if not isinstance(rule, Mapping):
+            raise ConfigError(
+                f"jobs.queue_preemption.{queue} must be a table with min_priority_gap, "
+                f"after_ms and/or min_run_ms; got {_shown(rule)}"
+            )
+        if "max_running" not in (limits.get(queue) or {}):
+            raise ConfigError(
+                f"jobs.queue_preemption.{queue}: preemption needs a cap; set "
+                f"jobs.queue_limits.{queue}.max_running"
+            )
+        for key, value in rule.items():
+            if key not in _PREEMPTION_KEYS:
+                raise ConfigError(
+                    f"unknown key jobs.queue_preemption.{queue}.{key}; known keys: "
+                    + ", ".join(_PREEMPTION_KEYS)
+                )
+            least, most, _ = _PREEMPTION_KEYS[key]
+            if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+                raise ConfigError(
+                    f"jobs.queue_preemption.{queue}.{key} must be an integer within "
+                    f"{least}..{most}; got {_shown(value)}"
+                )
+
+
 def _check_weights(weights: Any) -> None:
     if not isinstance(weights, Mapping):
         raise ConfigError(
@@ -728,7 +783,7 @@ def _coerce(key: str, raw: Any, field: dataclasses.Field) -> Any:
         if isinstance(raw, list):
             raw = tuple(raw)
         return raw
-    if key in ("queue_limits", "fairness_weights"):
+    if key in ("queue_limits", "queue_preemption", "fairness_weights"):
         return _json_table(key, raw)
     if key == "approval_floors":
         floors = _json_table(key, raw)

@@ -18,6 +18,11 @@ escalation*): ``JobStore.approval_timers_sweep`` over the partial index on ``wak
 database time: an escalation widens who may vote and emits APPROVAL_ESCALATED; an expiry ends
 the wait by its ``onExpire`` (``reject`` decides reject, ``fail``, ``pause``), never accepting.
 
+Each pass also runs the preemption rules (``[jobs.queue_preemption.<queue>]``;
+docs/long-steps.md *Preemption*): per declared queue, ``JobStore.job_preempt`` asks at most
+one low-priority run inside a resumable step to yield for a more urgent run waiting at the
+queue's cap. The run yields at its next chunk boundary; nothing is killed.
+
 Several sweepers (one per process) are safe: the store's sweep locks the rows it changes.
 """
 
@@ -25,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from protomolt_jobs.config import JobsConfig
+from protomolt_jobs.config import JobsConfig, preemption_rule
 from protomolt_jobs.errors import StoreError
 from protomolt_jobs.service import PeriodicService
 from protomolt_jobs.workflow.approval import decision_entry
@@ -63,6 +68,9 @@ class Sweeper(PeriodicService):
     def __init__(self, store: Any, *, config: JobsConfig) -> None:
         super().__init__(interval_s=config.sweep_interval_ms / 1000.0, worker_id=config.worker_id)
         self._store = store
+        self._preemption = {
+            queue: preemption_rule(rule) for queue, rule in config.queue_preemption.items()
+        }
 
     def run_once(self) -> Any:
         """One sweep pass.
@@ -81,6 +89,8 @@ class Sweeper(PeriodicService):
             # Approval timers due by the database clock: escalations widen who may vote, an
             # expiry rejects, fails or pauses (never accepts); the store logs what fired.
             timer_sweep(expired_entry)
+        if self._preemption:
+            self._preempt()
         if result.requeued:
             self.log.info(
                 "expired leases requeued",
@@ -96,6 +106,31 @@ class Sweeper(PeriodicService):
                 extra={"action": "sweep_dead", "worker_id": self.worker_id, "count": result.dead},
             )
         return result
+
+    def _preempt(self) -> None:
+        """One preemption pass per declared queue (``JobStore.job_preempt``).
+
+        :raises StoreError: when a pass fails (the sweep's pass is retried).
+        """
+        for queue, rule in self._preemption.items():
+            asked = self._store.job_preempt(
+                queue,
+                min_gap=rule["min_priority_gap"],
+                after_s=rule["after_ms"] / 1000.0,
+                min_run_s=rule["min_run_ms"] / 1000.0,
+                actor="sweeper",
+            )
+            if asked is not None:
+                self.log.info(
+                    "run asked to yield for a more urgent run",
+                    extra={
+                        "action": "preempt_requested",
+                        "worker_id": self.worker_id,
+                        "queue": queue,
+                        "job_id": str(asked.job_id),
+                        "for_job_id": str(asked.for_job_id),
+                    },
+                )
 
     def _wait_before_first_pass(self) -> bool:
         return True

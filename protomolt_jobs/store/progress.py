@@ -7,7 +7,8 @@ report is the heartbeat, and upserts the ``(job_id, step, iteration)`` row of
 ``workflow_run_progress`` (migration 0022), a table apart from the run row. When an operator's
 pause or cancel is pending, that statement is a boundary write and the database applies the
 request there (migration 0002's trigger): the report is kept and the run is PAUSED or
-CANCELLED between chunks. Runs without long steps never touch this table.
+CANCELLED between chunks; a preemption's pending yield (migration 0024) sends it back to
+QUEUED there, its attempt kept (docs/long-steps.md, Preemption). Runs without long steps never touch this table.
 :class:`ProgressMixin` is one of :class:`~protomolt_jobs.store.store.JobStore`'s concern mixins.
 """
 
@@ -22,6 +23,7 @@ from uuid import UUID
 
 from protomolt_jobs.errors import ControlApplied
 from protomolt_jobs.store import checks, db
+from protomolt_jobs.store.events import EventType
 from protomolt_jobs.store.records import Lease
 from protomolt_jobs.store.scrub import scrub_json, scrub_text
 
@@ -155,7 +157,8 @@ class ProgressMixin(db.Database):
         :returns: the report's ``seq`` (1 for the step's first report).
         :raises LeaseLost: when the fence matches no row (nothing stored).
         :raises ControlApplied: when a pending pause or cancel took the run at this report
-            (the report is stored; the run is PAUSED or CANCELLED, its lease cleared).
+            (the report is stored; the run is PAUSED or CANCELLED, its lease cleared), or a
+            preemption's yield did (status QUEUED, the attempt given back, a YIELDED event).
         :raises ValueError, TypeError: a blank step, a negative iteration, a percent outside
             0..100, a state JSON cannot hold, a non-positive ``lease_s``.
         :raises StoreError: on a database failure.
@@ -166,7 +169,14 @@ class ProgressMixin(db.Database):
         params["live"] = False
         with self._connection() as conn, conn.transaction():
             row = db.fenced(conn, "job_progress", lease, params)
-            self._control_event_txn(conn, row, params["step"])
+            if row["status"] == "QUEUED":
+                # a preemption's yield was honoured at this report (migration 0024): its
+                # event, and a wake-up for the claim loops (the urgent run waits)
+                self._outbox_txn(
+                    conn, row, EventType.TYPE_YIELDED, step=params["step"], notify=True
+                )
+            else:
+                self._control_event_txn(conn, row, params["step"])
         if row["status"] != "RUNNING":
             raise ControlApplied(
                 lease.job_id, lease.owner, lease.attempt, "job_progress", str(row["status"])
@@ -182,7 +192,9 @@ class ProgressMixin(db.Database):
         report without a state keeps the stored state). Transaction: one.
 
         :returns: ``"continue"``, or ``"pause_requested"``/``"cancel_requested"`` when an
-            operator's pause or cancel of the run is pending.
+            operator's pause or cancel of the run is pending. A pending preemption ``yield``
+            (docs/long-steps.md) is ``"pause_requested"`` too: the service returns early with
+            its state, and that chunk's write applies the yield (QUEUED, not PAUSED).
         :raises LeaseLost: when the fence matches no row (a stale attempt; nothing stored).
         :raises ValueError, TypeError: as :meth:`job_report_progress`.
         :raises StoreError: on a database failure.
@@ -195,7 +207,7 @@ class ProgressMixin(db.Database):
         with self._connection() as conn, conn.transaction():
             row = db.fenced(conn, "job_progress", lease, params)
         kind = row.get("control_kind")
-        if kind == "pause":
+        if kind in ("pause", "yield"):
             return "pause_requested"
         if kind == "cancel":
             return "cancel_requested"

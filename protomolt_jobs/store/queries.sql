@@ -869,7 +869,7 @@ UPDATE workflow_run
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
 -- name: job_control_pause
--- description: pause: QUEUED, WAITING -> PAUSED now (paused_from remembers which); RUNNING without a pending request -> a pause request in control.
+-- description: pause: QUEUED, WAITING -> PAUSED now (paused_from remembers which); RUNNING without a pending request (or with only a preemption's yield request, which the operator's pause replaces) -> a pause request in control.
 UPDATE workflow_run
    SET status = CASE WHEN status = 'RUNNING' THEN status ELSE 'PAUSED' END,
        paused_from = CASE WHEN status = 'RUNNING' THEN NULL ELSE status END,
@@ -882,7 +882,8 @@ UPDATE workflow_run
        change_actor = %(actor)s,
        change_reason = %(reason)s
  WHERE job_id = %(job_id)s
-   AND (status IN ('QUEUED', 'WAITING') OR (status = 'RUNNING' AND control IS NULL))
+   AND (status IN ('QUEUED', 'WAITING')
+        OR (status = 'RUNNING' AND (control IS NULL OR control->>'kind' = 'yield')))
 RETURNING job_id, workflow_name, status, attempt, error, outstanding_step, now() AS tx_now
 
 -- name: job_control_resume
@@ -1655,3 +1656,57 @@ SELECT instant
   FROM candidates
  WHERE (instant AT TIME ZONE %(zone)s) = %(local)s::timestamp
  ORDER BY instant
+
+-- ---------------------------------------------------------------------------------------------
+-- preemption (migration 0024; docs/long-steps.md "Preemption"): the sweeper's pass
+-- ---------------------------------------------------------------------------------------------
+
+-- name: job_preempt_lock
+-- description: the preemption pass of one queue: lock the queue's limits row (the claim of a limited queue locks it too), so two sweepers never ask two runs to yield for one waiting run; no row when the queue has no max_running (nothing to preempt for).
+SELECT queue, max_running
+  FROM workflow_queue
+ WHERE queue = %(queue)s AND max_running IS NOT NULL
+   FOR UPDATE
+
+-- name: job_preempt_request
+-- description: the preemption pass of one queue (after job_preempt_lock, same transaction): when the queue is at its max_running with no yield pending, and its most urgent ready QUEUED run has been ready for after_s, ask the lowest-priority RUNNING run of the queue that is at least min_gap priority levels less urgent, has run min_run_s since its claim, and is inside a resumable step (an unfinished progress report of its current attempt) to yield: control = {kind: 'yield', actor, reason, for, requestedAt} and a 'yield-request' transition. Returns the run asked and the run it yields for, or no row.
+WITH urgent AS (
+    SELECT w.job_id, w.priority
+      FROM workflow_run AS w
+     WHERE w.status = 'QUEUED' AND w.queue = %(queue)s
+       AND w.run_after <= now() - make_interval(secs => %(after_s)s)
+     ORDER BY w.priority, w.fairness_pass, w.created_at, w.job_id
+     LIMIT 1
+), running AS (
+    SELECT count(*) AS n,
+           count(*) FILTER (WHERE r.control->>'kind' = 'yield') AS yielding
+      FROM workflow_run AS r
+     WHERE r.status = 'RUNNING' AND r.queue = %(queue)s
+), victim AS (
+    SELECT r.job_id
+      FROM workflow_run AS r, urgent AS u, running AS c
+     WHERE r.status = 'RUNNING' AND r.queue = %(queue)s AND r.control IS NULL
+       AND c.n >= %(max_running)s AND c.yielding = 0
+       AND r.priority - u.priority >= %(min_gap)s
+       AND EXISTS (SELECT 1 FROM workflow_run_progress AS p
+                    WHERE p.job_id = r.job_id AND p.attempt = r.attempt AND NOT p.done)
+       AND coalesce((SELECT max(t.at) FROM workflow_run_transition AS t
+                      WHERE t.job_id = r.job_id AND t.kind = 'claim'), '-infinity')
+           <= now() - make_interval(secs => %(min_run_s)s)
+     ORDER BY r.priority DESC, r.created_at DESC, r.job_id
+     LIMIT 1
+       FOR UPDATE OF r SKIP LOCKED
+)
+UPDATE workflow_run AS t
+   SET control = jsonb_build_object(
+           'kind', 'yield', 'actor', %(actor)s::text,
+           'reason', 'preempted for job ' || u.job_id::text || ' (priority '
+                     || u.priority::text || ')',
+           'for', u.job_id::text, 'requestedAt', now()),
+       change_kind = 'yield-request',
+       change_actor = %(actor)s,
+       change_reason = 'preempted for job ' || u.job_id::text || ' (priority '
+                       || u.priority::text || ')'
+  FROM victim AS v, urgent AS u
+ WHERE t.job_id = v.job_id AND t.status = 'RUNNING' AND t.control IS NULL
+RETURNING t.job_id, t.priority, u.job_id AS for_job_id, u.priority AS for_priority

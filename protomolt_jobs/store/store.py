@@ -102,6 +102,7 @@ from protomolt_jobs.store.maintenance import (
     MaintenanceMixin,
 )
 from protomolt_jobs.store.outbox import OUTBOX_CLAIM_S_DEFAULT, OutboxMixin
+from protomolt_jobs.store.preemption import PreemptionMixin
 from protomolt_jobs.store.progress import ProgressMixin
 from protomolt_jobs.store.reads import LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, ReadsMixin
 from protomolt_jobs.store.settles import SettlesMixin
@@ -127,6 +128,7 @@ class JobStore(
     ControlMixin,
     LoopsMixin,
     ProgressMixin,
+    PreemptionMixin,
     LocalTimesMixin,
     OutboxMixin,
     MaintenanceMixin,

@@ -263,6 +263,12 @@ class Settler:
 
     @staticmethod
     def _controlled(ctx: LogContext, status: str, at: str) -> Settlement:
+        if status == "QUEUED":  # a preemption's yield (docs/long-steps.md, Preemption)
+            log.info(
+                "job yielded at a chunk boundary (preempted; back to QUEUED, attempt kept)",
+                extra={"action": "job_yielded", "applied_at": at, **ctx},
+            )
+            return Settlement.CONTROLLED
         action = "job_cancelled" if status == "CANCELLED" else "job_paused"
         log.info(
             "job %s by operator request",

@@ -77,6 +77,7 @@ VALID_EVENTS = {
         "verdict": "fix",
     },
     "APPROVAL_ESCALATED": {"type": EventType.TYPE_APPROVAL_ESCALATED, "step": "review"},
+    "YIELDED": {"type": EventType.TYPE_YIELDED, "step": "render"},
 }
 
 
@@ -109,6 +110,8 @@ def test_event_type_numbers_are_the_upstream_ones():
         # approvals (issue 26), appended after the last
         ("TYPE_APPROVAL_DECIDED", 13),
         ("TYPE_APPROVAL_ESCALATED", 14),
+        # preemption (issue 28), appended after the last
+        ("TYPE_YIELDED", 15),
     ]
     assert EventType.TYPE_DEAD == 6 and EventType.Name(4) == "TYPE_COMPLETED"
 

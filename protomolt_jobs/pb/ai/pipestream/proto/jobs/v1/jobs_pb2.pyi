@@ -31,6 +31,7 @@ class WorkflowRunEvent(_message.Message):
         TYPE_RECOVERY_REQUIRED: _ClassVar[WorkflowRunEvent.Type]
         TYPE_APPROVAL_DECIDED: _ClassVar[WorkflowRunEvent.Type]
         TYPE_APPROVAL_ESCALATED: _ClassVar[WorkflowRunEvent.Type]
+        TYPE_YIELDED: _ClassVar[WorkflowRunEvent.Type]
     TYPE_UNSPECIFIED: WorkflowRunEvent.Type
     TYPE_ACCEPTED: WorkflowRunEvent.Type
     TYPE_STEP_CHECKPOINT: WorkflowRunEvent.Type
@@ -46,6 +47,7 @@ class WorkflowRunEvent(_message.Message):
     TYPE_RECOVERY_REQUIRED: WorkflowRunEvent.Type
     TYPE_APPROVAL_DECIDED: WorkflowRunEvent.Type
     TYPE_APPROVAL_ESCALATED: WorkflowRunEvent.Type
+    TYPE_YIELDED: WorkflowRunEvent.Type
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_NAME_FIELD_NUMBER: _ClassVar[int]
