@@ -29,7 +29,7 @@ from protomolt_jobs.verbs.base import (
 )
 from protomolt_jobs.verbs.local_time import resolve_at
 from protomolt_jobs.workflow.graph import requeue_checkpoints
-from protomolt_jobs.workflow.retry_scope import SCOPES, LoopRetryError, plan_retry
+from protomolt_jobs.workflow.retry_scope import SCOPES, LoopRetryError, plan_retry, unproven_intents
 from protomolt_jobs.workflow.types import EFFECT_EXTERNAL
 
 __all__ = [
@@ -352,12 +352,12 @@ class RetryStepAction(ControlVerb):
         # RECOVERY_REQUIRED, then cancelled): only the retried step's own is the operator's word
         # (it is called again); any other stays, so the run asks its probe (or waits as
         # RECOVERY_REQUIRED) instead of calling it blindly.
-        proven = {c.get("name") for c in job.checkpoints or [] if isinstance(c, dict)}
-        intents = {
-            name: intent
-            for name, intent in (getattr(job, "effect_intents", None) or {}).items()
-            if name != step_name and name not in proven
-        }
+        # In a loop run an intent is proven only by its own iteration's checkpoint.
+        intents = unproven_intents(
+            dict(getattr(job, "effect_intents", None) or {}),
+            job.checkpoints or [],
+            retried=step_name,
+        )
         declared = stored.workflow.step(step_name)
         external = declared is not None and declared.effect == EFFECT_EXTERNAL
         outcome = store.job_retry_step(

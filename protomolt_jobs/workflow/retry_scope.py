@@ -48,6 +48,7 @@ __all__ = [
     "plan_retry",
     "resolve",
     "settled",
+    "unproven_intents",
 ]
 
 #: The key a kept-on-condition checkpoint entry carries.
@@ -96,6 +97,55 @@ def _iteration(entry: Any) -> int:
 
 def _key(entry: Any) -> tuple[str | None, int]:
     return _name(entry), _iteration(entry)
+
+
+def _intent_iteration(name: str, intent: Any) -> int | None:
+    """The loop iteration an intent's idempotency key names (``<job>:<step>:<generation>``,
+    plus ``:<k>`` in iteration k > 0), or None when its key is not in that form."""
+    key = intent.get("key") if isinstance(intent, dict) else None
+    if not isinstance(key, str):
+        return None
+    parts = key.split(":")
+    if len(parts) < 3 or parts[1] != name:
+        return None
+    if len(parts) == 3:
+        return 0
+    if len(parts) == 4 and parts[3].isdigit():
+        return int(parts[3])
+    return None
+
+
+def unproven_intents(
+    intents: dict[str, Any], checkpoints: Iterable[Any], *, retried: str
+) -> dict[str, Any]:
+    """The recorded intents of external steps that no checkpoint proves, except ``retried``'s
+    (the operator's retry is its word on that step): what a retry must keep, so the run asks
+    the step's probe (or waits as RECOVERY_REQUIRED) instead of calling it blindly.
+
+    An intent is proven by a checkpoint of its step **in the iteration its key names**: in a
+    loop run, ``send``'s checkpoint of iteration 0 does not prove the intent of iteration 1
+    (key ``...:send:0:1``). An intent whose key is not in the engine's form is proven by any
+    checkpoint of its step, as before loops existed.
+
+    :param intents: ``{step: {"key": ..., ...}}`` as stored on the run.
+    :param checkpoints: the run's stored entries.
+    :param retried: the step the operator retries.
+    :returns: the intents to keep, by step.
+    """
+    done: dict[str, set[int]] = {}
+    for entry in checkpoints:
+        name, k = _key(entry)
+        if name is not None:
+            done.setdefault(name, set()).add(k)
+    kept: dict[str, Any] = {}
+    for name, intent in intents.items():
+        if name == retried:
+            continue
+        iteration = _intent_iteration(name, intent)
+        proven = name in done and (iteration is None or iteration in done[name])
+        if not proven:
+            kept[name] = intent
+    return kept
 
 
 class LoopRetryError(ProtomoltJobsError, ValueError):

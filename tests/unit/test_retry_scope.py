@@ -197,3 +197,30 @@ def test_the_engine_replays_held_entries_instead_of_calling(runtime):
     assert calls == ["b"]
     assert [e["name"] for e in written] == ["b"]
     assert [s["name"] for s in done.steps] == ["a", "b", "c", "d"]
+
+
+def test_an_intent_is_proven_only_by_a_checkpoint_of_its_own_iteration():
+    job = "6f1c2b9e-0000-4000-8000-000000000001"
+    checkpoints = [
+        {"name": "build", "response": {}},
+        {"name": "send", "response": {}},
+        {"name": "build", "iteration": 1, "response": {}},
+    ]
+    intents = {
+        # iteration 1's send: its intent is recorded, its call's outcome is not
+        "send": {"key": f"{job}:send:0:1"},
+        "notify": {"key": f"{job}:notify:0"},
+        "build": {"key": f"{job}:build:0:1"},
+    }
+    kept = rs.unproven_intents(intents, checkpoints, retried="build")
+    # send#0's checkpoint does not prove send#1's intent; notify has no checkpoint at all; the
+    # retried step's own intent is the operator's word
+    assert kept == {"send": intents["send"], "notify": intents["notify"]}
+    # once iteration 1 of send is checkpointed, its intent is proven
+    proven = [*checkpoints, {"name": "send", "iteration": 1, "response": {}}]
+    assert rs.unproven_intents(intents, proven, retried="build") == {"notify": intents["notify"]}
+    # iteration 0 keys and keys not in the engine's form: any checkpoint of the step proves them
+    plain = {"send": {"key": f"{job}:send:2"}, "other": {"key": "custom"}}
+    done = [{"name": "send"}, {"name": "other"}]
+    assert rs.unproven_intents(plain, done, retried="x") == {}
+    assert rs.unproven_intents(plain, [], retried="x") == plain
