@@ -20,6 +20,7 @@ from selenium.webdriver.common.by import By
 
 from tests.integration import test_dashboard as board
 from tests.integration.test_cli import cli
+from tests.integration.test_dashboard_operator import shot
 from tests.support.graphs import diamond, graph, step
 from tests.support.grpc_servers import seed_workflow
 from tests.support.node import http, node_environ, start_node, wait_for
@@ -206,6 +207,7 @@ def test_the_svg_renders_in_a_browser_with_the_skip_reason_as_hover_title(
         assert kinds == {"success", "condition", "compensation"}
         rows = browser.find_elements(By.CSS_SELECTOR, '#report tr[data-step="gated"] td')
         assert [r.text for r in rows][-1] == f"condition false: {CONDITION}"
+        shot(browser, "job-graph", at="svg#graph-svg")  # docs/operations.md, when asked
     finally:
         surfaces.close()
 
