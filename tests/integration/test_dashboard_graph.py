@@ -191,6 +191,9 @@ def test_the_svg_renders_in_a_browser_with_the_skip_reason_as_hover_title(
         url = surfaces.http.url
         job_id = _failed_run(url, services.target)
         _sign_in(browser, url, TOKEN)
+        # the login's redirect must land before the next page is asked for: otherwise it can
+        # land after it, and the browser shows the list instead of the job (seen in CI)
+        _find(browser, "#jobs")
         browser.get(f"{url}/ui/jobs/{job_id}")
         drawing = _find(browser, "svg#graph-svg")
         size = drawing.size
