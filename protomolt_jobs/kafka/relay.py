@@ -80,6 +80,9 @@ __all__ = [
 
 log = logging.getLogger("protomolt_jobs.relay")
 
+#: Bound on one Schema Registry lookup, seconds: half the stop bound (``stop_timeout_s``), so a
+#: stop never waits on a registry that accepts the connection and never answers.
+REGISTRY_LOOKUP_S = 5.0
 #: Extra time beyond ``message.timeout.ms`` the relay waits for the last delivery reports.
 REPORT_MARGIN_S = 5.0
 #: Waits of the loop after a failed pass, seconds (doubling up to the max).
@@ -236,6 +239,7 @@ class Relay(Service):
             topic=config.events_topic,
             registry_url=config.schema_registry_url,
             on_failure=config.registry_failure,
+            timeout_s=REGISTRY_LOOKUP_S,
         )
         self._producer: Producer | None = None
         self._fatal = False
