@@ -171,7 +171,8 @@ class JobViews(Protocol):
 #:   migrate a checkpoint);
 #: - ``schema-read``: verify a workflow, read the registry's workflows;
 #: - ``workflow-write``: store a workflow in the registry (``PUT /protomolt/workflows/{name}``);
-#: - ``job-approve``: vote on an approval step.
+#: - ``job-approve``: vote on an approval step;
+#: - ``job-input``: supply an input path a parked run waits for (``supply-input``).
 SCOPES: frozenset[str] = frozenset(
     {
         "workflow-run",
@@ -181,6 +182,7 @@ SCOPES: frozenset[str] = frozenset(
         "schema-read",
         "workflow-write",
         "job-approve",
+        "job-input",
     }
 )
 

@@ -1710,3 +1710,82 @@ UPDATE workflow_run AS t
   FROM victim AS v, urgent AS u
  WHERE t.job_id = v.job_id AND t.status = 'RUNNING' AND t.control IS NULL
 RETURNING t.job_id, t.priority, u.job_id AS for_job_id, u.priority AS for_priority
+
+-- ---------------------------------------------------------------------------------------------
+-- input ownership (migration 0028): the input park and supply-input under the row lock
+-- ---------------------------------------------------------------------------------------------
+
+-- name: job_park_input
+-- description: fenced (status, lease_owner, attempt, lease_token): WAITING on step outstanding_step with wait_kind 'input' (a step with onMissingInput "wait" needs input paths the run lacks), wait_seq this park's transition, lease cleared, the transition's reason naming the missing paths and their owners, with its WAITING event carrying the same text as verdict (or the CANCELLED/PAUSED event of a pending request the trigger applied); one statement.
+WITH moved AS (
+    UPDATE workflow_run
+       SET status = 'WAITING',
+           outstanding_step = %(step)s,
+           wait_kind = 'input',
+           wait_seq = history_seq + 1,
+           wake_at = NULL,
+           wait_timers = NULL,
+           lease_owner = NULL,
+           lease_token = NULL,
+           lease_until = NULL,
+           updated_at = now(),
+           change_kind = 'park',
+           change_actor = 'worker:' || %(owner)s,
+           change_reason = %(reason)s,
+           change_step = %(step)s
+     WHERE job_id = %(job_id)s AND status = 'RUNNING'
+       AND lease_owner = %(owner)s AND attempt = %(attempt)s
+       AND lease_token = %(token)s
+    RETURNING job_id, workflow_name, status, attempt, error
+), events AS (
+    INSERT INTO workflow_run_events_outbox
+        (event_id, event_type, kafka_key, created_at, workflow_name, attempt, status_after,
+         step, verdict, error)
+    SELECT gen_random_uuid(),
+           CASE WHEN m.status IN ('CANCELLED', 'PAUSED') THEN m.status ELSE 'WAITING' END,
+           m.job_id::text, now(), m.workflow_name, m.attempt, m.status, %(step)s,
+           CASE WHEN m.status = 'WAITING' THEN %(reason)s END,
+           CASE WHEN m.status = 'CANCELLED' THEN m.error END
+      FROM moved AS m
+    RETURNING 1
+)
+SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
+       (SELECT count(*) FROM events) AS events
+  FROM moved
+
+-- name: job_supply_input
+-- description: supply-input: patch the run's input, append its workflow_input_revision row and requeue (WAITING with wait_kind 'input' -> QUEUED, wait_kind cleared, attempt reset to 0, run_after now()) with a 'supply-input' transition by the actor; the caller holds the row lock (job_lock) and writes the REQUEUED event. No row: the run is not waiting for input.
+WITH moved AS (
+    UPDATE workflow_run
+       SET input = %(input)s::jsonb,
+           status = 'QUEUED',
+           outstanding_step = NULL,
+           wait_kind = NULL,
+           attempt = 0,
+           run_after = now(),
+           updated_at = now(),
+           change_kind = 'supply-input',
+           change_actor = %(actor)s,
+           change_reason = %(reason)s,
+           change_step = %(step)s
+     WHERE job_id = %(job_id)s AND status = 'WAITING' AND wait_kind = 'input'
+    RETURNING job_id, workflow_name, status, attempt, error, outstanding_step
+), revision AS (
+    INSERT INTO workflow_input_revision
+        (job_id, path, old_sha256, new_sha256, old_value, new_value, actor, reason, step)
+    SELECT m.job_id, %(path)s, %(old_sha256)s, %(new_sha256)s, %(old_value)s::jsonb,
+           %(new_value)s::jsonb, %(actor)s, %(note)s, %(step)s
+      FROM moved AS m
+    RETURNING seq, at
+)
+SELECT m.job_id, m.workflow_name, m.status, m.attempt, m.error, now() AS tx_now,
+       r.seq AS revision, r.at
+  FROM moved AS m, revision AS r
+
+-- name: input_revisions
+-- description: a run's supply-input revisions, oldest first (index scan on the primary key's job_id prefix).
+SELECT seq, path, old_sha256, new_sha256, old_value::text AS old_value,
+       new_value::text AS new_value, actor, reason, step, at
+  FROM workflow_input_revision
+ WHERE job_id = %(job_id)s
+ ORDER BY seq

@@ -80,6 +80,7 @@ Layout
   stop, intent, recovery required);
 - :mod:`~.control`: the operator writes (cancel ... recover) and the parked gate;
 - :mod:`~.loops`: an exhausted loop's pause, ``extend-loop`` and the extensions' read;
+- :mod:`~.inputs`: the input park, ``supply-input`` and its revisions (migration 0028);
 - :mod:`~.outbox`: the relay's outbox calls;
 - :mod:`~.maintenance`: the sweeps and the prunes.
 
@@ -93,6 +94,7 @@ from protomolt_jobs.store.audit import AuditMixin
 from protomolt_jobs.store.claims import ClaimsMixin
 from protomolt_jobs.store.control import ControlMixin
 from protomolt_jobs.store.db import NOTIFY_CHANNEL
+from protomolt_jobs.store.inputs import InputsMixin
 from protomolt_jobs.store.inserts import InsertsMixin
 from protomolt_jobs.store.local_times import LocalTimesMixin
 from protomolt_jobs.store.loops import LoopsMixin
@@ -129,6 +131,7 @@ class JobStore(
     LoopsMixin,
     ProgressMixin,
     PreemptionMixin,
+    InputsMixin,
     LocalTimesMixin,
     OutboxMixin,
     MaintenanceMixin,

@@ -11,6 +11,8 @@ module                verbs
 :mod:`.recovery`      ``reconcile-step``, ``migrate-checkpoint``
 :mod:`.loops`         ``extend-loop``
 :mod:`.progress`      ``report-progress``
+:mod:`.explain`       ``explain-job``
+:mod:`.inputs`        ``supply-input``
 :mod:`.workflow`      ``run-workflow``, ``check-workflow`` (the engine's; no store)
 :mod:`.replay`        ``replay-check`` (a candidate version against the stored runs)
 :mod:`.workflow_tests` ``test-workflow`` (a definition's tests, mocked; no store, no network)
@@ -38,6 +40,8 @@ from protomolt_jobs.verbs.control import (
     ResumeJobAction,
     RetryStepAction,
 )
+from protomolt_jobs.verbs.explain import ExplainJobAction
+from protomolt_jobs.verbs.inputs import SupplyInputAction
 from protomolt_jobs.verbs.loops import ExtendLoopAction
 from protomolt_jobs.verbs.progress import ReportProgressAction
 from protomolt_jobs.verbs.read import GetJobAction, JobHistoryAction, ListJobsAction
@@ -56,6 +60,7 @@ __all__ = [
     "CancelJobAction",
     "CheckWorkflowAction",
     "CompleteStepAction",
+    "ExplainJobAction",
     "ExtendLoopAction",
     "GetJobAction",
     "JobHistoryAction",
@@ -71,6 +76,7 @@ __all__ = [
     "RetryStepAction",
     "RunWorkflowAction",
     "SubmitWorkflowAction",
+    "SupplyInputAction",
     "TestWorkflowAction",
     "Verb",
     "jobs_actions",
@@ -81,7 +87,7 @@ def jobs_actions(backend: JobsBackend, runtime: Any, floors: Sequence[Floor] = (
     """The job verbs over one backend, in manifest order: the four of the reference
     (submit-workflow, get-job, list-jobs, complete-step), then the operator verbs (cancel-job,
     pause-job, resume-job, retry-step, the recovery verbs of step effects, requeue-job),
-    job-history, approve-step, extend-loop and report-progress.
+    job-history, approve-step, extend-loop, report-progress, explain-job and supply-input.
 
     :param backend: the role's late-bound store and submitter.
     :param runtime: the engine's runtime (type pool) for reading stored definitions.
@@ -103,4 +109,6 @@ def jobs_actions(backend: JobsBackend, runtime: Any, floors: Sequence[Floor] = (
         ApproveStepAction(backend, runtime, floors),
         ExtendLoopAction(backend, runtime),
         ReportProgressAction(backend),
+        ExplainJobAction(backend, runtime, floors),
+        SupplyInputAction(backend, runtime),
     ]

@@ -70,6 +70,7 @@ from protomolt_jobs.worker.settler import Settler, SettleStore
 from protomolt_jobs.workflow import cancel
 from protomolt_jobs.workflow import resumable as engine_resumable
 from protomolt_jobs.workflow.effects import EffectContext
+from protomolt_jobs.workflow.inputs import INPUT_WAIT
 from protomolt_jobs.workflow.loops import LOOP_WAIT
 from protomolt_jobs.workflow.types import Runtime
 
@@ -339,6 +340,8 @@ class SegmentExecutor:
                     "extend-loop raises its bound, cancel-job ends the run"
                 )
                 return Halted("loop", returned.step, detail)
+            if returned.wait_kind == INPUT_WAIT:
+                return Halted("input", returned.step, returned.detail)
             return Halted("parked", returned.step)
         name = type(returned).__name__
         return Failed("", f"WORKFLOW: the engine returned {name}, not Completed or Parked")

@@ -13,6 +13,8 @@ outcome                                     write
 :class:`Halted` ``parked``                  ``job_park`` (no lease, no permit after)
 :class:`Halted` ``approval``                ``job_park_approval`` (WAITING with ``wait_kind``
                                             ``approval``: ``approve-step`` votes decide)
+:class:`Halted` ``input``                   ``job_park_input`` (WAITING with ``wait_kind``
+                                            ``input``: ``supply-input`` fills the path)
 :class:`Halted` ``loop``                    ``job_loop_pause`` (a loop exhausted with
                                             ``onExhausted: "park"``: PAUSED, error ``LOOP:``)
 :class:`Halted` ``recovery``                ``job_recovery_required`` (a step's state cannot
@@ -113,10 +115,11 @@ class Halted:
     """The segment stopped at a step on purpose: ``parked`` (an external step waits for
     ``complete-step``), ``approval`` (an approval step waits for ``approve-step`` votes) or
     ``recovery`` (the step's state cannot be proven; ``reason`` says why) or ``loop`` (a loop
-    exhausted with ``onExhausted: "park"``; ``reason`` is the stored error).
+    exhausted with ``onExhausted: "park"``; ``reason`` is the stored error) or ``input`` (the
+    step needs input paths the run lacks; ``reason`` names them and their owners).
     """
 
-    how: Literal["parked", "approval", "recovery", "loop"]
+    how: Literal["parked", "approval", "recovery", "loop", "input"]
     step: str
     reason: str = ""
     #: an approval step's timers, offsets from the park (``Parked.timers``).
@@ -174,6 +177,7 @@ class WriteKind(enum.Enum):
     COMPLETE = "complete"
     PARK = "park"
     PARK_APPROVAL = "park_approval"
+    PARK_INPUT = "park_input"
     RECOVERY = "recovery"
     BUDGET_PAUSE = "budget_pause"
     LOOP_PAUSE = "loop_pause"
@@ -218,6 +222,10 @@ class Write:
     @classmethod
     def park_approval(cls, step: str, timers: tuple[dict[str, Any], ...] = ()) -> Write:
         return cls(WriteKind.PARK_APPROVAL, step=step, timers=timers)
+
+    @classmethod
+    def park_input(cls, step: str, reason: str) -> Write:
+        return cls(WriteKind.PARK_INPUT, step=step, error=reason)
 
     @classmethod
     def recovery(cls, step: str, reason: str) -> Write:
@@ -290,6 +298,8 @@ def decide(outcome: Outcome, job: AttemptedJob, policies: Policies) -> Write | N
             return Write.park(step)
         case Halted(how="approval", step=step, timers=timers):
             return Write.park_approval(step, timers)
+        case Halted(how="input", step=step, reason=reason):
+            return Write.park_input(step, reason)
         case Halted(how="loop", step=step, reason=reason):
             return Write.loop_pause(step, reason)
         case Halted(step=step, reason=reason):

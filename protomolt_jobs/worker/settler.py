@@ -57,6 +57,8 @@ class SettleStore(Protocol):
         self, lease: Lease, step: str, timers: tuple[dict[str, Any], ...] = ()
     ) -> str: ...
 
+    def job_park_input(self, lease: Lease, step: str, reason: str) -> str: ...
+
     def job_recovery_required(self, lease: Lease, step: str, reason: str) -> str: ...
 
     def job_budget_pause(self, lease: Lease, error: str, step: str = "") -> str: ...
@@ -104,6 +106,11 @@ _ROWS: dict[WriteKind, _Row] = {
         Settlement.PARKED, "job_parked_for_approval", "job waiting for approval",
         logging.INFO, ("step",),
         lambda s, lease, w: s.job_park_approval(lease, w.step, w.timers),
+    ),
+    WriteKind.PARK_INPUT: _Row(
+        Settlement.PARKED, "job_parked_for_input", "job waiting for input", logging.INFO,
+        ("step", "error"),
+        lambda s, lease, w: s.job_park_input(lease, w.step, w.error),
     ),
     WriteKind.RECOVERY: _Row(
         Settlement.RECOVERY_REQUIRED, "job_recovery_required",

@@ -61,7 +61,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from protomolt_jobs.workflow import approval, edges, resumable, retry_scope
+from protomolt_jobs.workflow import approval, edges, inputs, resumable, retry_scope
 from protomolt_jobs.workflow import effects as fx
 from protomolt_jobs.workflow import graph as g
 from protomolt_jobs.workflow.calls import SegmentChannels
@@ -322,6 +322,8 @@ class _Run:
             found = self.resume_external(step, scope)
             if found is not None:
                 return found
+        if can_park:  # a compensation step runs on what the run has, as before
+            inputs.check_step(self.workflow, step, scope)
         request = build_message(
             step.input_type, step.rules, step.cel_rules, Scope(scope), step.name
         )
@@ -610,6 +612,10 @@ def _finish(run: _Run, step: Step, fut: cf.Future[Message]) -> None:
         return
     except GrantGate as gate:
         run.gates[step.name] = gate.parked  # not called: parks at the segment's end
+        run.state.running.discard(step.name)
+        return
+    except inputs.InputWait as wait:
+        run.gates[step.name] = wait.parked  # waits for supply-input: parks at the segment's end
         run.state.running.discard(step.name)
         return
     run.succeeded(step, response)

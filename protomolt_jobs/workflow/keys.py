@@ -126,6 +126,10 @@ KINDS: Mapping[str, Kind] = _kinds(
             # tests in the definition (DESIGN.md 25; workflow/testing/cases.py): mocks are
             # keyed by step name, so `mocks` is walked by cases.parse_cases, not here
             "tests": "testCase",
+            # input ownership (issue 29 item 6; workflow/inputs.py): input path -> {owner,
+            # required?, description?}; its keys are paths, not ours, so the declarations
+            # are checked by inputs.findings (kind `inputs`), not walked here
+            "inputs": None,
         },
     ),
     Kind(
@@ -182,6 +186,10 @@ KINDS: Mapping[str, Kind] = _kinds(
             # the service reports its own progress with ReportProgress (DESIGN.md 23;
             # store/progress_token.py)
             "reportsProgress": None,
+            # input ownership (issue 29 item 6; workflow/inputs.py): who owns the step's
+            # outputs, and whether a missing input fails the step or parks the run
+            "owner": None,
+            "onMissingInput": None,
         },
     ),
     Kind(

@@ -38,7 +38,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from protomolt_jobs.workflow import approval, resumable
+from protomolt_jobs.workflow import approval, inputs, resumable
 from protomolt_jobs.workflow import effects as fx
 from protomolt_jobs.workflow.calls import SegmentChannels
 from protomolt_jobs.workflow.envelope import message_class
@@ -146,6 +146,10 @@ def run_steps(
                 grant = authorize(step, check, can_park=True)
             except GrantGate as gate:
                 return gate.parked  # approve-step's decision is the grant
+            try:
+                inputs.check_step(workflow, step, scope.values)
+            except inputs.InputWait as wait:
+                return wait.parked  # supply-input fills the path and requeues
             request = build_message(step.input_type, step.rules, step.cel_rules, scope, step.name)
             call_ms = call_budget_ms(step, deadline)
             metadata = None

@@ -524,10 +524,13 @@ class RecoveryRequired:
 @dataclass(frozen=True)
 class Parked:
     """A segment that stopped at a step that parks: ``complete-step`` must supply its response
-    (``wait_kind`` ``external``), or ``approve-step`` votes decide it (``approval``)."""
+    (``wait_kind`` ``external``), ``approve-step`` votes decide it (``approval``), or
+    ``supply-input`` fills the input paths it needs (``input``: ``workflow/inputs.py``)."""
 
     step: str
     wait_kind: str = EXTERNAL
     #: an approval step's timers (escalations, expiry), offsets from the park in seconds:
     #: ``{"kind": "escalate"|"expire", "afterS", ...}`` (``approval.timers_of``).
     timers: tuple[dict[str, Any], ...] = ()
+    #: an ``input`` park's reason: the missing paths and their owners.
+    detail: str = ""

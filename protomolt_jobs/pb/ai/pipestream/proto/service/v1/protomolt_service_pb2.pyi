@@ -525,3 +525,59 @@ class ReportProgressResponse(_message.Message):
     ANSWER_FIELD_NUMBER: _ClassVar[int]
     answer: str
     def __init__(self, answer: _Optional[str] = ...) -> None: ...
+
+class ExplainJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ExplainJobResponse(_message.Message):
+    __slots__ = ("ok", "job_id", "explain", "error")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPLAIN_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    job_id: str
+    explain: _struct_pb2.Struct
+    error: str
+    def __init__(self, ok: _Optional[bool] = ..., job_id: _Optional[str] = ..., explain: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class SupplyInputRequest(_message.Message):
+    __slots__ = ("job_id", "path", "value", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    path: str
+    value: _struct_pb2.Value
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., path: _Optional[str] = ..., value: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SupplyInputResponse(_message.Message):
+    __slots__ = ("ok", "status", "error", "message", "step", "path", "revision", "old_sha256", "new_sha256", "owner", "by_owner")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    OLD_SHA256_FIELD_NUMBER: _ClassVar[int]
+    NEW_SHA256_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    BY_OWNER_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    status: str
+    error: str
+    message: str
+    step: str
+    path: str
+    revision: int
+    old_sha256: str
+    new_sha256: str
+    owner: str
+    by_owner: bool
+    def __init__(self, ok: _Optional[bool] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., message: _Optional[str] = ..., step: _Optional[str] = ..., path: _Optional[str] = ..., revision: _Optional[int] = ..., old_sha256: _Optional[str] = ..., new_sha256: _Optional[str] = ..., owner: _Optional[str] = ..., by_owner: _Optional[bool] = ...) -> None: ...
