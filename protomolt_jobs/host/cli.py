@@ -486,6 +486,8 @@ CONTROL_COMMANDS = {
     "history": "job-history",
     "approve": "approve-step",
     "extend-loop": "extend-loop",
+    "explain": "explain-job",
+    "supply-input": "supply-input",
 }
 
 
@@ -522,7 +524,23 @@ def _control(args: argparse.Namespace, console: Any) -> int:
         except ValueError as exc:
             print(f"--response is not JSON: {exc}", file=sys.stderr)
             return EXIT_USAGE
+    if verb == "supply-input":
+        envelope["path"] = args.path
+        try:
+            envelope["value"] = json.loads(args.value)
+        except ValueError as exc:
+            # the door's own refusal, in the node's words: the field and why
+            print(
+                f"invalid-input: --value (field 'value') is not JSON: {exc}; "
+                "a string is written with its quotes, '\"s3://b/k\"'",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
     answer = call_verb(args.url, verb, envelope, _token(args))
+    if verb == "explain-job" and not args.json and answer.get("ok"):
+        for line in explain_lines(answer.get("explain", {})):
+            console.print(_literal(line), soft_wrap=True)
+        return EXIT_OK
     if verb != "job-history" or args.json or not answer.get("ok"):
         print(json.dumps(answer, indent=2, ensure_ascii=False))
         return EXIT_OK
@@ -550,6 +568,58 @@ def _control(args: argparse.Namespace, console: Any) -> int:
         )
     console.print(table)
     return EXIT_OK
+
+
+def explain_lines(explain: dict[str, Any]) -> list[str]:
+    """``jobs explain``'s text: one line for the run, then per undecided step its state and
+    owner, what blocks it, what it waits on and its missing inputs with their owners."""
+    head = f"{explain.get('status', '')}"
+    if explain.get("waitKind"):
+        head += f" (waiting for {explain['waitKind']} on {explain.get('outstandingStep')})"
+    out = [head]
+    steps = explain.get("steps", [])
+    if not steps:
+        out.append("no step is waiting: the run is finished or every step is decided")
+    for step in steps:
+        owner = f"  owner {step['owner']}" if step.get("owner") else ""
+        out.append(f"{step.get('name')}: {step.get('state')}{owner}")
+        blocked = step.get("blockedBy") or []
+        if blocked:
+            names = ", ".join(f"{b.get('step')} ({b.get('state')})" for b in blocked)
+            out.append(f"  blocked by {names}")
+        for wait in step.get("waitingOn") or []:
+            out.append("  waiting on " + _wait_text(wait))
+        for m in step.get("missingInputs") or []:
+            who = m.get("owner") or "no owner declared"
+            need = "required" if m.get("required") else "optional"
+            out.append(f"  missing input {m.get('path')} ({need}; owner {who})")
+    for stale in explain.get("staleInput") or []:
+        out.append(
+            f"stale input: {stale.get('step')} read {stale.get('path')} before revision "
+            f"{stale.get('revision')}"
+        )
+    return out
+
+
+def _wait_text(wait: dict[str, Any]) -> str:
+    kind = wait.get("kind")
+    if kind in ("approval", "grant"):
+        tally = ", ".join(f"{d} {n}" for d, n in (wait.get("tally") or {}).items()) or "none"
+        who = ", ".join([*(wait.get("roles") or []), *(wait.get("principals") or [])])
+        return (
+            f"{kind}: {wait.get('missingVotes')} more vote(s) of quorum {wait.get('quorum')} "
+            f"(votes: {tally}; eligible: {who or 'nobody'})"
+        )
+    if kind == "input":
+        return "input (supply-input)"
+    if kind == "completion":
+        return "its completion (complete-step)"
+    if kind == "timer":
+        return f"a timer: not before {wait.get('at')}"
+    if kind == "claim":
+        return f"a worker of queue {wait.get('queue')}"
+    details = wait.get("reason") or wait.get("detail") or ""
+    return f"{kind}" + (f": {details}" if details else "")
 
 
 def _watch(args: argparse.Namespace, console: Any) -> int:
@@ -786,7 +856,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="jobs_command",
         required=True,
         metavar="list|get|show|watch|cancel|pause|resume|retry|reconcile|migrate|requeue|"
-        "history|approve|extend-loop",
+        "history|approve|extend-loop|explain|supply-input",
     )
     for name, text in (("list", "a table of jobs, newest first"), ("watch", "a live table")):
         p = jobs_sub.add_parser(name, help=text)
@@ -842,6 +912,17 @@ def build_parser() -> argparse.ArgumentParser:
             "extend-loop",
             "let the loop of --step iterate --by more times in this run (extend-loop)",
         ),
+        (
+            "explain",
+            (
+                "what blocks each step not yet decided: dependencies, waits, missing inputs "
+                "and their owners (explain-job)"
+            ),
+        ),
+        (
+            "supply-input",
+            "supply --path = --value (JSON) to a job waiting for input (supply-input)",
+        ),
     ):
         p = jobs_sub.add_parser(name, help=text)
         p.add_argument("job_id", help="the job's id, or its first 4+ hex digits when unique")
@@ -849,8 +930,13 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--step", required=True, help="the approval step")
             p.add_argument("--decision", required=True, help="one of the step's decisions")
             p.add_argument("--comment", help="a comment kept with the vote")
-        elif name != "history":
+        elif name not in ("history", "explain"):
             p.add_argument("--reason", help="why (kept in the job's history)")
+        if name == "supply-input":
+            p.add_argument("--path", required=True, help="the input path (report.dataset_uri)")
+            p.add_argument(
+                "--value", required=True, help="its value as JSON ('\"s3://b/k\"', 42, {...})"
+            )
         if name == "cancel":
             p.add_argument(
                 "--compensate",
@@ -893,7 +979,7 @@ def build_parser() -> argparse.ArgumentParser:
                 required=True,
                 choices=("keep", "discard", "replace"),
             )
-        if name == "history":
+        if name in ("history", "explain"):
             p.add_argument("--json", action="store_true", help="print the answer as JSON")
         _client_options(p)
     jobs.set_defaults(func=cmd_jobs)

@@ -37,7 +37,8 @@ def job_json(job: Any, *, full: bool) -> dict[str, Any]:
 
     Keys in order: ``jobId, workflowName, status, attempt, outstandingStep?, priority,
     queue, fairnessKey, dedupKey?, deadlineAt?`` (``phase: waiting_approval`` after
-    ``outstandingStep`` when the run waits for approve-step votes), then when ``full``
+    ``outstandingStep`` when the run waits for approve-step votes, ``waiting_input`` when it waits
+    for supply-input), then when ``full``
     ``maxAttempts, runAfter, control?, input, checkpoints, effectIntents?, stepGenerations?,
     result?`` (a summary of a QUEUED job has ``runAfter`` too: when it will be claimed), then ``verdict?,
     error?, createdAt?, updatedAt?, completedAt?``. Never shown: the lease, the fairness pass,
@@ -53,6 +54,8 @@ def job_json(job: Any, *, full: bool) -> dict[str, Any]:
         body["outstandingStep"] = job.outstanding_step
     if job.status == "WAITING" and getattr(job, "wait_kind", None) == "approval":
         body["phase"] = "waiting_approval"  # approve-step votes decide the step
+    elif job.status == "WAITING" and getattr(job, "wait_kind", None) == "input":
+        body["phase"] = "waiting_input"  # supply-input fills the path (docs/explain.md)
     body["priority"] = getattr(job, "priority", 3)
     body["queue"] = getattr(job, "queue", "default")
     body["fairnessKey"] = getattr(job, "fairness_key", "default")
