@@ -41,7 +41,9 @@ ops-team = ["service-invoke", "workflow-run", "job-control", "job-input"]
 """
 SERVICE = "/ai.pipestream.proto.service.v1.ProtoMoltService"
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "explain.md"
-_BLOCK = re.compile(r"<!-- explain-example: (?P<name>[^>]*?) -->\n```json\n(?P<body>.*?)```", re.S)
+_BLOCK = re.compile(
+    r"<!-- explain-example: (?P<name>[^>]*?) -->\n```json\n(?P<body>.*?)```", re.DOTALL
+)
 
 
 def doc_blocks() -> dict[str, str]:
