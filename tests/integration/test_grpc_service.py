@@ -67,6 +67,8 @@ def test_verb_names():
         "replay-check",
         "test-workflow",
         "report-progress",
+        "explain-job",
+        "supply-input",
     }
 
 

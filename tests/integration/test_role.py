@@ -37,6 +37,8 @@ VERBS = [
     "approve-step",
     "extend-loop",
     "report-progress",
+    "explain-job",
+    "supply-input",
 ]
 
 

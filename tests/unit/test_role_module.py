@@ -30,6 +30,8 @@ VERBS = [
     "approve-step",
     "extend-loop",
     "report-progress",
+    "explain-job",
+    "supply-input",
 ]
 
 
