@@ -6,13 +6,17 @@ no build step, nothing fetched from a CDN):
 - ``/ui`` the jobs, newest first, with filters (status, workflow, created after) and paging,
   and a bulk form (``POST /ui/bulk``: cancel, requeue or retry the ticked jobs, one outcome
   per job);
-- ``/ui/inbox`` the RECOVERY_REQUIRED and WAITING jobs: work for people;
+- ``/ui/inbox`` the RECOVERY_REQUIRED and WAITING jobs: work for people (runs waiting for an
+  input list the missing paths with their owners and a ``supply-input`` form);
 - ``/ui/jobs/{id}`` one job: the row's fields, the steps as a timeline, the workflow drawn as an
   SVG (``drawing.py``, from get-job's ``graph``) with the steps' reasons, a finished job's final
   report as tables (``_graph.html``, ``_report.html``), checkpoints as JSON, the events (outbox
   rows), the operator actions that apply to its status (``operate.py``: each confirmed,
   answered by a redirect back with a one-time message, ``flash.py``), and for a WAITING job a
-  complete-step form generated from the parked step's answer type (``answer_form.py``);
+  complete-step form generated from the parked step's answer type (``answer_form.py``), or for
+  a run waiting for input a ``supply-input`` form (``POST /ui/jobs/{id}/supply``); for a live
+  job, ``explain-job``'s account (*Why is it waiting?*: per undecided step what blocks it and
+  the missing inputs with their owners);
 - ``/ui/login`` a token form when the node has tokens (``api_token``, ``[node.tokens]`` or an
   identity hook): a token the node's authority resolves is kept in an HttpOnly,
   ``SameSite=Strict`` cookie the token guard accepts (so the cookie cannot ride a cross-site
@@ -391,8 +395,16 @@ class Dashboard:
             )
             recovery = list(stuck.get("jobs", []))
         caller = self._caller(request)
+        inputs = []
+        verbs = self._verbs(request)
+        if "explain-job" in verbs:
+            for job in waiting:
+                if job.get("phase") != "waiting_input":
+                    continue
+                account, _ = await self._verb(request, "explain-job", {"jobId": job["jobId"]})
+                inputs.append({"job": job, "missing": _missing_inputs(account.get("explain"))})
         approvals = []
-        if "approve-step" in self._verbs(request):
+        if "approve-step" in verbs:
             for job in waiting:
                 if job.get("phase") != "waiting_approval":
                     continue
@@ -404,8 +416,11 @@ class Dashboard:
             "inbox.html",
             status=_error_status(error, 200),
             title="Inbox",
-            jobs=[j for j in waiting if j.get("phase") != "waiting_approval"],
+            jobs=[
+                j for j in waiting if j.get("phase") not in ("waiting_approval", "waiting_input")
+            ],
             approvals=approvals,
+            inputs=inputs,
             recovery=recovery,
             error=error,
         )
@@ -484,12 +499,18 @@ class Dashboard:
             approval = await self._inspect("approval", job_id, job["outstandingStep"])
             if approval is not None:
                 approval["mayVote"] = _may_vote(approval, self._caller(request))
+        elif job.get("phase") == "waiting_input":
+            pass  # supply-input fills it: no complete-step form
         elif job["status"] == "WAITING" and job.get("outstandingStep"):
             desc = await self._inspect("answer_type", job_id, job["outstandingStep"])
             if desc is not None:
                 answer_type = desc.full_name
                 fields = [form_field(f) for f in desc.fields]
         manifest = self.catalog.manifest(self._caller(request))
+        explained = None
+        if job["status"] not in _FINISHED and "explain-job" in self._verbs(request):
+            account, _ = await self._verb(request, "explain-job", {"jobId": job_id})
+            explained = account.get("explain")
         loop_steps = operate.loop_steps(job)
         return self._render(
             request,
@@ -518,6 +539,8 @@ class Dashboard:
             step_names=names or list(done),
             graph=bool(graph),
             approval=approval,
+            explain=explained,
+            missing_inputs=_missing_inputs(explained),
         )
 
     async def approve(self, request: Request) -> Response:
@@ -579,6 +602,36 @@ class Dashboard:
         done = f"complete-step: step {step!r} answered" + (
             f"; the job is {status}" if status else ""
         )
+        return self._redirect(page, Flash("message", done))
+
+    async def supply(self, request: Request) -> Response:
+        """``POST /ui/jobs/{id}/supply``: supply-input from the form (``path``, ``value``,
+        ``reason``); ``value`` is read as JSON when it parses, else as the text typed (a
+        string field's value needs no quotes). Back to the job page (303) with the outcome:
+        the job queued, or the verb's refusal (``invalid-input`` naming the field)."""
+        if self._cross_site(request):
+            return self._refused(request)
+        job_id = request.path_params["job_id"]
+        page = f"{PREFIX}/jobs/{urllib.parse.quote(job_id)}"
+        form = await self._form(request)
+        envelope: dict[str, Any] = {"jobId": job_id, "path": form.get("path", "")}
+        raw = form.get("value", "")
+        if raw.strip():
+            try:
+                envelope["value"] = json.loads(raw)
+            except ValueError:
+                envelope["value"] = raw
+        if form.get("reason", "").strip():
+            envelope["reason"] = form["reason"].strip()
+        answer, error = await self._verb(request, "supply-input", envelope)
+        if error.startswith(_UNAVAILABLE):  # no second wait for the same database
+            return self._no_job(request, job_id, error)
+        if error.startswith(_DENIED):
+            return await self.job(request, error=error, status=403)
+        if error or not answer.get("ok"):
+            why = error or f"{answer.get('error', 'refused')}: {answer.get('message', '')}"
+            return self._redirect(page, Flash("error", f"supply-input: {why}", form=form))
+        done = f"supply-input: {answer.get('path')} supplied; the job is {answer.get('status')}"
         return self._redirect(page, Flash("message", done))
 
     async def action(self, request: Request) -> Response:
@@ -701,6 +754,27 @@ def _list_url(query: str) -> str:
     return f"{PREFIX}/" + (f"?{urllib.parse.urlencode(pairs)}" if pairs else "")
 
 
+#: Statuses of a finished job (nothing left to explain).
+_FINISHED = frozenset({"COMPLETED", "FAILED", "DEAD", "CANCELLED"})
+
+
+def _missing_inputs(explained: Any) -> list[dict[str, Any]]:
+    """The input paths a run waits for (explain-job's ``input`` wait): ``[{path, owner,
+    step}]``, each once; empty when it waits for none."""
+    out: dict[str, dict[str, Any]] = {}
+    steps = explained.get("steps", []) if isinstance(explained, dict) else []
+    for step in steps:
+        for wait in step.get("waitingOn") or []:
+            if wait.get("kind") != "input":
+                continue
+            for path in wait.get("paths") or []:
+                out.setdefault(
+                    path["path"],
+                    {"path": path["path"], "owner": path.get("owner"), "step": step["name"]},
+                )
+    return list(out.values())
+
+
 def _may_vote(approval: dict[str, Any], caller: Caller) -> bool:
     """Whether ``caller`` is one of an approval step's approvers (by principal or group) and
     not the run's submitter (``submittedBy``: approve-step refuses its vote, self-approval)."""
@@ -746,6 +820,7 @@ def dashboard_mount(catalog: Any, inspector: Any, authority: Authority) -> Mount
             Route("/jobs/{job_id}", board.job, methods=["GET"]),
             Route("/jobs/{job_id}/complete", board.complete, methods=["POST"]),
             Route("/jobs/{job_id}/approve", board.approve, methods=["POST"]),
+            Route("/jobs/{job_id}/supply", board.supply, methods=["POST"]),
             Route("/jobs/{job_id}/action/{verb}", board.action, methods=["POST"]),
             Route("/bulk", board.bulk, methods=["POST"]),
             Route("/login", board.login_form, methods=["GET"]),
