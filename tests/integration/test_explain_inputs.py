@@ -420,3 +420,38 @@ def test_a_workflow_without_the_new_keys_fails_as_before_with_no_more_statements
             "not found in struct (Rule: 'seen += input.meta.source.uri')"
         )
     assert counts[0] == counts[1], counts
+
+
+def test_a_graph_step_that_waits_parks_the_run_once_nothing_else_can_run(node, services):
+    """Graph: ``analyse`` needs ``lang`` and waits; ``facts`` (independent) still runs; the
+    run parks on ``analyse``; supply-input lets it finish."""
+    url = node.http.url
+    workflow = graph(
+        [
+            step("load", services.target),
+            step("facts", services.target),
+            {
+                **step("analyse", services.target, after=["load"], onMissingInput="wait"),
+                "rules": ['step = "analyse"', "seen += input.lang"],
+            },
+            step("publish", services.target, after=["analyse", "facts"]),
+        ],
+        name="graph-inputs",
+        inputs={"lang": {"owner": "user:ana"}},
+    )
+    job_id = submit(url, workflow, {"text": "q3"})
+    job = status_becomes(url, job_id, "WAITING", "waiting_input")
+    assert job["outstandingStep"] == "analyse"
+    assert services.step_calls("facts") == 1 and services.step_calls("analyse") == 0
+    steps = {s["name"]: s for s in explain(url, job_id)["steps"]}
+    assert set(steps) == {"analyse", "publish"}
+    assert steps["analyse"]["missingInputs"] == [
+        {"path": "lang", "owner": "user:ana", "required": True, "declared": True}
+    ]
+    assert steps["publish"]["blockedBy"] == [{"step": "analyse", "state": "waiting"}]
+    status, answer, _ = post(
+        url, "supply-input", {"jobId": job_id, "path": "lang", "value": "de"}, who="ana"
+    )
+    assert status == 200 and answer["ok"] and answer["byOwner"] is True, answer
+    status_becomes(url, job_id, "COMPLETED")
+    assert services.step_calls("analyse") == 1 and services.step_calls("facts") == 1
