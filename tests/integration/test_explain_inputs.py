@@ -455,3 +455,33 @@ def test_a_graph_step_that_waits_parks_the_run_once_nothing_else_can_run(node, s
     assert status == 200 and answer["ok"] and answer["byOwner"] is True, answer
     status_becomes(url, job_id, "COMPLETED")
     assert services.step_calls("analyse") == 1 and services.step_calls("facts") == 1
+
+
+def test_a_value_replaced_while_waiting_marks_the_steps_that_read_it_stale(node, services):
+    """While the run waits for ``lang``, an operator corrects ``text``, which ``load`` already
+    read: the revision keeps the old value's hash, the run parks again on ``lang``, and
+    explain-job reports ``load`` as having read stale input. Pause and resume keep the wait."""
+    url = node.http.url
+    workflow = doc_workflow(services.target)
+    workflow["inputs"]["text"] = {"owner": "team:sales"}
+    job_id = submit(url, workflow, {"text": "q3"})
+    status_becomes(url, job_id, "WAITING", "waiting_input")
+
+    # pause and resume: still waiting for the input
+    assert post(url, "pause-job", {"jobId": job_id}, who="ops")[1]["ok"]
+    status_becomes(url, job_id, "PAUSED")
+    paused = explain(url, job_id)
+    assert paused["run"] == [{"kind": "pause", "reason": "paused by an operator (resume-job)"}]
+    assert post(url, "resume-job", {"jobId": job_id}, who="ops")[1]["ok"]
+    status_becomes(url, job_id, "WAITING", "waiting_input")
+
+    status, answer, _ = post(
+        url, "supply-input", {"jobId": job_id, "path": "text", "value": "q4"}, who="ops"
+    )
+    assert status == 200 and answer["ok"], answer
+    assert answer["oldSha256"] == hashlib.sha256(b'"q3"').hexdigest()
+    assert answer["byOwner"] is False and answer["owner"] == "team:sales"
+    status_becomes(url, job_id, "WAITING", "waiting_input")  # parked again: lang is missing
+    account = explain(url, job_id)
+    assert account["staleInput"] == [{"step": "load", "path": "text", "revision": 1}]
+    assert [i["present"] for i in account["inputs"]] == [False, True]
