@@ -178,10 +178,11 @@ def test_the_manifest_the_registry_and_unknown_tokens(tmp_path, fresh_dsn):
             "get-job",
             "list-jobs",
             "job-history",
+            "explain-job",
             "check-workflow",
             "test-workflow",
         }
-        assert manifest(READER) == {"get-job", "list-jobs", "job-history"}
+        assert manifest(READER) == {"get-job", "list-jobs", "job-history", "explain-job"}
         assert "cancel-job" in manifest(EDITOR) and "check-workflow" not in manifest(EDITOR)
         everything = manifest(ROOT)
         assert {"cancel-job", "check-workflow", "submit-workflow"} <= everything
