@@ -25,6 +25,9 @@ A *reason* is ``{"kind", ...}``, one of:
 - ``input``: the run waits for ``supply-input`` (``paths``: the missing ones with owners);
 - ``pause`` (``reason``), ``budget`` (``detail``), ``loop`` (``detail``): the run is PAUSED;
 - ``timer``: a QUEUED run not to be claimed before ``at``;
+- ``queue-cap``: a QUEUED run due now in a queue whose ``maxRunning`` runs are RUNNING
+  (``queue``, ``maxRunning``, ``running``); ``queue-rate``: its queue's start rate lets the
+  next run start at ``at``;
 - ``claim``: a QUEUED run due now waits for a worker of ``queue``;
 - ``recovery``: RECOVERY_REQUIRED, an operator answers (``detail``);
 - ``running``: the step is in flight.
@@ -66,6 +69,7 @@ def explain(
     *,
     approval: Callable[[str], dict[str, Any] | None],
     revisions: Sequence[Any] = (),
+    queue_cap: Callable[[str], dict[str, Any] | None] = lambda queue: None,
     now: datetime.datetime | None = None,
 ) -> dict[str, Any]:
     """The account of ``job`` (the module docstring's shape).
@@ -76,6 +80,8 @@ def explain(
     :param approval: ``step -> the approval view`` (``JobInspector.approval``'s shape), asked
         only for the step an approval wait is on.
     :param revisions: the run's ``supply-input`` revisions (``store.inputs.InputRevision``).
+    :param queue_cap: ``queue -> {max_running, max_starts_per_second, next_start_at,
+        running}`` or None (``JobStore.queue_cap``), asked only for a QUEUED run that is due.
     :param now: the clock for a QUEUED run's ``run_after`` (default: now, UTC).
     """
     now = now or datetime.datetime.now(datetime.UTC)
@@ -85,7 +91,7 @@ def explain(
         body["waitKind"] = job.wait_kind
     if job.outstanding_step is not None and job.status not in _FINISHED:
         body["outstandingStep"] = job.outstanding_step
-    run = _run_reasons(job, now)
+    run = _run_reasons(job, now, queue_cap)
     body["run"] = run
     definition = stored.definition if stored is not None else {}
     declared = _inputs.declared(definition) if stored is not None else {}
@@ -142,7 +148,9 @@ def _ancestors(stored: StoredRun | None, order: list[str]) -> dict[str, frozense
     return {name: frozenset(order[:i]) for i, name in enumerate(order)}
 
 
-def _run_reasons(job: Any, now: datetime.datetime) -> list[dict[str, Any]]:
+def _run_reasons(
+    job: Any, now: datetime.datetime, queue_cap: Callable[[str], dict[str, Any] | None]
+) -> list[dict[str, Any]]:
     status = job.status
     error = job.error or ""
     if status == "PAUSED":
@@ -157,7 +165,19 @@ def _run_reasons(job: Any, now: datetime.datetime) -> list[dict[str, Any]]:
         after = getattr(job, "run_after", None)
         if isinstance(after, datetime.datetime) and after > now:
             return [{"kind": "timer", "at": after.isoformat()}]
-        return [{"kind": "claim", "queue": getattr(job, "queue", "default")}]
+        queue = getattr(job, "queue", "default")
+        cap = queue_cap(queue)
+        if cap is not None:
+            limit, running = cap.get("max_running"), int(cap.get("running") or 0)
+            if limit is not None and running >= int(limit):
+                return [
+                    {"kind": "queue-cap", "queue": queue, "maxRunning": limit, "running": running}
+                ]
+            start = cap.get("next_start_at")
+            rated = bool(cap.get("max_starts_per_second"))
+            if rated and isinstance(start, datetime.datetime) and start > now:
+                return [{"kind": "queue-rate", "queue": queue, "at": start.isoformat()}]
+        return [{"kind": "claim", "queue": queue}]
     return []
 
 

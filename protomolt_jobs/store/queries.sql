@@ -1789,3 +1789,13 @@ SELECT seq, path, old_sha256, new_sha256, old_value::text AS old_value,
   FROM workflow_input_revision
  WHERE job_id = %(job_id)s
  ORDER BY seq
+
+-- name: queue_cap
+-- description: a queue's fleet-wide limits, its rate limiter's next start (NULL while never moved: -infinity) and the runs RUNNING in it now (explain-job's account of a QUEUED run that is due); no row when the queue has no limit.
+SELECT q.max_running, q.max_starts_per_second,
+       CASE WHEN isfinite(q.next_start_at) THEN q.next_start_at END AS next_start_at,
+       (SELECT count(*) FROM workflow_run AS w
+         WHERE w.queue = q.queue AND w.status = 'RUNNING') AS running
+  FROM workflow_queue AS q
+ WHERE q.queue = %(queue)s
+   AND (q.max_running IS NOT NULL OR q.max_starts_per_second IS NOT NULL)

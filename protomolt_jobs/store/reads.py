@@ -203,6 +203,18 @@ class ReadsMixin(db.Database):
         return int(row["pauses"]) if row is not None else 0
 
     @db.translated
+    def queue_cap(self, queue: str) -> dict[str, Any] | None:
+        """A queue's fleet-wide limits and its RUNNING runs now: ``{max_running,
+        max_starts_per_second, next_start_at, running}``, or None when the queue has no limit
+        (explain-job asks for a QUEUED run that is due). Transaction: none (one read).
+
+        :raises StoreError: on a database failure.
+        """
+        with self._connection() as conn:
+            row = db.one(conn, "queue_cap", {"queue": queue})
+        return dict(row) if row is not None else None
+
+    @db.translated
     @db.read_retried_once
     def metrics_counts(self) -> tuple[dict[tuple[str, str], int], int]:
         """Runs per status and queue, and the number of PENDING outbox rows (``/metrics``).

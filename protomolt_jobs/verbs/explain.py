@@ -79,5 +79,6 @@ class ExplainJobAction(JobVerb):
             stored,
             approval=lambda step: inspector.approval(str(job_id), step),
             revisions=revisions,
+            queue_cap=store.queue_cap,
         )
         return {"ok": True, "jobId": str(job_id), "explain": body}

@@ -485,3 +485,36 @@ def test_a_value_replaced_while_waiting_marks_the_steps_that_read_it_stale(node,
     account = explain(url, job_id)
     assert account["staleInput"] == [{"step": "load", "path": "text", "revision": 1}]
     assert [i["present"] for i in account["inputs"]] == [False, True]
+
+
+def test_explain_names_a_full_queue_for_a_queued_run(store, fresh_dsn, services):
+    """explain-job on a QUEUED run whose queue has its maxRunning runs RUNNING (the store's
+    ``queue_cap`` read against the real schema)."""
+    from protomolt_jobs.runs.submitter import Submitter
+    from protomolt_jobs.verbs import ExplainJobAction, JobsBackend
+    from protomolt_jobs.workflow import Runtime
+
+    runtime = Runtime()
+    backend = JobsBackend(configured=True)
+    backend.bind(store, Submitter(store, None, runtime, 3))
+    verb = ExplainJobAction(backend, runtime)
+    running = enqueue(store, doc_workflow(services.target), {"text": "a"})
+    queued = enqueue(store, doc_workflow(services.target), {"text": "b"})
+    assert verb.execute({"jobId": str(queued.job_id)})["explain"]["run"] == [
+        {"kind": "claim", "queue": "default"}
+    ]
+    store.queue_limits_sync({"default": {"max_running": 1}})
+    with psycopg.connect(fresh_dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE workflow_run SET status = 'RUNNING', lease_owner = 'w', "
+            "lease_token = gen_random_uuid(), lease_until = now() + interval '1 minute', "
+            "attempt = 1 WHERE job_id = %s",
+            (running.job_id,),
+        )
+    assert store.queue_cap("default")["running"] == 1
+    account = verb.execute({"jobId": str(queued.job_id)})["explain"]
+    assert account["run"] == [
+        {"kind": "queue-cap", "queue": "default", "maxRunning": 1, "running": 1}
+    ]
+    (first, *_) = account["steps"]
+    assert first["name"] == "load" and first["waitingOn"] == account["run"]
