@@ -20,6 +20,7 @@ from google.protobuf.message import Message
 from protomolt_jobs.workflow import retry_scope
 from protomolt_jobs.workflow.envelope import parse_input
 from protomolt_jobs.workflow.graph_run import run_graph
+from protomolt_jobs.workflow.inputs import INPUT_WAIT
 from protomolt_jobs.workflow.sequential_run import run_steps
 from protomolt_jobs.workflow.step_run import RecoveryStop, discard_checkpoint, fail
 from protomolt_jobs.workflow.types import (
@@ -32,12 +33,19 @@ from protomolt_jobs.workflow.types import (
     WorkflowParseError,
 )
 
-__all__ = ["CANNOT_GRANT", "CANNOT_PARK", "next_target", "run", "run_segment"]
+__all__ = ["CANNOT_GRANT", "CANNOT_PARK", "CANNOT_WAIT", "next_target", "run", "run_segment"]
 
 #: The synchronous refusal at an external step (reference 3.1, verbatim).
 CANNOT_PARK = (
     "step declares completion='external'; synchronous run-workflow cannot park - submit the "
     "workflow as a job (submit-workflow) so complete-step can supply the response"
+)
+
+#: The synchronous refusal at a step that waits for a missing input (``onMissingInput: "wait"``;
+#: after ``mapping failed: waiting for input: <paths and owners>``).
+CANNOT_WAIT = (
+    "synchronous run-workflow cannot wait - submit the workflow as a job (submit-workflow) so "
+    "supply-input can fill it"
 )
 
 #: The synchronous refusal at a step that declares capabilities (grants are checked by a job's
@@ -149,6 +157,10 @@ def run(
     result = run_segment(workflow, input, [], discard_checkpoint, runtime=runtime)
     if isinstance(result, RecoveryRequired):  # cannot happen without stored checkpoints
         raise fail(FailureKind.WORKFLOW, result.step, result.reason)
+    if isinstance(result, Parked) and result.wait_kind == INPUT_WAIT:
+        raise fail(
+            FailureKind.MAPPING, result.step, f"mapping failed: {result.detail}; {CANNOT_WAIT}"
+        )
     if isinstance(result, Parked):
         raise fail(FailureKind.EXTERNAL, result.step, CANNOT_PARK)
     return result

@@ -156,3 +156,46 @@ def test_the_runners_check_parks_a_waiting_step_and_fails_any_other(runtime):
         wi.check_step(compiled, analyse, empty)
     assert failed.value.kind == FailureKind.MAPPING and failed.value.step == "analyse"
     assert str(failed.value) == "mapping failed: missing required input 'lang' (owner team:data)"
+
+
+def _waiting_first() -> dict[str, Any]:
+    wf = workflow(inputs={"lang": {"owner": "team:data"}})
+    analyse = {k: v for k, v in wf["steps"][1].items() if k != "celRules"}
+    wf["steps"] = [{**analyse, "onMissingInput": "wait"}]
+    return wf
+
+
+def test_run_workflow_cannot_wait_and_says_so_naming_the_path_and_its_owner(runtime):
+    from protomolt_jobs.workflow import run
+
+    compiled = parse_workflow(_waiting_first(), runtime)
+    with pytest.raises(WorkflowExecutionError) as refused:
+        run(compiled, {}, runtime=runtime)
+    assert refused.value.kind == FailureKind.MAPPING and refused.value.step == "analyse"
+    assert str(refused.value).startswith(
+        "mapping failed: waiting for input: 'lang' (owner team:data); synchronous run-workflow "
+        "cannot wait"
+    )
+
+
+def test_a_test_case_whose_run_waits_for_an_input_ends_waiting(runtime):
+    from protomolt_jobs.verbs.workflow_tests import TestWorkflowAction
+
+    wf = _waiting_first()
+    wf["tests"] = [
+        {"name": "no lang", "input": {"text": "t"}, "expect": {"status": "WAITING"}},
+        {
+            "name": "lang",
+            "input": {"text": "t", "lang": "en"},
+            "mocks": {"analyse": {"response": {"step": "analyse"}}},
+            "expect": {"status": "COMPLETED"},
+        },
+    ]
+    answer = TestWorkflowAction(runtime, max_attempts=3, backoff_base_s=1.0).execute(
+        {"workflow": wf}
+    )
+    assert answer["ok"] is True, answer
+    assert [(c["name"], c["actual"]["status"]) for c in answer["cases"]] == [
+        ("no lang", "WAITING"),
+        ("lang", "COMPLETED"),
+    ]

@@ -39,6 +39,7 @@ from protomolt_jobs.workflow import approval as approvals
 from protomolt_jobs.workflow import graph, loops
 from protomolt_jobs.workflow.effects import EffectContext
 from protomolt_jobs.workflow.envelope import message_class
+from protomolt_jobs.workflow.inputs import INPUT_WAIT
 from protomolt_jobs.workflow.runner import run_segment
 from protomolt_jobs.workflow.testing.cases import Case, Event
 from protomolt_jobs.workflow.testing.transport import MockTransport, Unmocked, VirtualClock
@@ -283,6 +284,9 @@ def _settle_failure(
 def _answer_park(
     workflow: CompiledWorkflow, parked: Parked, transport: MockTransport, row: _Row, out: CaseRun
 ) -> None:
+    if parked.wait_kind == INPUT_WAIT:  # supply-input would fill it: the case ends waiting
+        out.status, out.failed_step = "WAITING", parked.step
+        return
     if parked.wait_kind == loops.LOOP_WAIT:
         out.status, out.failed_step, out.error_kind = "PAUSED", parked.step, "LOOP"
         out.error = f"LOOP: loop '{parked.step}' exhausted its iterations (onExhausted park)"
