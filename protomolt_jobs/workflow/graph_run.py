@@ -29,8 +29,9 @@ them:
    completes until ``reconcile-step`` says what happened (``external.py``).
 5. **Settle** when nothing runs and nothing can start: an external or approval step that is
    ready, or a step whose grant needs an approval (its *grant gate*, ``step_run.GrantGate``:
-   the check ran on the step's thread, the step was not called), parks the run
-   (:class:`Parked`); else COMPLETED when the criterion holds; else, before the error
+   the check ran on the step's thread, the step was not called), or a ready step that waits
+   for a missing input (``onMissingInput: "wait"``, ``inputs.check_step``: checked on this
+   thread before its intent, so it never started), parks the run (:class:`Parked`); else COMPLETED when the criterion holds; else, before the error
    leaves, the **compensation** steps of every succeeded step that declared ``compensate``
    run one by one in reverse completion order, each checkpointed.
 6. A workflow with a ``loop`` has a ``loop_run.LoopRun`` (None otherwise): it re-runs a body,
@@ -322,8 +323,6 @@ class _Run:
             found = self.resume_external(step, scope)
             if found is not None:
                 return found
-        if can_park:  # a compensation step runs on what the run has, as before
-            inputs.check_step(self.workflow, step, scope)
         request = build_message(
             step.input_type, step.rules, step.cel_rules, Scope(scope), step.name
         )
@@ -584,6 +583,17 @@ def _start_ready(
                 if step not in external:
                     external.append(step)
                 continue
+            if step.edge is None and step.structured is None:
+                # before its intent: a step that waits for an input has not started
+                try:
+                    inputs.check_step(run.workflow, step, run.values)
+                except inputs.InputWait as wait:
+                    run.gates[step.name] = wait.parked  # parks once nothing else can run
+                    continue
+                except WorkflowExecutionError as exc:
+                    _failure(run, step, exc)
+                    progressed = True
+                    continue
             effects = run.effects
             if step.effect == EFFECT_EXTERNAL and effects is not None and not run.has_intent(step):
                 # the intent is stored (one fenced write, on this thread) before the call
@@ -612,10 +622,6 @@ def _finish(run: _Run, step: Step, fut: cf.Future[Message]) -> None:
         return
     except GrantGate as gate:
         run.gates[step.name] = gate.parked  # not called: parks at the segment's end
-        run.state.running.discard(step.name)
-        return
-    except inputs.InputWait as wait:
-        run.gates[step.name] = wait.parked  # waits for supply-input: parks at the segment's end
         run.state.running.discard(step.name)
         return
     run.succeeded(step, response)

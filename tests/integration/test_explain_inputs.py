@@ -433,15 +433,22 @@ def test_a_workflow_without_the_new_keys_fails_as_before_with_no_more_statements
 
 
 def test_a_graph_step_that_waits_parks_the_run_once_nothing_else_can_run(node, services):
-    """Graph: ``analyse`` needs ``lang`` and waits; ``facts`` (independent) still runs; the
-    run parks on ``analyse``; supply-input lets it finish."""
+    """Graph: ``analyse`` (an external effect) needs ``lang`` and waits; ``facts``
+    (independent) still runs; the run parks on ``analyse`` before its intent is recorded, so
+    supply-input lets it finish (no RECOVERY_REQUIRED for a call that never started)."""
     url = node.http.url
     workflow = graph(
         [
             step("load", services.target),
             step("facts", services.target),
             {
-                **step("analyse", services.target, after=["load"], onMissingInput="wait"),
+                **step(
+                    "analyse",
+                    services.target,
+                    after=["load"],
+                    onMissingInput="wait",
+                    effect="external",
+                ),
                 "rules": ['step = "analyse"', "seen += input.lang"],
             },
             step("publish", services.target, after=["analyse", "facts"]),
@@ -453,6 +460,7 @@ def test_a_graph_step_that_waits_parks_the_run_once_nothing_else_can_run(node, s
     job = status_becomes(url, job_id, "WAITING", "waiting_input")
     assert job["outstandingStep"] == "analyse"
     assert services.step_calls("facts") == 1 and services.step_calls("analyse") == 0
+    assert "effectIntents" not in job  # the step never started
     steps = {s["name"]: s for s in explain(url, job_id)["steps"]}
     assert set(steps) == {"analyse", "publish"}
     assert steps["analyse"]["missingInputs"] == [
