@@ -67,6 +67,7 @@ def test_verb_names():
         "replay-check",
         "test-workflow",
         "report-progress",
+        "get-workflow",
     }
 
 
