@@ -244,9 +244,7 @@ def test_with_the_gate_on_a_failing_or_untested_put_is_refused_naming_the_case(
         code = _cli(["workflow", "put", "order", str(path), "--url", url, "--token", ROOT])
         captured = capsys.readouterr()
         assert code == 1
-        assert f"test case '{FAILING_CASE}' fails (step 'charge'): {FAILING_DIFF}" in (
-            captured.err
-        )
+        assert f"test case '{FAILING_CASE}' fails (step 'charge'): {FAILING_DIFF}" in (captured.err)
         assert f"  FAIL  {FAILING_CASE}: {FAILING_DIFF}" in captured.out
         assert _get(url, "order")[2]["Protomolt-Version"] == "1"
     finally:

@@ -216,7 +216,9 @@ def test_the_guides_example_is_stored_and_get_shows_the_effective_retention(node
     assert shown["dead"] == {"seconds": 90 * DAY, "source": "workflow"}
     # get-workflow answers the same object
     status, got, _ = http(
-        "POST", f"{node.http.url}/protomolt/actions/get-workflow", {"workflowName": "nightly-digest"}
+        "POST",
+        f"{node.http.url}/protomolt/actions/get-workflow",
+        {"workflowName": "nightly-digest"},
     )
     assert status == 200 and got["retention"] == shown, got
 
