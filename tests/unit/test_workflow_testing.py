@@ -133,43 +133,58 @@ def test_a_definition_without_tests_is_not_ok():
 # -- the in-process run ---------------------------------------------------------------------
 
 
+#: The crash and operator-action fixtures; tests/integration/test_workflow_tests_parity.py
+#: plays the same ones on PostgreSQL through real workers.
+CRASH_BEFORE = _case(
+    "before",
+    mocks={"a": OK, "b": [OK, OK], "c": OK},
+    events=[{"after": "b", "crash": "before_checkpoint"}],
+    expect={"status": "COMPLETED", "path": ["a", "b", "c"], "calls": {"a": 1, "b": 2}},
+)
+CRASH_AFTER = _case(
+    "after",
+    mocks=ALL_OK,
+    events=[{"after": "b", "crash": "after_checkpoint"}],
+    expect={"status": "COMPLETED", "path": ["a", "b", "c"], "calls": {"a": 1, "b": 1}},
+)
+PAUSED = _case(
+    "paused",
+    mocks=ALL_OK,
+    events=[{"after": "a", "action": "pause"}],
+    expect={"status": "PAUSED", "path": ["a"], "calls": {"b": 0}},
+)
+RESUMED = _case(
+    "resumed",
+    mocks=ALL_OK,
+    events=[{"after": "a", "action": "pause"}, {"advanceMs": 60000}, {"action": "resume"}],
+    expect={"status": "COMPLETED", "path": ["a", "b", "c"]},
+)
+CANCELLED = _case(
+    "cancelled",
+    mocks=ALL_OK,
+    events=[{"after": "b", "action": "cancel"}],
+    expect={"status": "CANCELLED", "path": ["a", "b"]},
+)
+DEAD = _case(
+    "dead",
+    mocks={"a": [{"status": {"code": "UNAVAILABLE"}}] * 3},
+    expect={"status": "DEAD", "errorKind": "GRPC", "failedStep": "a", "calls": {"a": 3}},
+)
+FAILED = _case(
+    "failed",
+    mocks={"a": OK, "b": {"status": {"code": "NOT_FOUND", "message": "gone"}}},
+    expect={"status": "FAILED", "errorKind": "GRPC", "failedStep": "b", "path": ["a"]},
+)
+
+
 def test_a_crash_before_the_checkpoint_calls_the_step_again_and_after_it_does_not():
-    before = _case(
-        mocks={"a": OK, "b": [OK, OK], "c": OK},
-        events=[{"after": "b", "crash": "before_checkpoint"}],
-        expect={"status": "COMPLETED", "path": ["a", "b", "c"], "calls": {"a": 1, "b": 2}},
-    )
-    after = _case(
-        "after",
-        mocks=ALL_OK,
-        events=[{"after": "b", "crash": "after_checkpoint"}],
-        expect={"status": "COMPLETED", "path": ["a", "b", "c"], "calls": {"a": 1, "b": 1}},
-    )
-    answer = _run(_wf(SEQ, [before, after]))
+    answer = _run(_wf(SEQ, [CRASH_BEFORE, CRASH_AFTER]))
     assert answer["ok"] is True, answer
     assert [c["actual"]["attempts"] for c in answer["cases"]] == [2, 2]
 
 
 def test_pause_resume_and_cancel_apply_at_the_named_checkpoint():
-    paused = _case(
-        "paused",
-        mocks=ALL_OK,
-        events=[{"after": "a", "action": "pause"}],
-        expect={"status": "PAUSED", "path": ["a"], "calls": {"b": 0}},
-    )
-    resumed = _case(
-        "resumed",
-        mocks=ALL_OK,
-        events=[{"after": "a", "action": "pause"}, {"advanceMs": 60000}, {"action": "resume"}],
-        expect={"status": "COMPLETED", "path": ["a", "b", "c"]},
-    )
-    cancelled = _case(
-        "cancelled",
-        mocks=ALL_OK,
-        events=[{"after": "b", "action": "cancel"}],
-        expect={"status": "CANCELLED", "path": ["a", "b"]},
-    )
-    answer = _run(_wf(SEQ, [paused, resumed, cancelled]))
+    answer = _run(_wf(SEQ, [PAUSED, RESUMED, CANCELLED]))
     assert answer["ok"] is True, answer
     assert answer["cases"][1]["actual"]["clockMs"] == 60000
 
@@ -186,17 +201,7 @@ def test_a_delay_past_the_deadline_is_deadline_exceeded_and_retried():
 
 
 def test_retries_exhausted_are_dead_and_a_permanent_failure_is_failed():
-    dead = _case(
-        "dead",
-        mocks={"a": [{"status": {"code": "UNAVAILABLE"}}] * 3},
-        expect={"status": "DEAD", "errorKind": "GRPC", "failedStep": "a", "calls": {"a": 3}},
-    )
-    failed = _case(
-        "failed",
-        mocks={"a": OK, "b": {"status": {"code": "NOT_FOUND", "message": "gone"}}},
-        expect={"status": "FAILED", "errorKind": "GRPC", "failedStep": "b", "path": ["a"]},
-    )
-    answer = _run(_wf(SEQ, [dead, failed]))
+    answer = _run(_wf(SEQ, [DEAD, FAILED]))
     assert answer["ok"] is True, answer
 
 
