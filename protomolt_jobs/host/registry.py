@@ -18,8 +18,10 @@ The role requires nothing. At wire it contributes:
   - ``GET /protomolt/workflows/{name}`` (scope ``schema-read``): the stored JSON verbatim,
     with the header ``ProtoMolt-Retention`` when it has a ``retention`` key (the effective
     retention of its runs per final status, JSON, from ``check-workflow``; without the key, or
-    without a jobs role, no header: the node-wide ``jobs.run_retention_seconds``); 404 ``not-found`` when
-    absent; 500 ``workflow-corrupt`` when the file does not read as a JSON object.
+    without a jobs role, no header: the node-wide ``jobs.run_retention_seconds``), and the
+    headers ``ProtoMolt-Version`` (the stored version's number) and ``ProtoMolt-Last-Test``
+    (its last test result, compact JSON) when it has a version record; 404 ``not-found``
+    when absent; 500 ``workflow-corrupt`` when the file does not read as a JSON object.
   - ``PUT /protomolt/workflows/{name}`` (scope ``workflow-write``): the name must match
     :data:`NAME_PATTERN` and the body must be a JSON object (else **422** ``invalid-input``,
     also for a body nested too deep or holding a lone surrogate escape). The definition is
@@ -27,13 +29,20 @@ The role requires nothing. At wire it contributes:
     other scopes); one that does not verify is refused with **422**
     ``{"error": "does-not-verify", "message", "findings": [{step, kind, error}]}`` and nothing
     is stored. Without ``check-workflow`` in the catalog (no jobs role mounted) the PUT is
-    refused with 503 ``unavailable``, never stored unchecked. Success: 200 ``{"name": name}``.
+    refused with 503 ``unavailable``, never stored unchecked. Then its ``tests`` run
+    (``test-workflow``, in-process): with the node's ``jobs.require_workflow_tests`` (the
+    jobs role's :class:`~protomolt_jobs.hooks.contract.WorkflowActivation`) a failing case,
+    or no tests, is refused with **422** ``{"error": "tests-failed", "message" (the first
+    failing case and its first difference), "tests"}`` and nothing is stored. Success: 200
+    ``{"name", "version", "tests"}``; the result is recorded as the new version's
+    ``lastTest`` (``workflow_versions.py``: files beside the definitions).
 
 Errors carry upstream's registry codes too (the Java ProtoMolt serves these routes on its
 schema registry, Confluent style): ``error_code`` 40401 (no such workflow), 42201 (a bad
 name or body), 42202 (does not verify), 50001 (a stored file that cannot be read), beside
-this project's ``error`` and ``message``. Only the 503 has no upstream counterpart (upstream
-stores the workflow unchecked when no action catalog is mounted).
+this project's ``error`` and ``message``. The 503 has no upstream counterpart (upstream
+stores the workflow unchecked when no action catalog is mounted), nor has 42203
+(``tests-failed``, ours: upstream has no tests in a definition).
 """
 
 from __future__ import annotations

@@ -11,8 +11,11 @@ replaces the definition's own. Answer (``workflow/testing/suite.py``)::
 
 A definition that does not parse or verify is an answer ``{"ok": false, "error"}`` (as
 ``run-workflow``); a definition without cases is ``{"ok": false, "error": "... no tests"}``.
-Nothing is stored and no network connection is opened: the engine's channels are the mock
-transport's (``workflow/testing/transport.py``). The scope is ``check-workflow``'s,
+No job is made and no network connection is opened: the engine's channels are the mock
+transport's (``workflow/testing/transport.py``). A stored workflow tested by name with its own
+tests (no ``tests`` in the request), on a repository that numbers versions
+(``WorkflowVersions``), has the answer recorded as that version's last test result, by the
+caller (``via: "test-workflow"``); the registry's PUT runs this verb too and records its own. The scope is ``check-workflow``'s,
 ``schema-read``: it runs the definition against mocks only.
 """
 
