@@ -4,7 +4,8 @@ The registry keeps the current definition of ``name`` in ``<dir>/<name>.json`` (
 layout, served verbatim). Each ``PUT`` also writes, under ``<dir>/.versions/<name>/``:
 
 - ``<n>.definition.json``: the text stored as version ``n`` (1, 2, ...), kept so an earlier
-  version can be read back (``get-workflow {version}``);
+  version can be read back (``get-workflow {version}``); a PUT of the same text as the latest
+  version keeps its number (and replaces its ``lastTest``);
 - ``<n>.json``: the version's record, ``{"version", "sha256", "storedAt", "storedBy",
   "lastTest"}``; ``sha256`` is the hex SHA-256 of the stored text, ``storedAt`` ISO-8601 UTC,
   ``storedBy`` the caller's principal, ``lastTest`` the last test result (see
@@ -130,10 +131,18 @@ class Versions:
 
     def add(self, name: str, text: str, *, by: str, test: dict[str, Any] | None) -> int:
         """Record ``text`` as the next version of ``name``; call before the definition's file
-        is replaced. :returns: the new version's number."""
+        is replaced. The same text as the latest version keeps that version's number (a role
+        storing its workflow at every start does not add one per start); its ``lastTest`` is
+        replaced when ``test`` is given. :returns: the version's number."""
         directory = self._dir(name)
         directory.mkdir(parents=True, exist_ok=True)
         numbers = self.numbers(name)
+        if numbers:
+            latest = self.record(name, numbers[-1])
+            if latest is not None and latest.get("sha256") == sha256_of(text):
+                if test is not None:
+                    self.set_test(name, numbers[-1], test)
+                return numbers[-1]
         version = (numbers[-1] if numbers else 0) + 1
         write_atomically(directory, f"{version}.definition.json", text)
         record = {

@@ -52,6 +52,14 @@ def test_each_put_is_a_version_with_its_result_and_a_new_store_reads_them(tmp_pa
     assert WorkflowStore(tmp_path).stored("flow")["lastTest"]["by"] == "cy"
     assert again.record_test("flow", 9, ANSWER, by="cy", via="test-workflow") is False
 
+    # the same text again (a role storing its workflow at each start) keeps the number
+    assert again.put("flow", {"name": "v2"}, by="dan") == 2
+    assert again.put("flow", {"name": "v2"}, by="dan", test=first) == 2
+    assert again.stored("flow")["lastTest"] == first
+    assert again.versions.numbers("flow") == [1, 2]
+    # ... but the text of an older version is a new one
+    assert again.put("flow", {"name": "v1"}) == 3
+
 
 def test_a_crash_before_the_definition_is_replaced_keeps_the_previous_version_current(tmp_path):
     store = WorkflowStore(tmp_path)
