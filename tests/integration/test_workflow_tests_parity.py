@@ -1,4 +1,6 @@
-"""Parity of the ``tests`` fixtures with crash events and operator actions: each is played by
+"""Parity of the ``tests`` fixtures (tests/unit/test_workflow_testing.py) with crash events,
+operator actions, retries exhausted and a permanent failure, a false gate, a call slower than
+its deadline and a bounded loop in a graph: each is played by
 ``test-workflow``'s in-process run and as a job on PostgreSQL through real workers (real claim,
 lease, fences and the control triggers), against a real gRPC service answering with the case's
 mocks, and both end with the same path, calls, final status and error, and the case's own
@@ -15,6 +17,10 @@ How each event is played on PostgreSQL:
 - ``resume``: ``resume-job`` once the run is PAUSED.
 - ``advanceMs``: nothing: the virtual clock has no counterpart on a real node (the run does not
   wait on it; documented in docs/workflows.md, *Tests in the definition*).
+- ``delayMs``: the service sleeps that long for real, so a call past the step's ``deadlineMs``
+  is a real ``DEADLINE_EXCEEDED``.
+
+A graph run's report (the loop fixture) is compared key by key with the in-process report.
 
 Stated difference (docs/workflows.md): the in-process run's ``attempts`` counts segments, the
 claims a worker makes; on PostgreSQL a finished run's report counts the same (``claims``,
@@ -46,7 +52,13 @@ from tests.unit.test_workflow_testing import (
     CRASH_AFTER,
     CRASH_BEFORE,
     DEAD,
+    DELAY_STEPS,
+    DELAYED,
     FAILED,
+    GATE_SKIPPED,
+    GATE_STEPS,
+    LOOP_STEPS,
+    LOOPED,
     PAUSED,
     RESUMED,
     SEQ,
@@ -68,10 +80,12 @@ _FAST = {
 }
 
 
-def _setup(cases: list[dict[str, Any]]) -> tuple[MockedSteps, dict[str, Any], Any]:
+def _setup(
+    cases: list[dict[str, Any]], steps: list[dict[str, Any]] = SEQ
+) -> tuple[MockedSteps, dict[str, Any], Any]:
     """The mocked service, the fixtures' workflow aimed at it, and its compiled form."""
-    shop = MockedSteps(parse_workflow(_wf(SEQ, []), Runtime()))
-    wf = copy.deepcopy(_wf(SEQ, cases))
+    shop = MockedSteps(parse_workflow(_wf(steps, []), Runtime()))
+    wf = copy.deepcopy(_wf(steps, cases))
     for step in wf["steps"]:
         step["target"] = shop.target
     return shop, wf, parse_workflow(wf, Runtime())
@@ -108,10 +122,14 @@ def _assert_same(
         # a finished run's report counts its claims: the in-process run's segments
         assert report["claims"] == local.attempts, name
         assert report["status"] == local.status, name
-        ran = [r["name"] for r in report["steps"] if r["status"] in ("succeeded", "failed")]
-        assert ran == [p.split("#", 1)[0] for p in path_of(compiled, local.checkpoints)] + (
-            [local.failed_step] if local.status in ("FAILED", "DEAD") and local.failed_step else []
-        ), (name, report)
+        if local.report is not None:  # a graph run: the in-process report, key by key
+            assert {k: report[k] for k in local.report} == local.report, (name, report)
+        else:
+            ran = [r["name"] for r in report["steps"] if r["status"] in ("succeeded", "failed")]
+            failed = [local.failed_step] if local.status in ("FAILED", "DEAD") else []
+            assert ran == [p.split("#", 1)[0] for p in path_of(compiled, local.checkpoints)] + (
+                failed
+            ), (name, report)
     else:
         # the row's attempt is its retry budget's count; it equals the claims here
         assert attempt == local.attempts, name
@@ -176,9 +194,22 @@ def test_a_crash_fixture_ends_the_same_through_crashing_worker_processes(fresh_d
 # -- operator actions and failures: a node's workers ----------------------------------------------
 
 
-def test_pause_resume_cancel_and_failure_fixtures_end_the_same_on_a_node(tmp_path, fresh_dsn):
-    fixtures = [PAUSED, RESUMED, CANCELLED, DEAD, FAILED]
-    shop, wf, compiled = _setup(fixtures)
+#: The fixtures played on a node, with the steps of their workflow.
+ON_A_NODE = [
+    (SEQ, [PAUSED, RESUMED, CANCELLED, DEAD, FAILED]),
+    (GATE_STEPS, [GATE_SKIPPED]),
+    (DELAY_STEPS, [DELAYED]),
+    (LOOP_STEPS, [LOOPED]),
+]
+
+
+@pytest.mark.parametrize(
+    ("steps", "fixtures"), ON_A_NODE, ids=["control-and-failures", "gate", "delay", "loop"]
+)
+def test_operator_action_failure_gate_delay_and_loop_fixtures_end_the_same_on_a_node(
+    tmp_path, fresh_dsn, steps, fixtures
+):
+    shop, wf, compiled = _setup(fixtures, steps)
     node = start_node_with_file(tmp_path, fresh_dsn, NODE)
     url = node.http.url
 

@@ -4,7 +4,7 @@ parity tests of ``tests`` cases (in-process vs a real worker on PostgreSQL).
 :class:`MockedSteps` serves every method a compiled workflow's steps call. Each call's step is
 read from its ``x-protomolt-idempotency-key`` (``<job>:<step>:...``), as the mock transport
 reads it, and answered with the current case's next mock for that step (a ``response``, or a
-``status`` the call aborts with). ``on_call[step]`` runs before the answer, in the server's
+``status`` the call aborts with), after its ``delayMs`` of real time. ``on_call[step]`` runs before the answer, in the server's
 thread, with the job id and the call's index (0 for the first): a test issues an operator
 action there, while the step's call is in flight.
 """
@@ -12,6 +12,7 @@ action there, while the step's call is in flight.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent import futures
@@ -78,6 +79,8 @@ class MockedSteps:
             if n >= len(seq):
                 context.abort(grpc.StatusCode.INTERNAL, f"no mock {n} for {step}")
             mock = seq[n]
+            if mock.get("delayMs"):
+                time.sleep(mock["delayMs"] / 1000.0)  # the call takes that long, for real
             if "status" in mock:
                 status = mock["status"]
                 context.abort(grpc.StatusCode[status["code"]], status.get("message", ""))

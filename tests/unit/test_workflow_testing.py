@@ -189,13 +189,48 @@ def test_pause_resume_and_cancel_apply_at_the_named_checkpoint():
     assert answer["cases"][1]["actual"]["clockMs"] == 60000
 
 
+#: A call slower than its step's deadline, then one in time (with its steps).
+DELAY_STEPS = [_step("a", deadlineMs=100), _step("b", "B")]
+DELAYED = _case(
+    "delayed",
+    mocks={"a": [{"response": {}, "delayMs": 500}, {"response": {}, "delayMs": 50}], "b": OK},
+    expect={"status": "COMPLETED", "calls": {"a": 2}},
+)
+#: A false gate: its step skipped (with its steps).
+GATE_STEPS = [_step("a"), _step("b", "B", when="input.go"), _step("c", "C")]
+GATE_SKIPPED = _case(
+    "gate", mocks={"a": OK, "c": OK}, expect={"path": ["a", "c"], "skipped": {"b": ""}}
+)
+#: A graph with a bounded loop: check fails once, fix runs, the loop repeats (with its steps).
+LOOP_STEPS = [
+    _step("build"),
+    _step("check", "B", after=["build"]),
+    _step(
+        "fix",
+        "C",
+        after=[{"step": "check", "on": "failure"}],
+        loop={"to": "build", "max": 2},
+    ),
+    _step("publish", after=["check"]),
+]
+LOOPED = _case(
+    "looped",
+    mocks={
+        "build": [OK, OK],
+        "check": [{"status": {"code": "FAILED_PRECONDITION", "message": "not yet"}}, OK],
+        "fix": OK,
+        "publish": OK,
+    },
+    expect={
+        "status": "COMPLETED",
+        "path": ["build#0", "check#0", "fix#0", "build#1", "check#1", "publish"],
+        "calls": {"build": 2, "check": 2, "fix": 1},
+    },
+)
+
+
 def test_a_delay_past_the_deadline_is_deadline_exceeded_and_retried():
-    steps = [_step("a", deadlineMs=100), _step("b", "B")]
-    case = _case(
-        mocks={"a": [{"response": {}, "delayMs": 500}, {"response": {}, "delayMs": 50}], "b": OK},
-        expect={"status": "COMPLETED", "calls": {"a": 2}},
-    )
-    got = _only(_wf(steps, [case]))
+    got = _only(_wf(DELAY_STEPS, [DELAYED]))
     assert got["passed"] is True, got
     assert got["actual"]["clockMs"] == 500 + 1000 + 50  # delays and one 1 s backoff
 
@@ -206,8 +241,7 @@ def test_retries_exhausted_are_dead_and_a_permanent_failure_is_failed():
 
 
 def test_a_false_gate_is_skipped_and_coverage_says_its_other_way_was_not_reached():
-    steps = [_step("a"), _step("b", "B", when="input.go"), _step("c", "C")]
-    case = _case(mocks={"a": OK, "c": OK}, expect={"path": ["a", "c"], "skipped": {"b": ""}})
+    steps, case = GATE_STEPS, GATE_SKIPPED
     answer = _run(_wf(steps, [case]))
     assert answer["ok"] is True, answer
     assert answer["coverage"]["decisions"] == ["b: ran"]
@@ -259,30 +293,7 @@ def test_external_and_approval_parks_are_answered_by_their_mocks():
 
 
 def test_a_loop_body_is_on_the_path_by_iteration_and_coverage_tracks_the_loop():
-    steps = [
-        _step("build"),
-        _step("check", "B", after=["build"]),
-        _step(
-            "fix",
-            "C",
-            after=[{"step": "check", "on": "failure"}],
-            loop={"to": "build", "max": 2},
-        ),
-        _step("publish", after=["check"]),
-    ]
-    case = _case(
-        mocks={
-            "build": [OK, OK],
-            "check": [{"status": {"code": "FAILED_PRECONDITION", "message": "not yet"}}, OK],
-            "fix": OK,
-            "publish": OK,
-        },
-        expect={
-            "status": "COMPLETED",
-            "path": ["build#0", "check#0", "fix#0", "build#1", "check#1", "publish"],
-            "calls": {"build": 2, "check": 2, "fix": 1},
-        },
-    )
+    steps, case = LOOP_STEPS, LOOPED
     answer = _run(_wf(steps, [case]))
     assert answer["ok"] is True, answer
     assert answer["coverage"]["loopExits"] == ["fix: exhausted"]
