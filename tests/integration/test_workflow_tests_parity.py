@@ -15,6 +15,9 @@ How each event is played on PostgreSQL:
   call is in flight (the service's hook), so the request is applied at S's checkpoint, as the
   in-process run applies it.
 - ``resume``: ``resume-job`` once the run is PAUSED.
+- a park: an external step's next ``response`` mock by ``complete-step``, an approval step's
+  ``votes`` by ``approve-step`` as each principal (tokens ``al`` and ``bo``); votes that do not
+  decide leave the run WAITING, as in-process.
 - ``advanceMs``: nothing: the virtual clock has no counterpart on a real node (the run does not
   wait on it; documented in docs/workflows.md, *Tests in the definition*).
 - ``delayMs``: the service sleeps that long for real, so a call past the step's ``deadlineMs``
@@ -25,8 +28,9 @@ A graph run's report (the loop fixture) is compared key by key with the in-proce
 Stated difference (docs/workflows.md): the in-process run's ``attempts`` counts segments, the
 claims a worker makes; on PostgreSQL a finished run's report counts the same (``claims``,
 asserted equal), but the row's ``attempt`` is the retry budget's count, which a pause gives
-back: the resumed fixture ends with ``attempt`` 1 after 2 claims. Where a run has no report
-(the paused one) the row's ``attempt`` is compared, and equals the claims. A cancelled run's
+back, as a park's answer does: the resumed fixture ends with ``attempt`` 1 after 2 claims. So
+the claims are counted from the run's history (``job-history``, kind ``claim``), and for a
+finished run also read from its report. A cancelled run's
 ``error`` names the cancelling principal on PostgreSQL (``CANCELLED by api``); the in-process
 run stores none.
 """
@@ -48,10 +52,13 @@ from tests.support.mock_steps import MockedSteps
 from tests.support.node import http, start_node_with_file, wait_for
 from tests.support.worker_proc import CRASH_EXIT_CODE, WorkerProcess, enqueue
 from tests.unit.test_workflow_testing import (
+    ATTEMPTS_BACK,
+    ATTEMPTS_STEPS,
     CANCELLED,
     CRASH_AFTER,
     CRASH_BEFORE,
     DEAD,
+    DECIDED,
     DELAY_STEPS,
     DELAYED,
     FAILED,
@@ -59,13 +66,21 @@ from tests.unit.test_workflow_testing import (
     GATE_STEPS,
     LOOP_STEPS,
     LOOPED,
+    PARK_STEPS,
     PAUSED,
     RESUMED,
     SEQ,
+    VOTE_SHORT,
     _wf,
 )
 
-NODE = '[node]\napi_token = "root-token"\n'
+#: The approvers of the park fixtures' approval step are principals of the node.
+NODE = """[node]
+api_token = "root-token"
+[node.tokens]
+al = "al-token"
+bo = "bo-token"
+"""
 AUTH = {"Authorization": "Bearer root-token"}
 TERMINAL = {"COMPLETED", "FAILED", "DEAD", "CANCELLED", "RECOVERY_REQUIRED"}
 #: The node's and the worker processes' retry settings, given to the in-process run too.
@@ -87,7 +102,8 @@ def _setup(
     shop = MockedSteps(parse_workflow(_wf(steps, []), Runtime()))
     wf = copy.deepcopy(_wf(steps, cases))
     for step in wf["steps"]:
-        step["target"] = shop.target
+        if "target" in step:  # an approval step calls nothing
+            step["target"] = shop.target
     return shop, wf, parse_workflow(wf, Runtime())
 
 
@@ -104,7 +120,7 @@ def _assert_same(
     status: str,
     checkpoints: list[dict[str, Any]],
     error: str | None,
-    attempt: int,
+    claims: int,
     calls: dict[str, int],
     report: Any = None,
 ) -> None:
@@ -130,9 +146,8 @@ def _assert_same(
             assert ran == [p.split("#", 1)[0] for p in path_of(compiled, local.checkpoints)] + (
                 failed
             ), (name, report)
-    else:
-        # the row's attempt is its retry budget's count; it equals the claims here
-        assert attempt == local.attempts, name
+    # the claims the run's history records: the in-process run's segments
+    assert claims == local.attempts, name
     # the case's own expectations hold for the PostgreSQL run as well
     [case] = parse_cases(compiled, [raw])
     kind, _, _ = (error or "").partition(":") if status != "CANCELLED" else ("", "", "")
@@ -181,7 +196,7 @@ def test_a_crash_fixture_ends_the_same_through_crashing_worker_processes(fresh_d
             status=row.status,
             checkpoints=list(row.checkpoints),
             error=row.error,
-            attempt=row.attempt,
+            claims=row.attempt,  # no pause or park gave an attempt back: attempts = claims
             calls=dict(shop.calls),
         )
     finally:
@@ -200,11 +215,15 @@ ON_A_NODE = [
     (GATE_STEPS, [GATE_SKIPPED]),
     (DELAY_STEPS, [DELAYED]),
     (LOOP_STEPS, [LOOPED]),
+    (PARK_STEPS, [DECIDED, VOTE_SHORT]),
+    (ATTEMPTS_STEPS, [ATTEMPTS_BACK]),
 ]
 
 
 @pytest.mark.parametrize(
-    ("steps", "fixtures"), ON_A_NODE, ids=["control-and-failures", "gate", "delay", "loop"]
+    ("steps", "fixtures"),
+    ON_A_NODE,
+    ids=["control-and-failures", "gate", "delay", "loop", "parks", "attempts-back"],
 )
 def test_operator_action_failure_gate_delay_and_loop_fixtures_end_the_same_on_a_node(
     tmp_path, fresh_dsn, steps, fixtures
@@ -213,10 +232,40 @@ def test_operator_action_failure_gate_delay_and_loop_fixtures_end_the_same_on_a_
     node = start_node_with_file(tmp_path, fresh_dsn, NODE)
     url = node.http.url
 
-    def verb(name: str, body: dict[str, Any]) -> dict[str, Any]:
-        status, answer, _ = http("POST", f"{url}/protomolt/actions/{name}", body, headers=AUTH)
+    def verb(name: str, body: dict[str, Any], auth: dict[str, str] = AUTH) -> dict[str, Any]:
+        status, answer, _ = http("POST", f"{url}/protomolt/actions/{name}", body, headers=auth)
         assert status == 200, (name, answer)
         return answer
+
+    def answer_parks(job_id: str, fixture: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]:
+        """Answer each park with the step's next mock, as the in-process run does: an
+        external step's ``response`` by complete-step, an approval's ``votes`` by
+        approve-step, each as its principal. A park left without a mock, or votes that do
+        not decide, leave the run WAITING."""
+        left = {k: list(v) if isinstance(v, list) else [v] for k, v in fixture["mocks"].items()}
+        while got["status"] == "WAITING":
+            step = got["outstandingStep"]
+            before = len(got["checkpoints"])
+            mocks = [m for m in left.get(step, []) if "votes" in m or "response" in m]
+            if not mocks:
+                return got
+            mock = mocks[0]
+            left[step].remove(mock)
+            shop.calls[step] += 1  # a parked step's answer counts as one call
+            if "votes" in mock:
+                for vote in mock["votes"]:
+                    token = {"Authorization": f"Bearer {vote['principal']}-token"}
+                    body = {"jobId": job_id, "stepName": step, "decision": vote["decision"]}
+                    verb("approve-step", body, token)  # a repeated vote changes nothing
+            else:
+                body = {"jobId": job_id, "stepName": step, "response": mock["response"]}
+                assert verb("complete-step", body)["ok"]
+            # both verbs store the answer and queue the run before they answer
+            got = job(job_id)
+            if got["status"] == "WAITING" and len(got["checkpoints"]) == before:
+                return got  # the votes did not decide
+            got = settled(job_id, TERMINAL | {"PAUSED", "WAITING"})
+        return got
 
     def job(job_id: str) -> dict[str, Any]:
         return verb("get-job", {"jobId": job_id})["job"]
@@ -243,7 +292,7 @@ def test_operator_action_failure_gate_delay_and_loop_fixtures_end_the_same_on_a_
                 "submit-workflow", {"workflow": wf, "input": fixture["input"], "jobId": job_id}
             )
             assert answer["ok"], answer
-            got = settled(job_id, TERMINAL | {"PAUSED"})
+            got = answer_parks(job_id, fixture, settled(job_id, TERMINAL | {"PAUSED", "WAITING"}))
             if any(e["action"] == "resume" for e in actions):
                 assert got["status"] == "PAUSED" and path_of(compiled, got["checkpoints"]) == ["a"]
                 assert verb("resume-job", {"jobId": job_id})["ok"]
@@ -255,7 +304,11 @@ def test_operator_action_failure_gate_delay_and_loop_fixtures_end_the_same_on_a_
                 status=got["status"],
                 checkpoints=got["checkpoints"],
                 error=got.get("error"),
-                attempt=got["attempt"],
+                claims=sum(
+                    1
+                    for t in verb("job-history", {"jobId": job_id})["transitions"]
+                    if t["kind"] == "claim"
+                ),
                 calls=dict(shop.calls),
                 report=got.get("report"),
             )

@@ -251,42 +251,62 @@ def test_a_false_gate_is_skipped_and_coverage_says_its_other_way_was_not_reached
     assert got["difference"] == "skipped: 'b' was skipped (), not expected"
 
 
+#: An external step and an approval step of quorum 2 (with their steps): decided by the votes,
+#: and one vote short (WAITING).
+PARK_STEPS = [
+    _step("a"),
+    {"name": "ext", "target": TARGET, "method": "t.v1.S/B", "completion": "external"},
+    {
+        "name": "review",
+        "completion": "approval",
+        "approval": {"approvers": {"principals": ["al", "bo"]}, "quorum": 2},
+    },
+    _step("c", "C"),
+]
+DECIDED = _case(
+    "decided",
+    mocks={
+        "a": OK,
+        "ext": {"response": {"id": "e"}},
+        "review": {
+            "votes": [
+                {"principal": "al", "decision": "accept"},
+                {"principal": "al", "decision": "accept"},
+                {"principal": "bo", "decision": "accept"},
+            ]
+        },
+        "c": OK,
+    },
+    expect={"status": "COMPLETED", "path": ["a", "ext", "review", "c"]},
+)
+VOTE_SHORT = _case(
+    "waiting",
+    mocks={
+        "a": OK,
+        "ext": {"response": {"id": "e"}},
+        "review": {"votes": [{"principal": "al", "decision": "accept"}]},
+    },
+    expect={"status": "WAITING", "path": ["a", "ext"], "calls": {"c": 0}},
+)
+#: A park's answer gives the run its attempts back (with its steps).
+ATTEMPTS_STEPS = [
+    _step("a"),
+    {"name": "ext", "target": TARGET, "method": "t.v1.S/B", "completion": "external"},
+    _step("c", "C"),
+]
+ATTEMPTS_BACK = _case(
+    "attempts back",
+    mocks={
+        "a": [{"status": {"code": "UNAVAILABLE"}}, OK],
+        "ext": {"response": {"id": "e"}},
+        "c": [{"status": {"code": "UNAVAILABLE"}}] * 3,
+    },
+    expect={"status": "DEAD", "failedStep": "c", "calls": {"a": 2, "c": 3}},
+)
+
+
 def test_external_and_approval_parks_are_answered_by_their_mocks():
-    steps = [
-        _step("a"),
-        {"name": "ext", "target": TARGET, "method": "t.v1.S/B", "completion": "external"},
-        {
-            "name": "review",
-            "completion": "approval",
-            "approval": {"approvers": {"principals": ["al", "bo"]}, "quorum": 2},
-        },
-        _step("c", "C"),
-    ]
-    decided = _case(
-        "decided",
-        mocks={
-            "a": OK,
-            "ext": {"response": {"id": "e"}},
-            "review": {
-                "votes": [
-                    {"principal": "al", "decision": "accept"},
-                    {"principal": "al", "decision": "accept"},
-                    {"principal": "bo", "decision": "accept"},
-                ]
-            },
-            "c": OK,
-        },
-        expect={"status": "COMPLETED", "path": ["a", "ext", "review", "c"]},
-    )
-    waiting = _case(
-        "waiting",
-        mocks={
-            "a": OK,
-            "ext": {"response": {"id": "e"}},
-            "review": {"votes": [{"principal": "al", "decision": "accept"}]},
-        },
-        expect={"status": "WAITING", "path": ["a", "ext"], "calls": {"c": 0}},
-    )
+    steps, decided, waiting = PARK_STEPS, DECIDED, VOTE_SHORT
     answer = _run(_wf(steps, [decided, waiting]))
     assert answer["ok"] is True, answer
     assert answer["coverage"]["decisions"] == ["review: reject"]
@@ -328,19 +348,7 @@ def test_a_definitions_tests_are_not_part_of_its_fingerprint():
 
 
 def test_a_parks_answer_gives_the_run_its_attempts_back():
-    steps = [
-        _step("a"),
-        {"name": "ext", "target": TARGET, "method": "t.v1.S/B", "completion": "external"},
-        _step("c", "C"),
-    ]
-    case = _case(
-        mocks={
-            "a": [{"status": {"code": "UNAVAILABLE"}}, OK],
-            "ext": {"response": {"id": "e"}},
-            "c": [{"status": {"code": "UNAVAILABLE"}}] * 3,
-        },
-        expect={"status": "DEAD", "failedStep": "c", "calls": {"a": 2, "c": 3}},
-    )
+    steps, case = ATTEMPTS_STEPS, ATTEMPTS_BACK
     got = _only(_wf(steps, [case]))
     assert got["passed"] is True, got
     assert got["actual"]["attempts"] == 2 + 3  # claims: a's two, then c's three after the park
