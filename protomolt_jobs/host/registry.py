@@ -169,6 +169,13 @@ class WorkflowStore:
         text = self.read_text(name)
         if text is None:
             return None
+        return self._parse(name, text)
+
+    def _parse(self, name: str, text: str) -> dict[str, Any]:
+        """``text`` (the stored file of ``name``) as a JSON object.
+
+        :raises CorruptWorkflow: not JSON, or not an object.
+        """
         path = self.path_of(name)
         try:
             value = json.loads(text)
@@ -251,9 +258,9 @@ class WorkflowStore:
 
         :raises CorruptWorkflow: the current file cannot be read as a JSON object.
         """
-        current = self.workflow(name)
         with self._lock:
-            text = self.read_text(name) if current is not None else None
+            text = self.read_text(name)  # one read of the current file, under the lock
+            current = self._parse(name, text) if text is not None else None
             numbers = self.versions.numbers(name) if _is_name(name) else []
             now = self.versions.current(name, text) if text is not None else None
             if version is None:
