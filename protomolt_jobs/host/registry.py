@@ -326,6 +326,21 @@ VERSION_HEADER = "ProtoMolt-Version"
 LAST_TEST_HEADER = "ProtoMolt-Last-Test"
 
 
+#: The longest ``ProtoMolt-Last-Test`` value; a longer result is sent without its cases.
+LAST_TEST_HEADER_MAX = 4096
+
+
+def _last_test_header(tested: dict[str, Any]) -> str:
+    """The compact JSON of a version's last test result; past :data:`LAST_TEST_HEADER_MAX`
+    characters (many cases, long differences) without ``cases`` and with ``"truncated":
+    true`` (get-workflow has them all), so no proxy or client refuses the header."""
+    compact = json.dumps(tested, separators=(",", ":"), sort_keys=True)
+    if len(compact) <= LAST_TEST_HEADER_MAX:
+        return compact
+    short = {k: v for k, v in tested.items() if k not in ("cases", "error")}
+    return json.dumps({**short, "truncated": True}, separators=(",", ":"), sort_keys=True)
+
+
 def _principal(request: HttpRequest) -> str:
     return request.caller.name if isinstance(request.caller, Caller) else "operator"
 
@@ -420,8 +435,7 @@ def workflow_routes(
             headers.append((VERSION_HEADER, str(version["version"])))
             tested = version.get("lastTest")
             if tested is not None:
-                compact = json.dumps(tested, separators=(",", ":"), sort_keys=True)
-                headers.append((LAST_TEST_HEADER, compact))
+                headers.append((LAST_TEST_HEADER, _last_test_header(tested)))
         return HttpResponse(200, text.encode("utf-8"), headers=tuple(headers))
 
     def put_one(request: HttpRequest) -> HttpResponse:

@@ -80,3 +80,22 @@ def test_a_file_copied_in_by_hand_has_no_version(tmp_path):
     assert (current["version"], current["lastTest"], current["current"]) == (None, None, False)
     assert (tmp_path / VERSIONS_DIR).exists() is False
     assert store.put("flow", {"name": "v1"}) == 1
+
+
+def test_a_long_last_test_header_leaves_its_cases_to_get_workflow():
+    from protomolt_jobs.host.registry import LAST_TEST_HEADER_MAX, _last_test_header
+
+    cases = [{"name": f"case {i}", "passed": False, "difference": "x" * 200} for i in range(40)]
+    tested = {"ok": False, "passed": 0, "failed": 40, "cases": cases, "at": "t", "by": "b"}
+    header = json.loads(_last_test_header(tested))
+    assert header == {
+        "ok": False,
+        "passed": 0,
+        "failed": 40,
+        "at": "t",
+        "by": "b",
+        "truncated": True,
+    }
+    short = {**tested, "cases": cases[:1]}
+    assert json.loads(_last_test_header(short)) == short
+    assert len(_last_test_header(tested)) < LAST_TEST_HEADER_MAX
