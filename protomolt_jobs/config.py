@@ -182,6 +182,10 @@ class JobsConfig:
     #: Whether the pruner also deletes rows our store did not write (``origin`` NULL,
     #: migration 0013: a Java node's runs and outbox rows, which upstream keeps forever).
     prune_foreign_rows: bool = False
+    #: The activation gate (docs/workflows.md, *Tests in the definition*): ``PUT`` of a workflow
+    #: whose ``tests`` cases fail, or that has none, is refused (422) and nothing is stored.
+    #: Off: the PUT stores it and records the result.
+    require_workflow_tests: bool = False
     #: Policy floors (``[[jobs.approval_floors]]``; ``PROTOMOLT_JOBS_APPROVAL_FLOORS`` as a
     #: JSON list): tables ``{name, when, quorum?, approvers?, veto?}`` that select steps and
     #: set the weakest approval they may have (docs/approvals.md, *Policy floors*). Checked
@@ -247,10 +251,11 @@ class JobsConfig:
                 "'always' (every outbox row carries its payload, for a Java relay on a shared "
                 f"outbox); got {_shown(self.outbox_payloads)}"
             )
-        if not isinstance(self.prune_foreign_rows, bool):
-            raise ConfigError(
-                f"jobs.prune_foreign_rows must be true or false; got {_shown(self.prune_foreign_rows)}"
-            )
+        for flag in ("prune_foreign_rows", "require_workflow_tests"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(
+                    f"jobs.{flag} must be true or false; got {_shown(getattr(self, flag))}"
+                )
         if not isinstance(self.approval_floors, tuple) or not all(
             isinstance(t, Mapping) for t in self.approval_floors
         ):
@@ -831,7 +836,7 @@ def _coerce(key: str, raw: Any, field: dataclasses.Field) -> Any:
             except ValueError:
                 pass
         raise ConfigError(f"jobs.{key} must be a finite number of seconds; got {_shown(raw)}")
-    if key == "prune_foreign_rows":
+    if key in ("prune_foreign_rows", "require_workflow_tests"):
         if isinstance(raw, bool):
             return raw
         word = raw.strip().lower() if isinstance(raw, str) else None

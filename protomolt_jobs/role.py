@@ -46,6 +46,7 @@ from protomolt_jobs.hooks.contract import (
     StepAuthorizer,
     TypePool,
     WireContext,
+    WorkflowActivation,
     WorkflowRepository,
 )
 from protomolt_jobs.hooks.hookspecs import hookimpl
@@ -54,6 +55,7 @@ from protomolt_jobs.runs.retention import Bounds
 from protomolt_jobs.telemetry import metrics
 from protomolt_jobs.verbs import (
     CheckWorkflowAction,
+    GetWorkflowAction,
     JobsBackend,
     ReplayCheckAction,
     RunWorkflowAction,
@@ -173,6 +175,10 @@ class JobsModule:
             ),
         )
         ctx.contributions.contribute(Action, ReplayCheckAction(backend, runtime, repository))
+        # the registry's PUT reads it (jobs.require_workflow_tests)
+        ctx.contributions.contribute(
+            WorkflowActivation, WorkflowActivation(require_tests=config.require_workflow_tests)
+        )
         ctx.contributions.contribute(
             Action,
             TestWorkflowAction(
@@ -181,6 +187,9 @@ class JobsModule:
                 max_attempts=config.max_attempts,
                 backoff_base_s=config.backoff_base_seconds,
             ),
+        )
+        ctx.contributions.contribute(
+            Action, GetWorkflowAction(repository, run_retention_s=config.run_retention_seconds)
         )
         mount = JobsMount(
             config=config,

@@ -19,7 +19,11 @@ that needs another role's contribution needs that role co-mounted.
 Kinds:
 
 - :class:`Action`: a verb for the host's catalog (contributed at wire).
-- :class:`WorkflowRepository`: named workflow definitions (the registry role's store).
+- :class:`WorkflowRepository`: named workflow definitions (the registry role's store). One
+  that also numbers its versions and keeps each one's last test result is a
+  :class:`WorkflowVersions` (the registry's is).
+- :class:`WorkflowActivation`: the node's activation gate for stored workflows (contributed by
+  the jobs role: ``jobs.require_workflow_tests``; read by the registry's ``PUT``).
 - :class:`FileDescriptorContribution`: a serialized ``FileDescriptorProto`` the host adds to
   the shared :class:`TypePool` at start, so ``schema.type`` and checkpoints resolve it.
 - :class:`TypePool`: the node's shared descriptor pool (contributed by the host itself,
@@ -70,7 +74,9 @@ __all__ = [
     "StepDecision",
     "TypePool",
     "WireContext",
+    "WorkflowActivation",
     "WorkflowRepository",
+    "WorkflowVersions",
     "current_groups",
     "current_principal",
     "principal_scope",
@@ -126,6 +132,40 @@ class WorkflowRepository(Protocol):
     def names(self) -> list[str]: ...
 
     def put(self, name: str, definition: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class WorkflowVersions(Protocol):
+    """A :class:`WorkflowRepository` that numbers each stored definition (1, 2, ...) and keeps
+    the last test result of each version.
+
+    - ``stored(name, version=None)``: ``{"name", "version", "definition", "storedAt",
+      "storedBy", "lastTest", "latestVersion"}`` of that version (None: the current one), or
+      None when there is no such workflow or version. ``version`` is None (and ``lastTest``
+      None) for a definition stored without a record (a file copied in by hand).
+      ``lastTest`` is ``{"ok", "passed", "failed", "cases": [{"name", "passed",
+      "difference"?, "step"?}], "error"?, "at", "by", "via"}`` or None (never tested).
+    - ``record_test(name, version, answer, by=..., via=...)``: replace that version's
+      ``lastTest`` with a ``test-workflow`` answer's summary, run by principal ``by``
+      through ``via`` (``put``, ``test-workflow``); False when the version is not stored.
+    """
+
+    def stored(self, name: str, version: int | None = None) -> dict[str, Any] | None: ...
+
+    def record_test(
+        self, name: str, version: int, answer: dict[str, Any], *, by: str, via: str
+    ) -> bool: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkflowActivation:
+    """The node's rule for storing (activating) a workflow definition.
+
+    :ivar require_tests: ``jobs.require_workflow_tests``: a definition whose ``tests`` cases
+        fail, or that has none, is refused at ``PUT``.
+    """
+
+    require_tests: bool = False
 
 
 @runtime_checkable

@@ -57,7 +57,7 @@ def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfa
     :returns: the running surfaces; :meth:`NodeSurfaces.close` stops everything.
     :raises Exception: whatever failed to start; what had started is closed first.
     """
-    from protomolt_jobs.hooks.contract import JobViews
+    from protomolt_jobs.hooks.contract import JobViews, WorkflowRepository
     from protomolt_jobs.host import dashboard
     from protomolt_jobs.host.grpc_service import ProtoMoltGrpcServer
     from protomolt_jobs.host.http_route import ActionsHttpServer, HttpRoute, readiness
@@ -84,7 +84,10 @@ def start_surfaces(node: Any, config: Any, *, embedded: Any = None) -> NodeSurfa
                 metrics_route(node.contributions.all(StoreCollector)),
                 dashboard.slash_redirect(),
                 dashboard.dashboard_mount(
-                    node.catalog, node.contributions.first(JobViews), authority
+                    node.catalog,
+                    node.contributions.first(JobViews),
+                    authority,
+                    node.contributions.first(WorkflowRepository),
                 ),
             ],
             public=lambda path: (

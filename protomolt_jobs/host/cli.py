@@ -11,6 +11,8 @@ Commands::
     protomolt-jobs jobs watch [--interval S] [--count N]
     protomolt-jobs workflow check FILE
     protomolt-jobs workflow put NAME FILE
+    protomolt-jobs workflow get NAME [--version N] [--json]
+    protomolt-jobs workflow test FILE
     protomolt-jobs demo [PATH] [--approve-all] [--data-dir DIR]
 
 ``serve`` reads the node configuration (``NodeConfig.load``: TOML plus ``PROTOMOLT_*``
@@ -676,10 +678,14 @@ def _print_findings(findings: list[Any]) -> None:
 
 def cmd_workflow(args: argparse.Namespace) -> int:
     """``workflow check FILE`` (the node's check-workflow verb) and ``workflow put NAME FILE``
-    (PUT /protomolt/workflows/NAME, which checks first). Exit 0 when the workflow verifies
-    (and, for put, is stored); 1 with the findings on stdout when it does not."""
-    definition = _workflow_file(args.file)
+    (PUT /protomolt/workflows/NAME, which checks first, then runs its tests: the result is
+    printed, and with ``jobs.require_workflow_tests`` a failing case refuses it). Exit 0 when
+    the workflow verifies (and, for put, is stored); 1 with the findings on stdout when it
+    does not. ``workflow get NAME``: :func:`_workflow_get`."""
     token = _token(args)
+    if args.workflow_command == "get":
+        return _workflow_get(args, token)
+    definition = _workflow_file(args.file)
     if args.workflow_command == "replay-check":
         return _replay_check(args, definition, token)
     if args.workflow_command == "test":
@@ -713,12 +719,85 @@ def cmd_workflow(args: argparse.Namespace) -> int:
         token=token,
     )
     if status == 200:
-        print(f"stored workflow '{args.name}'")
+        version = body.get("version") if isinstance(body, dict) else None
+        print(f"stored workflow '{args.name}'" + (f" as version {version}" if version else ""))
+        tests = body.get("tests") if isinstance(body, dict) else None
+        if isinstance(tests, dict):
+            _print_test_result(tests)
         return EXIT_OK
     refused = ActionFailed(status, body)
     print(str(refused), file=sys.stderr)
     _print_findings(refused.envelope.get("findings") or [])
+    if isinstance(refused.envelope.get("tests"), dict):
+        _print_test_result(refused.envelope["tests"])
     return EXIT_USAGE if refused.code == "invalid-input" else EXIT_ACTION_ERROR
+
+
+def _print_test_result(tests: dict[str, Any]) -> None:
+    """A version's ``lastTest``: a summary line, then a line per case."""
+    if not tests.get("cases"):
+        print(f"tests: not run ({tests.get('error', 'no tests')})")
+        return
+    print(f"tests: {tests.get('passed', 0)} passed, {tests.get('failed', 0)} failed")
+    for case in tests["cases"]:
+        if case.get("passed"):
+            print(f"  pass  {case.get('name')}")
+        else:
+            print(f"  FAIL  {case.get('name')}: {case.get('difference', '')}")
+
+
+def _seconds_text(seconds: Any) -> str:
+    if not isinstance(seconds, (int, float)):
+        return "kept"
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def _workflow_get(args: argparse.Namespace, token: str | None) -> int:
+    """``workflow get NAME [--version N] [--json]``: the node's get-workflow verb. Prints the
+    version, who stored it, the retention per final status and the last test result (or the
+    whole answer with ``--json``). Exit 0 when the workflow is stored, 1 when it is not (or
+    an action error), 2 for invalid input."""
+    body: dict[str, Any] = {"workflowName": args.name}
+    if args.version is not None:
+        body["version"] = args.version
+    try:
+        answer = call_verb(args.url, "get-workflow", body, token)
+    except ActionFailed as failed:
+        print(str(failed), file=sys.stderr)
+        return EXIT_USAGE if failed.code == "invalid-input" else EXIT_ACTION_ERROR
+    if args.json:
+        print(json.dumps(answer, indent=2, ensure_ascii=False))
+        return EXIT_OK if answer.get("ok") else EXIT_ACTION_ERROR
+    if not answer.get("ok"):
+        print(f"{args.name}: {answer.get('error', 'not found')}")
+        return EXIT_ACTION_ERROR
+    version = answer.get("version")
+    said = f"version {version}" if version is not None else "no version record"
+    if version is not None and not answer.get("current"):
+        said += f" (not current; latest {answer.get('latestVersion')})"
+    stored = ""
+    if answer.get("storedAt"):
+        stored = f", stored {answer['storedAt']} by {answer.get('storedBy')}"
+    print(f"{args.name}: {said}{stored}")
+    kept = answer.get("retention") or {}
+    print(
+        "retention: "
+        + ", ".join(
+            f"{status} {_seconds_text(v.get('seconds'))} ({v.get('source')})"
+            for status, v in kept.items()
+            if isinstance(v, dict)
+        )
+    )
+    tested = answer.get("lastTest")
+    if not isinstance(tested, dict):
+        print("tests: never run")
+        return EXIT_OK
+    print(f"last test: {tested.get('at')} by {tested.get('by')} (via {tested.get('via')})")
+    _print_test_result(tested)
+    return EXIT_OK
 
 
 def _replay_check(args: argparse.Namespace, candidate: Any, token: str | None) -> int:
@@ -986,7 +1065,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     workflow = sub.add_parser("workflow", help="check or store a workflow file on a running node")
     workflow_sub = workflow.add_subparsers(
-        dest="workflow_command", required=True, metavar="check|test|put|replay-check"
+        dest="workflow_command", required=True, metavar="check|test|put|get|replay-check"
     )
     check = workflow_sub.add_parser(
         "check", help="verify a workflow file (check-workflow): findings, nothing stored"
@@ -1005,6 +1084,14 @@ def build_parser() -> argparse.ArgumentParser:
     put.add_argument("name", help="the name to submit it by (lower case, digits, '.', '_', '-')")
     put.add_argument("file", help="the workflow envelope, a JSON file ('-' reads stdin)")
     _client_options(put)
+    wget = workflow_sub.add_parser(
+        "get",
+        help="a stored workflow's version, retention and last test result (get-workflow)",
+    )
+    wget.add_argument("name", help="the stored workflow's name")
+    wget.add_argument("--version", type=int, help="a stored version (default: the current one)")
+    wget.add_argument("--json", action="store_true", help="print the answer as JSON")
+    _client_options(wget)
     replay = workflow_sub.add_parser(
         "replay-check",
         help="list the runs of NAME whose checkpoints would not replay under FILE (replay-check)",

@@ -16,13 +16,14 @@ module                verbs
 :mod:`.workflow`      ``run-workflow``, ``check-workflow`` (the engine's; no store)
 :mod:`.replay`        ``replay-check`` (a candidate version against the stored runs)
 :mod:`.workflow_tests` ``test-workflow`` (a definition's tests, mocked; no store, no network)
+:mod:`.stored_workflow` ``get-workflow`` (a stored workflow's version, retention, last test)
 ===================== ======================================================================
 
 :mod:`.base` holds what every verb shares (the backend, the verb classes, field readers,
 answers); :mod:`.responses` turns a supplied response into a checkpoint entry. No verb module
 imports another (import-linter contract ``verbs-on-one-base``). :func:`jobs_actions` gives the
 job verbs in manifest order; the role adds ``run-workflow``, ``check-workflow``,
-``replay-check`` and ``test-workflow`` after them.
+``replay-check``, ``get-workflow`` and ``test-workflow`` after them.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from protomolt_jobs.verbs.progress import ReportProgressAction
 from protomolt_jobs.verbs.read import GetJobAction, JobHistoryAction, ListJobsAction
 from protomolt_jobs.verbs.recovery import MigrateCheckpointAction, ReconcileStepAction
 from protomolt_jobs.verbs.replay import ReplayCheckAction
+from protomolt_jobs.verbs.stored_workflow import GetWorkflowAction
 from protomolt_jobs.verbs.submit import SOURCE_RULE, SubmitWorkflowAction
 from protomolt_jobs.verbs.workflow import CheckWorkflowAction, RunWorkflowAction
 from protomolt_jobs.verbs.workflow_tests import TestWorkflowAction
@@ -63,6 +65,7 @@ __all__ = [
     "ExplainJobAction",
     "ExtendLoopAction",
     "GetJobAction",
+    "GetWorkflowAction",
     "JobHistoryAction",
     "JobsBackend",
     "ListJobsAction",

@@ -11,8 +11,11 @@ replaces the definition's own. Answer (``workflow/testing/suite.py``)::
 
 A definition that does not parse or verify is an answer ``{"ok": false, "error"}`` (as
 ``run-workflow``); a definition without cases is ``{"ok": false, "error": "... no tests"}``.
-Nothing is stored and no network connection is opened: the engine's channels are the mock
-transport's (``workflow/testing/transport.py``). The scope is ``check-workflow``'s,
+No job is made and no network connection is opened: the engine's channels are the mock
+transport's (``workflow/testing/transport.py``). A stored workflow tested by name with its own
+tests (no ``tests`` in the request), on a repository that numbers versions
+(``WorkflowVersions``), has the answer recorded as that version's last test result, by the
+caller (``via: "test-workflow"``); the registry's PUT runs this verb too and records its own. The scope is ``check-workflow``'s,
 ``schema-read``: it runs the definition against mocks only.
 """
 
@@ -22,8 +25,9 @@ import logging
 from typing import Any, Protocol
 
 from protomolt_jobs.errors import InternalError, InvalidInput
+from protomolt_jobs.hooks.contract import WorkflowVersions
 from protomolt_jobs.input_rules import check_json, invalid
-from protomolt_jobs.verbs.base import Verb, only_known
+from protomolt_jobs.verbs.base import Verb, actor, only_known
 from protomolt_jobs.workflow import Runtime, WorkflowParseError, keys, parse_workflow, verify
 from protomolt_jobs.workflow.testing.cases import CaseError, parse_cases
 from protomolt_jobs.workflow.testing.suite import run_tests
@@ -98,9 +102,28 @@ class TestWorkflowAction(Verb):
         if not isinstance(input, dict):
             raise InvalidInput("the input must be a JSON object", {"field": ""})
         only_known(self.name, input, self.fields)
-        definition, source, answer = self._definition(input)
+        definition, source, answer, version = self._definition(input)
         if answer is not None:
             return answer
+        result = self._test(input, definition, source)
+        if version is not None and input.get("tests") is None:
+            self._record(input["workflowName"], version, result)
+        return result
+
+    def _record(self, name: str, version: int, result: dict[str, Any]) -> None:
+        """A stored workflow tested by name with its own tests: the result becomes its
+        version's ``lastTest`` (by the caller, via ``test-workflow``)."""
+        if isinstance(self.repository, WorkflowVersions):
+            try:
+                self.repository.record_test(name, version, result, by=actor(), via=self.name)
+            except Exception:  # the answer stands; the record is a convenience
+                log.warning(
+                    "could not record the test result",
+                    exc_info=True,
+                    extra={"action": "test_result_unrecorded", "workflow_name": name},
+                )
+
+    def _test(self, input: dict[str, Any], definition: Any, source: str) -> dict[str, Any]:
         refused = keys.refusal(definition)
         if refused is not None:
             unknown, said = refused
@@ -143,15 +166,19 @@ class TestWorkflowAction(Verb):
             )
             raise InternalError(f"test-workflow failed: {type(exc).__name__}") from exc
 
-    def _definition(self, input: dict[str, Any]) -> tuple[Any, str, dict[str, Any] | None]:
-        """``(definition, field, None)``, or ``(None, "", answer)`` when there is nothing to
-        test (no repository, no such stored workflow, an unreadable one)."""
+    def _definition(
+        self, input: dict[str, Any]
+    ) -> tuple[Any, str, dict[str, Any] | None, int | None]:
+        """``(definition, field, None, version)`` (``version``: the stored version read by
+        name, when the repository numbers them), or ``(None, "", answer, None)`` when there
+        is nothing to test (no repository, no such stored workflow, an unreadable one)."""
+        version = None
         if input.get("workflow") is not None:
             definition = input["workflow"]
             if not isinstance(definition, dict):
                 raise InvalidInput("'workflow' must be a JSON object", {"field": "workflow"})
             check_json("workflow", definition)
-            return definition, "workflow", None
+            return definition, "workflow", None, None
         name = input.get("workflowName")
         if name is None:
             raise InvalidInput(
@@ -163,9 +190,14 @@ class TestWorkflowAction(Verb):
                 "'workflowName' must be a non-empty string", {"field": "workflowName"}
             )
         if self.repository is None:
-            return None, "", {"ok": False, "error": "No workflow repository is mounted"}
+            return None, "", {"ok": False, "error": "No workflow repository is mounted"}, None
         try:
-            definition = self.repository.workflow(name)
+            if isinstance(self.repository, WorkflowVersions):
+                stored = self.repository.stored(name)
+                definition = stored["definition"] if stored is not None else None
+                version = stored["version"] if stored is not None else None
+            else:
+                definition = self.repository.workflow(name)
         except Exception as exc:  # a stored definition that cannot be read is an answer
             log.warning(
                 "stored workflow unreadable",
@@ -173,7 +205,7 @@ class TestWorkflowAction(Verb):
                 extra={"action": "stored_workflow_unreadable", "workflow_name": name},
             )
             error = f"stored workflow '{name}' cannot be read: {exc}"
-            return None, "", {"ok": False, "error": error}
+            return None, "", {"ok": False, "error": error}, None
         if definition is None:
-            return None, "", {"ok": False, "error": f"No stored workflow named '{name}'"}
-        return definition, "workflowName", None
+            return None, "", {"ok": False, "error": f"No stored workflow named '{name}'"}, None
+        return definition, "workflowName", None, version

@@ -181,6 +181,7 @@ def test_the_manifest_the_registry_and_unknown_tokens(tmp_path, fresh_dsn):
             "explain-job",
             "check-workflow",
             "test-workflow",
+            "get-workflow",
         }
         assert manifest(READER) == {"get-job", "list-jobs", "job-history", "explain-job"}
         assert "cancel-job" in manifest(EDITOR) and "check-workflow" not in manifest(EDITOR)

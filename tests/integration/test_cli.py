@@ -144,7 +144,8 @@ def test_seed_lifecycle_through_call(served, services):
         text=True,
         check=True,
     )
-    assert json.loads(put.stdout) == {"name": "seed-review"}
+    stored = json.loads(put.stdout)
+    assert (stored["name"], stored["version"], stored["tests"]["ok"]) == ("seed-review", 1, False)
 
     sub = call(url, "submit-workflow", {"workflowName": "seed-review", "input": {"text": "a b c"}})
     assert sub.returncode == 0, sub.stderr

@@ -69,6 +69,7 @@ def test_verb_names():
         "report-progress",
         "explain-job",
         "supply-input",
+        "get-workflow",
     }
 
 

@@ -64,7 +64,10 @@ def test_parse_role_stored_parse_document_at_wire(node):
 def test_put_then_get_and_list(node):
     wf = seed_workflow("127.0.0.1:1")
     status, body, _ = http("PUT", _url(node, "/protomolt/workflows/seed-review"), wf)
-    assert (status, body) == (200, {"name": "seed-review"})
+    assert status == 200 and (body["name"], body["version"]) == ("seed-review", 1)
+    # no tests: stored (the gate is off by default) with the result saying so
+    assert body["tests"]["ok"] is False and body["tests"]["cases"] == []
+    assert body["tests"]["error"].startswith("the workflow has no tests")
     status, stored, hdrs = http("GET", _url(node, "/protomolt/workflows/seed-review"))
     assert status == 200 and stored == wf
     assert hdrs["Content-Type"] == "application/json"

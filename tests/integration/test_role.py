@@ -113,6 +113,7 @@ def test_node_runs_jobs_through_the_verbs_and_closes_clean(tmp_path, fresh_dsn, 
             "check-workflow",
             "replay-check",
             "test-workflow",
+            "get-workflow",
         ]
 
         def job(job_id: str) -> dict:

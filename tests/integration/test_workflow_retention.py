@@ -208,12 +208,19 @@ def test_the_guides_example_is_stored_and_get_shows_the_effective_retention(node
     example = _guide_example()
     url = f"{node.http.url}/protomolt/workflows/nightly-digest"
     status, body, _ = http("PUT", url, example)
-    assert (status, body) == (200, {"name": "nightly-digest"})
+    assert status == 200 and (body["name"], body["version"]) == ("nightly-digest", 1)
     status, stored, headers = http("GET", url)
     assert status == 200 and stored == example  # the stored definition, verbatim
     shown = json.loads(headers["Protomolt-Retention"])  # header names are case-insensitive
     assert shown["completed"] == {"seconds": DAY, "source": "workflow"}
     assert shown["dead"] == {"seconds": 90 * DAY, "source": "workflow"}
+    # get-workflow answers the same object
+    status, got, _ = http(
+        "POST",
+        f"{node.http.url}/protomolt/actions/get-workflow",
+        {"workflowName": "nightly-digest"},
+    )
+    assert status == 200 and got["retention"] == shown, got
 
 
 def test_a_retention_outside_the_nodes_bounds_is_refused_at_put_naming_the_bound(node):

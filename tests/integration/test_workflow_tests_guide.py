@@ -13,9 +13,6 @@ import logging
 import re
 import select
 import socket
-import threading
-from collections import Counter
-from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -26,9 +23,9 @@ from protomolt_jobs.host.cli import main
 from protomolt_jobs.pb.ai.pipestream.proto.service.v1 import protomolt_service_pb2 as pb
 from protomolt_jobs.verbs import TestWorkflowAction
 from protomolt_jobs.workflow import Runtime, parse_workflow
-from protomolt_jobs.workflow.envelope import message_class
 from protomolt_jobs.workflow.testing.cases import parse_cases
 from protomolt_jobs.workflow.testing.harness import path_of, run_case
+from tests.support.mock_steps import MockedSteps
 from tests.support.node import http, start_node_with_file, wait_for
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "workflows.md"
@@ -312,57 +309,10 @@ def test_cli_output_is_the_guides_and_bad_tests_are_invalid_input_on_every_door(
 # -- parity with a real worker on PostgreSQL -----------------------------------------------------
 
 
-class _Shop:
-    """``shop.v1.Shop`` on loopback, answering each step's calls with the current case's mocks
-    (the step read from the call's idempotency key, as the mock transport reads it)."""
-
-    def __init__(self, compiled) -> None:
-        self.case: dict = {}
-        self.calls: Counter[str] = Counter()
-        self._lock = threading.Lock()
-        methods = {}
-        for step in compiled.steps:
-            m = step.method
-            out_cls = message_class(m.output_type)
-            methods[m.name] = grpc.unary_unary_rpc_method_handler(
-                self._handler(out_cls),
-                request_deserializer=message_class(m.input_type).FromString,
-                response_serializer=out_cls.SerializeToString,
-            )
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-        self.server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("shop.v1.Shop", methods),)
-        )
-        self.target = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
-        self.server.start()
-
-    def _handler(self, out_cls):
-        def handle(request, context):
-            key = dict(context.invocation_metadata()).get("x-protomolt-idempotency-key", "")
-            step = key.split(":")[1]
-            with self._lock:
-                n = self.calls[step]
-                self.calls[step] += 1
-            seq = self.case["mocks"].get(step, [])
-            seq = seq if isinstance(seq, list) else [seq]
-            if n >= len(seq):
-                context.abort(grpc.StatusCode.INTERNAL, f"no mock {n} for {step}")
-            mock = seq[n]
-            if "status" in mock:
-                status = mock["status"]
-                context.abort(grpc.StatusCode[status["code"]], status.get("message", ""))
-            return json_format.ParseDict(mock["response"], out_cls())
-
-        return handle
-
-    def stop(self) -> None:
-        self.server.stop(0.5).wait(5)
-
-
 def test_each_case_ends_the_same_on_postgresql_through_a_real_worker(node, wf):
     url = node.http.url
     compiled = parse_workflow(wf, Runtime())
-    shop = _Shop(compiled)
+    shop = MockedSteps(compiled)
     try:
         real = copy.deepcopy(wf)
         for step in real["steps"]:
@@ -372,7 +322,7 @@ def test_each_case_ends_the_same_on_postgresql_through_a_real_worker(node, wf):
         # the node's jobs.max_attempts and jobs.backoff_base_seconds (node_environ's 0.2 s)
         for case, raw in zip(cases, real["tests"], strict=True):
             local = run_case(real_compiled, case, max_attempts=3, backoff_base_s=0.2)
-            shop.case, shop.calls = raw, Counter()
+            shop.reset(raw)
             status, answer, _ = _post(
                 url, "submit-workflow", {"workflow": real, "input": raw["input"]}
             )

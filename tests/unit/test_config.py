@@ -97,3 +97,13 @@ def test_outbox_payloads_and_prune_foreign_rows_read_their_values_and_refuse_the
         JobsConfig.from_mapping({"prune_foreign_row": True})
     with pytest.raises(ConfigError, match="unknown key jobs.outbox_payload;"):
         JobsConfig.from_mapping({"outbox_payload": "always"})
+
+
+def test_require_workflow_tests_is_a_boolean_off_by_default():
+    assert JobsConfig().require_workflow_tests is False
+    assert JobsConfig.from_mapping({"require_workflow_tests": True}).require_workflow_tests
+    assert JobsConfig.from_mapping({"require_workflow_tests": " true "}).require_workflow_tests
+    assert not JobsConfig.from_mapping({"require_workflow_tests": "false"}).require_workflow_tests
+    for raw in ("yes", "1", 1, ""):
+        with pytest.raises(ConfigError, match="jobs.require_workflow_tests must be true or false"):
+            JobsConfig.from_mapping({"require_workflow_tests": raw})

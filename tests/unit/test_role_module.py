@@ -70,6 +70,7 @@ def test_registry_is_wired_first_and_six_actions_are_contributed(tmp_path):
             "check-workflow",
             "replay-check",
             "test-workflow",
+            "get-workflow",
         ]
         scopes = {m["name"]: m["scope"] for m in node.catalog.manifest()}
         assert scopes["replay-check"] == "workflow-write"

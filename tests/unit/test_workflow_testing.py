@@ -133,76 +133,115 @@ def test_a_definition_without_tests_is_not_ok():
 # -- the in-process run ---------------------------------------------------------------------
 
 
+#: The crash and operator-action fixtures; tests/integration/test_workflow_tests_parity.py
+#: plays the same ones on PostgreSQL through real workers.
+CRASH_BEFORE = _case(
+    "before",
+    mocks={"a": OK, "b": [OK, OK], "c": OK},
+    events=[{"after": "b", "crash": "before_checkpoint"}],
+    expect={"status": "COMPLETED", "path": ["a", "b", "c"], "calls": {"a": 1, "b": 2}},
+)
+CRASH_AFTER = _case(
+    "after",
+    mocks=ALL_OK,
+    events=[{"after": "b", "crash": "after_checkpoint"}],
+    expect={"status": "COMPLETED", "path": ["a", "b", "c"], "calls": {"a": 1, "b": 1}},
+)
+PAUSED = _case(
+    "paused",
+    mocks=ALL_OK,
+    events=[{"after": "a", "action": "pause"}],
+    expect={"status": "PAUSED", "path": ["a"], "calls": {"b": 0}},
+)
+RESUMED = _case(
+    "resumed",
+    mocks=ALL_OK,
+    events=[{"after": "a", "action": "pause"}, {"advanceMs": 60000}, {"action": "resume"}],
+    expect={"status": "COMPLETED", "path": ["a", "b", "c"]},
+)
+CANCELLED = _case(
+    "cancelled",
+    mocks=ALL_OK,
+    events=[{"after": "b", "action": "cancel"}],
+    expect={"status": "CANCELLED", "path": ["a", "b"]},
+)
+DEAD = _case(
+    "dead",
+    mocks={"a": [{"status": {"code": "UNAVAILABLE"}}] * 3},
+    expect={"status": "DEAD", "errorKind": "GRPC", "failedStep": "a", "calls": {"a": 3}},
+)
+FAILED = _case(
+    "failed",
+    mocks={"a": OK, "b": {"status": {"code": "NOT_FOUND", "message": "gone"}}},
+    expect={"status": "FAILED", "errorKind": "GRPC", "failedStep": "b", "path": ["a"]},
+)
+
+
 def test_a_crash_before_the_checkpoint_calls_the_step_again_and_after_it_does_not():
-    before = _case(
-        mocks={"a": OK, "b": [OK, OK], "c": OK},
-        events=[{"after": "b", "crash": "before_checkpoint"}],
-        expect={"status": "COMPLETED", "path": ["a", "b", "c"], "calls": {"a": 1, "b": 2}},
-    )
-    after = _case(
-        "after",
-        mocks=ALL_OK,
-        events=[{"after": "b", "crash": "after_checkpoint"}],
-        expect={"status": "COMPLETED", "path": ["a", "b", "c"], "calls": {"a": 1, "b": 1}},
-    )
-    answer = _run(_wf(SEQ, [before, after]))
+    answer = _run(_wf(SEQ, [CRASH_BEFORE, CRASH_AFTER]))
     assert answer["ok"] is True, answer
     assert [c["actual"]["attempts"] for c in answer["cases"]] == [2, 2]
 
 
 def test_pause_resume_and_cancel_apply_at_the_named_checkpoint():
-    paused = _case(
-        "paused",
-        mocks=ALL_OK,
-        events=[{"after": "a", "action": "pause"}],
-        expect={"status": "PAUSED", "path": ["a"], "calls": {"b": 0}},
-    )
-    resumed = _case(
-        "resumed",
-        mocks=ALL_OK,
-        events=[{"after": "a", "action": "pause"}, {"advanceMs": 60000}, {"action": "resume"}],
-        expect={"status": "COMPLETED", "path": ["a", "b", "c"]},
-    )
-    cancelled = _case(
-        "cancelled",
-        mocks=ALL_OK,
-        events=[{"after": "b", "action": "cancel"}],
-        expect={"status": "CANCELLED", "path": ["a", "b"]},
-    )
-    answer = _run(_wf(SEQ, [paused, resumed, cancelled]))
+    answer = _run(_wf(SEQ, [PAUSED, RESUMED, CANCELLED]))
     assert answer["ok"] is True, answer
     assert answer["cases"][1]["actual"]["clockMs"] == 60000
 
 
+#: A call slower than its step's deadline, then one in time (with its steps).
+DELAY_STEPS = [_step("a", deadlineMs=100), _step("b", "B")]
+DELAYED = _case(
+    "delayed",
+    mocks={"a": [{"response": {}, "delayMs": 500}, {"response": {}, "delayMs": 50}], "b": OK},
+    expect={"status": "COMPLETED", "calls": {"a": 2}},
+)
+#: A false gate: its step skipped (with its steps).
+GATE_STEPS = [_step("a"), _step("b", "B", when="input.go"), _step("c", "C")]
+GATE_SKIPPED = _case(
+    "gate", mocks={"a": OK, "c": OK}, expect={"path": ["a", "c"], "skipped": {"b": ""}}
+)
+#: A graph with a bounded loop: check fails once, fix runs, the loop repeats (with its steps).
+LOOP_STEPS = [
+    _step("build"),
+    _step("check", "B", after=["build"]),
+    _step(
+        "fix",
+        "C",
+        after=[{"step": "check", "on": "failure"}],
+        loop={"to": "build", "max": 2},
+    ),
+    _step("publish", after=["check"]),
+]
+LOOPED = _case(
+    "looped",
+    mocks={
+        "build": [OK, OK],
+        "check": [{"status": {"code": "FAILED_PRECONDITION", "message": "not yet"}}, OK],
+        "fix": OK,
+        "publish": OK,
+    },
+    expect={
+        "status": "COMPLETED",
+        "path": ["build#0", "check#0", "fix#0", "build#1", "check#1", "publish"],
+        "calls": {"build": 2, "check": 2, "fix": 1},
+    },
+)
+
+
 def test_a_delay_past_the_deadline_is_deadline_exceeded_and_retried():
-    steps = [_step("a", deadlineMs=100), _step("b", "B")]
-    case = _case(
-        mocks={"a": [{"response": {}, "delayMs": 500}, {"response": {}, "delayMs": 50}], "b": OK},
-        expect={"status": "COMPLETED", "calls": {"a": 2}},
-    )
-    got = _only(_wf(steps, [case]))
+    got = _only(_wf(DELAY_STEPS, [DELAYED]))
     assert got["passed"] is True, got
     assert got["actual"]["clockMs"] == 500 + 1000 + 50  # delays and one 1 s backoff
 
 
 def test_retries_exhausted_are_dead_and_a_permanent_failure_is_failed():
-    dead = _case(
-        "dead",
-        mocks={"a": [{"status": {"code": "UNAVAILABLE"}}] * 3},
-        expect={"status": "DEAD", "errorKind": "GRPC", "failedStep": "a", "calls": {"a": 3}},
-    )
-    failed = _case(
-        "failed",
-        mocks={"a": OK, "b": {"status": {"code": "NOT_FOUND", "message": "gone"}}},
-        expect={"status": "FAILED", "errorKind": "GRPC", "failedStep": "b", "path": ["a"]},
-    )
-    answer = _run(_wf(SEQ, [dead, failed]))
+    answer = _run(_wf(SEQ, [DEAD, FAILED]))
     assert answer["ok"] is True, answer
 
 
 def test_a_false_gate_is_skipped_and_coverage_says_its_other_way_was_not_reached():
-    steps = [_step("a"), _step("b", "B", when="input.go"), _step("c", "C")]
-    case = _case(mocks={"a": OK, "c": OK}, expect={"path": ["a", "c"], "skipped": {"b": ""}})
+    steps, case = GATE_STEPS, GATE_SKIPPED
     answer = _run(_wf(steps, [case]))
     assert answer["ok"] is True, answer
     assert answer["coverage"]["decisions"] == ["b: ran"]
@@ -212,72 +251,69 @@ def test_a_false_gate_is_skipped_and_coverage_says_its_other_way_was_not_reached
     assert got["difference"] == "skipped: 'b' was skipped (), not expected"
 
 
+#: An external step and an approval step of quorum 2 (with their steps): decided by the votes,
+#: and one vote short (WAITING).
+PARK_STEPS = [
+    _step("a"),
+    {"name": "ext", "target": TARGET, "method": "t.v1.S/B", "completion": "external"},
+    {
+        "name": "review",
+        "completion": "approval",
+        "approval": {"approvers": {"principals": ["al", "bo"]}, "quorum": 2},
+    },
+    _step("c", "C"),
+]
+DECIDED = _case(
+    "decided",
+    mocks={
+        "a": OK,
+        "ext": {"response": {"id": "e"}},
+        "review": {
+            "votes": [
+                {"principal": "al", "decision": "accept"},
+                {"principal": "al", "decision": "accept"},
+                {"principal": "bo", "decision": "accept"},
+            ]
+        },
+        "c": OK,
+    },
+    expect={"status": "COMPLETED", "path": ["a", "ext", "review", "c"]},
+)
+VOTE_SHORT = _case(
+    "waiting",
+    mocks={
+        "a": OK,
+        "ext": {"response": {"id": "e"}},
+        "review": {"votes": [{"principal": "al", "decision": "accept"}]},
+    },
+    expect={"status": "WAITING", "path": ["a", "ext"], "calls": {"c": 0}},
+)
+#: A park's answer gives the run its attempts back (with its steps).
+ATTEMPTS_STEPS = [
+    _step("a"),
+    {"name": "ext", "target": TARGET, "method": "t.v1.S/B", "completion": "external"},
+    _step("c", "C"),
+]
+ATTEMPTS_BACK = _case(
+    "attempts back",
+    mocks={
+        "a": [{"status": {"code": "UNAVAILABLE"}}, OK],
+        "ext": {"response": {"id": "e"}},
+        "c": [{"status": {"code": "UNAVAILABLE"}}] * 3,
+    },
+    expect={"status": "DEAD", "failedStep": "c", "calls": {"a": 2, "c": 3}},
+)
+
+
 def test_external_and_approval_parks_are_answered_by_their_mocks():
-    steps = [
-        _step("a"),
-        {"name": "ext", "target": TARGET, "method": "t.v1.S/B", "completion": "external"},
-        {
-            "name": "review",
-            "completion": "approval",
-            "approval": {"approvers": {"principals": ["al", "bo"]}, "quorum": 2},
-        },
-        _step("c", "C"),
-    ]
-    decided = _case(
-        "decided",
-        mocks={
-            "a": OK,
-            "ext": {"response": {"id": "e"}},
-            "review": {
-                "votes": [
-                    {"principal": "al", "decision": "accept"},
-                    {"principal": "al", "decision": "accept"},
-                    {"principal": "bo", "decision": "accept"},
-                ]
-            },
-            "c": OK,
-        },
-        expect={"status": "COMPLETED", "path": ["a", "ext", "review", "c"]},
-    )
-    waiting = _case(
-        "waiting",
-        mocks={
-            "a": OK,
-            "ext": {"response": {"id": "e"}},
-            "review": {"votes": [{"principal": "al", "decision": "accept"}]},
-        },
-        expect={"status": "WAITING", "path": ["a", "ext"], "calls": {"c": 0}},
-    )
+    steps, decided, waiting = PARK_STEPS, DECIDED, VOTE_SHORT
     answer = _run(_wf(steps, [decided, waiting]))
     assert answer["ok"] is True, answer
     assert answer["coverage"]["decisions"] == ["review: reject"]
 
 
 def test_a_loop_body_is_on_the_path_by_iteration_and_coverage_tracks_the_loop():
-    steps = [
-        _step("build"),
-        _step("check", "B", after=["build"]),
-        _step(
-            "fix",
-            "C",
-            after=[{"step": "check", "on": "failure"}],
-            loop={"to": "build", "max": 2},
-        ),
-        _step("publish", after=["check"]),
-    ]
-    case = _case(
-        mocks={
-            "build": [OK, OK],
-            "check": [{"status": {"code": "FAILED_PRECONDITION", "message": "not yet"}}, OK],
-            "fix": OK,
-            "publish": OK,
-        },
-        expect={
-            "status": "COMPLETED",
-            "path": ["build#0", "check#0", "fix#0", "build#1", "check#1", "publish"],
-            "calls": {"build": 2, "check": 2, "fix": 1},
-        },
-    )
+    steps, case = LOOP_STEPS, LOOPED
     answer = _run(_wf(steps, [case]))
     assert answer["ok"] is True, answer
     assert answer["coverage"]["loopExits"] == ["fix: exhausted"]
@@ -312,19 +348,7 @@ def test_a_definitions_tests_are_not_part_of_its_fingerprint():
 
 
 def test_a_parks_answer_gives_the_run_its_attempts_back():
-    steps = [
-        _step("a"),
-        {"name": "ext", "target": TARGET, "method": "t.v1.S/B", "completion": "external"},
-        _step("c", "C"),
-    ]
-    case = _case(
-        mocks={
-            "a": [{"status": {"code": "UNAVAILABLE"}}, OK],
-            "ext": {"response": {"id": "e"}},
-            "c": [{"status": {"code": "UNAVAILABLE"}}] * 3,
-        },
-        expect={"status": "DEAD", "failedStep": "c", "calls": {"a": 2, "c": 3}},
-    )
+    steps, case = ATTEMPTS_STEPS, ATTEMPTS_BACK
     got = _only(_wf(steps, [case]))
     assert got["passed"] is True, got
     assert got["actual"]["attempts"] == 2 + 3  # claims: a's two, then c's three after the park

@@ -8,6 +8,10 @@ no build step, nothing fetched from a CDN):
   per job);
 - ``/ui/inbox`` the RECOVERY_REQUIRED and WAITING jobs: work for people (runs waiting for an
   input list the missing paths with their owners and a ``supply-input`` form);
+- ``/ui/workflows`` the stored workflows (names from the registry's repository), each read with
+  ``get-workflow`` as the signed-in caller: its version, who stored it and when, its retention
+  per final status, and the last result of its tests (per case, the first difference of a
+  failing one; when and by whom it ran);
 - ``/ui/jobs/{id}`` one job: the row's fields, the steps as a timeline, the workflow drawn as an
   SVG (``drawing.py``, from get-job's ``graph``) with the steps' reasons, a finished job's final
   report as tables (``_graph.html``, ``_report.html``), checkpoints as JSON, the events (outbox
@@ -105,6 +109,8 @@ STATUSES = (
 OPERATOR_VERBS = operate.OPERATOR_VERBS
 #: Jobs one bulk action may name.
 BULK_MAX = 500
+#: Stored workflows the workflows page shows (by name).
+WORKFLOWS_MAX = 200
 
 _HERE = Path(__file__).parent
 _env = jinja2.Environment(
@@ -118,6 +124,19 @@ drawing.install(_env)  # the workflow's drawing (graph_svg, graph_ms, graph_lege
 # "3 min ago" / "in 2 h" beside an absolute time; the duration between two times.
 _env.filters["ago"] = times.relative
 _env.filters["took"] = times.between
+
+
+def _kept_for(seconds: Any) -> str:
+    """A retention in seconds as ``30d`` / ``12h`` / ``90m`` / ``45s``; None: ``kept``."""
+    if not isinstance(seconds, (int, float)):
+        return "kept"
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+_env.filters["kept_for"] = _kept_for
 
 
 def is_public(path: str) -> bool:
@@ -136,12 +155,16 @@ class Dashboard:
     :param catalog: the node catalog (``manifest(caller)``, ``execute(name, input, caller=)``).
     :param inspector: the jobs role's :class:`JobInspector`, or None (no events or forms).
     :param authority: the node's resolver (an open one: no login).
+    :param workflows: the registry's ``WorkflowRepository`` (its ``names()``), or None.
     """
 
-    def __init__(self, catalog: Any, inspector: Any, authority: Authority) -> None:
+    def __init__(
+        self, catalog: Any, inspector: Any, authority: Authority, workflows: Any = None
+    ) -> None:
         self.catalog = catalog
         self.inspector = inspector
         self.authority = authority
+        self.workflows = workflows
         self.flashes = Flashes()
 
     # -- helpers ---------------------------------------------------------------------------
@@ -422,6 +445,40 @@ class Dashboard:
             approvals=approvals,
             inputs=inputs,
             recovery=recovery,
+            error=error,
+        )
+
+    async def workflow_list(self, request: Request) -> Response:
+        """``GET /ui/workflows``: every stored workflow (at most :data:`WORKFLOWS_MAX`, by
+        name) with its version, retention and last test result (``get-workflow``)."""
+        names: list[str] = []
+        error = ""
+        if self.workflows is None:
+            error = "unavailable: no workflow registry is mounted on this node"
+        else:
+            try:
+                names = await anyio.to_thread.run_sync(self.workflows.names)
+            except Exception as exc:  # the page says so; never a 500
+                log.warning(
+                    "dashboard: workflow names unavailable",
+                    exc_info=True,
+                    extra={"action": "dashboard_workflows_failed"},
+                )
+                error = f"unavailable: the stored workflows cannot be listed: {exc}"
+        rows = []
+        for name in names[:WORKFLOWS_MAX]:
+            answer, failed = await self._verb(request, "get-workflow", {"workflowName": name})
+            if failed:
+                error = failed
+                break
+            rows.append({"name": name, **answer})
+        return self._render(
+            request,
+            "workflows.html",
+            status=_error_status(error, 200),
+            title="Workflows",
+            workflows=rows,
+            more=max(len(names) - WORKFLOWS_MAX, 0),
             error=error,
         )
 
@@ -804,19 +861,23 @@ def slash_redirect() -> Route:
     return Route(PREFIX, redirect, methods=["GET", "HEAD"])
 
 
-def dashboard_mount(catalog: Any, inspector: Any, authority: Authority) -> Mount:
+def dashboard_mount(
+    catalog: Any, inspector: Any, authority: Authority, workflows: Any = None
+) -> Mount:
     """The ``/ui`` mount for the node's HTTP app (behind its token guard, which resolves the
     signed-in caller).
 
     :param catalog: the node catalog.
     :param inspector: the jobs role's JobInspector (None: no events, steps or forms).
     :param authority: the node's resolver (an open one: no login).
+    :param workflows: the registry's WorkflowRepository (None: the workflows page says so).
     """
-    board = Dashboard(catalog, inspector, authority)
+    board = Dashboard(catalog, inspector, authority, workflows)
     router = Router(
         routes=[
             Route("/", board.jobs, methods=["GET"]),
             Route("/inbox", board.inbox, methods=["GET"]),
+            Route("/workflows", board.workflow_list, methods=["GET"]),
             Route("/jobs/{job_id}", board.job, methods=["GET"]),
             Route("/jobs/{job_id}/complete", board.complete, methods=["POST"]),
             Route("/jobs/{job_id}/approve", board.approve, methods=["POST"]),

@@ -508,6 +508,40 @@ class TestWorkflowResponse(_message.Message):
     failed_step: str
     def __init__(self, ok: _Optional[bool] = ..., passed: _Optional[int] = ..., failed: _Optional[int] = ..., cases: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., coverage: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[str] = ..., failed_step: _Optional[str] = ...) -> None: ...
 
+class GetWorkflowRequest(_message.Message):
+    __slots__ = ("workflow_name", "version")
+    WORKFLOW_NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    workflow_name: str
+    version: int
+    def __init__(self, workflow_name: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class GetWorkflowResponse(_message.Message):
+    __slots__ = ("ok", "workflow_name", "version", "latest_version", "current", "definition", "stored_at", "stored_by", "retention", "last_test", "error")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    LATEST_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_FIELD_NUMBER: _ClassVar[int]
+    DEFINITION_FIELD_NUMBER: _ClassVar[int]
+    STORED_AT_FIELD_NUMBER: _ClassVar[int]
+    STORED_BY_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_FIELD_NUMBER: _ClassVar[int]
+    LAST_TEST_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    workflow_name: str
+    version: int
+    latest_version: int
+    current: bool
+    definition: _struct_pb2.Struct
+    stored_at: str
+    stored_by: str
+    retention: _struct_pb2.Struct
+    last_test: _struct_pb2.Struct
+    error: str
+    def __init__(self, ok: _Optional[bool] = ..., workflow_name: _Optional[str] = ..., version: _Optional[int] = ..., latest_version: _Optional[int] = ..., current: _Optional[bool] = ..., definition: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., stored_at: _Optional[str] = ..., stored_by: _Optional[str] = ..., retention: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., last_test: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+
 class ReportProgressRequest(_message.Message):
     __slots__ = ("token", "percent", "details", "state")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
