@@ -32,6 +32,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
+from protomolt_jobs.errors import ProtomoltJobsError
 from protomolt_jobs.workflow import mapping
 from protomolt_jobs.workflow.types import (
     FailureKind,
@@ -94,7 +95,7 @@ class Declared:
         return body
 
 
-class InputWait(Exception):
+class InputWait(ProtomoltJobsError):
     """A step that waits (``onMissingInput: "wait"``) needs input paths the run lacks: the
     run parks (``parked``: ``Parked(step, "input", detail)``)."""
 

@@ -130,6 +130,7 @@ def test_the_scope_vocabulary():
         "schema-read",
         "workflow-write",
         "job-approve",
+        "job-input",
     } == SCOPES
 
 
