@@ -65,7 +65,8 @@ class ProgressWriter:
         self._ctx = dict(ctx)
 
     def on_progress(self, step: str, iteration: int, report: Mapping[str, Any]) -> None:
-        """Store one report (``{percent, details, state, adapterVersion, inputSha256, done}``).
+        """Store one report (``{percent, details, state, adapterVersion, inputSha256,
+        definitionSha256, descriptorSha256, done}``).
 
         :raises LeaseLost: the lease is gone (``ControlApplied``: an operator's pause or cancel
             took the run at this report, which is stored).
@@ -86,6 +87,8 @@ class ProgressWriter:
                     state=report.get("state"),
                     adapter_version=str(report.get("adapterVersion") or ""),
                     input_sha256=str(report.get("inputSha256") or ""),
+                    definition_sha256=str(report.get("definitionSha256") or ""),
+                    descriptor_sha256=str(report.get("descriptorSha256") or ""),
                     done=bool(report.get("done")),
                 ),
             )

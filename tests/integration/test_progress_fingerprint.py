@@ -1,0 +1,196 @@
+"""The fingerprint check on resume from progress (issue 28 item 4; DESIGN.md section 23;
+docs/long-steps.md *Resuming from progress: the fingerprint check*): an 8-frame render paused
+after frame 3 whose stored definition's adapterVersion (or its input) changed meanwhile stops as
+RECOVERY_REQUIRED naming the field, never restarts from zero silently, and ``migrate-checkpoint``
+keeps its progress (frames 4-8 only) or discards it (frames 1-8 again). Real PostgreSQL, a real
+Worker, the real render gRPC service on loopback; verbs through the host catalog."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+
+from protomolt_jobs.errors import InvalidInput
+from protomolt_jobs.host.catalog import Caller, Catalog
+from protomolt_jobs.runs.submitter import Submitter
+from protomolt_jobs.store import JobStore
+from protomolt_jobs.verbs import JobsBackend, jobs_actions
+from protomolt_jobs.worker import Worker
+from protomolt_jobs.workflow import Runtime
+from tests.support.render_service import RenderService, render_workflow
+from tests.support.worker_proc import event_types, jobs_config, wait_for
+
+FRAMES = 8
+
+
+@pytest.fixture
+def store(fresh_dsn):
+    s = JobStore.open(fresh_dsn, max_size=8)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def verbs(store):
+    runtime = Runtime()
+    backend = JobsBackend(configured=True)
+    backend.bind(store, Submitter(store, None, runtime, 3))
+    catalog = Catalog()
+    for action in jobs_actions(backend, runtime):
+        catalog.register(action)
+
+    def call(verb, body, *, principal="dora"):
+        return catalog.execute(verb, body, caller=Caller(principal, unrestricted=True))
+
+    return call
+
+
+@pytest.fixture
+def worker(store, fresh_dsn):
+    w = Worker(
+        store,
+        runtime=Runtime(),
+        config=jobs_config(fresh_dsn, lease_seconds=3.0),
+        dsn=fresh_dsn,
+    )
+    w.start()
+    yield w
+    w.stop(timeout_s=5)
+
+
+@pytest.fixture
+def render():
+    with RenderService(frame_s=0.02) as svc:
+        yield svc
+
+
+def _status(verbs, job_id):
+    return verbs("get-job", {"jobId": job_id})["job"]["status"]
+
+
+def _paused_after_frame_3(verbs, render):
+    """Submit the 8-frame render, pause it during frame 3: PAUSED after frame 3."""
+    started = render.hold(3)
+    answer = verbs(
+        "submit-workflow",
+        {"workflow": render_workflow(render.target), "input": {"scene": "s", "frames": FRAMES}},
+    )
+    assert answer["ok"], answer
+    job_id = answer["jobId"]
+    assert started.wait(20), "frame 3 never started"
+    assert verbs("pause-job", {"jobId": job_id})["status"] == "RUNNING"  # pending
+    render.release(3)
+    wait_for(lambda: _status(verbs, job_id) == "PAUSED" or None, timeout_s=20)
+    assert render.rendered == [1, 2, 3], render.rendered
+    return job_id
+
+
+def _fingerprints(dsn, job_id):
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            "SELECT adapter_version, input_sha256, definition_sha256, descriptor_sha256, seq"
+            " FROM workflow_run_progress WHERE job_id = %s",
+            (job_id,),
+        ).fetchone()
+
+
+def _edit_row(dsn, job_id, sql, *params):
+    """An operator's repair of the stored run (the run's definition is a snapshot: no verb
+    rewrites it; docs/long-steps.md says how it changes)."""
+    with psycopg.connect(dsn) as conn:
+        conn.execute(sql, (*params, job_id))
+
+
+def test_a_changed_adapter_version_needs_recovery_and_keep_continues_from_the_progress(
+    store, verbs, worker, render, fresh_dsn
+):
+    job_id = _paused_after_frame_3(verbs, render)
+    adapter, input_sha, definition_sha, descriptor_sha, seq = _fingerprints(fresh_dsn, job_id)
+    # every chunk's report carries the fingerprints of its call
+    assert adapter == "render-1.0" and seq == 3
+    assert len(input_sha) == len(definition_sha) == len(descriptor_sha) == 64
+    _edit_row(
+        fresh_dsn,
+        job_id,
+        "UPDATE workflow_run SET workflow_definition = jsonb_set(workflow_definition,"
+        " '{steps,0,adapterVersion}', %s::jsonb) WHERE job_id = %s",
+        json.dumps("render-2.0"),
+    )
+    assert verbs("resume-job", {"jobId": job_id})["ok"]
+    wait_for(lambda: _status(verbs, job_id) == "RECOVERY_REQUIRED" or None, timeout_s=20)
+    job = verbs("get-job", {"jobId": job_id})["job"]
+    assert job["error"] == (
+        "progress-mismatch: step 'render' adapterVersion changed "
+        "(was 'render-1.0', now 'render-2.0')"
+    ), job
+    assert job["outstandingStep"] == "render"
+    # no frame was rendered under the new adapter, none restarted from zero
+    assert render.started == [1, 2, 3], render.started
+    assert job["progress"]["percent"] == pytest.approx(37.5)  # the saved progress is shown
+    types = [e for e, _ in event_types(store, job_id)]
+    assert "RECOVERY_REQUIRED" in types, types
+
+    # replace does not apply to a saved progress: refused naming the field, nothing changed
+    with pytest.raises(InvalidInput) as refused:
+        verbs(
+            "migrate-checkpoint",
+            {"jobId": job_id, "stepName": "render", "action": "replace", "response": {}},
+        )
+    assert refused.value.code == "invalid-input"
+    assert refused.value.details["field"] == "action" and "'action'" in refused.value.message
+    assert _status(verbs, job_id) == "RECOVERY_REQUIRED"
+
+    answer = verbs(
+        "migrate-checkpoint",
+        {"jobId": job_id, "stepName": "render", "action": "keep", "reason": "2.0 reads 1.0"},
+    )
+    assert answer == {"ok": True, "status": "QUEUED", "progress": "kept"}, answer
+    wait_for(lambda: _status(verbs, job_id) == "COMPLETED" or None, timeout_s=30)
+    job = verbs("get-job", {"jobId": job_id})["job"]
+    # continued from frame 4: every frame rendered exactly once
+    assert render.started == list(range(1, FRAMES + 1)), render.started
+    assert render.rendered == list(range(1, FRAMES + 1)), render.rendered
+    assert job["result"]["framesDone"] == FRAMES
+    adapter, _, definition_after, _, seq = _fingerprints(fresh_dsn, job_id)
+    # the later reports carry the new fingerprints
+    assert adapter == "render-2.0" and definition_after not in (None, definition_sha)
+    assert seq == FRAMES
+    kinds = [(t.kind, t.actor) for t in store.job_history(job_id).transitions]
+    assert ("migrate-checkpoint:keep", "dora") in kinds, kinds
+
+
+def test_a_changed_input_needs_recovery_and_discard_renders_from_frame_one(
+    verbs, worker, render, fresh_dsn
+):
+    job_id = _paused_after_frame_3(verbs, render)
+    _edit_row(
+        fresh_dsn,
+        job_id,
+        "UPDATE workflow_run SET input = jsonb_set(input, '{scene}', %s::jsonb) WHERE job_id = %s",
+        json.dumps("s-retouched"),
+    )
+    assert verbs("resume-job", {"jobId": job_id})["ok"]
+    wait_for(lambda: _status(verbs, job_id) == "RECOVERY_REQUIRED" or None, timeout_s=20)
+    error = verbs("get-job", {"jobId": job_id})["job"]["error"]
+    assert error.startswith("progress-mismatch: step 'render' inputSha256 changed (was "), error
+    assert render.started == [1, 2, 3]
+    answer = verbs(
+        "migrate-checkpoint", {"jobId": job_id, "stepName": "render", "action": "discard"}
+    )
+    assert answer == {"ok": True, "status": "QUEUED", "progress": "dropped"}, answer
+    wait_for(lambda: _status(verbs, job_id) == "COMPLETED" or None, timeout_s=30)
+    job = verbs("get-job", {"jobId": job_id})["job"]
+    # the step started again from zero, as the operator chose: frames 1-8 after the first 3
+    assert render.started == [1, 2, 3, *range(1, FRAMES + 1)], render.started
+    assert job["result"]["framesDone"] == FRAMES
+    _, _, _, _, seq = _fingerprints(fresh_dsn, job_id)
+    assert seq == FRAMES  # a fresh progress row
+
+
+def test_an_unchanged_run_resumes_without_recovery(verbs, worker, render, fresh_dsn):
+    job_id = _paused_after_frame_3(verbs, render)
+    assert verbs("resume-job", {"jobId": job_id})["ok"]
+    wait_for(lambda: _status(verbs, job_id) == "COMPLETED" or None, timeout_s=30)
+    assert render.started == list(range(1, FRAMES + 1)), render.started
