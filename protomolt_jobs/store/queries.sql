@@ -1663,6 +1663,11 @@ SELECT step, iteration, attempt, seq, percent, details, adapter_version, done, u
 -- local times (store/local_times.py)
 -- ---------------------------------------------------------------------------------------------
 
+-- name: local_time_today
+-- description: read-only: the calendar date in an IANA zone at an instant (the given one, else the database's now()), and that instant (resume-job's relative days: "today", "tomorrow", "next"). An unknown zone raises (22023).
+SELECT (coalesce(%(now)s::timestamptz, now()) AT TIME ZONE %(zone)s)::date AS today,
+       coalesce(%(now)s::timestamptz, now()) AS now
+
 -- name: local_time_resolve
 -- description: read-only: the instants a local date-time (timestamp without zone) names in an IANA zone, by the database's time zone rules: local - offset for each UTC offset the zone has within a day either side, kept when it maps back to the same local time. No row with an instant: the clocks skip that time; two: they pass it twice (the caller takes the first). An unknown zone raises (22023).
 WITH probes AS (

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from protomolt_jobs.hooks.contract import JOB_STATUSES_KEY
-from protomolt_jobs.host.dashboard.times import FormError, resolve_local
+from protomolt_jobs.host.dashboard.times import DEFAULT_ZONE, FormError
 
 __all__ = [
     "BULK_VERBS",
@@ -135,9 +135,12 @@ def envelope(verb: str, job_id: str, form: dict[str, str]) -> dict[str, Any]:
         if choice:
             body["compensate"] = choice == "true"
     elif verb == "resume-job":
-        at = resolve_local(form.get("at", ""), form.get("zone", ""))
-        if at is not None:
+        # the local time and its zone go to the verb as typed: the database resolves them,
+        # by the same rule as every other door's (verbs/local_time.py); blank: now
+        at = form.get("at", "").strip()
+        if at:
             body["at"] = at
+            body["zone"] = form.get("zone", "").strip() or DEFAULT_ZONE
     elif verb == "retry-step":
         body["stepName"] = form.get("stepName", "")
         if form.get("scope", ""):

@@ -220,16 +220,20 @@ class PauseJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ResumeJobRequest(_message.Message):
-    __slots__ = ("job_id", "at", "reason", "zone")
+    __slots__ = ("job_id", "at", "reason", "zone", "tz", "day")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     ZONE_FIELD_NUMBER: _ClassVar[int]
+    TZ_FIELD_NUMBER: _ClassVar[int]
+    DAY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     at: str
     reason: str
     zone: str
-    def __init__(self, job_id: _Optional[str] = ..., at: _Optional[str] = ..., reason: _Optional[str] = ..., zone: _Optional[str] = ...) -> None: ...
+    tz: str
+    day: str
+    def __init__(self, job_id: _Optional[str] = ..., at: _Optional[str] = ..., reason: _Optional[str] = ..., zone: _Optional[str] = ..., tz: _Optional[str] = ..., day: _Optional[str] = ...) -> None: ...
 
 class RetryStepRequest(_message.Message):
     __slots__ = ("job_id", "step_name", "reason", "scope", "new_idempotency_key")
