@@ -3,7 +3,8 @@ docs/long-steps.md *Resuming from progress: the fingerprint check*): an 8-frame 
 after frame 3 whose stored definition's adapterVersion (or its input) changed meanwhile stops as
 RECOVERY_REQUIRED naming the field, never restarts from zero silently, and ``migrate-checkpoint``
 keeps its progress (frames 4-8 only) or discards it (frames 1-8 again). Real PostgreSQL, a real
-Worker, the real render gRPC service on loopback; verbs through the host catalog."""
+Worker (and a real node with its dashboard for the form), the real render gRPC service on
+loopback; verbs through the host catalog, HTTP and the dashboard's form."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from protomolt_jobs.store import JobStore
 from protomolt_jobs.verbs import JobsBackend, jobs_actions
 from protomolt_jobs.worker import Worker
 from protomolt_jobs.workflow import Runtime
+from tests.support.node import http, node_environ, start_node
 from tests.support.render_service import RenderService, render_workflow
 from tests.support.worker_proc import event_types, jobs_config, wait_for
 
@@ -193,4 +195,78 @@ def test_an_unchanged_run_resumes_without_recovery(verbs, worker, render, fresh_
     job_id = _paused_after_frame_3(verbs, render)
     assert verbs("resume-job", {"jobId": job_id})["ok"]
     wait_for(lambda: _status(verbs, job_id) == "COMPLETED" or None, timeout_s=30)
+    assert render.started == list(range(1, FRAMES + 1)), render.started
+
+
+def _form_post(url, path, fields):
+    """One dashboard form post, its redirect followed: the page shown after it."""
+    import urllib.parse
+    from http.client import HTTPConnection
+
+    parts = urllib.parse.urlsplit(url)
+    conn = HTTPConnection(parts.hostname, parts.port, timeout=20)
+    try:
+        conn.request(
+            "POST",
+            path,
+            body=urllib.parse.urlencode(fields),
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )
+        resp = conn.getresponse()
+        assert resp.status == 303, (resp.status, resp.read()[:500])
+        location = resp.getheader("Location")
+        cookie = (resp.getheader("Set-Cookie") or "").split(";")[0]
+        resp.read()
+    finally:
+        conn.close()
+    status, body, _ = http("GET", f"{url}{location}", headers={"Cookie": cookie})
+    assert status == 200
+    return body
+
+
+def test_the_dashboard_offers_and_resolves_a_progress_mismatch(tmp_path, fresh_dsn, render):
+    """Through a real node: HTTP verbs, its own worker, and the dashboard's migrate form."""
+    surfaces = start_node(node_environ(tmp_path, fresh_dsn))
+    try:
+        url = surfaces.http.url
+
+        def verb(name, body):
+            status, answer, _ = http("POST", f"{url}/protomolt/actions/{name}", body)
+            assert status == 200, (name, status, answer)
+            return answer
+
+        def status_of(job_id):
+            return verb("get-job", {"jobId": job_id})["job"]["status"]
+
+        started = render.hold(3)
+        job_id = verb(
+            "submit-workflow",
+            {"workflow": render_workflow(render.target), "input": {"scene": "s", "frames": 8}},
+        )["jobId"]
+        assert started.wait(20)
+        verb("pause-job", {"jobId": job_id})
+        render.release(3)
+        wait_for(lambda: status_of(job_id) == "PAUSED" or None, timeout_s=20)
+        _edit_row(
+            fresh_dsn,
+            job_id,
+            "UPDATE workflow_run SET workflow_definition = jsonb_set(workflow_definition,"
+            " '{steps,0,adapterVersion}', %s::jsonb) WHERE job_id = %s",
+            json.dumps("render-1.1"),
+        )
+        verb("resume-job", {"jobId": job_id})
+        wait_for(lambda: status_of(job_id) == "RECOVERY_REQUIRED" or None, timeout_s=20)
+        page = http("GET", f"{url}/ui/jobs/{job_id}")[1]
+        # the step without a checkpoint is offered: it stopped on its saved progress
+        assert b'<option value="render" selected>render</option>' in page
+        assert b"progress-mismatch: step &#39;render&#39; adapterVersion changed" in page
+        shown = _form_post(
+            url,
+            f"/ui/jobs/{job_id}/action/migrate-checkpoint",
+            {"stepName": "render", "action": "keep", "confirm": "on", "reason": "1.1 reads 1.0"},
+        )
+        assert b"migrate-checkpoint: now QUEUED" in shown
+        wait_for(lambda: status_of(job_id) == "COMPLETED" or None, timeout_s=30)
+    finally:
+        surfaces.close()
     assert render.started == list(range(1, FRAMES + 1)), render.started

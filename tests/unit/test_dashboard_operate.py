@@ -225,3 +225,20 @@ def test_extend_loop_is_offered_only_for_a_run_with_a_loop_and_its_form_builds_t
         "",
     )
     assert ok and text == "extend-loop: now QUEUED; loop 'd' may now re-run 2 times"
+
+
+def test_the_migrate_form_offers_a_step_stopped_on_its_saved_progress():
+    from protomolt_jobs.workflow.resumable import PROGRESS_MISMATCH
+
+    assert operate.PROGRESS_MISMATCH == PROGRESS_MISMATCH
+    names = ["prepare", "render", "publish"]
+    stopped = {
+        "error": "progress-mismatch: step 'render' adapterVersion changed (was 'a', now 'b')",
+        "outstandingStep": "render",
+    }
+    assert operate.migratable(stopped, names, {"prepare"}) == ["prepare", "render"]
+    # a checkpoint-mismatch offers the checkpointed steps only
+    other = {"error": "checkpoint-mismatch: step 'prepare' descriptorSha256 changed"}
+    assert operate.migratable({**other, "outstandingStep": "prepare"}, names, {"prepare"}) == [
+        "prepare"
+    ]

@@ -87,6 +87,22 @@ def offered(table: dict[str, tuple[str, ...]], status: str, *, loops: bool = Fal
     ]
 
 
+#: The error prefix of a run stopped on a long step's saved progress (the engine's
+#: ``workflow/resumable.py`` ``PROGRESS_MISMATCH``; the host meets the engine only through the
+#: verbs, so the word is repeated here and a unit test holds the two together).
+PROGRESS_MISMATCH = "progress-mismatch"
+
+
+def migratable(job: dict[str, Any], names: list[str], done: Any) -> list[str]:
+    """The steps the migrate-checkpoint form offers, in workflow order: the checkpointed ones
+    (``done``), and the step a RECOVERY_REQUIRED run stopped on when its saved progress no
+    longer fits (``progress-mismatch``: it has no checkpoint yet; docs/long-steps.md)."""
+    stopped = ""
+    if str(job.get("error") or "").startswith(PROGRESS_MISMATCH):
+        stopped = str(job.get("outstandingStep") or "")
+    return [n for n in names if n in done or n == stopped]
+
+
 def loop_steps(job: dict[str, Any]) -> list[str]:
     """The loop steps of a job read with ``graph: true`` (its drawing's ``loop`` edges), in
     the drawing's order; empty for a workflow without loops."""
