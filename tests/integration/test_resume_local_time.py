@@ -65,8 +65,9 @@ def _local_and_instant(dsn, zone, ahead_s):
     return local.strftime("%Y-%m-%dT%H:%M:%S"), instant
 
 
+@pytest.mark.parametrize("form", ["date and time", "time of day"])
 def test_resume_at_a_local_time_in_a_zone_starts_no_earlier_and_shows_the_planned_time(
-    store, verbs, fresh_dsn
+    store, verbs, fresh_dsn, form
 ):
     with RenderService() as render:
         answer = verbs(
@@ -75,8 +76,12 @@ def test_resume_at_a_local_time_in_a_zone_starts_no_earlier_and_shows_the_planne
         )
         job_id = answer["jobId"]
         assert verbs("pause-job", {"jobId": job_id})["status"] == "PAUSED"  # QUEUED: at once
-        local, instant = _local_and_instant(fresh_dsn, "Asia/Tokyo", 5)
-        answer = verbs("resume-job", {"jobId": job_id, "at": local, "zone": "Asia/Tokyo"})
+        local, instant = _local_and_instant(fresh_dsn, "Asia/Tokyo", 10)
+        if form == "date and time":
+            body = {"at": local, "zone": "Asia/Tokyo"}
+        else:  # "HH:MM:SS" 10 s ahead, with tz: the next time Tokyo's clock shows it
+            body = {"at": local[11:], "tz": "Asia/Tokyo"}
+        answer = verbs("resume-job", {"jobId": job_id, **body})
         assert answer["ok"] and answer["status"] == "QUEUED", answer
         assert datetime.fromisoformat(answer["runAfter"]) == instant, (answer, instant)
         listed = verbs("list-jobs", {"status": "QUEUED"})["jobs"]
