@@ -22,7 +22,7 @@ from protomolt_jobs.worker import Worker
 from protomolt_jobs.workflow import Runtime
 from tests.support.node import http, node_environ, start_node
 from tests.support.render_service import RenderService, render_workflow
-from tests.support.worker_proc import event_types, jobs_config, wait_for
+from tests.support.worker_proc import WorkerProcess, event_types, jobs_config, wait_for
 
 FRAMES = 8
 
@@ -72,12 +72,15 @@ def _status(verbs, job_id):
     return verbs("get-job", {"jobId": job_id})["job"]["status"]
 
 
-def _paused_after_frame_3(verbs, render):
-    """Submit the 8-frame render, pause it during frame 3: PAUSED after frame 3."""
+def _paused_after_frame_3(verbs, render, shape="sequential"):
+    """Submit the 8-frame render (``shape`` "graph": as a graph workflow, run by the graph
+    runner), pause it during frame 3: PAUSED after frame 3."""
     started = render.hold(3)
+    workflow = render_workflow(render.target)
+    if shape == "graph":
+        workflow["maxParallel"] = 1
     answer = verbs(
-        "submit-workflow",
-        {"workflow": render_workflow(render.target), "input": {"scene": "s", "frames": FRAMES}},
+        "submit-workflow", {"workflow": workflow, "input": {"scene": "s", "frames": FRAMES}}
     )
     assert answer["ok"], answer
     job_id = answer["jobId"]
@@ -105,10 +108,11 @@ def _edit_row(dsn, job_id, sql, *params):
         conn.execute(sql, (*params, job_id))
 
 
+@pytest.mark.parametrize("shape", ["sequential", "graph"])
 def test_a_changed_adapter_version_needs_recovery_and_keep_continues_from_the_progress(
-    store, verbs, worker, render, fresh_dsn
+    store, verbs, worker, render, fresh_dsn, shape
 ):
-    job_id = _paused_after_frame_3(verbs, render)
+    job_id = _paused_after_frame_3(verbs, render, shape)
     adapter, input_sha, definition_sha, descriptor_sha, seq = _fingerprints(fresh_dsn, job_id)
     # every chunk's report carries the fingerprints of its call
     assert adapter == "render-1.0" and seq == 3
@@ -270,3 +274,57 @@ def test_the_dashboard_offers_and_resolves_a_progress_mismatch(tmp_path, fresh_d
     finally:
         surfaces.close()
     assert render.started == list(range(1, FRAMES + 1)), render.started
+
+
+def test_after_a_crash_the_next_worker_checks_the_fingerprints_too(store, fresh_dsn, render):
+    """The worker is SIGKILLed during frame 4; the run's adapterVersion changes before another
+    worker claims it: RECOVERY_REQUIRED naming it, nothing called."""
+    import uuid
+
+    from protomolt_jobs.store import NewJob
+
+    started = render.hold(4)
+    job = store.job_insert(
+        NewJob(
+            job_id=uuid.uuid4(),
+            workflow_name="render",
+            workflow_definition=render_workflow(render.target),
+            input={"scene": "s", "frames": FRAMES},
+            max_attempts=3,
+        )
+    ).job
+    fast = {
+        "lease_seconds": 1.5,
+        "poll_interval_ms": 200,
+        "sweep_interval_ms": 200,
+        "backoff_base_seconds": 0.2,
+        "worker_count": 1,
+        "pool_max_size": 4,
+    }
+    a = WorkerProcess(fresh_dsn, worker_id="fp-a", **fast)
+    b = WorkerProcess(fresh_dsn, worker_id="fp-b", **fast)
+    try:
+        a.start()
+        assert started.wait(30), "frame 4 never started"
+        assert a.kill() == -9
+        render.release(4)
+        _edit_row(
+            fresh_dsn,
+            job.job_id,
+            "UPDATE workflow_run SET workflow_definition = jsonb_set(workflow_definition,"
+            " '{steps,0,adapterVersion}', %s::jsonb) WHERE job_id = %s",
+            json.dumps("render-2.0"),
+        )
+        b.start()  # its sweeper requeues the expired lease, then it claims the run
+        wait_for(
+            lambda: store.job_get(job.job_id).status == "RECOVERY_REQUIRED" or None, timeout_s=40
+        )
+    finally:
+        a.close()
+        b.close()
+    row = store.job_get(job.job_id)
+    assert row.error == (
+        "progress-mismatch: step 'render' adapterVersion changed "
+        "(was 'render-1.0', now 'render-2.0')"
+    ), row.error
+    assert render.started == [1, 2, 3, 4], render.started  # b called nothing
