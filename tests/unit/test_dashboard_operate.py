@@ -92,6 +92,9 @@ def test_every_action_needs_its_confirm_box():
     ("verb", "form", "field"),
     [
         ("cancel-job", {"compensate": "maybe"}, "compensate"),
+        ("resume-job", {"at": "2026-01-01T10:00", "clock": "22:00"}, "clock"),
+        ("resume-job", {"clock": "10 pm"}, "clock"),
+        ("resume-job", {"clock": "22:00\x00"}, "clock"),
         ("reconcile-step", {"outcome": "done", "response": "{not json"}, "response"),
         ("migrate-checkpoint", {"action": "replace", "response": "[1, 2]"}, "response"),
     ],
@@ -117,6 +120,18 @@ def test_forms_become_the_verbs_envelopes():
     }
     assert operate.envelope("resume-job", "j", {**confirm, "at": "", "zone": "UTC"}) == {
         "jobId": "j"
+    }
+    # a time of day on a relative day (the select's value; "next" when none)
+    assert operate.envelope(
+        "resume-job",
+        "j",
+        {**confirm, "at": "", "clock": "22:00", "day": "tomorrow", "zone": "Europe/Warsaw"},
+    ) == {"jobId": "j", "at": "22:00", "day": "tomorrow", "zone": "Europe/Warsaw"}
+    assert operate.envelope("resume-job", "j", {**confirm, "clock": "06:30:15"}) == {
+        "jobId": "j",
+        "at": "06:30:15",
+        "day": "next",
+        "zone": "UTC",
     }
     assert operate.envelope(
         "reconcile-step",
