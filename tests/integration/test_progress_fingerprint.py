@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 
+import grpc
 import psycopg
 import pytest
+from google.protobuf import struct_pb2
 
 from protomolt_jobs.errors import InvalidInput
 from protomolt_jobs.host.catalog import Caller, Catalog
+from protomolt_jobs.pb.ai.pipestream.proto.service.v1 import protomolt_service_pb2 as pb
 from protomolt_jobs.runs.submitter import Submitter
 from protomolt_jobs.store import JobStore
 from protomolt_jobs.verbs import JobsBackend, jobs_actions
@@ -260,6 +263,24 @@ def test_the_dashboard_offers_and_resolves_a_progress_mismatch(tmp_path, fresh_d
         )
         verb("resume-job", {"jobId": job_id})
         wait_for(lambda: status_of(job_id) == "RECOVERY_REQUIRED" or None, timeout_s=20)
+        # gRPC: replace does not apply to a saved progress, refused naming the field
+        with grpc.insecure_channel(surfaces.grpc.target) as channel:
+            migrate = channel.unary_unary(
+                "/ai.pipestream.proto.service.v1.ProtoMoltService/MigrateCheckpoint",
+                request_serializer=pb.MigrateCheckpointRequest.SerializeToString,
+                response_deserializer=pb.JobControlResponse.FromString,
+            )
+            response = struct_pb2.Struct()
+            response.update({"framesDone": 3})
+            with pytest.raises(grpc.RpcError) as refused:
+                migrate(
+                    pb.MigrateCheckpointRequest(
+                        job_id=job_id, step_name="render", action="replace", response=response
+                    )
+                )
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "'action'" in refused.value.details()
+        assert status_of(job_id) == "RECOVERY_REQUIRED"
         page = http("GET", f"{url}/ui/jobs/{job_id}")[1]
         # the step without a checkpoint is offered: it stopped on its saved progress
         assert b'<option value="render" selected>render</option>' in page
