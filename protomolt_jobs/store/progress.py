@@ -69,8 +69,9 @@ class Progress:
     :ivar attempt: the attempt that wrote it.
     :ivar updated_at: when (database time).
     :ivar definition_sha256: the definition's fingerprint when written ("" for none: written
-        before migration 0025, only by ReportProgress, or accepted by ``migrate-checkpoint
-        keep``; then no fingerprint is compared on resume).
+        before migration 0025, by a ReportProgress whose token carried none, or accepted by
+        ``migrate-checkpoint keep`` and not reported since; then no fingerprint is compared
+        on resume).
     :ivar descriptor_sha256: the step's descriptors' fingerprint when written ("" for none).
     """
 
@@ -204,7 +205,9 @@ class ProgressMixin(db.Database):
         the lease; never applies a pending request (the service is told and acts on it).
 
         SQL: fenced ``job_progress`` with ``live`` (one statement; not a boundary write; a
-        report without a state keeps the stored state). Transaction: one.
+        report without a state keeps the stored state; the fingerprints written are
+        ``report``'s, those of the call's progress token, or the stored ones when
+        ``report.definition_sha256`` is ""). Transaction: one.
 
         :returns: ``"continue"``, or ``"pause_requested"``/``"cancel_requested"`` when an
             operator's pause or cancel of the run is pending. A pending preemption ``yield``

@@ -1588,7 +1588,7 @@ RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 -- ---------------------------------------------------------------------------------------------
 
 -- name: job_progress
--- description: fenced (status, lease_owner, attempt, lease_token): one progress report of a long step: extends lease_until to now() + lease_s (the report is the heartbeat) and upserts the (job_id, step, iteration) progress row from the same statement. When an operator request is pending and the step is not done, the update names its change ('progress'), so it is a boundary write and the trigger applies the request here (PAUSED or CANCELLED, lease cleared): control lands between chunks, with the report stored. With live = true (a ReportProgress from inside a running call, store/progress.py job_report_live) it is never a boundary write (the pending request is returned as control_kind for the service to act on), a report without a state keeps the stored one, and the stored fingerprints (adapter_version, input_sha256, definition_sha256, descriptor_sha256: the service knows none of them) are kept. No event of its own.
+-- description: fenced (status, lease_owner, attempt, lease_token): one progress report of a long step: extends lease_until to now() + lease_s (the report is the heartbeat) and upserts the (job_id, step, iteration) progress row from the same statement. When an operator request is pending and the step is not done, the update names its change ('progress'), so it is a boundary write and the trigger applies the request here (PAUSED or CANCELLED, lease cleared): control lands between chunks, with the report stored. With live = true (a ReportProgress from inside a running call, store/progress.py job_report_live) it is never a boundary write (the pending request is returned as control_kind for the service to act on), a report without a state keeps the stored one, and the fingerprints (adapter_version, input_sha256, definition_sha256, descriptor_sha256) are the ones its progress token carried (store/progress_token.py), or the stored ones when it carried none (definition_sha256 NULL: a token issued before they were carried). No event of its own.
 WITH moved AS (
     UPDATE workflow_run
        SET lease_until = now() + make_interval(secs => %(lease_s)s),
@@ -1616,13 +1616,14 @@ WITH moved AS (
            state = CASE WHEN %(live)s AND EXCLUDED.state IS NULL THEN p.state ELSE EXCLUDED.state END,
            state_ref = CASE WHEN %(live)s AND EXCLUDED.state IS NULL THEN p.state_ref
                             ELSE EXCLUDED.state_ref END,
-           adapter_version = CASE WHEN %(live)s THEN p.adapter_version
-                                  ELSE EXCLUDED.adapter_version END,
-           input_sha256 = CASE WHEN %(live)s THEN p.input_sha256 ELSE EXCLUDED.input_sha256 END,
-           definition_sha256 = CASE WHEN %(live)s THEN p.definition_sha256
-                                    ELSE EXCLUDED.definition_sha256 END,
-           descriptor_sha256 = CASE WHEN %(live)s THEN p.descriptor_sha256
-                                    ELSE EXCLUDED.descriptor_sha256 END,
+           adapter_version = CASE WHEN %(live)s AND EXCLUDED.definition_sha256 IS NULL
+                                  THEN p.adapter_version ELSE EXCLUDED.adapter_version END,
+           input_sha256 = CASE WHEN %(live)s AND EXCLUDED.definition_sha256 IS NULL
+                               THEN p.input_sha256 ELSE EXCLUDED.input_sha256 END,
+           definition_sha256 = CASE WHEN %(live)s AND EXCLUDED.definition_sha256 IS NULL
+                                    THEN p.definition_sha256 ELSE EXCLUDED.definition_sha256 END,
+           descriptor_sha256 = CASE WHEN %(live)s AND EXCLUDED.definition_sha256 IS NULL
+                                    THEN p.descriptor_sha256 ELSE EXCLUDED.descriptor_sha256 END,
            done = EXCLUDED.done, updated_at = EXCLUDED.updated_at
     RETURNING seq
 )

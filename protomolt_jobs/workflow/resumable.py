@@ -135,7 +135,9 @@ def call(
     token_of = getattr(effects, "progress_token", None) if effects is not None else None
     if step.reports_progress and token_of is not None:
         # only a step that opts in gets the header (docs/long-steps.md "ReportProgress")
-        metadata = [*(metadata or []), token_of(step.name, iteration, spec is not None)]
+        # the token carries the call's fingerprints: a state saved only by ReportProgress is
+        # checked on resume as a chunk's is (store/progress_token.py)
+        metadata = [*(metadata or []), token_of(step.name, iteration, spec is not None, current)]
     if spec is None:
         return _reported_call(
             channel, step, request, call_ms, metadata, watch, on_progress, iteration, current
@@ -225,8 +227,9 @@ def progress_mismatch(step: str, saved: Any, current: dict[str, str]) -> str | N
     """Why ``saved`` (a stored ``Progress``) cannot be continued from under ``current``
     (:func:`_fingerprints`), or None.
 
-    A saved report without a definition fingerprint (written before migration 0025, only by
-    ``ReportProgress``, or accepted by ``migrate-checkpoint keep``) is never compared; nor is
+    A saved report without a definition fingerprint (written before migration 0025, by a
+    ``ReportProgress`` whose token carried none, or accepted by ``migrate-checkpoint keep``
+    and not reported since) is never compared; nor is
     a fingerprint the caller cannot give (no workflow: no definition or descriptor hash).
 
     :returns: ``progress-mismatch: step '<step>' <field> changed (was '<a>', now '<b>')``
