@@ -17,6 +17,7 @@ from google.protobuf import struct_pb2
 
 from protomolt_jobs.errors import InvalidInput
 from protomolt_jobs.host.catalog import Caller, Catalog
+from protomolt_jobs.host.grpc_service import ProtoMoltGrpcServer
 from protomolt_jobs.pb.ai.pipestream.proto.service.v1 import protomolt_service_pb2 as pb
 from protomolt_jobs.runs.submitter import Submitter
 from protomolt_jobs.store import JobStore
@@ -50,6 +51,26 @@ def verbs(store):
         return catalog.execute(verb, body, caller=Caller(principal, unrestricted=True))
 
     return call
+
+
+@pytest.fixture
+def grpc_door(store):
+    """The node's real gRPC server over the catalog's verbs: its MigrateCheckpoint stub."""
+    runtime = Runtime()
+    backend = JobsBackend(configured=True)
+    backend.bind(store, Submitter(store, None, runtime, 3))
+    catalog = Catalog()
+    for action in jobs_actions(backend, runtime):
+        catalog.register(action)
+    server = ProtoMoltGrpcServer(catalog, port=0, max_workers=4).start()
+    channel = grpc.insecure_channel(server.target)
+    yield channel.unary_unary(
+        "/ai.pipestream.proto.service.v1.ProtoMoltService/MigrateCheckpoint",
+        request_serializer=pb.MigrateCheckpointRequest.SerializeToString,
+        response_deserializer=pb.JobControlResponse.FromString,
+    )
+    channel.close()
+    server.close()
 
 
 @pytest.fixture
@@ -349,3 +370,28 @@ def test_after_a_crash_the_next_worker_checks_the_fingerprints_too(store, fresh_
         "(was 'render-1.0', now 'render-2.0')"
     ), row.error
     assert render.started == [1, 2, 3, 4], render.started  # b called nothing
+
+
+@pytest.mark.parametrize(("action", "progress"), [("keep", "kept"), ("discard", "dropped")])
+def test_migrate_checkpoint_at_the_grpc_door_answers_what_became_of_the_progress(
+    verbs, worker, render, fresh_dsn, grpc_door, action, progress
+):
+    job_id = _paused_after_frame_3(verbs, render)
+    _edit_row(
+        fresh_dsn,
+        job_id,
+        "UPDATE workflow_run SET workflow_definition = jsonb_set(workflow_definition,"
+        " '{steps,0,adapterVersion}', %s::jsonb) WHERE job_id = %s",
+        json.dumps("render-2.0"),
+    )
+    assert verbs("resume-job", {"jobId": job_id})["ok"]
+    wait_for(lambda: _status(verbs, job_id) == "RECOVERY_REQUIRED" or None, timeout_s=20)
+    answer = grpc_door(
+        pb.MigrateCheckpointRequest(job_id=job_id, step_name="render", action=action),
+        timeout=20,
+    )
+    # the same answer as HTTP's {"ok": true, "status": "QUEUED", "progress": ...}
+    assert (answer.ok, answer.status, answer.progress) == (True, "QUEUED", progress), answer
+    wait_for(lambda: _status(verbs, job_id) == "COMPLETED" or None, timeout_s=30)
+    again = list(range(1, FRAMES + 1)) if action == "discard" else list(range(4, FRAMES + 1))
+    assert render.started == [1, 2, 3, *again], render.started

@@ -286,7 +286,7 @@ class RequeueJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class JobControlResponse(_message.Message):
-    __slots__ = ("ok", "status", "error", "requested", "message", "outstanding_step", "run_after", "withdrawn", "dropped", "scope", "rerun_if_changed", "kept_effects")
+    __slots__ = ("ok", "status", "error", "requested", "message", "outstanding_step", "run_after", "withdrawn", "dropped", "scope", "rerun_if_changed", "kept_effects", "progress")
     OK_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -299,6 +299,7 @@ class JobControlResponse(_message.Message):
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     RERUN_IF_CHANGED_FIELD_NUMBER: _ClassVar[int]
     KEPT_EFFECTS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     status: str
     error: str
@@ -311,7 +312,8 @@ class JobControlResponse(_message.Message):
     scope: str
     rerun_if_changed: _containers.RepeatedScalarFieldContainer[str]
     kept_effects: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, ok: _Optional[bool] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., requested: _Optional[str] = ..., message: _Optional[str] = ..., outstanding_step: _Optional[str] = ..., run_after: _Optional[str] = ..., withdrawn: _Optional[str] = ..., dropped: _Optional[_Iterable[str]] = ..., scope: _Optional[str] = ..., rerun_if_changed: _Optional[_Iterable[str]] = ..., kept_effects: _Optional[_Iterable[str]] = ...) -> None: ...
+    progress: str
+    def __init__(self, ok: _Optional[bool] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., requested: _Optional[str] = ..., message: _Optional[str] = ..., outstanding_step: _Optional[str] = ..., run_after: _Optional[str] = ..., withdrawn: _Optional[str] = ..., dropped: _Optional[_Iterable[str]] = ..., scope: _Optional[str] = ..., rerun_if_changed: _Optional[_Iterable[str]] = ..., kept_effects: _Optional[_Iterable[str]] = ..., progress: _Optional[str] = ...) -> None: ...
 
 class JobHistoryRequest(_message.Message):
     __slots__ = ("job_id",)
