@@ -9,6 +9,7 @@ loopback; verbs through the host catalog, HTTP and the dashboard's form."""
 from __future__ import annotations
 
 import json
+import logging
 
 import grpc
 import psycopg
@@ -134,8 +135,9 @@ def _edit_row(dsn, job_id, sql, *params):
 
 @pytest.mark.parametrize("shape", ["sequential", "graph"])
 def test_a_changed_adapter_version_needs_recovery_and_keep_continues_from_the_progress(
-    store, verbs, worker, render, fresh_dsn, shape
+    store, verbs, worker, render, fresh_dsn, shape, caplog
 ):
+    caplog.set_level(logging.WARNING, logger="protomolt_jobs.worker")
     job_id = _paused_after_frame_3(verbs, render, shape)
     adapter, input_sha, definition_sha, descriptor_sha, seq = _fingerprints(fresh_dsn, job_id)
     # every chunk's report carries the fingerprints of its call
@@ -156,6 +158,13 @@ def test_a_changed_adapter_version_needs_recovery_and_keep_continues_from_the_pr
         "(was 'render-1.0', now 'render-2.0')"
     ), job
     assert job["outstandingStep"] == "render"
+    # the worker's log line names the cause (the run's error), not an unproven effect
+    lines = [
+        r.getMessage()
+        for r in caplog.records
+        if getattr(r, "action", "") == "job_recovery_required"
+    ]
+    assert lines == [f"job needs recovery at step 'render': {job['error']}"], lines
     # no frame was rendered under the new adapter, none restarted from zero
     assert render.started == [1, 2, 3], render.started
     assert job["progress"]["percent"] == pytest.approx(37.5)  # the saved progress is shown
@@ -192,8 +201,9 @@ def test_a_changed_adapter_version_needs_recovery_and_keep_continues_from_the_pr
 
 
 def test_a_changed_input_needs_recovery_and_discard_renders_from_frame_one(
-    verbs, worker, render, fresh_dsn
+    verbs, worker, render, fresh_dsn, caplog
 ):
+    caplog.set_level(logging.WARNING, logger="protomolt_jobs.worker")
     job_id = _paused_after_frame_3(verbs, render)
     _edit_row(
         fresh_dsn,
@@ -205,6 +215,11 @@ def test_a_changed_input_needs_recovery_and_discard_renders_from_frame_one(
     wait_for(lambda: _status(verbs, job_id) == "RECOVERY_REQUIRED" or None, timeout_s=20)
     error = verbs("get-job", {"jobId": job_id})["job"]["error"]
     assert error.startswith("progress-mismatch: step 'render' inputSha256 changed (was "), error
+    assert [
+        r.getMessage()
+        for r in caplog.records
+        if getattr(r, "action", "") == "job_recovery_required"
+    ] == [f"job needs recovery at step 'render': {error}"]
     assert render.started == [1, 2, 3]
     answer = verbs(
         "migrate-checkpoint", {"jobId": job_id, "stepName": "render", "action": "discard"}
