@@ -27,11 +27,15 @@ class _Store:
 @pytest.mark.parametrize(
     "error",
     [
-        "step 'charge' has effect 'external', an intent and no checkpoint, and its call failed "
-        "on the last attempt (GRPC: UNAVAILABLE): reconcile-step must say whether it happened",
+        (
+            "step 'charge' has effect 'external', an intent and no checkpoint, and its call failed "
+            "on the last attempt (GRPC: UNAVAILABLE): reconcile-step must say whether it happened"
+        ),
         "checkpoint-mismatch: step 'embed' adapterVersion changed (was 'v1', now 'v2')",
-        "progress-mismatch: step 'render' adapterVersion changed "
-        "(was 'render-1.0', now 'render-2.0')",
+        (
+            "progress-mismatch: step 'render' adapterVersion changed "
+            "(was 'render-1.0', now 'render-2.0')"
+        ),
     ],
 )
 def test_the_recovery_line_names_the_runs_error(caplog, error):
