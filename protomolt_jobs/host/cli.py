@@ -493,6 +493,20 @@ CONTROL_COMMANDS = {
 }
 
 
+#: ``--at "tomorrow 22:00"``: a relative day, then a time of day.
+_RELATIVE_AT = re.compile(r"(today|tomorrow|next)\s+(\S+)", re.ASCII)
+
+
+def _local_at(text: str) -> dict[str, str]:
+    """``--at``'s envelope fields: ``{"day", "at"}`` for ``"tomorrow 22:00"`` (a relative day
+    and a time of day; resume-job's ``day``), else ``{"at": text}`` as given (the verb says
+    what is wrong with it, naming the field)."""
+    found = _RELATIVE_AT.fullmatch(text.strip())
+    if found is None:
+        return {"at": text}
+    return {"day": found.group(1), "at": found.group(2)}
+
+
 def _control(args: argparse.Namespace, console: Any) -> int:
     """One operator verb; prints its answer as JSON (``history``: a table unless ``--json``).
     Exit 0 for an answer (``ok: false`` included), as ``call`` does."""
@@ -501,9 +515,11 @@ def _control(args: argparse.Namespace, console: Any) -> int:
     if getattr(args, "reason", None):
         envelope["reason"] = args.reason
     if getattr(args, "at", None):
-        envelope["at"] = args.at
+        envelope.update(_local_at(args.at))
     if getattr(args, "zone", None):
         envelope["zone"] = args.zone
+    if getattr(args, "tz", None):
+        envelope["tz"] = args.tz
     if getattr(args, "step", None):
         envelope["step" if verb == "extend-loop" else "stepName"] = args.step
     if getattr(args, "by", None) is not None:
@@ -1031,13 +1047,15 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(
                 "--at",
                 help="RFC 3339 time (database clock), e.g. 2026-01-02T22:00:00Z, or with --zone "
-                "a local time, e.g. '2026-12-03 22:00'",
+                "(--tz) a local time: '2026-12-03 22:00', '22:00' (the next time the zone's "
+                "clock shows it), 'today 22:00', 'tomorrow 22:00' or 'next 22:00'",
             )
             p.add_argument(
                 "--zone",
                 help="IANA time zone of a local --at, e.g. Europe/Warsaw (a time the clocks skip "
                 "is refused, one they pass twice is the first)",
             )
+            p.add_argument("--tz", help="another name for --zone (give one of them)")
         if name == "retry":
             p.add_argument("--step", required=True, help="the step to run again")
             p.add_argument(

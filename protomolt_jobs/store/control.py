@@ -238,11 +238,17 @@ class ControlMixin(db.Database):
         kind: str,
         actor: str,
         reason: str | None = None,
+        progress: str | None = None,
     ) -> ControlOutcome:
         """Send a RECOVERY_REQUIRED run back to QUEUED with ``checkpoints`` and ``intents`` as
         given (``reconcile-step``, ``migrate-checkpoint``): attempt 0, error cleared; a
         fingerprinted entry without ``at`` gets the database's time. Recorded as ``kind`` by
         ``actor``; a REQUEUED event naming ``step``; NOTIFY.
+
+        ``progress`` (a ``progress-mismatch``; docs/long-steps.md): ``"accept"`` makes the
+        step's unfinished progress rows forget their fingerprints (the step continues from the
+        saved state; ``job_progress_accept``), ``"drop"`` deletes them (the step starts from
+        zero; ``job_progress_drop``), in the same transaction. None: progress untouched.
 
         Optimistic: applies only while the row is still RECOVERY_REQUIRED at
         ``expected_history_seq``.
@@ -265,9 +271,17 @@ class ControlMixin(db.Database):
             "actor": scrub_text(actor),
             "reason": scrub_text(reason) if reason else None,
         }
+        if progress not in (None, "accept", "drop"):
+            raise ValueError(f"progress: must be 'accept' or 'drop'; got {progress!r}")
         with self._connection() as conn, conn.transaction():
             row = db.one(conn, "job_recover", params)
             if row is not None:
+                if progress is not None:
+                    db.rows(
+                        conn,
+                        f"job_progress_{progress}",
+                        {"job_id": key, "step": params["step"]},
+                    )
                 self._outbox_txn(
                     conn,
                     row,

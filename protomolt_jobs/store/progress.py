@@ -42,6 +42,9 @@ class ProgressReport:
     :ivar state_ref: a reference to a state stored elsewhere ("" for none).
     :ivar adapter_version: the adapter's version ("" for unknown).
     :ivar input_sha256: hex SHA-256 of the step's request ("" for unknown).
+    :ivar definition_sha256: hex SHA-256 of the run's definition (``effects.fingerprint``;
+        "" for unknown).
+    :ivar descriptor_sha256: hex SHA-256 of the step's descriptors ("" for unknown).
     :ivar done: the step said it is finished (this is its last chunk).
     """
 
@@ -53,6 +56,8 @@ class ProgressReport:
     state_ref: str = ""
     adapter_version: str = ""
     input_sha256: str = ""
+    definition_sha256: str = ""
+    descriptor_sha256: str = ""
     done: bool = False
 
 
@@ -63,6 +68,11 @@ class Progress:
     :ivar seq: reports of this step so far (1 for the first).
     :ivar attempt: the attempt that wrote it.
     :ivar updated_at: when (database time).
+    :ivar definition_sha256: the definition's fingerprint when written ("" for none: written
+        before migration 0025, by a ReportProgress whose token carried none, or accepted by
+        ``migrate-checkpoint keep`` and not reported since; then no fingerprint is compared
+        on resume).
+    :ivar descriptor_sha256: the step's descriptors' fingerprint when written ("" for none).
     """
 
     step: str
@@ -77,6 +87,8 @@ class Progress:
     input_sha256: str
     done: bool
     updated_at: datetime
+    definition_sha256: str = ""
+    descriptor_sha256: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """``{step, iteration, percent, details, updatedAt}`` (get-job's ``progress``)."""
@@ -109,6 +121,8 @@ def _progress(row: dict[str, Any]) -> Progress:
         input_sha256=row.get("input_sha256") or "",
         done=row["done"],
         updated_at=row["updated_at"],
+        definition_sha256=row.get("definition_sha256") or "",
+        descriptor_sha256=row.get("descriptor_sha256") or "",
     )
 
 
@@ -139,6 +153,8 @@ def report_params(report: ProgressReport) -> dict[str, Any]:
         "state_ref": scrub_text(report.state_ref) or None,
         "adapter_version": scrub_text(report.adapter_version) or None,
         "input_sha256": report.input_sha256 or None,
+        "definition_sha256": report.definition_sha256 or None,
+        "descriptor_sha256": report.descriptor_sha256 or None,
         "done": bool(report.done),
     }
 
@@ -189,7 +205,9 @@ class ProgressMixin(db.Database):
         the lease; never applies a pending request (the service is told and acts on it).
 
         SQL: fenced ``job_progress`` with ``live`` (one statement; not a boundary write; a
-        report without a state keeps the stored state). Transaction: one.
+        report without a state keeps the stored state; the fingerprints written are
+        ``report``'s, those of the call's progress token, or the stored ones when
+        ``report.definition_sha256`` is ""). Transaction: one.
 
         :returns: ``"continue"``, or ``"pause_requested"``/``"cancel_requested"`` when an
             operator's pause or cancel of the run is pending. A pending preemption ``yield``

@@ -11,8 +11,9 @@ claim (``gen_random_uuid()``, 122 random bits) and clears with the lease, so the
 bearer capability for exactly one attempt. A report is ONE fenced write (``job_progress``)
 whose fence is the token's ``(job_id, lease_owner, attempt, lease_token)``: a token of an
 earlier attempt, or one whose lease moved (sweep, release, pause, cancel), matches no row and
-changes nothing. The step and iteration written are the token's, so a report lands on the
-step that was called (a holder that rewrote them could only relabel its own run's progress).
+changes nothing. The step, iteration and fingerprints written are the token's, so a report
+lands on the step that was called (a holder that rewrote them could only relabel its own run's
+progress, whose state it writes anyway).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -31,8 +33,10 @@ __all__ = ["HEADER", "PREFIX", "ProgressToken"]
 HEADER = "protomolt-progress-token"
 #: The token's version prefix.
 PREFIX = "pmp1."
-#: Longest token accepted (characters).
+#: Longest token accepted (characters). A token whose fingerprints would make it longer (an
+#: absurdly long ``adapterVersion``) is issued without them: its reports keep the stored ones.
 MAX_LEN = 2048
+_SHA256 = re.compile(r"(?:[0-9a-f]{64})?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,28 +47,45 @@ class ProgressToken:
     :ivar step: the step called.
     :ivar iteration: its loop iteration (0 outside a loop).
     :ivar resumable: the step is also ``resumable`` (a pause may end its call early).
+    :ivar adapter_version: the step's ``adapterVersion`` when called ("" for none).
+    :ivar input_sha256: hex SHA-256 of the call's request without its state ("" for unknown).
+    :ivar descriptor_sha256: hex SHA-256 of the step's descriptors ("" for unknown).
+    :ivar definition_sha256: hex SHA-256 of the run's definition ("" for unknown: the token
+        carries no fingerprints and its reports keep the stored ones).
     """
 
     lease: Lease
     step: str
     iteration: int
     resumable: bool
+    adapter_version: str = ""
+    input_sha256: str = ""
+    descriptor_sha256: str = ""
+    definition_sha256: str = ""
 
     def encode(self) -> str:
-        """The token text (ASCII, no padding)."""
-        body = json.dumps(
-            [
-                str(self.lease.job_id),
-                self.step,
-                self.iteration,
-                self.lease.attempt,
-                self.lease.owner,
-                str(self.lease.token),
-                self.resumable,
-            ],
-            separators=(",", ":"),
-        ).encode()
-        return PREFIX + base64.urlsafe_b64encode(body).decode().rstrip("=")
+        """The token text (ASCII, no padding), at most :data:`MAX_LEN` characters (the
+        fingerprints are left out when they would not fit)."""
+        head: list[object] = [
+            str(self.lease.job_id),
+            self.step,
+            self.iteration,
+            self.lease.attempt,
+            self.lease.owner,
+            str(self.lease.token),
+            self.resumable,
+        ]
+        prints = [
+            self.adapter_version,
+            self.input_sha256,
+            self.descriptor_sha256,
+            self.definition_sha256,
+        ]
+        if self.definition_sha256:
+            text = _encode([*head, *prints])
+            if len(text) <= MAX_LEN:
+                return text
+        return _encode(head)
 
     @classmethod
     def decode(cls, text: object) -> ProgressToken:
@@ -80,7 +101,15 @@ class ProgressToken:
         raw = text[len(PREFIX) :]
         try:
             body = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
-            job_id, step, iteration, attempt, owner, token, resumable = body
+            if not isinstance(body, list) or len(body) not in (7, 11):
+                raise ValueError("shape")
+            job_id, step, iteration, attempt, owner, token, resumable = body[:7]
+            prints = body[7:] if len(body) == 11 else ["", "", "", ""]
+            if not all(isinstance(p, str) for p in prints):
+                raise ValueError("shape")
+            adapter, input_sha, descriptor_sha, definition_sha = prints
+            if not all(_SHA256.fullmatch(h) for h in (input_sha, descriptor_sha, definition_sha)):
+                raise ValueError("shape")
             if not (
                 isinstance(step, str)
                 and step
@@ -95,4 +124,18 @@ class ProgressToken:
             lease = Lease(uuid.UUID(job_id), owner, attempt, uuid.UUID(token))
         except (ValueError, TypeError, binascii.Error, AttributeError):
             raise ValueError("token: not a progress token this node issued") from None
-        return cls(lease=lease, step=step, iteration=iteration, resumable=resumable)
+        return cls(
+            lease=lease,
+            step=step,
+            iteration=iteration,
+            resumable=resumable,
+            adapter_version=adapter,
+            input_sha256=input_sha,
+            descriptor_sha256=descriptor_sha,
+            definition_sha256=definition_sha,
+        )
+
+
+def _encode(body: list[object]) -> str:
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    return PREFIX + base64.urlsafe_b64encode(raw).decode().rstrip("=")

@@ -1588,7 +1588,7 @@ RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 -- ---------------------------------------------------------------------------------------------
 
 -- name: job_progress
--- description: fenced (status, lease_owner, attempt, lease_token): one progress report of a long step: extends lease_until to now() + lease_s (the report is the heartbeat) and upserts the (job_id, step, iteration) progress row from the same statement. When an operator request is pending and the step is not done, the update names its change ('progress'), so it is a boundary write and the trigger applies the request here (PAUSED or CANCELLED, lease cleared): control lands between chunks, with the report stored. With live = true (a ReportProgress from inside a running call, store/progress.py job_report_live) it is never a boundary write (the pending request is returned as control_kind for the service to act on), and a report without a state keeps the stored one. No event of its own.
+-- description: fenced (status, lease_owner, attempt, lease_token): one progress report of a long step: extends lease_until to now() + lease_s (the report is the heartbeat) and upserts the (job_id, step, iteration) progress row from the same statement. When an operator request is pending and the step is not done, the update names its change ('progress'), so it is a boundary write and the trigger applies the request here (PAUSED or CANCELLED, lease cleared): control lands between chunks, with the report stored. With live = true (a ReportProgress from inside a running call, store/progress.py job_report_live) it is never a boundary write (the pending request is returned as control_kind for the service to act on), a report without a state keeps the stored one, and the fingerprints (adapter_version, input_sha256, definition_sha256, descriptor_sha256) are the ones its progress token carried (store/progress_token.py), or the stored ones when it carried none (definition_sha256 NULL: a token issued before they were carried). No event of its own.
 WITH moved AS (
     UPDATE workflow_run
        SET lease_until = now() + make_interval(secs => %(lease_s)s),
@@ -1605,9 +1605,10 @@ WITH moved AS (
 ), saved AS (
     INSERT INTO workflow_run_progress AS p
         (job_id, step, iteration, attempt, seq, percent, details, state, state_ref,
-         adapter_version, input_sha256, done, updated_at)
+         adapter_version, input_sha256, definition_sha256, descriptor_sha256, done, updated_at)
     SELECT m.job_id, %(step)s, %(iteration)s, %(attempt)s, 1, %(percent)s, %(details)s,
-           %(state)s::jsonb, %(state_ref)s, %(adapter_version)s, %(input_sha256)s, %(done)s, now()
+           %(state)s::jsonb, %(state_ref)s, %(adapter_version)s, %(input_sha256)s,
+           %(definition_sha256)s, %(descriptor_sha256)s, %(done)s, now()
       FROM moved AS m
     ON CONFLICT (job_id, step, iteration) DO UPDATE
        SET attempt = EXCLUDED.attempt, seq = p.seq + 1, percent = EXCLUDED.percent,
@@ -1615,7 +1616,14 @@ WITH moved AS (
            state = CASE WHEN %(live)s AND EXCLUDED.state IS NULL THEN p.state ELSE EXCLUDED.state END,
            state_ref = CASE WHEN %(live)s AND EXCLUDED.state IS NULL THEN p.state_ref
                             ELSE EXCLUDED.state_ref END,
-           adapter_version = EXCLUDED.adapter_version, input_sha256 = EXCLUDED.input_sha256,
+           adapter_version = CASE WHEN %(live)s AND EXCLUDED.definition_sha256 IS NULL
+                                  THEN p.adapter_version ELSE EXCLUDED.adapter_version END,
+           input_sha256 = CASE WHEN %(live)s AND EXCLUDED.definition_sha256 IS NULL
+                               THEN p.input_sha256 ELSE EXCLUDED.input_sha256 END,
+           definition_sha256 = CASE WHEN %(live)s AND EXCLUDED.definition_sha256 IS NULL
+                                    THEN p.definition_sha256 ELSE EXCLUDED.definition_sha256 END,
+           descriptor_sha256 = CASE WHEN %(live)s AND EXCLUDED.definition_sha256 IS NULL
+                                    THEN p.descriptor_sha256 ELSE EXCLUDED.descriptor_sha256 END,
            done = EXCLUDED.done, updated_at = EXCLUDED.updated_at
     RETURNING seq
 )
@@ -1626,9 +1634,23 @@ SELECT m.job_id, m.workflow_name, m.status, m.attempt, m.error, m.lease_until, m
 -- name: job_progress_saved
 -- description: read-only: the last progress report of one step of one run ((job_id, step, iteration)), the state a resumable step continues from.
 SELECT step, iteration, attempt, seq, percent, details, state::text AS state, state_ref,
-       adapter_version, input_sha256, done, updated_at
+       adapter_version, input_sha256, definition_sha256, descriptor_sha256, done, updated_at
   FROM workflow_run_progress
  WHERE job_id = %(job_id)s AND step = %(step)s AND iteration = %(iteration)s
+
+-- name: job_progress_accept
+-- description: migrate-checkpoint keep of a progress-mismatch (store/control.py job_recover, same transaction): the step's unfinished progress rows forget their fingerprints (NULL: nothing to compare), so the step continues from the saved state under the current definition and the next report stamps the current fingerprints. Returns the rows changed.
+UPDATE workflow_run_progress
+   SET adapter_version = NULL, input_sha256 = NULL,
+       definition_sha256 = NULL, descriptor_sha256 = NULL
+ WHERE job_id = %(job_id)s AND step = %(step)s AND NOT done
+RETURNING iteration
+
+-- name: job_progress_drop
+-- description: migrate-checkpoint discard of a progress-mismatch (store/control.py job_recover, same transaction): delete the step's unfinished progress rows, so the step starts again from zero. Returns the rows deleted.
+DELETE FROM workflow_run_progress
+ WHERE job_id = %(job_id)s AND step = %(step)s AND NOT done
+RETURNING iteration
 
 -- name: job_progress_current
 -- description: read-only: the most recent unfinished progress report of a run (the step in flight; get-job, the dashboard), or no row.
@@ -1641,6 +1663,11 @@ SELECT step, iteration, attempt, seq, percent, details, adapter_version, done, u
 -- ---------------------------------------------------------------------------------------------
 -- local times (store/local_times.py)
 -- ---------------------------------------------------------------------------------------------
+
+-- name: local_time_today
+-- description: read-only: the calendar date in an IANA zone at an instant (the given one, else the database's now()), and that instant (resume-job's relative days: "today", "tomorrow", "next"). An unknown zone raises (22023).
+SELECT (coalesce(%(now)s::timestamptz, now()) AT TIME ZONE %(zone)s)::date AS today,
+       coalesce(%(now)s::timestamptz, now()) AS now
 
 -- name: local_time_resolve
 -- description: read-only: the instants a local date-time (timestamp without zone) names in an IANA zone, by the database's time zone rules: local - offset for each UTC offset the zone has within a day either side, kept when it maps back to the same local time. No row with an instant: the clocks skip that time; two: they pass it twice (the caller takes the first). An unknown zone raises (22023).

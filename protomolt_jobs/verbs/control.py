@@ -27,7 +27,7 @@ from protomolt_jobs.verbs.base import (
     require_string,
     unreadable_row,
 )
-from protomolt_jobs.verbs.local_time import resolve_at
+from protomolt_jobs.verbs.local_time import DAYS, local_fields, resolve_at
 from protomolt_jobs.workflow.graph import requeue_checkpoints
 from protomolt_jobs.workflow.retry_scope import SCOPES, LoopRetryError, plan_retry, unproven_intents
 from protomolt_jobs.workflow.types import EFFECT_EXTERNAL
@@ -165,14 +165,15 @@ class ResumeJobAction(ControlVerb):
 
     name = "resume-job"
     description = (
-        "Resume a PAUSED job ('jobId', optional 'at' and 'zone', and 'reason'): it is QUEUED "
-        "to start no earlier than 'at' (database clock; past or absent means now), or WAITING "
-        "again on its parked step. 'at' is an RFC 3339 time with an offset, or with 'zone' (an "
-        "IANA zone) a local date and time resolved by the database (a time the clocks skip is "
-        "refused, one they pass twice is the first). On a RUNNING job it withdraws a pending "
-        "pause."
+        "Resume a PAUSED job ('jobId', optional 'at', 'zone' (or 'tz'), 'day', and 'reason'): "
+        "it is QUEUED to start no earlier than 'at' (database clock; past or absent means now), "
+        "or WAITING again on its parked step. 'at' is an RFC 3339 time with an offset, or with "
+        "'zone' (an IANA zone) a local date and time, or a time of day ('22:00') on 'day' "
+        "('today', 'tomorrow', or 'next', the default: the next time the zone's clock shows "
+        "it), resolved by the database (a time the clocks skip is refused, one they pass twice "
+        "is the first). On a RUNNING job it withdraws a pending pause."
     )
-    fields = ("jobId", "at", "zone", "reason")
+    fields = ("jobId", "at", "zone", "tz", "day", "reason")
     statuses = RESUME_STATUSES
 
     def __init__(self, backend: JobsBackend) -> None:
@@ -188,6 +189,17 @@ class ResumeJobAction(ControlVerb):
                     "type": "string",
                     "description": "IANA time zone of a local 'at' (Europe/Warsaw).",
                 },
+                "tz": {
+                    "type": "string",
+                    "description": "Another name for 'zone' (give one of them).",
+                },
+                "day": {
+                    "type": "string",
+                    "enum": list(DAYS),
+                    "description": "With a time of day in 'at' ('22:00'): today, tomorrow "
+                    "(the next calendar day in the zone) or next (default: the next time "
+                    "the zone's clock shows it).",
+                },
             }
         )
 
@@ -197,10 +209,11 @@ class ResumeJobAction(ControlVerb):
             "pause"}`` or ``{ok: false, status, error}``.
 
         :raises Unavailable: no database configured.
-        :raises InvalidInput: a malformed field; ``at`` not an RFC 3339 time with an offset.
+        :raises InvalidInput: a malformed field; ``at`` not an RFC 3339 time with an offset
+            (without ``zone``), or a local time the zone cannot resolve (verbs/local_time.py).
         """
         store, job_id, reason = self._begin(input)
-        at = resolve_at(store, input) if input.get("zone") is not None else _rfc3339(input, "at")
+        at = resolve_at(store, input) if local_fields(input) else _rfc3339(input, "at")
         outcome = store.job_resume(job_id, actor=actor(), reason=reason, at=at)
         self._log(job_id, outcome.status, reason)
         if outcome.changed and outcome.status == "RUNNING":

@@ -3,7 +3,8 @@ be chunked reports its own progress from inside its call.
 
 ``{token, percent?, details?, state?}``: ``token`` is the ``protomolt-progress-token`` metadata
 of the step call (a ``reportsProgress`` step's; store/progress_token.py), which names the run,
-the step, its iteration and the attempt's lease. Each report is ONE fenced write
+the step, its iteration and the attempt's lease, and carries the call's fingerprints, stored
+with the report (so its state is checked on resume as a chunk's). Each report is ONE fenced write
 (``job_progress``, never a boundary write: a pending request is told, not applied) that also
 extends the lease. The answer is ``{answer}``:
 
@@ -105,6 +106,12 @@ class ReportProgressAction(JobVerb):
             percent=percent,
             details=details,
             state=state,
+            # the call's fingerprints, carried by its token: a state saved only by reports is
+            # checked on resume as a chunk's (docs/long-steps.md)
+            adapter_version=token.adapter_version,
+            input_sha256=token.input_sha256,
+            definition_sha256=token.definition_sha256,
+            descriptor_sha256=token.descriptor_sha256,
         )
         try:
             answer = store.job_report_live(token.lease, self.backend.lease_s, report)

@@ -10,6 +10,11 @@
   the stored response under the current fingerprint (``ok: false`` saying why when it no longer
   parses as the current output type); ``discard`` drops it and the checkpoints of the steps that
   depend on it (they run again); ``replace`` checkpoints the given response instead.
+  A resumable step's saved progress whose fingerprint changed (``progress-mismatch``, the step
+  has no checkpoint yet): ``keep`` accepts the saved progress under the current fingerprint
+  (the step continues from its saved state; the next report stamps the new fingerprints),
+  ``discard`` drops it (the step starts again from zero); ``replace`` is refused naming
+  ``action`` (a progress state is the service's, not an operator's).
 
 Both accept only a RECOVERY_REQUIRED run (else ``ok: false`` naming the status), write one
 optimistic statement (``job_recover``: the row must still be at the history sequence read),
@@ -37,6 +42,7 @@ from protomolt_jobs.verbs.base import (
 from protomolt_jobs.verbs.responses import operator_checkpoint, resolve_step
 from protomolt_jobs.workflow.effects import refresh
 from protomolt_jobs.workflow.envelope import message_class
+from protomolt_jobs.workflow.resumable import PROGRESS_MISMATCH
 
 __all__ = ["RECOVERY_REQUIRED", "MigrateCheckpointAction", "ReconcileStepAction"]
 
@@ -75,7 +81,9 @@ class _RecoveryVerb(ControlVerb):
         intents: dict[str, Any] | None,
         kind: str,
         reason: str | None,
+        progress: str | None = None,
     ) -> Any:
+        extra = {} if progress is None else {"progress": progress}
         outcome = store.job_recover(
             job.job_id,
             step=step_name,
@@ -85,6 +93,7 @@ class _RecoveryVerb(ControlVerb):
             kind=kind,
             actor=actor(),
             reason=reason,
+            **extra,
         )
         self._log(job.job_id, outcome.status, reason)
         return outcome
@@ -200,8 +209,10 @@ class MigrateCheckpointAction(_RecoveryVerb):
         )
 
     def execute(self, input: dict[str, Any]) -> dict[str, Any]:
-        """:returns: ``{ok: true, status: "QUEUED", dropped?: [step...]}``, or ``{ok: false,
-            status?, error}`` (also when ``keep`` finds a response that no longer parses).
+        """:returns: ``{ok: true, status: "QUEUED", dropped?: [step...]}`` (a step's
+            saved progress: ``{ok: true, status: "QUEUED", progress: "kept"|"dropped"}``), or
+            ``{ok: false, status?, error}`` (also when ``keep`` finds a response that no
+            longer parses).
 
         :raises Unavailable: no database configured.
         :raises InvalidInput: a malformed field; an unknown step or one without a checkpoint;
@@ -223,6 +234,8 @@ class MigrateCheckpointAction(_RecoveryVerb):
         stored, step = resolve_step(job, step_name, self.runtime)
         checkpoints = [c for c in job.checkpoints or [] if isinstance(c, dict)]
         index = next((i for i, c in enumerate(checkpoints) if c.get("name") == step_name), None)
+        if index is None and _progress_mismatch(job, step_name):
+            return self._migrate_progress(store, job, step_name, checkpoints, action, reason)
         if index is None:
             raise invalid("stepName", f"step '{step_name}' has no checkpoint to migrate")
         old = checkpoints[index]
@@ -256,6 +269,52 @@ class MigrateCheckpointAction(_RecoveryVerb):
         return refused(
             job_id, answer.status, "it changed while the migration was prepared; read it again"
         )
+
+    def _migrate_progress(
+        self,
+        store: Any,
+        job: Any,
+        step_name: str,
+        checkpoints: list[dict[str, Any]],
+        action: str,
+        reason: str | None,
+    ) -> dict[str, Any]:
+        """``keep`` or ``discard`` the saved progress of ``step_name`` (a progress-mismatch)."""
+        if action == "replace":
+            raise invalid(
+                "action",
+                f"Field 'action': step '{step_name}' stopped on its saved progress "
+                f"({PROGRESS_MISMATCH}); only 'keep' (continue from it) or 'discard' (start "
+                "the step from zero) apply",
+            )
+        progress = "accept" if action == "keep" else "drop"
+        answer = self._recover(
+            store,
+            job,
+            step_name,
+            checkpoints,
+            job.effect_intents,
+            f"migrate-checkpoint:{action}",
+            reason,
+            progress=progress,
+        )
+        if answer.changed:
+            return {
+                "ok": True,
+                "status": "QUEUED",
+                "progress": "kept" if action == "keep" else "dropped",
+            }
+        return refused(
+            job.job_id,
+            answer.status,
+            "it changed while the migration was prepared; read it again",
+        )
+
+
+def _progress_mismatch(job: Any, step_name: str) -> bool:
+    """True when ``job`` stopped on ``step_name``'s saved progress (``progress-mismatch``)."""
+    error = getattr(job, "error", None) or ""
+    return job.outstanding_step == step_name and error.startswith(PROGRESS_MISMATCH)
 
 
 def _keep_problem(stored: StoredRun, step: Any, entry: dict[str, Any]) -> str | None:

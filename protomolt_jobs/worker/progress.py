@@ -65,7 +65,8 @@ class ProgressWriter:
         self._ctx = dict(ctx)
 
     def on_progress(self, step: str, iteration: int, report: Mapping[str, Any]) -> None:
-        """Store one report (``{percent, details, state, adapterVersion, inputSha256, done}``).
+        """Store one report (``{percent, details, state, adapterVersion, inputSha256,
+        definitionSha256, descriptorSha256, done}``).
 
         :raises LeaseLost: the lease is gone (``ControlApplied``: an operator's pause or cancel
             took the run at this report, which is stored).
@@ -86,6 +87,8 @@ class ProgressWriter:
                     state=report.get("state"),
                     adapter_version=str(report.get("adapterVersion") or ""),
                     input_sha256=str(report.get("inputSha256") or ""),
+                    definition_sha256=str(report.get("definitionSha256") or ""),
+                    descriptor_sha256=str(report.get("descriptorSha256") or ""),
                     done=bool(report.get("done")),
                 ),
             )
@@ -103,10 +106,29 @@ class ProgressWriter:
             extra={"action": "progress_reported", "step": step, "seq": seq, **self._ctx},
         )
 
-    def token(self, step: str, iteration: int, resumable: bool) -> tuple[str, str]:
+    def token(
+        self,
+        step: str,
+        iteration: int,
+        resumable: bool,
+        fingerprints: Mapping[str, str] | None = None,
+    ) -> tuple[str, str]:
         """The ``protomolt-progress-token`` metadata of a ``reportsProgress`` step's call,
-        bound to this attempt's lease (store/progress_token.py); no statement."""
-        issued = ProgressToken(self._guard.lease, step, iteration, resumable)
+        bound to this attempt's lease and carrying the call's ``fingerprints``
+        (``{adapterVersion, inputSha256, descriptorSha256, definitionSha256}``, as a chunk's
+        report; its ReportProgress writes store them: store/progress_token.py); no
+        statement."""
+        prints = fingerprints or {}
+        issued = ProgressToken(
+            self._guard.lease,
+            step,
+            iteration,
+            resumable,
+            adapter_version=str(prints.get("adapterVersion") or ""),
+            input_sha256=str(prints.get("inputSha256") or ""),
+            descriptor_sha256=str(prints.get("descriptorSha256") or ""),
+            definition_sha256=str(prints.get("definitionSha256") or ""),
+        )
         return (HEADER, issued.encode())
 
     def saved(self, step: str, iteration: int) -> Progress | None:

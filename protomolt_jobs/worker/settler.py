@@ -87,6 +87,9 @@ class _Row:
     #: the Write's fields on the log line, in order
     logged: tuple[str, ...]
     send: Callable[[SettleStore, Lease, Write], object]
+    #: the Write's fields filling the message's ``%s`` placeholders, in order (the record's
+    #: ``msg`` stays one template per kind; its text names the run's own cause)
+    args: tuple[str, ...] = ()
 
 
 # fmt: off
@@ -112,10 +115,13 @@ _ROWS: dict[WriteKind, _Row] = {
         ("step", "error"),
         lambda s, lease, w: s.job_park_input(lease, w.step, w.error),
     ),
+    # the cause is the run's error: an external step's unproven effect, a checkpoint-mismatch
+    # or a progress-mismatch (the first words of each name it)
     WriteKind.RECOVERY: _Row(
         Settlement.RECOVERY_REQUIRED, "job_recovery_required",
-        "job needs recovery: a step's state cannot be proven", logging.WARNING, ("step", "error"),
+        "job needs recovery at step '%s': %s", logging.WARNING, ("step", "error"),
         lambda s, lease, w: s.job_recovery_required(lease, w.step, w.error),
+        args=("step", "error"),
     ),
     WriteKind.BUDGET_PAUSE: _Row(
         Settlement.CONTROLLED, "job_paused_by_budget", "job PAUSED by its budget",
@@ -207,7 +213,12 @@ class Settler:
             if not (row.settlement is Settlement.CONTROLLED and status == "PAUSED"):
                 return self._controlled(ctx, guard.status, row.settlement.value)
         fields = {name: getattr(write, name) for name in row.logged}
-        log.log(row.level, row.message, extra={"action": row.action, **fields, **ctx})
+        log.log(
+            row.level,
+            row.message,
+            *(getattr(write, name) for name in row.args),
+            extra={"action": row.action, **fields, **ctx},
+        )
         if write.kind is WriteKind.COMPLETE and write.final_entry is not None:
             crashpoints.reached("after_checkpoint", str(write.final_entry.get("name", "")))
         return row.settlement

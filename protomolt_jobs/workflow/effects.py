@@ -89,10 +89,12 @@ class EffectContext:
     #: ``(step, iteration) -> saved progress or None``: the last report of a resumable step
     #: (an object with ``state``), read once when the step starts. None: never any.
     progress_saved: Callable[[str, int], Any] | None = None
-    #: ``(step, iteration, resumable) -> (key, value)``: the metadata
-    #: ``protomolt-progress-token`` of a ``reportsProgress`` step's call
-    #: (store/progress_token.py). None: no header.
-    progress_token: Callable[[str, int, bool], tuple[str, str]] | None = None
+    #: ``(step, iteration, resumable, fingerprints) -> (key, value)``: the metadata
+    #: ``protomolt-progress-token`` of a ``reportsProgress`` step's call, carrying the call's
+    #: ``fingerprints`` (``{adapterVersion, inputSha256, descriptorSha256,
+    #: definitionSha256}``) for its reports to store (store/progress_token.py). None: no
+    #: header.
+    progress_token: Callable[[str, int, bool, Mapping[str, str]], tuple[str, str]] | None = None
 
     def canceller(self, step: Step) -> Callable[[Callable[[], None]], Callable[[], None]] | None:
         """What cancels ``step``'s call on a cancel request: :attr:`watch_cancel` for a step

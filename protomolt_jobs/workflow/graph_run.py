@@ -290,6 +290,7 @@ class _Run:
                 self.metadata(step),
                 self.effects,
                 self.loops.iteration(step.name) if self.loops is not None else 0,
+                self.workflow,
             )
 
     def metadata(self, step: Step) -> list[tuple[str, str]] | None:

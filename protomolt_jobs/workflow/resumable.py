@@ -8,7 +8,13 @@ again and again by :func:`call`, which both runners use in place of ``calls.call
    the step exists (``EffectContext.progress_saved``: a pause, a crash or a lost lease ended an
    earlier attempt mid-step), the request's ``state`` field is set from its saved state, so
    the call continues where the last chunk ended, never from scratch (a saved report that
-   said done is not continued from: the step runs again in full, as after ``retry-step``);
+   said done is not continued from: the step runs again in full, as after ``retry-step``).
+   Before that, the saved report's fingerprints (adapter version, the request's SHA-256, the
+   definition's and the step's descriptors' SHA-256, as :func:`~protomolt_jobs.workflow.
+   effects.fingerprint` gives them) are compared with the current ones: a difference stops the
+   run as ``RecoveryRequired`` (``progress-mismatch: step 'render' adapterVersion changed
+   ...``), never a silent restart from zero; ``migrate-checkpoint`` keeps or drops the
+   progress (docs/long-steps.md);
 2. each call is one chunk. Its response's ``state`` field, the ``done`` expression's verdict
    and the ``progress`` expression's percent are handed to ``EffectContext.on_progress``,
    which stores them with ONE fenced statement that is also the heartbeat. A pending pause or
@@ -34,23 +40,44 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from protomolt_jobs.workflow import cel as _cel
+from protomolt_jobs.workflow import effects as fx
 from protomolt_jobs.workflow.calls import call_unary
-from protomolt_jobs.workflow.step_run import fail
+from protomolt_jobs.workflow.step_run import RecoveryStop, fail
 from protomolt_jobs.workflow.types import (
     EFFECT_EXTERNAL,
     CompiledWorkflow,
     FailureKind,
     Finding,
+    RecoveryRequired,
     Step,
 )
 
-__all__ = ["FINDING_KIND", "MAX_CHUNKS", "call", "declared", "findings", "reports"]
+__all__ = [
+    "FINDING_KIND",
+    "MAX_CHUNKS",
+    "PROGRESS_MISMATCH",
+    "call",
+    "declared",
+    "findings",
+    "progress_mismatch",
+    "reports",
+]
 
 #: The ``kind`` of the verifier's findings about ``resumable``.
 FINDING_KIND = "resumable"
 #: Most chunks one call of a resumable step makes in one segment (a service that never says
 #: done fails the step rather than loop for ever).
 MAX_CHUNKS = 100_000
+#: The reason prefix of a run stopped because its saved progress's fingerprint changed.
+PROGRESS_MISMATCH = "progress-mismatch"
+#: The fingerprints a saved report is compared on, in this order (the first that differs is
+#: named): ``report key`` -> the saved ``Progress`` attribute.
+COMPARED = (
+    ("adapterVersion", "adapter_version"),
+    ("inputSha256", "input_sha256"),
+    ("descriptorSha256", "descriptor_sha256"),
+    ("definitionSha256", "definition_sha256"),
+)
 
 
 def declared(workflow: Any) -> bool:
@@ -77,6 +104,7 @@ def call(
     metadata: list[tuple[str, str]] | None,
     effects: Any,
     iteration: int = 0,
+    workflow: CompiledWorkflow | None = None,
 ) -> Any:
     """``step``'s response: one ``call_unary`` for a step without ``resumable``; for a
     resumable step, chunks until ``done`` (see the module text).
@@ -87,6 +115,10 @@ def call(
     :param effects: the job's ``EffectContext`` (its ``watch_cancel``, ``on_progress`` and
         ``progress_saved``), or None.
     :param iteration: the step's loop iteration (0 outside a loop).
+    :param workflow: the step's workflow (its definition and descriptor fingerprints are
+        stored with each report and compared on resume; None: neither).
+    :raises RecoveryStop: the saved progress's fingerprints differ from the current ones
+        (``progress-mismatch`` naming the field; nothing was called).
     :raises WorkflowExecutionError: a chunk's call failed (GRPC), ``done`` or ``progress``
         could not be evaluated (WORKFLOW naming the expression), the service never said done
         within :data:`MAX_CHUNKS` (WORKFLOW), or storing a report failed (WORKFLOW with
@@ -99,19 +131,25 @@ def call(
     on_progress = getattr(effects, "on_progress", None) if effects is not None else None
     saved_of = getattr(effects, "progress_saved", None) if effects is not None else None
     input_sha256 = hashlib.sha256(request.SerializeToString(deterministic=True)).hexdigest()
+    current = _fingerprints(workflow, step, input_sha256)
     token_of = getattr(effects, "progress_token", None) if effects is not None else None
     if step.reports_progress and token_of is not None:
         # only a step that opts in gets the header (docs/long-steps.md "ReportProgress")
-        metadata = [*(metadata or []), token_of(step.name, iteration, spec is not None)]
+        # the token carries the call's fingerprints: a state saved only by ReportProgress is
+        # checked on resume as a chunk's is (store/progress_token.py)
+        metadata = [*(metadata or []), token_of(step.name, iteration, spec is not None, current)]
     if spec is None:
         return _reported_call(
-            channel, step, request, call_ms, metadata, watch, on_progress, iteration, input_sha256
+            channel, step, request, call_ms, metadata, watch, on_progress, iteration, current
         )
     saved = saved_of(step.name, iteration) if saved_of is not None else None
     next_request = request
     if saved is not None and saved.state is not None and not saved.done:
         # a report that said done is never continued from: its step's checkpoint was dropped
         # (retry-step) or lost with the settle, and the step runs again in full
+        reason = progress_mismatch(step.name, saved, current)
+        if reason is not None:
+            raise RecoveryStop(RecoveryRequired(step.name, reason))
         next_request = _with_state(step, request, saved.state)
     for chunk in range(MAX_CHUNKS):
         timeout_ms = call_ms if chunk == 0 else budget_ms()
@@ -129,8 +167,7 @@ def call(
                     "percent": percent,
                     "details": _details(response),
                     "state": state,
-                    "adapterVersion": step.adapter_version,
-                    "inputSha256": input_sha256,
+                    **current,
                     "done": done,
                 },
             )
@@ -153,7 +190,7 @@ def _reported_call(
     watch: Any,
     on_progress: Any,
     iteration: int,
-    input_sha256: str,
+    current: dict[str, str],
 ) -> Any:
     """One call of a ``reportsProgress`` step that is not ``resumable``; its progress row is
     closed (``done``, 100 %) after the call so get-job stops showing it as in flight."""
@@ -167,12 +204,52 @@ def _reported_call(
                 "percent": 100.0,
                 "details": _details(response),
                 "state": None,
-                "adapterVersion": step.adapter_version,
-                "inputSha256": input_sha256,
+                **current,
                 "done": True,
             },
         )
     return response
+
+
+def _fingerprints(
+    workflow: CompiledWorkflow | None, step: Step, input_sha256: str
+) -> dict[str, str]:
+    """The current fingerprints of ``step``'s call, keyed as a report's."""
+    out = {"adapterVersion": step.adapter_version or "", "inputSha256": input_sha256}
+    if workflow is not None:
+        fp = fx.fingerprint(workflow)  # cached per compiled workflow
+        out["descriptorSha256"] = fp.descriptor_sha256.get(step.name, "")
+        out["definitionSha256"] = fp.definition_sha256
+    return out
+
+
+def progress_mismatch(step: str, saved: Any, current: dict[str, str]) -> str | None:
+    """Why ``saved`` (a stored ``Progress``) cannot be continued from under ``current``
+    (:func:`_fingerprints`), or None.
+
+    A saved report without a definition fingerprint (written before migration 0025, by a
+    ``ReportProgress`` whose token carried none, or accepted by ``migrate-checkpoint keep``
+    and not reported since) is never compared; nor is
+    a fingerprint the caller cannot give (no workflow: no definition or descriptor hash).
+
+    :returns: ``progress-mismatch: step '<step>' <field> changed (was '<a>', now '<b>')``
+        for the adapter version; for a hash ``... <field> changed (was <12 hex>..., now
+        <12 hex>...)``.
+    """
+    if not getattr(saved, "definition_sha256", ""):
+        return None
+    for key, attr in COMPARED:
+        if key not in current:
+            continue
+        was, now = getattr(saved, attr, "") or "", current[key] or ""
+        if was == now:
+            continue
+        if key == "adapterVersion":
+            shown = f"was '{was}', now '{now}'"
+        else:
+            shown = f"was {was[:12] or 'none'}..., now {now[:12] or 'none'}..."
+        return f"{PROGRESS_MISMATCH}: step '{step}' {key} changed ({shown})"
+    return None
 
 
 def _report(on_progress: Any, step: Step, iteration: int, report: dict[str, Any]) -> None:

@@ -177,6 +177,7 @@ def run_steps(
                     functools.partial(call_budget_ms, step, deadline),
                     metadata,
                     effects,
+                    workflow=workflow,
                 )
                 if step.validate:
                     validate_response(step, response)

@@ -8,6 +8,7 @@ job. The browser side is ``test_dashboard_operator.py``.
 
 from __future__ import annotations
 
+import datetime
 import urllib.parse
 import uuid
 
@@ -198,7 +199,8 @@ def test_a_deferred_resume_shows_its_time_and_bad_times_name_the_field(node, sto
         ({"at": "next tuesday", "zone": "UTC"}, b"&#39;at&#39;"),
         (
             {"at": "2027-03-28T02:30", "zone": "Europe/Berlin"},
-            b"&#39;at&#39; 2027-03-28T02:30 does not exist",
+            # resolved by the database, as at every door (the verb's refusal)
+            b"Field &#39;at&#39;: 2027-03-28 02:30:00 does not exist in Europe/Berlin",
         ),
         ({"at": "2027-01-01T10:00", "zone": "Nowhere/City"}, b"&#39;zone&#39;"),
         ({"at": "99999-01-01T10:00", "zone": "UTC"}, b"&#39;at&#39;"),
@@ -220,6 +222,47 @@ def test_a_deferred_resume_shows_its_time_and_bad_times_name_the_field(node, sto
     assert b"resume-job: now QUEUED, to run after 2030-07-01T07:30:00Z" in shown
     assert b'id="run-after">2030-07-01 07:30:00' in shown
     assert store.job_get(paused).status == "QUEUED"
+
+
+def test_a_resume_at_a_time_of_day_on_a_relative_day_is_resolved_by_the_database(
+    node, store, fresh_dsn
+):
+    """The form's time of day and day go to resume-job unresolved; the database resolves
+    "tomorrow 22:00" in Warsaw as at every other door (docs/long-steps.md)."""
+    import psycopg
+
+    url = node
+    paused = job_in(store, "PAUSED")
+    page = f"/ui/jobs/{paused}"
+    body = http("GET", f"{url}{page}")[1]
+    assert b'id="resume-clock"' in body and b'<option value="tomorrow">' in body
+    for fields, field in (
+        ({"clock": "22:00", "day": "yesterday", "zone": "Europe/Warsaw"}, b"&#39;day&#39;"),
+        ({"clock": "22:00", "at": "2027-01-01T10:00", "zone": "UTC"}, b"&#39;clock&#39;"),
+        ({"clock": "25:00", "day": "today", "zone": "UTC"}, b"&#39;at&#39;"),
+        ({"clock": "22:00", "day": "today", "zone": "Nowhere/City"}, b"&#39;zone&#39;"),
+    ):
+        status, location, cookie, _ = _post(
+            url, f"{page}/action/resume-job", {**fields, "confirm": "on"}
+        )
+        assert (status, location) == (303, page), fields
+        shown = _follow(url, location, cookie)
+        assert b"invalid-input" in shown and field in shown, (fields, shown[:3000])
+        assert store.job_get(paused).status == "PAUSED"
+    with psycopg.connect(fresh_dsn) as conn:
+        (expected,) = conn.execute(
+            "SELECT (((now() AT TIME ZONE 'Europe/Warsaw')::date + 1) + time '22:00')"
+            " AT TIME ZONE 'Europe/Warsaw'"
+        ).fetchone()
+    status, location, cookie, _ = _post(
+        url,
+        f"{page}/action/resume-job",
+        {"clock": "22:00", "day": "tomorrow", "zone": "Europe/Warsaw", "confirm": "on"},
+    )
+    shown = _follow(url, location, cookie)
+    planned = expected.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert f"resume-job: now QUEUED, to run after {planned}".encode() in shown, shown[:3000]
+    assert store.job_get(paused).run_after == expected
 
 
 def test_reconcile_from_the_page_moves_a_recovery_required_job_on(node, store):

@@ -114,7 +114,9 @@ def test_the_operator_dashboard_in_a_real_browser(tmp_path, fresh_dsn, store, br
         _set(browser, "#resume-at", "2027-03-28T02:30")
         Select(browser.find_element(By.ID, "resume-zone")).select_by_value("Europe/Berlin")
         _press(browser, "resume-job", reason="after the window")
-        _text_becomes(browser, "#flash-text", "invalid-input: 'at' 2027-03-28T02:30 does not exist")
+        _text_becomes(
+            browser, "#flash-text", "invalid-input: Field 'at': 2027-03-28 02:30:00 does not exist"
+        )
         shot(browser, "invalid-input")
         assert _text(browser, "#job-status") == "PAUSED"
         _set(browser, "#resume-at", "2030-07-01T09:30")

@@ -30,7 +30,7 @@ from protomolt_jobs.verbs import JobsBackend, jobs_actions
 from protomolt_jobs.worker import Worker
 from protomolt_jobs.workflow import Runtime
 from tests.support.render_service import message_class, render_workflow
-from tests.support.worker_proc import event_types, jobs_config, wait_for
+from tests.support.worker_proc import WorkerProcess, event_types, jobs_config, wait_for
 
 FRAMES = 8
 LEASE_S = 3.0
@@ -51,6 +51,9 @@ class ReportingRenderer:
         self.answers: list[str] = []
         self.holds: dict[int, threading.Event] = {}
         self.reached: dict[int, threading.Event] = {}
+        #: on pause_requested, fail the call (UNAVAILABLE, retryable) instead of answering with the state:
+        #: the state saved is then only what ReportProgress wrote
+        self.abort_on_pause = False
         self._server: grpc.Server | None = None
         self.target = ""
 
@@ -79,6 +82,8 @@ class ReportingRenderer:
             if frame in self.reached:
                 self.reached[frame].set()
                 self.holds[frame].wait(30)
+                if not context.is_active():
+                    return out  # its caller is gone (a killed worker): stop, report nothing
             time.sleep(self.frame_s)
             self.rendered.append(frame)
             out.state.next_frame = frame + 1
@@ -95,6 +100,8 @@ class ReportingRenderer:
                 state=state,
             ).answer
             self.answers.append(answer)
+            if answer == "pause_requested" and self.abort_on_pause:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "paused")
             if answer == "pause_requested":
                 out.done = False
                 return out  # early, with its state: the engine saves it as progress
@@ -183,6 +190,15 @@ def _row(dsn, job_id):
         return conn.execute(
             "SELECT attempt, seq, percent, details, state, done"
             " FROM workflow_run_progress WHERE job_id = %s",
+            (job_id,),
+        ).fetchone()
+
+
+def _fingerprints(dsn, job_id):
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            "SELECT adapter_version, input_sha256, definition_sha256, descriptor_sha256, seq,"
+            " state FROM workflow_run_progress WHERE job_id = %s",
             (job_id,),
         ).fetchone()
 
@@ -308,3 +324,133 @@ def test_a_pending_cancel_is_told_and_lands_when_the_service_stops(node, rendere
     assert renderer.answers == ["continue", "cancel_requested"], renderer.answers
     assert renderer.rendered == [1, 2], renderer.rendered
     assert len(renderer.first_frames) == 1, renderer.first_frames
+
+
+def test_a_state_saved_only_by_reports_carries_the_fingerprints_and_is_checked_on_resume(
+    store, node, renderer, worker, fresh_dsn
+):
+    """The service fails its call when told of the pause, so the state it resumes from is
+    only what its ReportProgress calls wrote (no chunk report): those rows carry the call's
+    fingerprints (from its token), a changed adapterVersion is RECOVERY_REQUIRED naming it,
+    and ``keep`` continues from the reported state."""
+    verbs, _ = node
+    renderer.abort_on_pause = True
+    reached = renderer.hold(3)
+    answer = verbs(
+        "submit-workflow",
+        {"workflow": _workflow(renderer.target), "input": {"scene": "s", "frames": FRAMES}},
+    )
+    assert answer["ok"], answer
+    job_id = answer["jobId"]
+    assert reached.wait(20), "frame 3 never started"
+    # frames 1 and 2 reported from inside the call, nothing else wrote the row
+    adapter, input_sha, definition_sha, descriptor_sha, seq, state = _fingerprints(
+        fresh_dsn, job_id
+    )
+    assert seq == 2 and state == {"nextFrame": 3}, (seq, state)
+    assert adapter == "render-1.0"
+    assert all(len(h or "") == 64 for h in (input_sha, definition_sha, descriptor_sha))
+    assert verbs("pause-job", {"jobId": job_id, "reason": "tonight"})["status"] == "RUNNING"
+    renderer.holds[3].set()
+    wait_for(lambda: verbs("get-job", {"jobId": job_id})["job"]["status"] == "PAUSED" or None)
+    assert renderer.answers == ["continue", "continue", "pause_requested"], renderer.answers
+    # the saved state is the last report's (frame 3 done), still with its fingerprints
+    adapter, _, definition_after, _, seq, state = _fingerprints(fresh_dsn, job_id)
+    assert (adapter, definition_after, seq, state) == (
+        "render-1.0",
+        definition_sha,
+        3,
+        {"nextFrame": 4},
+    )
+
+    with psycopg.connect(fresh_dsn) as conn:  # an operator's repair of the stored run
+        conn.execute(
+            "UPDATE workflow_run SET workflow_definition = jsonb_set(workflow_definition,"
+            " '{steps,0,adapterVersion}', %s::jsonb) WHERE job_id = %s",
+            (json.dumps("render-2.0"), job_id),
+        )
+    assert verbs("resume-job", {"jobId": job_id})["ok"]
+    wait_for(
+        lambda: verbs("get-job", {"jobId": job_id})["job"]["status"] == "RECOVERY_REQUIRED" or None
+    )
+    job = verbs("get-job", {"jobId": job_id})["job"]
+    assert job["error"] == (
+        "progress-mismatch: step 'render' adapterVersion changed "
+        "(was 'render-1.0', now 'render-2.0')"
+    ), job
+    assert renderer.first_frames == [1], renderer.first_frames  # nothing called
+
+    answer = verbs("migrate-checkpoint", {"jobId": job_id, "stepName": "render", "action": "keep"})
+    assert answer == {"ok": True, "status": "QUEUED", "progress": "kept"}, answer
+    wait_for(lambda: verbs("get-job", {"jobId": job_id})["job"]["status"] == "COMPLETED" or None)
+    # continued from the reported state: frame 4 on, every frame rendered once
+    assert renderer.first_frames == [1, 4], renderer.first_frames
+    assert renderer.rendered == list(range(1, FRAMES + 1)), renderer.rendered
+    adapter, _, _, _, _, _ = _fingerprints(fresh_dsn, job_id)
+    assert adapter == "render-2.0"  # the reports after keep stamp the new fingerprints
+
+
+def test_after_a_crash_a_state_saved_only_by_reports_is_checked_by_the_next_worker(
+    store, node, renderer, fresh_dsn
+):
+    """The worker is SIGKILLed during frame 4 of the one reporting call: the saved state is
+    the report after frame 3, written only by ReportProgress. The adapterVersion changes
+    before another worker claims the run: RECOVERY_REQUIRED naming it, nothing called; keep
+    continues from frame 4."""
+    verbs, _ = node
+    reached = renderer.hold(4)
+    job_id = verbs(
+        "submit-workflow",
+        {"workflow": _workflow(renderer.target), "input": {"scene": "s", "frames": FRAMES}},
+    )["jobId"]
+    fast = {
+        "lease_seconds": 1.5,
+        "poll_interval_ms": 200,
+        "sweep_interval_ms": 200,
+        "backoff_base_seconds": 0.2,
+        "worker_count": 1,
+        "pool_max_size": 4,
+    }
+    a = WorkerProcess(fresh_dsn, worker_id="rp-a", **fast)
+    b = WorkerProcess(fresh_dsn, worker_id="rp-b", **fast)
+    try:
+        a.start()
+        assert reached.wait(30), "frame 4 never started"
+        adapter, input_sha, definition_sha, _, seq, state = _fingerprints(fresh_dsn, job_id)
+        assert (adapter, seq, state) == ("render-1.0", 3, {"nextFrame": 4})
+        assert len(input_sha) == len(definition_sha) == 64
+        assert a.kill() == -9
+        with psycopg.connect(fresh_dsn) as conn:
+            conn.execute(
+                "UPDATE workflow_run SET workflow_definition = jsonb_set(workflow_definition,"
+                " '{steps,0,adapterVersion}', %s::jsonb) WHERE job_id = %s",
+                (json.dumps("render-2.0"), job_id),
+            )
+        renderer.holds[4].set()  # the orphaned call sees its caller gone and stops
+        b.start()  # its sweeper requeues the expired lease, then it claims the run
+        wait_for(
+            lambda: (
+                verbs("get-job", {"jobId": job_id})["job"]["status"] == "RECOVERY_REQUIRED" or None
+            ),
+            timeout_s=40,
+        )
+        job = verbs("get-job", {"jobId": job_id})["job"]
+        assert job["error"] == (
+            "progress-mismatch: step 'render' adapterVersion changed "
+            "(was 'render-1.0', now 'render-2.0')"
+        ), job
+        assert renderer.first_frames == [1], renderer.first_frames  # b called nothing
+        answer = verbs(
+            "migrate-checkpoint", {"jobId": job_id, "stepName": "render", "action": "keep"}
+        )
+        assert answer["progress"] == "kept", answer
+        wait_for(
+            lambda: verbs("get-job", {"jobId": job_id})["job"]["status"] == "COMPLETED" or None,
+            timeout_s=40,
+        )
+    finally:
+        a.close()
+        b.close()
+    # continued from the last reported state: frames 1-3 once, then 4-8
+    assert renderer.first_frames == [1, 4], renderer.first_frames
+    assert renderer.rendered == list(range(1, FRAMES + 1)), renderer.rendered

@@ -1,7 +1,7 @@
 """The dashboard's operator actions (issue 31 item 2): the table of what applies to which
 status comes from the verbs themselves (their published ``x-jobStatuses``), the form envelope
-refuses what the dashboard reads itself naming the field, and times resolve by the documented
-daylight-saving rule. The store's SQL is held to the same table by
+refuses what the dashboard reads itself naming the field, and a resume time goes to the verb
+with its zone (the database resolves it, as at every door). The store's SQL is held to the same table by
 ``tests/integration/test_dashboard_actions.py::test_each_verb_accepts_exactly_the_statuses_it_publishes``.
 """
 
@@ -92,10 +92,9 @@ def test_every_action_needs_its_confirm_box():
     ("verb", "form", "field"),
     [
         ("cancel-job", {"compensate": "maybe"}, "compensate"),
-        ("resume-job", {"at": "tomorrow"}, "at"),
-        ("resume-job", {"at": "2026-01-01T10:00+02:00"}, "at"),
-        ("resume-job", {"at": "2026-01-01T10:00", "zone": "Mars/Olympus"}, "zone"),
-        ("resume-job", {"at": "2026-01-01T10:00", "zone": "../etc/passwd"}, "zone"),
+        ("resume-job", {"at": "2026-01-01T10:00", "clock": "22:00"}, "clock"),
+        ("resume-job", {"clock": "10 pm"}, "clock"),
+        ("resume-job", {"clock": "22:00\x00"}, "clock"),
         ("reconcile-step", {"outcome": "done", "response": "{not json"}, "response"),
         ("migrate-checkpoint", {"action": "replace", "response": "[1, 2]"}, "response"),
     ],
@@ -109,11 +108,30 @@ def test_bad_form_values_are_refused_naming_the_field(verb, form, field):
 
 def test_forms_become_the_verbs_envelopes():
     confirm = {"confirm": "on"}
+    # the local time goes to the verb with its zone: the database resolves it (the verb's
+    # refusals of a bad time or zone are tests/integration/test_resume_local_time.py's)
     assert operate.envelope(
         "resume-job", "j", {**confirm, "at": "2026-07-01T09:30", "zone": "Europe/Berlin"}
-    ) == {"jobId": "j", "at": "2026-07-01T07:30:00Z"}
+    ) == {"jobId": "j", "at": "2026-07-01T09:30", "zone": "Europe/Berlin"}
+    assert operate.envelope("resume-job", "j", {**confirm, "at": "2026-07-01T09:30"}) == {
+        "jobId": "j",
+        "at": "2026-07-01T09:30",
+        "zone": "UTC",
+    }
     assert operate.envelope("resume-job", "j", {**confirm, "at": "", "zone": "UTC"}) == {
         "jobId": "j"
+    }
+    # a time of day on a relative day (the select's value; "next" when none)
+    assert operate.envelope(
+        "resume-job",
+        "j",
+        {**confirm, "at": "", "clock": "22:00", "day": "tomorrow", "zone": "Europe/Warsaw"},
+    ) == {"jobId": "j", "at": "22:00", "day": "tomorrow", "zone": "Europe/Warsaw"}
+    assert operate.envelope("resume-job", "j", {**confirm, "clock": "06:30:15"}) == {
+        "jobId": "j",
+        "at": "06:30:15",
+        "day": "next",
+        "zone": "UTC",
     }
     assert operate.envelope(
         "reconcile-step",
@@ -129,32 +147,8 @@ def test_forms_become_the_verbs_envelopes():
     }
 
 
-def test_local_times_follow_the_documented_daylight_saving_rule():
-    # 2026-03-29 02:30 does not exist in Berlin (02:00 -> 03:00): refused naming the field
-    with pytest.raises(times.FormError) as caught:
-        times.resolve_local("2026-03-29T02:30", "Europe/Berlin")
-    assert caught.value.field == "at" and "does not exist in Europe/Berlin" in caught.value.message
-    # 2026-10-25 02:30 happens twice (03:00 -> 02:00): the first, still summer time (+02:00)
-    assert times.resolve_local("2026-10-25T02:30", "Europe/Berlin") == "2026-10-25T00:30:00Z"
-    assert times.resolve_local("2026-12-01T12:00:05", "UTC") == "2026-12-01T12:00:05Z"
-    assert times.resolve_local("2026-12-01T12:00", "") == "2026-12-01T12:00:00Z"
-    assert times.resolve_local("  ", "Europe/Berlin") is None
+def test_the_resume_form_offers_every_zone_utc_first():
     assert times.zones()[0] == "UTC" and "Europe/Berlin" in times.zones()
-    for bad in (
-        "2026-01-01T10:00\x00",
-        "2026-01-01 10:00",
-        "2026-01-01",
-        "2026-13-01T10:00",
-        "2026-W01-1T10:00",
-        "9999-12-31T23:59",  # past year 9999 once in UTC: out of range, not a 500
-    ):
-        with pytest.raises(times.FormError) as caught:
-            times.resolve_local(bad, "Etc/GMT+12")
-        assert caught.value.field == "at", bad
-    for zone in ("\x00", "/etc/passwd", "a" * 5000, "..", "Europe", "Europe/../UTC"):
-        with pytest.raises(times.FormError) as caught:
-            times.resolve_local("2026-01-01T10:00", zone)
-        assert caught.value.field == "zone", zone
 
 
 def test_relative_times_and_durations():
@@ -246,3 +240,20 @@ def test_extend_loop_is_offered_only_for_a_run_with_a_loop_and_its_form_builds_t
         "",
     )
     assert ok and text == "extend-loop: now QUEUED; loop 'd' may now re-run 2 times"
+
+
+def test_the_migrate_form_offers_a_step_stopped_on_its_saved_progress():
+    from protomolt_jobs.workflow.resumable import PROGRESS_MISMATCH
+
+    assert operate.PROGRESS_MISMATCH == PROGRESS_MISMATCH
+    names = ["prepare", "render", "publish"]
+    stopped = {
+        "error": "progress-mismatch: step 'render' adapterVersion changed (was 'a', now 'b')",
+        "outstandingStep": "render",
+    }
+    assert operate.migratable(stopped, names, {"prepare"}) == ["prepare", "render"]
+    # a checkpoint-mismatch offers the checkpointed steps only
+    other = {"error": "checkpoint-mismatch: step 'prepare' descriptorSha256 changed"}
+    assert operate.migratable({**other, "outstandingStep": "prepare"}, names, {"prepare"}) == [
+        "prepare"
+    ]

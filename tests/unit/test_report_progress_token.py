@@ -38,6 +38,40 @@ def test_a_token_round_trips_every_binding():
     assert ProgressToken.decode(text) == token
 
 
+def test_a_token_carries_the_calls_fingerprints():
+    prints = {
+        "adapter_version": "render-1.0",
+        "input_sha256": "a" * 64,
+        "descriptor_sha256": "b" * 64,
+        "definition_sha256": "c" * 64,
+    }
+    token = _token(**prints)
+    assert ProgressToken.decode(token.encode()) == token
+    # a token issued before the fingerprints were carried (7 elements) still reads, with none
+    legacy = _token()
+    assert ProgressToken.decode(legacy.encode()).definition_sha256 == ""
+    # fingerprints that would make the token too long are left out, never a refused token
+    huge = _token(**{**prints, "adapter_version": "v" * 3000})
+    text = huge.encode()
+    assert len(text) <= 2048
+    assert ProgressToken.decode(text) == _token(lease=huge.lease)
+
+
+def test_a_token_with_a_malformed_fingerprint_is_refused():
+    good = _token(definition_sha256="c" * 64, input_sha256="a" * 64).encode()
+    body = json.loads(base64.urlsafe_b64decode(good[5:] + "=" * (-len(good[5:]) % 4)))
+    assert len(body) == 11
+    for i, bad in [(8, "xyz"), (10, "C" * 64), (7, 5), (9, None)]:
+        forged = list(body)
+        forged[i] = bad
+        raw = base64.urlsafe_b64encode(json.dumps(forged).encode()).decode().rstrip("=")
+        with pytest.raises(ValueError, match=r"^token: "):
+            ProgressToken.decode("pmp1." + raw)
+    raw = base64.urlsafe_b64encode(json.dumps(body[:9]).encode()).decode().rstrip("=")
+    with pytest.raises(ValueError, match=r"^token: "):
+        ProgressToken.decode("pmp1." + raw)
+
+
 @pytest.mark.parametrize(
     "text",
     [None, "", "  ", 5, "garbage", "pmp1.", "pmp1.!!!", "pmp1.bm90IGpzb24", "pmp1." + "A" * 3000],
@@ -93,10 +127,11 @@ def _call(monkeypatch, step, effects):
 
 
 def test_only_a_step_that_opts_in_carries_the_token(monkeypatch):
-    issued = []
+    issued, prints = [], []
 
-    def token(step, iteration, is_resumable):
+    def token(step, iteration, is_resumable, fingerprints):
         issued.append((step, iteration, is_resumable))
+        prints.append(dict(fingerprints))
         return (HEADER, "pmp1.x")
 
     reports = []
@@ -105,6 +140,9 @@ def test_only_a_step_that_opts_in_carries_the_token(monkeypatch):
     )
     assert _call(monkeypatch, _step(True), effects) == [[("a", "b"), (HEADER, "pmp1.x")]]
     assert issued == [("render", 0, False)]
+    # the token carries the call's fingerprints, the same ones its closing report stores
+    assert prints[0]["adapterVersion"] == "render-1.0" and len(prints[0]["inputSha256"]) == 64
+    assert reports[0][2]["inputSha256"] == prints[0]["inputSha256"]
     # a reporting step that is not resumable has its row closed after the call
     assert [(r[0], r[2]["done"], r[2]["percent"]) for r in reports] == [("render", True, 100.0)]
     issued.clear()

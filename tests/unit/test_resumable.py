@@ -184,3 +184,55 @@ def test_the_guides_render_step_is_the_one_the_tests_run():
     wf = render_workflow(step["target"])
     assert step == wf["steps"][0] | {"target": step["target"]}
     assert engine.verify(engine.parse_workflow(wf, RUNTIME)) == []
+
+
+def _saved(**kw):
+    base = {
+        "adapter_version": "render-1.0",
+        "input_sha256": "a" * 64,
+        "descriptor_sha256": "b" * 64,
+        "definition_sha256": "c" * 64,
+    }
+    return SimpleNamespace(**{**base, **kw})
+
+
+CURRENT = {
+    "adapterVersion": "render-1.0",
+    "inputSha256": "a" * 64,
+    "descriptorSha256": "b" * 64,
+    "definitionSha256": "c" * 64,
+}
+
+
+def test_progress_mismatch_names_the_first_fingerprint_that_changed():
+    assert resumable.progress_mismatch("render", _saved(), CURRENT) is None
+    assert resumable.progress_mismatch(
+        "render", _saved(), {**CURRENT, "adapterVersion": "render-2.0"}
+    ) == (
+        "progress-mismatch: step 'render' adapterVersion changed (was 'render-1.0', now "
+        "'render-2.0')"
+    )
+    # the adapter is named before the hashes it changes too
+    assert "adapterVersion" in resumable.progress_mismatch(
+        "render", _saved(), {**CURRENT, "adapterVersion": "", "definitionSha256": "d" * 64}
+    )
+    assert resumable.progress_mismatch(
+        "render", _saved(), {**CURRENT, "inputSha256": "e" * 64}
+    ) == (
+        "progress-mismatch: step 'render' inputSha256 changed (was aaaaaaaaaaaa..., now "
+        "eeeeeeeeeeee...)"
+    )
+    assert "descriptorSha256" in resumable.progress_mismatch(
+        "render", _saved(), {**CURRENT, "descriptorSha256": "f" * 64}
+    )
+    assert "definitionSha256" in resumable.progress_mismatch(
+        "render", _saved(), {**CURRENT, "definitionSha256": "f" * 64}
+    )
+
+
+def test_progress_without_fingerprints_or_fingerprints_unknown_now_is_not_compared():
+    # written before migration 0025, only by ReportProgress, or accepted by keep
+    assert resumable.progress_mismatch("render", _saved(definition_sha256=""), {}) is None
+    # without a workflow the caller has no definition or descriptor hash: not compared
+    only = {"adapterVersion": "render-1.0", "inputSha256": "a" * 64}
+    assert resumable.progress_mismatch("render", _saved(), only) is None

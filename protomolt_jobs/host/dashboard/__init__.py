@@ -589,7 +589,7 @@ class Dashboard:
             ),
             loop_steps=loop_steps,
             verb_scopes=operate.scopes(manifest),
-            checkpointed=[n for n in names or list(done) if n in done],
+            checkpointed=operate.migratable(job, names or list(done), done),
             zones=times.zones(),
             default_zone=times.DEFAULT_ZONE,
             history=history,

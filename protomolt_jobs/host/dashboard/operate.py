@@ -18,11 +18,12 @@ everything else is the verb's to refuse, with its own message.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
 from protomolt_jobs.hooks.contract import JOB_STATUSES_KEY
-from protomolt_jobs.host.dashboard.times import FormError, resolve_local
+from protomolt_jobs.host.dashboard.times import DEFAULT_ZONE, FormError
 
 __all__ = [
     "BULK_VERBS",
@@ -87,6 +88,25 @@ def offered(table: dict[str, tuple[str, ...]], status: str, *, loops: bool = Fal
     ]
 
 
+#: A time of day as an ``<input type="time">`` sends it (seconds optional).
+_CLOCK = re.compile(r"\d{2}:\d{2}(:\d{2})?", re.ASCII)
+
+#: The error prefix of a run stopped on a long step's saved progress (the engine's
+#: ``workflow/resumable.py`` ``PROGRESS_MISMATCH``; the host meets the engine only through the
+#: verbs, so the word is repeated here and a unit test holds the two together).
+PROGRESS_MISMATCH = "progress-mismatch"
+
+
+def migratable(job: dict[str, Any], names: list[str], done: Any) -> list[str]:
+    """The steps the migrate-checkpoint form offers, in workflow order: the checkpointed ones
+    (``done``), and the step a RECOVERY_REQUIRED run stopped on when its saved progress no
+    longer fits (``progress-mismatch``: it has no checkpoint yet; docs/long-steps.md)."""
+    stopped = ""
+    if str(job.get("error") or "").startswith(PROGRESS_MISMATCH):
+        stopped = str(job.get("outstandingStep") or "")
+    return [n for n in names if n in done or n == stopped]
+
+
 def loop_steps(job: dict[str, Any]) -> list[str]:
     """The loop steps of a job read with ``graph: true`` (its drawing's ``loop`` edges), in
     the drawing's order; empty for a workflow without loops."""
@@ -97,6 +117,30 @@ def loop_steps(job: dict[str, Any]) -> list[str]:
         for e in edges or []
         if isinstance(e, dict) and e.get("kind") == "loop" and isinstance(e.get("from"), str)
     ]
+
+
+def _resume_time(form: dict[str, str]) -> dict[str, str]:
+    """The resume form's time as ``resume-job``'s fields: a date and time (``at``, a
+    ``datetime-local`` box) or a time of day (``clock``) on ``day``, with ``zone``; the verb
+    and the database resolve them by the rule every door shares (verbs/local_time.py). Both
+    blank: ``{}`` (now).
+
+    :raises FormError: ``clock`` together with ``at``, or ``clock`` not ``HH:MM[:SS]``.
+    """
+    at = form.get("at", "").strip()
+    clock = form.get("clock", "").strip()
+    if not at and not clock:
+        return {}
+    zone = form.get("zone", "").strip() or DEFAULT_ZONE
+    if at and clock:
+        raise FormError(
+            "clock", "'clock' and 'at' are two ways to say when: give a date and time or a time"
+        )
+    if at:
+        return {"at": at, "zone": zone}
+    if not _CLOCK.fullmatch(clock):
+        raise FormError("clock", f"'clock' must be a time of day like 22:00; got {clock!r}")
+    return {"at": clock, "day": form.get("day", "").strip() or "next", "zone": zone}
 
 
 def _json_field(form: dict[str, str], name: str) -> Any:
@@ -135,9 +179,7 @@ def envelope(verb: str, job_id: str, form: dict[str, str]) -> dict[str, Any]:
         if choice:
             body["compensate"] = choice == "true"
     elif verb == "resume-job":
-        at = resolve_local(form.get("at", ""), form.get("zone", ""))
-        if at is not None:
-            body["at"] = at
+        body.update(_resume_time(form))
     elif verb == "retry-step":
         body["stepName"] = form.get("stepName", "")
         if form.get("scope", ""):

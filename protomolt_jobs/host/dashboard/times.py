@@ -1,21 +1,18 @@
 """Times on the dashboard: relative times and durations beside the absolute ones, and the
-resume form's local time and zone resolved to one instant.
+zones the resume form offers.
 
 Every absolute time on the pages is UTC (``2026-12-01 15:55:32``); beside it the page says how
 far it is from the moment the page was rendered (``3 min ago``, ``in 2 h``).
 
-A local time typed in a zone (the resume form: ``datetime-local`` and an IANA zone) is resolved
-to one instant with the zone's rules at that date (:func:`resolve_local`). Daylight-saving
-rule, as Temporal's and most schedulers' "wall clock" times: a time the clocks skip (spring
-forward, e.g. 02:30 on the last Sunday of March in Europe/Berlin) does not exist and is refused
-with ``invalid-input`` naming the field; a time the clocks pass twice (fall back) is the first
-of the two (the earlier instant, ``fold=0``).
+A local time typed in a zone (the resume form: ``datetime-local`` and an IANA zone) is not
+resolved here: the form sends it to ``resume-job`` as ``at`` and ``zone``, and the database
+resolves it by the rule every door shares (store/local_times.py: a time the clocks skip is
+refused naming ``at``, one they pass twice is the first).
 """
 
 from __future__ import annotations
 
 import datetime
-import re
 import zoneinfo
 from functools import lru_cache
 
@@ -28,15 +25,12 @@ __all__ = [
     "duration",
     "parse_instant",
     "relative",
-    "resolve_local",
     "zones",
 ]
 
 UTC = datetime.UTC
 #: The zone a resume form starts with.
 DEFAULT_ZONE = "UTC"
-#: A local date and time as a ``datetime-local`` box sends it (seconds and fractions optional).
-_LOCAL = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?", re.ASCII)
 
 
 class FormError(InvalidInput):
@@ -115,47 +109,3 @@ def between(start: object, end: object) -> str:
     if a is None or b is None:
         return ""
     return duration((b - a).total_seconds())
-
-
-def resolve_local(text: str, zone: str, *, field: str = "at") -> str | None:
-    """``text`` (``2026-03-29T02:30`` as a ``datetime-local`` field sends it, seconds optional)
-    in the IANA ``zone``, as an RFC 3339 UTC instant for a verb; None when ``text`` is blank
-    (no time: now).
-
-    :raises FormError: ``zone`` is no IANA zone (field ``zone``); ``text`` is not a local date
-        and time, carries its own offset, or does not exist in the zone (the clocks skip it).
-    """
-    raw = (text or "").strip()
-    if not raw:
-        return None
-    name = (zone or "").strip() or DEFAULT_ZONE
-    try:
-        tz = zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
-        raise FormError(
-            "zone", f"'zone' must be an IANA time zone like Europe/Berlin; got {name!r}"
-        )
-    local = None
-    if _LOCAL.fullmatch(raw):
-        try:
-            local = datetime.datetime.fromisoformat(raw.upper())
-        except ValueError:
-            local = None
-    if local is None:
-        raise FormError(
-            field,
-            f"'{field}' must be a local date and time like 2026-01-31T09:00 (the zone is "
-            f"chosen apart); got {raw!r}",
-        )
-    moment = local.replace(tzinfo=tz, fold=0)
-    try:
-        back = moment.astimezone(UTC).astimezone(tz).replace(tzinfo=None)
-    except OverflowError:
-        raise FormError(field, f"'{field}' is out of range; got {raw!r}") from None
-    if back != local:
-        raise FormError(
-            field,
-            f"'{field}' {raw} does not exist in {name} (the clocks skip it for daylight "
-            "saving time); pick a time outside the gap",
-        )
-    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")

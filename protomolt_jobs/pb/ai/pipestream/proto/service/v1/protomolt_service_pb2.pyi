@@ -220,16 +220,20 @@ class PauseJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ResumeJobRequest(_message.Message):
-    __slots__ = ("job_id", "at", "reason", "zone")
+    __slots__ = ("job_id", "at", "reason", "zone", "tz", "day")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     ZONE_FIELD_NUMBER: _ClassVar[int]
+    TZ_FIELD_NUMBER: _ClassVar[int]
+    DAY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     at: str
     reason: str
     zone: str
-    def __init__(self, job_id: _Optional[str] = ..., at: _Optional[str] = ..., reason: _Optional[str] = ..., zone: _Optional[str] = ...) -> None: ...
+    tz: str
+    day: str
+    def __init__(self, job_id: _Optional[str] = ..., at: _Optional[str] = ..., reason: _Optional[str] = ..., zone: _Optional[str] = ..., tz: _Optional[str] = ..., day: _Optional[str] = ...) -> None: ...
 
 class RetryStepRequest(_message.Message):
     __slots__ = ("job_id", "step_name", "reason", "scope", "new_idempotency_key")
@@ -282,7 +286,7 @@ class RequeueJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class JobControlResponse(_message.Message):
-    __slots__ = ("ok", "status", "error", "requested", "message", "outstanding_step", "run_after", "withdrawn", "dropped", "scope", "rerun_if_changed", "kept_effects")
+    __slots__ = ("ok", "status", "error", "requested", "message", "outstanding_step", "run_after", "withdrawn", "dropped", "scope", "rerun_if_changed", "kept_effects", "progress")
     OK_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -295,6 +299,7 @@ class JobControlResponse(_message.Message):
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     RERUN_IF_CHANGED_FIELD_NUMBER: _ClassVar[int]
     KEPT_EFFECTS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     status: str
     error: str
@@ -307,7 +312,8 @@ class JobControlResponse(_message.Message):
     scope: str
     rerun_if_changed: _containers.RepeatedScalarFieldContainer[str]
     kept_effects: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, ok: _Optional[bool] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., requested: _Optional[str] = ..., message: _Optional[str] = ..., outstanding_step: _Optional[str] = ..., run_after: _Optional[str] = ..., withdrawn: _Optional[str] = ..., dropped: _Optional[_Iterable[str]] = ..., scope: _Optional[str] = ..., rerun_if_changed: _Optional[_Iterable[str]] = ..., kept_effects: _Optional[_Iterable[str]] = ...) -> None: ...
+    progress: str
+    def __init__(self, ok: _Optional[bool] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., requested: _Optional[str] = ..., message: _Optional[str] = ..., outstanding_step: _Optional[str] = ..., run_after: _Optional[str] = ..., withdrawn: _Optional[str] = ..., dropped: _Optional[_Iterable[str]] = ..., scope: _Optional[str] = ..., rerun_if_changed: _Optional[_Iterable[str]] = ..., kept_effects: _Optional[_Iterable[str]] = ..., progress: _Optional[str] = ...) -> None: ...
 
 class JobHistoryRequest(_message.Message):
     __slots__ = ("job_id",)
