@@ -11,6 +11,7 @@ module                verbs
 :mod:`.recovery`      ``reconcile-step``, ``migrate-checkpoint``
 :mod:`.loops`         ``extend-loop``
 :mod:`.progress`      ``report-progress``
+:mod:`.artifacts`     ``list-artifacts``, ``get-artifact``, ``lineage``
 :mod:`.workflow`      ``run-workflow``, ``check-workflow`` (the engine's; no store)
 :mod:`.replay`        ``replay-check`` (a candidate version against the stored runs)
 :mod:`.workflow_tests` ``test-workflow`` (a definition's tests, mocked; no store, no network)
@@ -29,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from protomolt_jobs.verbs.approve import ApproveStepAction
+from protomolt_jobs.verbs.artifacts import GetArtifactAction, LineageAction, ListArtifactsAction
 from protomolt_jobs.verbs.base import NOT_CONFIGURED, NOT_RUNNING, JobsBackend, Verb
 from protomolt_jobs.verbs.complete import CompleteStepAction
 from protomolt_jobs.verbs.control import (
@@ -57,9 +59,12 @@ __all__ = [
     "CheckWorkflowAction",
     "CompleteStepAction",
     "ExtendLoopAction",
+    "GetArtifactAction",
     "GetJobAction",
     "JobHistoryAction",
     "JobsBackend",
+    "LineageAction",
+    "ListArtifactsAction",
     "ListJobsAction",
     "MigrateCheckpointAction",
     "PauseJobAction",
@@ -81,7 +86,8 @@ def jobs_actions(backend: JobsBackend, runtime: Any, floors: Sequence[Floor] = (
     """The job verbs over one backend, in manifest order: the four of the reference
     (submit-workflow, get-job, list-jobs, complete-step), then the operator verbs (cancel-job,
     pause-job, resume-job, retry-step, the recovery verbs of step effects, requeue-job),
-    job-history, approve-step, extend-loop and report-progress.
+    job-history, approve-step, extend-loop, report-progress and the artifact verbs
+    (list-artifacts, get-artifact, lineage).
 
     :param backend: the role's late-bound store and submitter.
     :param runtime: the engine's runtime (type pool) for reading stored definitions.
@@ -103,4 +109,7 @@ def jobs_actions(backend: JobsBackend, runtime: Any, floors: Sequence[Floor] = (
         ApproveStepAction(backend, runtime, floors),
         ExtendLoopAction(backend, runtime),
         ReportProgressAction(backend),
+        ListArtifactsAction(backend, runtime),
+        GetArtifactAction(backend, runtime),
+        LineageAction(backend, runtime),
     ]

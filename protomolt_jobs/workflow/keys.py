@@ -182,6 +182,15 @@ KINDS: Mapping[str, Kind] = _kinds(
             # the service reports its own progress with ReportProgress (DESIGN.md 23;
             # store/progress_token.py)
             "reportsProgress": None,
+            # artifacts (issue 29; workflow/artifacts.py, docs/artifacts.md): named output
+            # ports (port names are the author's, so `outputs` is checked by
+            # artifacts.findings, not walked here), an external step's receipt, the artifacts
+            # a validator step verifies and those a publication step consumes (keys are
+            # artifact references)
+            "outputs": None,
+            "receipt": None,
+            "validates": None,
+            "consumes": None,
         },
     ),
     Kind(

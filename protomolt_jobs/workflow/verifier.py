@@ -25,6 +25,7 @@ from celpy import celtypes
 from google.protobuf import descriptor as _d
 
 from protomolt_jobs.workflow import approval as _approval
+from protomolt_jobs.workflow import artifacts as _artifacts
 from protomolt_jobs.workflow import cancel, cel_check, keys, loops, mapping, resumable
 from protomolt_jobs.workflow import cel as _cel
 from protomolt_jobs.workflow import graph as _graph
@@ -156,7 +157,12 @@ def verify(workflow: CompiledWorkflow) -> list[Finding]:
         hit = _verified.get(workflow)
     if hit is not None:
         return list(hit)
-    findings = _verify(workflow) + _approval.findings(workflow) + resumable.findings(workflow)
+    findings = (
+        _verify(workflow)
+        + _approval.findings(workflow)
+        + resumable.findings(workflow)
+        + _artifacts.findings(workflow)
+    )
     with _verified_lock:
         _verified[workflow] = tuple(findings)
     return findings

@@ -30,6 +30,9 @@ VERBS = [
     "approve-step",
     "extend-loop",
     "report-progress",
+    "list-artifacts",
+    "get-artifact",
+    "lineage",
 ]
 
 

@@ -1,0 +1,211 @@
+"""The artifact verbs (issue 29; docs/artifacts.md): ``list-artifacts {jobId}``,
+``get-artifact {artifactId}`` and ``lineage {artifactId, direction?, depth?}``. Scope
+``service-invoke`` like the other read verbs; nothing here writes.
+
+Artifacts are derived from the run's checkpoint entries (``runs/artifacts.py``). An artifact
+id's first 16 hex digits are its run's (``workflow/artifacts.artifact_id``), so the run is found
+by the id alone (the ``list-jobs idPrefix`` range over the primary key).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from protomolt_jobs.runs.artifacts import MAX_DEPTH, RunArtifacts, is_uuid
+from protomolt_jobs.runs.stored_run import SnapshotError, StoredRun
+from protomolt_jobs.verbs.base import (
+    JobsBackend,
+    JobVerb,
+    as_integer,
+    as_job_id,
+    invalid,
+    not_found,
+    require_string,
+    unreadable_row,
+)
+from protomolt_jobs.workflow import artifacts as wa
+
+__all__ = ["GetArtifactAction", "LineageAction", "ListArtifactsAction"]
+
+#: ``lineage``'s directions.
+DIRECTIONS = ("up", "down", "both")
+#: ``lineage``'s default depth.
+DEFAULT_DEPTH = 10
+
+
+def _workflow(job: Any, runtime: Any) -> Any:
+    """The run's compiled workflow (for the artifacts' states), or None when it cannot be read
+    (the artifacts are listed anyway, every one ``draft``)."""
+    if runtime is None:
+        return None
+    try:
+        return StoredRun.load(job, runtime).workflow
+    except SnapshotError:
+        return None
+
+
+class _ArtifactVerb(JobVerb):
+    def __init__(self, backend: JobsBackend, runtime: Any = None) -> None:
+        super().__init__(backend)
+        self.runtime = runtime
+
+    def _artifacts(self, store: Any, submitter: Any, job: Any) -> RunArtifacts:
+        if getattr(job, "unreadable", None):
+            raise unreadable_row(job)
+        return RunArtifacts(
+            job, _workflow(job, self.runtime or getattr(submitter, "runtime", None))
+        )
+
+    def _find(self, input: dict[str, Any]) -> tuple[RunArtifacts, dict[str, Any]] | None:
+        store, submitter = self._accept(input)
+        artifact_id = require_string(input, "artifactId")
+        if not is_uuid(artifact_id):
+            raise invalid("artifactId", f"'artifactId' must be a uuid; got {artifact_id[:60]!r}")
+        self._check(input)
+        for summary in store.job_list(id_prefix=wa.job_prefix(artifact_id), limit=500):
+            job = store.job_get(summary.job_id)
+            if job is None:
+                continue
+            found = self._artifacts(store, submitter, job)
+            art = found.get(str(artifact_id).lower())
+            if art is not None:
+                return found, art
+        return None
+
+    def _check(self, input: dict[str, Any]) -> None:
+        """Check the verb's other fields (before any read)."""
+
+
+def _no_artifact(artifact_id: Any) -> dict[str, Any]:
+    return {"ok": False, "error": f"no artifact {artifact_id}"}
+
+
+class ListArtifactsAction(_ArtifactVerb):
+    """``list-artifacts`` (scope ``service-invoke``): every artifact of one run."""
+
+    name = "list-artifacts"
+    scope = "service-invoke"
+    description = (
+        "List every artifact of a run ('jobId'): each step's response, its declared output "
+        "ports and its receipts, with producer, hashes, inputs (lineage), state and 'stale'."
+    )
+    fields = ("jobId",)
+
+    def __init__(self, backend: JobsBackend, runtime: Any = None) -> None:
+        super().__init__(backend, runtime)
+        self.input_schema = {
+            "type": "object",
+            "properties": {"jobId": {"type": "string", "format": "uuid"}},
+            "required": ["jobId"],
+            "additionalProperties": False,
+        }
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """:returns: ``{ok: true, jobId, artifacts: [...]}`` (``runs/artifacts.py``: each
+            ``{artifactId, jobId, step, iteration, checkpoint, port, kind, sha256, sizeBytes,
+            mediaType?, uri?, value? (receipts), state, current, stale, producer, inputs,
+            at}``) or ``{ok: false, error}``.
+
+        :raises InvalidInput: missing or malformed ``jobId``; an unknown field.
+        :raises JobCorrupt: the row holds JSON that cannot be decoded.
+        """
+        store, submitter = self._accept(input)
+        job_id = as_job_id(require_string(input, "jobId"))
+        job = store.job_get(job_id)
+        if job is None:
+            return not_found(job_id)
+        found = self._artifacts(store, submitter, job)
+        return {"ok": True, "jobId": str(job_id), "artifacts": found.summaries()}
+
+
+class GetArtifactAction(_ArtifactVerb):
+    """``get-artifact`` (scope ``service-invoke``): one artifact, with its value."""
+
+    name = "get-artifact"
+    scope = "service-invoke"
+    description = (
+        "Read one artifact by 'artifactId': its metadata (producer, hashes, state, stale, "
+        "inputs) and its value inline (a response's proto3 JSON, a receipt) or its uri (a "
+        "declared output port)."
+    )
+    fields = ("artifactId",)
+
+    def __init__(self, backend: JobsBackend, runtime: Any = None) -> None:
+        super().__init__(backend, runtime)
+        self.input_schema = {
+            "type": "object",
+            "properties": {"artifactId": {"type": "string", "format": "uuid"}},
+            "required": ["artifactId"],
+            "additionalProperties": False,
+        }
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """:returns: ``{ok: true, artifact: {..., value?}}`` or ``{ok: false, error}``.
+
+        :raises InvalidInput: missing or malformed ``artifactId``; an unknown field.
+        """
+        hit = self._find(input)
+        if hit is None:
+            return _no_artifact(input["artifactId"])
+        found, art = hit
+        out = dict(art)
+        if art["kind"] == "response":
+            out["value"] = _response_of(found, art)
+        return {"ok": True, "artifact": out}
+
+
+def _response_of(found: RunArtifacts, art: dict[str, Any]) -> Any:
+    return found.entry(art["checkpoint"]).get("response")
+
+
+class LineageAction(_ArtifactVerb):
+    """``lineage`` (scope ``service-invoke``): the producers and consumers of an artifact."""
+
+    name = "lineage"
+    scope = "service-invoke"
+    description = (
+        "Walk an artifact's lineage ('artifactId', 'direction': up | down | both, default "
+        "both; 'depth' 1 to 50, default 10): the artifacts its step read (up) and those read "
+        "from it (down), each with 'stale' when an input changed since."
+    )
+    fields = ("artifactId", "direction", "depth")
+
+    def __init__(self, backend: JobsBackend, runtime: Any = None) -> None:
+        super().__init__(backend, runtime)
+        self.input_schema = {
+            "type": "object",
+            "properties": {
+                "artifactId": {"type": "string", "format": "uuid"},
+                "direction": {"type": "string", "enum": list(DIRECTIONS)},
+                "depth": {"type": "integer", "minimum": 1, "maximum": MAX_DEPTH},
+            },
+            "required": ["artifactId"],
+            "additionalProperties": False,
+        }
+
+    def _check(self, input: dict[str, Any]) -> None:
+        direction = input.get("direction", "both")
+        if direction is None:
+            direction = "both"
+        if direction not in DIRECTIONS:
+            raise invalid("direction", "Field 'direction' must be one of up, down, both")
+        depth = input.get("depth", DEFAULT_DEPTH)
+        value = as_integer(depth) if depth is not None else DEFAULT_DEPTH
+        if value is None or not 1 <= value <= MAX_DEPTH:
+            raise invalid("depth", f"Field 'depth' must be a whole number from 1 to {MAX_DEPTH}")
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """:returns: ``{ok: true, artifact, direction, depth, nodes: [artifact + distance],
+            edges: [{from, to}]}`` (``RunArtifacts.lineage``) or ``{ok: false, error}``.
+
+        :raises InvalidInput: missing or malformed ``artifactId``, ``direction`` or ``depth``.
+        """
+        hit = self._find(input)
+        if hit is None:
+            return _no_artifact(input["artifactId"])
+        found, art = hit
+        direction = input.get("direction") or "both"
+        depth = as_integer(input.get("depth")) if input.get("depth") is not None else None
+        walk = found.lineage(art["artifactId"], direction, depth or DEFAULT_DEPTH)
+        assert walk is not None
+        return {"ok": True, **walk}
