@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from typing import Any
 
 from protomolt_jobs.store import checks, db
 from protomolt_jobs.store.events import EventType
@@ -263,6 +264,45 @@ class MaintenanceMixin(db.Database):
         if row is None:
             return 0, 0
         return int(row["runs"]), int(row["outbox_rows"])
+
+    @db.translated
+    def artifact_bytes_doomed(self, limit: int = PRUNE_BATCH_DEFAULT) -> list[tuple[str, bool]]:
+        """Byte keys of deleted runs waiting for the pruner (migration 0027), oldest first:
+        ``[(uri, referenced)]``, ``referenced`` when a kept artifact or a stored run still
+        names the uri (its bytes must stay).
+
+        SQL: ``artifact_bytes_doomed``. Transaction: one, read only.
+
+        :raises ValueError: for a non-positive limit.
+        :raises StoreError: on a database failure.
+        """
+        checks.positive_int("limit", limit)
+        with self._connection() as conn:
+            rows = db.rows(conn, "artifact_bytes_doomed", {"limit": limit})
+        return [(str(r["uri"]), bool(r["referenced"])) for r in rows]
+
+    @db.translated
+    def artifact_bytes_forget(self, uris: list[str]) -> int:
+        """Drop ``uris`` from the byte keys waiting for the pruner.
+
+        SQL: ``artifact_bytes_forget``, one statement, autocommit. :returns: rows deleted.
+        :raises StoreError: on a database failure.
+        """
+        if not uris:
+            return 0
+        with self._connection() as conn:
+            return db.execute(conn, "artifact_bytes_forget", {"uris": list(uris)}).rowcount
+
+    @db.translated
+    def artifact_kept(self, job_id: Any) -> list[dict[str, Any]]:
+        """The artifacts of run ``job_id`` kept beyond it (``workflow_artifact``: promoted
+        ports of a deleted run), as ``{column: value}`` rows.
+
+        SQL: ``artifact_kept``. Transaction: one, read only.
+        :raises StoreError: on a database failure.
+        """
+        with self._connection() as conn:
+            return [dict(r) for r in db.rows(conn, "artifact_kept", {"job_id": job_id})]
 
     def _prune_batch(self, query: str, retention_s: float, limit: int, foreign_rows: bool) -> int:
         """One pruning ``DELETE`` (``query``) of up to ``limit`` rows older than

@@ -1144,6 +1144,32 @@ DELETE FROM workflow_run AS r
  WHERE r.job_id = d.job_id
    AND r.status IN ('COMPLETED', 'FAILED', 'DEAD')
 
+-- name: artifact_bytes_doomed
+-- description: up to %(limit)s artifact:// byte keys of deleted runs (workflow_artifact_bytes_doomed, migration 0027), oldest first, each with 'referenced': a kept artifact (workflow_artifact) or a run still stored (any status: a live run, or a finished one not yet pruned) names the same uri in a port of its entries; then its bytes stay.
+SELECT d.uri,
+       (EXISTS (SELECT 1 FROM workflow_artifact AS a WHERE a.uri = d.uri)
+        OR EXISTS (SELECT 1
+                     FROM workflow_run AS r
+                    WHERE jsonb_path_exists(r.checkpoints,
+                                            '$[*].artifacts[*] ? (@.uri == $u)',
+                                            jsonb_build_object('u', d.uri)))) AS referenced
+  FROM workflow_artifact_bytes_doomed AS d
+ ORDER BY d.doomed_at, d.uri
+ LIMIT %(limit)s
+
+-- name: artifact_bytes_forget
+-- description: drop the given byte keys from workflow_artifact_bytes_doomed (their bytes were deleted, were already missing, or are still referenced and stay).
+DELETE FROM workflow_artifact_bytes_doomed
+ WHERE uri = ANY(%(uris)s::text[])
+
+-- name: artifact_kept
+-- description: the artifacts of a run kept in workflow_artifact (migration 0027: promoted ports of a deleted run), oldest first.
+SELECT artifact_id, job_id, step, iteration, port, kind, sha256, size_bytes, media_type, uri,
+       state, detached, created_at
+  FROM workflow_artifact
+ WHERE job_id = %(job_id)s
+ ORDER BY created_at, artifact_id
+
 -- name: outbox_pending_count
 -- description: PENDING outbox rows, counted up to %(cap)s (index idx_workflow_run_events_outbox_pending); the pruner's backlog warning.
 SELECT count(*) AS n

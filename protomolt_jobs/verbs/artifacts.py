@@ -104,7 +104,8 @@ class ListArtifactsAction(_ArtifactVerb):
         """:returns: ``{ok: true, jobId, artifacts: [...]}`` (``runs/artifacts.py``: each
             ``{artifactId, jobId, step, iteration, checkpoint, port, kind, sha256, sizeBytes,
             mediaType?, uri?, value? (receipts), state, current, stale, producer, inputs,
-            at}``) or ``{ok: false, error}``.
+            at}``); for a deleted run, its kept (promoted, detached) artifacts with
+            ``runDeleted: true``; or ``{ok: false, error}``.
 
         :raises InvalidInput: missing or malformed ``jobId``; an unknown field.
         :raises JobCorrupt: the row holds JSON that cannot be decoded.
@@ -113,9 +114,37 @@ class ListArtifactsAction(_ArtifactVerb):
         job_id = as_job_id(require_string(input, "jobId"))
         job = store.job_get(job_id)
         if job is None:
+            kept = _kept(store, job_id)
+            if kept:  # the run was deleted; its promoted artifacts were kept (detached)
+                return {"ok": True, "jobId": str(job_id), "runDeleted": True, "artifacts": kept}
             return not_found(job_id)
         found = self._artifacts(store, submitter, job)
         return {"ok": True, "jobId": str(job_id), "artifacts": found.summaries()}
+
+
+def _kept(store: Any, job_id: Any) -> list[dict[str, Any]]:
+    """The artifacts of a deleted run kept in ``workflow_artifact`` (migration 0027)."""
+    read = getattr(store, "artifact_kept", None)
+    if read is None:
+        return []
+    out = []
+    for row in read(job_id):
+        art: dict[str, Any] = {
+            "artifactId": str(row["artifact_id"]),
+            "jobId": str(row["job_id"]),
+            "step": row["step"],
+            "iteration": row["iteration"],
+            "port": row["port"],
+            "kind": row["kind"],
+            "sha256": row["sha256"],
+            "state": row["state"],
+            "detached": row["detached"],
+        }
+        for col, key in (("uri", "uri"), ("media_type", "mediaType"), ("size_bytes", "sizeBytes")):
+            if row[col] is not None:
+                art[key] = row[col]
+        out.append(art)
+    return out
 
 
 class GetArtifactAction(_ArtifactVerb):

@@ -323,12 +323,29 @@ def states(entries: list[Any], workflow: CompiledWorkflow | None) -> dict[str, s
     return out
 
 
+def _uris(entries: list[Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        for rec in entry.get("artifacts") or ():
+            if isinstance(rec, dict) and isinstance(rec.get("uri"), str):
+                out[f"{entry.get('name')}.{rec.get('port')}"] = rec["uri"]
+    return out
+
+
 def check_consumed(
-    workflow: CompiledWorkflow, step: Step, entries: list[Any]
+    workflow: CompiledWorkflow,
+    step: Step,
+    entries: list[Any],
+    read: Callable[[str], bytes | None] | None = None,
 ) -> list[dict[str, Any]]:
     """Before a publication step's call: each artifact it ``consumes`` must be in the
     required state and, with ``approvedBy``, have the hash the approvers saw (the approval
-    entry's ``seenArtifacts``). Returns what was consumed: ``[{ref, sha256}]``.
+    entry's ``seenArtifacts``); a port whose bytes the node's ``ArtifactStore`` holds
+    (``read(uri)``: the bytes, None when missing; it raises ValueError for a uri that is not
+    the store's) is hashed again, so bytes changed after the review are refused too. Returns
+    what was consumed: ``[{ref, sha256}]``.
 
     :raises WorkflowExecutionError: ARTIFACT naming the reference (never retried).
     """
@@ -371,6 +388,29 @@ def check_consumed(
                     f"'{c.approved_by}' saw {str(seen[c.ref])[:12]}: refusing to publish "
                     "what was not approved",
                 )
+        uri = _uris(entries).get(c.ref)
+        if read is not None and uri is not None:
+            try:
+                data = read(uri)
+            except ValueError:
+                data = b""  # not the store's uri: nothing to re-hash
+                uri = None
+            if uri is not None:
+                if data is None:
+                    raise WorkflowExecutionError(
+                        FailureKind.ARTIFACT,
+                        step.name,
+                        f"consumed artifact '{c.ref}': its bytes at {uri} are missing",
+                    )
+                now = hashlib.sha256(data).hexdigest()
+                if now != sha:
+                    raise WorkflowExecutionError(
+                        FailureKind.ARTIFACT,
+                        step.name,
+                        f"consumed artifact '{c.ref}': the bytes at {uri} are {now[:12]}, not "
+                        f"the {sha[:12]} recorded (and approved): refusing to publish what was "
+                        "not approved",
+                    )
         out.append({"ref": c.ref, "sha256": sha})
     return out
 

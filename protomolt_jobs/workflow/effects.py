@@ -93,6 +93,10 @@ class EffectContext:
     #: ``protomolt-progress-token`` of a ``reportsProgress`` step's call
     #: (store/progress_token.py). None: no header.
     progress_token: Callable[[str, int, bool], tuple[str, str]] | None = None
+    #: ``(uri) -> bytes or None``: an artifact's bytes from the node's ``ArtifactStore`` (None:
+    #: missing; ValueError: not the store's uri), asked by a publication step (``consumes``)
+    #: to hash the bytes it publishes again (workflow/artifacts.py). None: not checked.
+    artifact_bytes: Callable[[str], bytes | None] | None = None
 
     def canceller(self, step: Step) -> Callable[[Callable[[], None]], Callable[[], None]] | None:
         """What cancels ``step``'s call on a cancel request: :attr:`watch_cancel` for a step

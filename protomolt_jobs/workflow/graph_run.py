@@ -344,7 +344,9 @@ class _Run:
                 return found
         consumed = None
         if self.effects is not None:
-            consumed = _artifacts.check_consumed(self.workflow, step, list(self.entries))
+            consumed = _artifacts.check_consumed(
+                self.workflow, step, list(self.entries), self.effects.artifact_bytes
+            )
         request = build_message(
             step.input_type, step.rules, step.cel_rules, Scope(scope), step.name
         )

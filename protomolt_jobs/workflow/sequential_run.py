@@ -154,7 +154,9 @@ def run_steps(
                 return gate.parked  # approve-step's decision is the grant
             consumed = inputs = None
             if effects is not None:
-                consumed = _artifacts.check_consumed(workflow, step, entries)
+                consumed = _artifacts.check_consumed(
+                    workflow, step, entries, effects.artifact_bytes
+                )
             request = build_message(step.input_type, step.rules, step.cel_rules, scope, step.name)
             if effects is not None:  # lineage: what the request read, hashed before the call
                 inputs = _artifacts.inputs_of(step, scope.values, names_read(step))

@@ -110,9 +110,7 @@ def a_answers_differently_the_second_time(services) -> None:
 
 def _by(arts, step, port="response", current=True):
     (found,) = [
-        a
-        for a in arts
-        if a["step"] == step and a["port"] == port and a["current"] is current
+        a for a in arts if a["step"] == step and a["port"] == port and a["current"] is current
     ]
     return found
 
@@ -185,9 +183,7 @@ def test_retry_step_changing_the_first_output_marks_the_downstream_artifacts_sta
     assert superseded["artifactId"] == old_b["artifactId"] and superseded["stale"] is True
     walk = verbs("lineage", {"artifactId": send["artifactId"], "direction": "up"})
     assert walk["artifact"]["stale"] is True
-    assert [n["artifactId"] for n in walk["nodes"] if n["distance"] == -1] == [
-        old_b["artifactId"]
-    ]
+    assert [n["artifactId"] for n in walk["nodes"] if n["distance"] == -1] == [old_b["artifactId"]]
 
 
 def test_the_artifact_verbs_refuse_malformed_input_naming_the_field(verbs, services, worker):
