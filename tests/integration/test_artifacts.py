@@ -209,3 +209,60 @@ def test_the_artifact_verbs_refuse_malformed_input_naming_the_field(verbs, servi
         "ok": False,
         "error": f"no artifact {missing}",
     }
+
+
+# -- cost: a workflow without artifact keys runs the statements it ran before ----------------
+
+#: The statements one job of :func:`three_plain` costs the store, by name, in order (the same
+#: on the commit before artifacts: measured there with this test): its submit, the claim, two
+#: checkpoints and the completion carrying the last one.
+PLAIN_JOB_WRITES = [
+    "job_insert",
+    "job_checkpoint",
+    "job_checkpoint",
+    "job_complete_with_checkpoint",
+]
+
+
+def three_plain(t: str) -> dict[str, Any]:
+    """a -> b -> c, each reading the one before; no artifact key, no effect."""
+    return graph(
+        [step("a", t), step("b", t, reads=["a"]), step("c", t, reads=["b"])], name="plain"
+    )
+
+
+def test_a_workflow_without_artifact_keys_costs_the_statements_it_cost_before(
+    verbs, services, worker, monkeypatch
+):
+    import psycopg
+
+    from protomolt_jobs.store.db import QUERIES
+
+    names = {text: name for name, text in QUERIES.items()}
+    seen: list[tuple[str, Any]] = []
+    real = psycopg.Cursor.execute
+
+    def counting(self, query, params=None, **kw):
+        name = names.get(query) if isinstance(query, str) else None
+        if name is not None:
+            seen.append((name, params))
+        return real(self, query, params, **kw)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counting)
+    job_id = _submit(verbs, three_plain(services.target))
+    worker()
+    _settled(verbs, job_id)
+    mine = [
+        name
+        for name, params in seen
+        if isinstance(params, dict)
+        and str(params.get("job_id", "")) == job_id
+        and name.startswith("job_")
+        and name not in ("job_get", "job_history", "job_progress_current")
+    ]
+    claims = [name for name, _ in seen if name.startswith("job_claim")]
+    assert mine == PLAIN_JOB_WRITES, mine
+    assert claims, "the claim ran"
+    # and the entries carry the artifact fields, computed in Python before the write
+    job = verbs("get-job", {"jobId": job_id})["job"]
+    assert all("sha256" in c and "sizeBytes" in c for c in job["checkpoints"])
