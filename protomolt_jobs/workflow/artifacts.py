@@ -213,7 +213,7 @@ def _text(value: Any) -> str:
 
 def port_records(workflow: CompiledWorkflow, step: Step, response: Message) -> list[dict[str, Any]]:
     """The declared output ports of ``step`` over ``response``:
-    ``[{port, kind: "file", uri, sha256, mediaType?, sizeBytes?}]`` (sorted by port).
+    ``[{port, kind: "file", uri, sha256, mediaType?, sizeBytes?}]`` (sorted by port: a stored definition keeps no key order).
 
     :raises WorkflowExecutionError: ARTIFACT naming the port when a port's expression fails or
         yields no ``uri`` or ``sha256`` (never retried: the same response would fail again).

@@ -226,9 +226,7 @@ PLAIN_JOB_WRITES = [
 
 def three_plain(t: str) -> dict[str, Any]:
     """a -> b -> c, each reading the one before; no artifact key, no effect."""
-    return graph(
-        [step("a", t), step("b", t, reads=["a"]), step("c", t, reads=["b"])], name="plain"
-    )
+    return graph([step("a", t), step("b", t, reads=["a"]), step("c", t, reads=["b"])], name="plain")
 
 
 def test_a_workflow_without_artifact_keys_costs_the_statements_it_cost_before(
