@@ -67,6 +67,9 @@ def test_verb_names():
         "replay-check",
         "test-workflow",
         "report-progress",
+        "list-artifacts",
+        "get-artifact",
+        "lineage",
     }
 
 
