@@ -264,3 +264,21 @@ def test_a_workflow_without_artifact_keys_costs_the_statements_it_cost_before(
     # and the entries carry the artifact fields, computed in Python before the write
     job = verbs("get-job", {"jobId": job_id})["job"]
     assert all("sha256" in c and "sizeBytes" in c for c in job["checkpoints"])
+
+
+def test_a_graph_run_records_lineage_when_each_request_is_built(verbs, services, worker):
+    from tests.support.graphs import diamond
+
+    job_id = _submit(verbs, diamond(services.target, sleep_ms=50))
+    worker()
+    job = _settled(verbs, job_id)
+    arts = {a["step"]: a for a in verbs("list-artifacts", {"jobId": job_id})["artifacts"]}
+    assert set(arts) == {"a", "b", "c", "d"}
+    for entry in job["checkpoints"]:
+        assert arts[entry["name"]]["sha256"] == _sha(entry["response"])[0]
+    assert [i["artifactId"] for i in arts["d"]["inputs"]] == [
+        arts["b"]["artifactId"],
+        arts["c"]["artifactId"],
+    ]
+    walk = verbs("lineage", {"artifactId": arts["a"]["artifactId"], "direction": "down"})
+    assert {n["step"]: n["distance"] for n in walk["nodes"]} == {"a": 0, "b": 1, "c": 1, "d": 2}
