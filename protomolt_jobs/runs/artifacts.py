@@ -202,8 +202,8 @@ class RunArtifacts:
                         continue
                     k = ref.get("iteration", 0) if isinstance(ref.get("iteration"), int) else 0
                     cur = self._current(step, k, ref.get("port", "response"))
-                    if cur is None:
-                        continue
+                    if cur is None or cur["sha256"] is None:
+                        continue  # an input no entry holds, or one stored without a hash
                     if cur["sha256"] != ref.get("sha256") or stale(cur, depth + 1):
                         result = True
                         break

@@ -282,3 +282,28 @@ def test_a_graph_run_records_lineage_when_each_request_is_built(verbs, services,
     ]
     walk = verbs("lineage", {"artifactId": arts["a"]["artifactId"], "direction": "down"})
     assert {n["step"]: n["distance"] for n in walk["nodes"]} == {"a": 0, "b": 1, "c": 1, "d": 2}
+
+
+def test_a_response_supplied_by_complete_step_is_a_hashed_artifact(verbs, services, worker):
+    from tests.support.grpc_servers import seed_workflow
+
+    answer = verbs(
+        "submit-workflow", {"workflow": seed_workflow(services.target), "input": {"text": "a b"}}
+    )
+    job_id = answer["jobId"]
+    worker()
+    _settled(verbs, job_id, "WAITING")
+    done = verbs(
+        "complete-step",
+        {"jobId": job_id, "stepName": "review", "response": {"approved": True, "note": "ok"}},
+    )
+    assert done["ok"], done
+    _settled(verbs, job_id)
+    arts = {a["step"]: a for a in verbs("list-artifacts", {"jobId": job_id})["artifacts"]}
+    review = message_class("jobs.test.Review")(approved=True, note="ok")
+    data = review.SerializeToString(deterministic=True)
+    assert arts["review"]["sha256"] == hashlib.sha256(data).hexdigest()
+    assert arts["review"]["sizeBytes"] == len(data)
+    assert arts["review"]["inputs"] == []  # nothing built its request: an outside answer
+    assert [i["artifactId"] for i in arts["embed"]["inputs"]] == [arts["tokenize"]["artifactId"]]
+    assert not any(a["stale"] for a in arts.values())
