@@ -3,20 +3,24 @@
 --
 -- A run's artifacts live in its checkpoint entries (workflow/artifacts.py): each entry is its
 -- step's response artifact (sha256, sizeBytes, inputs), with its declared output ports
--- ("artifacts": [{port, kind, uri, sha256, ...}]), its receipt and what it consumed. Nothing
--- here is written while a run runs: a workflow costs the statements it cost before.
+-- ("artifacts": [{port, kind, uri, sha256, ...}]), its receipt and what it validated or
+-- consumed. A workflow without artifact keys writes nothing here: it costs the statements it
+-- cost before.
 --
---   * workflow_artifact: an artifact that outlives its run. The run-deletion trigger below
---     keeps every PROMOTED port (a publication step consumed it) of a deleted run here,
---     detached from the run (job_id kept, no foreign key: a kept artifact never blocks
---     deleting its run), with the same artifact_id the read verbs give it.
---   * workflow_artifact_transition: every state change of a kept artifact (actor, reason, at):
---     the 'kept' change the deletion writes ('promoted' -> 'promoted', actor 'pruner').
+--   * workflow_artifact: a row per artifact with something beyond its entry: a declared port,
+--     a declared receipt, an artifact a validator verified or a publication step promoted.
+--     Written by the checkpoint's own statement (job_checkpoint_artifacts, store/queries.sql),
+--     with the artifact_id the read verbs give it. No foreign key to the run (a promoted
+--     artifact outlives it, detached; none blocks deleting a run): the trigger below deletes
+--     the others with the run.
+--   * workflow_artifact_transition: every state change (actor, reason, at): draft, verified
+--     ('worker:<owner>', "validated by step ..."), promoted ("published by step ..."), and the
+--     pruner's keeping of a promoted artifact when its run is deleted.
 --   * workflow_artifact_bytes_doomed: the artifact:// byte keys of deleted runs that no kept
 --     artifact references; the pruner's byte pass deletes them through the ArtifactStore
 --     unless a live run references them, and a key already missing counts as pruned.
 --   * workflow_artifact_on_run_delete(): BEFORE DELETE on workflow_run, only for a run whose
---     entries declare ports (WHEN clause), in the pruner's own DELETE statement.
+--     entries asked for artifact rows (WHEN clause), in the pruner's own DELETE statement.
 --
 -- Append-only: never edit this file once merged.
 
@@ -60,56 +64,33 @@ CREATE OR REPLACE FUNCTION workflow_artifact_on_run_delete() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
 BEGIN
+    -- the run's artifact rows: promoted ones are kept, detached; the others go with the run
+    WITH kept AS (
+        UPDATE workflow_artifact
+           SET detached = true
+         WHERE job_id = OLD.job_id AND state = 'promoted' AND NOT detached
+        RETURNING artifact_id
+    )
+    INSERT INTO workflow_artifact_transition (artifact_id, actor, from_state, to_state, reason)
+    SELECT artifact_id, 'pruner', 'promoted', 'promoted',
+           'run deleted; promoted artifact kept (detached)'
+      FROM kept;
+    DELETE FROM workflow_artifact WHERE job_id = OLD.job_id AND state <> 'promoted';
+    -- the byte keys of its ports nobody promoted wait for the pruner's byte pass
     WITH ports AS (
-        SELECT e->>'name' AS step,
-               COALESCE((e->>'iteration')::int, 0) AS iteration,
-               COALESCE((e->>'attempt')::int, 0) AS attempt,
-               a->>'port' AS port,
-               COALESCE(a->>'kind', 'file') AS kind,
-               a->>'sha256' AS sha256,
-               a->>'uri' AS uri,
-               a->>'mediaType' AS media_type,
-               CASE WHEN jsonb_typeof(a->'sizeBytes') = 'number'
-                    THEN (a->>'sizeBytes')::bigint END AS size_bytes
+        SELECT e->>'name' AS step, a->>'port' AS port, a->>'sha256' AS sha256, a->>'uri' AS uri
           FROM jsonb_array_elements(OLD.checkpoints) AS e,
                jsonb_array_elements(CASE WHEN jsonb_typeof(e->'artifacts') = 'array'
                                          THEN e->'artifacts' ELSE '[]'::jsonb END) AS a
          WHERE jsonb_typeof(e) = 'object' AND jsonb_typeof(a) = 'object'
-    ), consumed AS (
-        SELECT c->>'ref' AS ref, c->>'sha256' AS sha256
-          FROM jsonb_array_elements(OLD.checkpoints) AS e,
-               jsonb_array_elements(CASE WHEN jsonb_typeof(e->'consumed') = 'array'
-                                         THEN e->'consumed' ELSE '[]'::jsonb END) AS c
-         WHERE jsonb_typeof(e) = 'object' AND jsonb_typeof(c) = 'object'
-           AND NOT (e ? 'failed')
-    ), kept AS (
-        INSERT INTO workflow_artifact
-            (artifact_id, job_id, step, iteration, port, kind, sha256, size_bytes, media_type,
-             uri, state, detached)
-        SELECT DISTINCT ON (p.step, p.iteration, p.port, p.attempt, p.sha256)
-               (substr(replace(OLD.job_id::text, '-', ''), 1, 16)
-                || substr(encode(sha256(convert_to(
-                       p.step || '/' || p.iteration || '/' || p.port || '/' || p.attempt
-                       || '/' || p.sha256, 'UTF8')), 'hex'), 1, 16))::uuid,
-               OLD.job_id, p.step, p.iteration, p.port, p.kind, p.sha256, p.size_bytes,
-               p.media_type, p.uri, 'promoted', true
-          FROM ports AS p
-          JOIN consumed AS c ON c.ref = p.step || '.' || p.port AND c.sha256 = p.sha256
-        ON CONFLICT (artifact_id) DO UPDATE SET detached = true
-        RETURNING artifact_id
-    ), logged AS (
-        INSERT INTO workflow_artifact_transition (artifact_id, actor, from_state, to_state, reason)
-        SELECT artifact_id, 'pruner', 'promoted', 'promoted',
-               'run deleted; promoted artifact kept (detached)'
-          FROM kept
-        RETURNING 1
     )
     INSERT INTO workflow_artifact_bytes_doomed (uri, job_id)
     SELECT DISTINCT p.uri, OLD.job_id
       FROM ports AS p
      WHERE p.uri LIKE 'artifact://%'
-       AND NOT EXISTS (SELECT 1 FROM consumed AS c
-                        WHERE c.ref = p.step || '.' || p.port AND c.sha256 = p.sha256)
+       AND NOT EXISTS (SELECT 1 FROM workflow_artifact AS k
+                        WHERE k.job_id = OLD.job_id AND k.state = 'promoted'
+                          AND k.step = p.step AND k.port = p.port AND k.sha256 = p.sha256)
     ON CONFLICT (uri) DO NOTHING;
     RETURN OLD;
 END
@@ -118,5 +99,6 @@ $$;
 CREATE TRIGGER workflow_artifact_on_run_delete
     BEFORE DELETE ON workflow_run
     FOR EACH ROW
-    WHEN (jsonb_path_exists(OLD.checkpoints, '$[*].artifacts'))
+    WHEN (jsonb_path_exists(OLD.checkpoints,
+          '$[*] ? (exists(@.artifacts) || exists(@.validated) || exists(@.consumed) || exists(@.receipt.evidence))'))
     EXECUTE FUNCTION workflow_artifact_on_run_delete();

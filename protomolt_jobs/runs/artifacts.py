@@ -53,9 +53,13 @@ def _iteration(entry: Mapping[str, Any]) -> int:
 
 class RunArtifacts:
     """Every artifact of one run (``job``: a store row with ``job_id``, ``checkpoints``,
-    ``status``; ``workflow``: the run's compiled workflow for the states, or None)."""
+    ``status``; ``workflow``: the run's compiled workflow for the states, or None; ``rows``:
+    ``{artifactId: state}`` of its ``workflow_artifact`` rows, which win over the states
+    derived from the entries)."""
 
-    def __init__(self, job: Any, workflow: Any = None) -> None:
+    def __init__(
+        self, job: Any, workflow: Any = None, rows: Mapping[str, str] | None = None
+    ) -> None:
         self.job_id = str(job.job_id)
         self.live = job.status not in ("COMPLETED", "FAILED", "CANCELLED", "DEAD")
         entries = [e for e in (job.checkpoints or []) if isinstance(e, dict)]
@@ -69,6 +73,9 @@ class RunArtifacts:
         for i, entry in enumerate(entries):
             self._add(i, entry, latest, states)
         self.by_id = {a["artifactId"]: a for a in self.items}
+        for aid, state in (rows or {}).items():
+            if aid in self.by_id:
+                self.by_id[aid]["state"] = state
         self._mark_stale()
 
     # -- building ----------------------------------------------------------------------------

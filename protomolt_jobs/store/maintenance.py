@@ -294,9 +294,23 @@ class MaintenanceMixin(db.Database):
             return db.execute(conn, "artifact_bytes_forget", {"uris": list(uris)}).rowcount
 
     @db.translated
+    def artifact_transitions(self, artifact_id: Any) -> list[dict[str, Any]]:
+        """The state changes of one artifact (``workflow_artifact_transition``), in order:
+        ``{seq, at, actor, from_state, to_state, reason}`` rows.
+
+        SQL: ``artifact_transitions``. Transaction: one, read only.
+        :raises StoreError: on a database failure.
+        """
+        with self._connection() as conn:
+            return [
+                dict(r) for r in db.rows(conn, "artifact_transitions", {"artifact_id": artifact_id})
+            ]
+
+    @db.translated
     def artifact_kept(self, job_id: Any) -> list[dict[str, Any]]:
-        """The artifacts of run ``job_id`` kept beyond it (``workflow_artifact``: promoted
-        ports of a deleted run), as ``{column: value}`` rows.
+        """The ``workflow_artifact`` rows of run ``job_id`` (its ports, receipts and state
+        changes; after its deletion, its promoted artifacts, detached), as ``{column: value}``
+        rows.
 
         SQL: ``artifact_kept``. Transaction: one, read only.
         :raises StoreError: on a database failure.

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from protomolt_jobs.runs.artifacts import MAX_DEPTH, RunArtifacts, is_uuid
+from protomolt_jobs.runs.report import iso_instant
 from protomolt_jobs.runs.stored_run import SnapshotError, StoredRun
 from protomolt_jobs.verbs.base import (
     JobsBackend,
@@ -52,9 +53,8 @@ class _ArtifactVerb(JobVerb):
     def _artifacts(self, store: Any, submitter: Any, job: Any) -> RunArtifacts:
         if getattr(job, "unreadable", None):
             raise unreadable_row(job)
-        return RunArtifacts(
-            job, _workflow(job, self.runtime or getattr(submitter, "runtime", None))
-        )
+        runtime = self.runtime or getattr(submitter, "runtime", None)
+        return RunArtifacts(job, _workflow(job, runtime), _row_states(store, job.job_id))
 
     def _find(self, input: dict[str, Any]) -> tuple[RunArtifacts, dict[str, Any]] | None:
         store, submitter = self._accept(input)
@@ -74,6 +74,14 @@ class _ArtifactVerb(JobVerb):
 
     def _check(self, input: dict[str, Any]) -> None:
         """Check the verb's other fields (before any read)."""
+
+
+def _row_states(store: Any, job_id: Any) -> dict[str, str]:
+    """``{artifactId: state}`` of the run's ``workflow_artifact`` rows (migration 0027)."""
+    read = getattr(store, "artifact_kept", None)
+    if read is None:
+        return {}
+    return {str(r["artifact_id"]): str(r["state"]) for r in read(job_id)}
 
 
 def _no_artifact(artifact_id: Any) -> dict[str, Any]:
@@ -169,7 +177,8 @@ class GetArtifactAction(_ArtifactVerb):
         }
 
     def execute(self, input: dict[str, Any]) -> dict[str, Any]:
-        """:returns: ``{ok: true, artifact: {..., value?}}`` or ``{ok: false, error}``.
+        """:returns: ``{ok: true, artifact: {..., value?, transitions: [{at, actor, from, to,
+            reason}]}}`` or ``{ok: false, error}``.
 
         :raises InvalidInput: missing or malformed ``artifactId``; an unknown field.
         """
@@ -180,6 +189,20 @@ class GetArtifactAction(_ArtifactVerb):
         out = dict(art)
         if art["kind"] == "response":
             out["value"] = _response_of(found, art)
+        store, _ = self.backend.require()
+        changes = getattr(store, "artifact_transitions", None)
+        if changes is not None:
+            # the logged state changes (actor, reason, at) of an artifact with a row
+            out["transitions"] = [
+                {
+                    "at": iso_instant(t["at"]),
+                    "actor": t["actor"],
+                    "from": t["from_state"],
+                    "to": t["to_state"],
+                    "reason": t["reason"],
+                }
+                for t in changes(art["artifactId"])
+            ]
         return {"ok": True, "artifact": out}
 
 

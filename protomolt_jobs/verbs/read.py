@@ -198,7 +198,9 @@ def _report(store: Any, job: Any, stored: StoredRun | None) -> dict[str, Any]:
     report = report_json(job, order, transitions, graph=graph, depends=depends)
     # every artifact the run keeps (a cancelled run's too: cancel never touches them) and the
     # receipts of its external effects (issue 29; docs/artifacts.md)
-    kept = RunArtifacts(job, stored.workflow if stored is not None else None).summaries()
+    rows = getattr(store, "artifact_kept", None)
+    states = {str(r["artifact_id"]): str(r["state"]) for r in rows(job.job_id)} if rows else {}
+    kept = RunArtifacts(job, stored.workflow if stored is not None else None, states).summaries()
     if kept:
         report["artifacts"] = artifacts_report(kept)
         receipts = receipts_json(kept)

@@ -60,6 +60,7 @@ __all__ = [
     "port_records",
     "receipt_value",
     "spec",
+    "validated",
 ]
 
 #: Artifact states, in the order a publication moves through them.
@@ -334,6 +335,42 @@ def _uris(entries: list[Any]) -> dict[str, str]:
     return out
 
 
+def _resolve(ref: str, entries: list[Any]) -> dict[str, Any] | None:
+    """The current artifact ``ref`` names among ``entries``: ``{ref, step, iteration, port,
+    kind, attempt, sha256}`` (the later entry of a step wins), or None (none, or no hash)."""
+    step, _, port = ref.partition(".")
+    for entry in reversed(entries):
+        if not isinstance(entry, dict) or entry.get("name") != step:
+            continue
+        if "failed" in entry or entry.get("skipped") is True:
+            return None
+        sha = entry_hashes(entry).get(ref)
+        if not sha:
+            return None
+        k = entry.get("iteration", 0)
+        return {
+            "ref": ref,
+            "step": step,
+            "iteration": k if isinstance(k, int) and not isinstance(k, bool) else 0,
+            "port": port or RESPONSE,
+            "kind": "file" if port else RESPONSE,
+            "attempt": entry.get("attempt", 0),
+            "sha256": sha,
+        }
+    return None
+
+
+def validated(workflow: CompiledWorkflow, step: Step, entries: list[Any]) -> list[dict[str, Any]]:
+    """What a validator step that just succeeded verifies: its ``validates`` refs resolved
+    against the run's entries (:func:`_resolve`; a ref with no hashed artifact is left out)."""
+    out = []
+    for ref in of(workflow, step.name).validates:
+        found = _resolve(ref, entries)
+        if found is not None:
+            out.append(found)
+    return out
+
+
 def check_consumed(
     workflow: CompiledWorkflow,
     step: Step,
@@ -345,7 +382,7 @@ def check_consumed(
     entry's ``seenArtifacts``); a port whose bytes the node's ``ArtifactStore`` holds
     (``read(uri)``: the bytes, None when missing; it raises ValueError for a uri that is not
     the store's) is hashed again, so bytes changed after the review are refused too. Returns
-    what was consumed: ``[{ref, sha256}]``.
+    what was consumed: ``[{ref, sha256, step, iteration, port, kind, attempt}]``.
 
     :raises WorkflowExecutionError: ARTIFACT naming the reference (never retried).
     """
@@ -411,7 +448,8 @@ def check_consumed(
                         f"the {sha[:12]} recorded (and approved): refusing to publish what was "
                         "not approved",
                     )
-        out.append({"ref": c.ref, "sha256": sha})
+        found = _resolve(c.ref, entries) or {}
+        out.append({**found, "ref": c.ref, "sha256": sha})
     return out
 
 

@@ -262,6 +262,7 @@ class _Run:
             grant=grant,
             inputs=inputs,
             consumed=consumed,
+            entries=self.entries,
         )
         self.values[step.name] = response
         self.record(step, entry)

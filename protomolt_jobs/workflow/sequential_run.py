@@ -203,6 +203,7 @@ def run_steps(
                     grant=grant,
                     inputs=inputs,
                     consumed=consumed,
+                    entries=entries,
                 )
             )
             last = response
@@ -227,6 +228,7 @@ def _record(
     grant: dict[str, Any] | None = None,
     inputs: list[dict[str, Any]] | None = None,
     consumed: list[dict[str, Any]] | None = None,
+    entries: list[Any] | None = None,
 ) -> dict[str, Any] | None:
     if on_checkpoint is discard_checkpoint:
         return None  # synchronous run: nothing is stored, so nothing needs rendering
@@ -240,6 +242,7 @@ def _record(
         grant=grant,
         inputs=inputs,
         consumed=consumed,
+        entries=entries,
     )
     deliver_checkpoint(on_checkpoint, step, entry)
     return entry

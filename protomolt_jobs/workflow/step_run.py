@@ -142,6 +142,7 @@ def render_checkpoint(
     grant: dict[str, Any] | None = None,
     inputs: list[dict[str, Any]] | None = None,
     consumed: list[dict[str, Any]] | None = None,
+    entries: list[Any] | None = None,
 ) -> dict[str, Any]:
     """The entry a step that just ended stores: :func:`checkpoint_entry`, stamped with its
     fingerprints (``effects.stamp``) when the run has an ``effects.EffectContext``, and then
@@ -153,7 +154,10 @@ def render_checkpoint(
     :param effects: the job's ``EffectContext``, or None (nothing is stamped).
     :param grant: the step's grant (:func:`authorize`), stored as the entry's ``grant``.
     :param inputs: ``[{step, iteration, sha256}]`` read when the request was built, or None.
-    :param consumed: ``[{ref, sha256}]`` a publication step consumed (checked before its call).
+    :param consumed: ``[{ref, sha256, ...}]`` a publication step consumed (checked before its
+        call).
+    :param entries: the run's entries so far: a validator step's ``validated`` refs are
+        resolved against them (None: nothing is validated).
     :raises WorkflowExecutionError: WORKFLOW (not a store failure: the same response would fail
         again, so no retry, upstream 4.4) when the entry cannot be rendered as JSON; ARTIFACT
         when a declared port cannot be read; RECEIPT when a declared receipt is empty.
@@ -173,7 +177,7 @@ def render_checkpoint(
             f"could not render the checkpoint for '{step.name}' as JSON: {exc}",
         ) from exc
     if effects is not None and response is not None:
-        _artifact_fields(entry, workflow, step, response, inputs, consumed)
+        _artifact_fields(entry, workflow, step, response, inputs, consumed, entries)
     return entry
 
 
@@ -184,8 +188,11 @@ def _artifact_fields(
     response: Message,
     inputs: list[dict[str, Any]] | None,
     consumed: list[dict[str, Any]] | None,
+    entries: list[Any] | None,
 ) -> None:
-    """The response artifact's fields, and the declared ports, receipt and consumption."""
+    """The response artifact's fields, and the declared ports, receipt, validation and
+    consumption (``validated`` and ``consumed`` become the artifacts' state changes, written
+    by the checkpoint's own statement: ``store/artifact_rows.py``)."""
     entry["sha256"], entry["sizeBytes"] = _artifacts.content_sha256(response)
     if inputs is not None:
         entry["inputs"] = inputs
@@ -200,6 +207,10 @@ def _artifact_fields(
         entry["receipt"] = {**(receipt if isinstance(receipt, dict) else {}), "evidence": evidence}
     if consumed:
         entry["consumed"] = consumed
+    if entries is not None:
+        verified = _artifacts.validated(workflow, step, entries)
+        if verified:
+            entry["validated"] = verified
 
 
 #: The decisions an ``authorize`` callback may return (``StepDecision.decision``).

@@ -229,9 +229,8 @@ def three_plain(t: str) -> dict[str, Any]:
     return graph([step("a", t), step("b", t, reads=["a"]), step("c", t, reads=["b"])], name="plain")
 
 
-def test_a_workflow_without_artifact_keys_costs_the_statements_it_cost_before(
-    verbs, services, worker, monkeypatch
-):
+def _recording(monkeypatch) -> list[tuple[str, Any]]:
+    """Every named store statement run from now on: ``[(name, params)]``."""
     import psycopg
 
     from protomolt_jobs.store.db import QUERIES
@@ -247,10 +246,11 @@ def test_a_workflow_without_artifact_keys_costs_the_statements_it_cost_before(
         return real(self, query, params, **kw)
 
     monkeypatch.setattr(psycopg.Cursor, "execute", counting)
-    job_id = _submit(verbs, three_plain(services.target))
-    worker()
-    _settled(verbs, job_id)
-    mine = [
+    return seen
+
+
+def _writes_of(seen, job_id) -> list[str]:
+    return [
         name
         for name, params in seen
         if isinstance(params, dict)
@@ -258,6 +258,16 @@ def test_a_workflow_without_artifact_keys_costs_the_statements_it_cost_before(
         and name.startswith("job_")
         and name not in ("job_get", "job_history", "job_progress_current")
     ]
+
+
+def test_a_workflow_without_artifact_keys_costs_the_statements_it_cost_before(
+    verbs, services, worker, monkeypatch
+):
+    seen = _recording(monkeypatch)
+    job_id = _submit(verbs, three_plain(services.target))
+    worker()
+    _settled(verbs, job_id)
+    mine = _writes_of(seen, job_id)
     claims = [name for name, _ in seen if name.startswith("job_claim")]
     assert mine == PLAIN_JOB_WRITES, mine
     assert claims, "the claim ran"
@@ -307,3 +317,47 @@ def test_a_response_supplied_by_complete_step_is_a_hashed_artifact(verbs, servic
     assert arts["review"]["inputs"] == []  # nothing built its request: an outside answer
     assert [i["artifactId"] for i in arts["embed"]["inputs"]] == [arts["tokenize"]["artifactId"]]
     assert not any(a["stale"] for a in arts.values())
+
+
+def test_artifact_rows_go_in_with_the_checkpoint_that_produces_them(
+    verbs, services, worker, store, monkeypatch
+):
+    from protomolt_jobs.store.db import QUERIES
+
+    wf = graph(
+        [
+            step(
+                "a",
+                services.target,
+                outputs={
+                    "p": {"uri": "'artifact://x/' + response.step", "sha256": "response.step"}
+                },
+            ),
+            step("b", services.target, reads=["a"], validates=["a.p"]),
+            step("c", services.target, reads=["b"]),
+        ],
+        name="ports",
+    )
+    seen = _recording(monkeypatch)
+    job_id = _submit(verbs, wf)
+    worker()
+    _settled(verbs, job_id)
+    # a's port and b's verification ride in their checkpoints' own statements; c has no
+    # artifact keys: it still completes the run in one statement
+    assert _writes_of(seen, job_id) == [
+        "job_insert",
+        "job_checkpoint_artifacts",
+        "job_checkpoint_artifacts",
+        "job_complete_with_checkpoint",
+    ]
+    writers = {
+        name
+        for name, _ in seen
+        if "INSERT INTO workflow_artifact" in QUERIES[name]
+        or "UPDATE workflow_artifact" in QUERIES[name]
+    }
+    assert writers == {"job_checkpoint_artifacts"}
+    rows = store.artifact_kept(job_id)
+    assert [(r["step"], r["port"], r["state"], r["uri"]) for r in rows] == [
+        ("a", "p", "verified", "artifact://x/a")
+    ]

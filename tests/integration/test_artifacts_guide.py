@@ -302,7 +302,7 @@ def _inputs_text(art) -> str:
 
 
 def test_the_example_runs_as_written_with_its_lineage_and_receipts(
-    verbs, worker, desk, blocks, descriptor_set, byte_store
+    verbs, worker, desk, blocks, descriptor_set, byte_store, store
 ):
     job_id = _submit_to_review(verbs, blocks, descriptor_set, desk)
     assert desk.calls == [
@@ -329,7 +329,30 @@ def test_the_example_runs_as_written_with_its_lineage_and_receipts(
     review = next(c for c in job["checkpoints"] if c["name"] == "review")
     assert review["seenArtifacts"]["generate.draft"] == draft["sha256"]
     publish = next(c for c in job["checkpoints"] if c["name"] == "publish")
-    assert publish["consumed"] == [{"ref": "generate.draft", "sha256": draft["sha256"]}]
+    assert [(c["ref"], c["sha256"]) for c in publish["consumed"]] == [
+        ("generate.draft", draft["sha256"])
+    ]
+    # each state change is a row, logged with its actor and reason, written by the checkpoint
+    # statement of the step that made it
+    got = verbs("get-artifact", {"artifactId": draft["artifactId"]})["artifact"]
+    assert [(t["from"], t["to"], t["reason"]) for t in got["transitions"]] == [
+        (None, "draft", "produced by step 'generate'"),
+        ("draft", "verified", "validated by step 'check_document'"),
+        ("verified", "promoted", "published by step 'publish'"),
+    ]
+    assert all(t["actor"].startswith("worker:") for t in got["transitions"])
+    imported = next(a for a in arts if a["step"] == "import")
+    got = verbs("get-artifact", {"artifactId": imported["artifactId"]})["artifact"]
+    assert [(t["from"], t["to"]) for t in got["transitions"]] == [("draft", "verified")]
+    rows = store.artifact_kept(job_id)
+    assert sorted((r["step"], r["port"], r["state"]) for r in rows) == [
+        ("analyze", "response", "verified"),
+        ("generate", "chart", "verified"),
+        ("generate", "draft", "promoted"),
+        ("generate", "table", "verified"),
+        ("import", "response", "verified"),
+        ("send", "receipt", "draft"),
+    ]
     # the send's receipt is an artifact, listed by the report with the provider's evidence
     (receipt,) = job["report"]["receipts"]
     assert receipt["step"] == "send"

@@ -108,7 +108,17 @@ def test_publication_passes_with_the_approved_hash_and_says_what_it_consumed():
     wf = _publication(state="verified", approvedBy="review")
     publish = wf.step("publish")
     entries = [_gen(), _check(), _review({"gen.draft": "a" * 64})]
-    assert wa.check_consumed(wf, publish, entries) == [{"ref": "gen.draft", "sha256": "a" * 64}]
+    assert wa.check_consumed(wf, publish, entries) == [
+        {
+            "ref": "gen.draft",
+            "step": "gen",
+            "iteration": 0,
+            "port": "draft",
+            "kind": "file",
+            "attempt": 0,
+            "sha256": "a" * 64,
+        }
+    ]
 
 
 def test_publication_refuses_a_hash_the_approvers_did_not_see():
@@ -264,3 +274,23 @@ def test_staleness_follows_current_inputs_transitively():
         ("c", "c1"): (True, True),  # its input b is current but stale itself
         ("a", "a2"): (False, True),
     }
+
+
+def test_an_entry_without_artifact_keys_asks_for_no_rows():
+    from protomolt_jobs.store.artifact_rows import artifact_rows, has_artifact_rows
+
+    plain = {"name": "a", "response": {}, "sha256": "1" * 64, "receipt": {"idempotencyKey": "k"}}
+    assert not has_artifact_rows(plain) and artifact_rows(plain) == []
+    asks = {
+        **_gen(),
+        "attempt": 2,
+        "validated": [
+            {"step": "imp", "iteration": 0, "port": "response", "kind": "response",
+             "attempt": 1, "sha256": "3" * 64}
+        ],
+    }  # fmt: skip
+    assert has_artifact_rows(asks)
+    assert [(r["step"], r["port"], r["state"], r["attempt"]) for r in artifact_rows(asks)] == [
+        ("gen", "draft", "draft", 2),
+        ("imp", "response", "verified", 1),
+    ]
