@@ -533,16 +533,18 @@ class ListArtifactsRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class ListArtifactsResponse(_message.Message):
-    __slots__ = ("ok", "error", "job_id", "artifacts")
+    __slots__ = ("ok", "error", "job_id", "artifacts", "run_deleted")
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    RUN_DELETED_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     error: str
     job_id: str
     artifacts: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
-    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., job_id: _Optional[str] = ..., artifacts: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ...) -> None: ...
+    run_deleted: bool
+    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., job_id: _Optional[str] = ..., artifacts: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., run_deleted: _Optional[bool] = ...) -> None: ...
 
 class GetArtifactRequest(_message.Message):
     __slots__ = ("artifact_id",)
