@@ -476,12 +476,13 @@ def _show(args: argparse.Namespace, console: Any) -> int:
     return EXIT_OK
 
 
-#: ``jobs artifacts JOB_ID`` / ``jobs artifact ARTIFACT_ID`` / ``jobs lineage ARTIFACT_ID``:
-#: the artifact verb each runs (docs/artifacts.md).
+#: ``jobs artifacts JOB_ID`` / ``jobs artifact ARTIFACT_ID`` / ``jobs lineage ARTIFACT_ID`` /
+#: ``jobs retract ARTIFACT_ID``: the artifact verb each runs (docs/artifacts.md).
 ARTIFACT_COMMANDS = {
     "artifacts": "list-artifacts",
     "artifact": "get-artifact",
     "lineage": "lineage",
+    "retract": "retract-artifact",
 }
 
 
@@ -493,6 +494,8 @@ def _artifact_command(args: argparse.Namespace) -> int:
         envelope: dict[str, Any] = {"jobId": args.job_id}
     else:
         envelope = {"artifactId": args.artifact_id}
+    if verb == "retract-artifact" and args.reason:
+        envelope["reason"] = args.reason
     if verb == "lineage":
         envelope["direction"] = args.direction
         if args.depth is not None:
@@ -814,7 +817,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="jobs_command",
         required=True,
         metavar="list|get|show|watch|cancel|pause|resume|retry|reconcile|migrate|requeue|"
-        "history|approve|extend-loop|artifacts|artifact|lineage",
+        "history|approve|extend-loop|artifacts|artifact|lineage|retract",
     )
     for name, text in (("list", "a table of jobs, newest first"), ("watch", "a live table")):
         p = jobs_sub.add_parser(name, help=text)
@@ -857,6 +860,12 @@ def build_parser() -> argparse.ArgumentParser:
     lin.add_argument("--direction", choices=("up", "down", "both"), default="both")
     lin.add_argument("--depth", type=int, help="how far to walk, 1 to 50 (default 10)")
     _client_options(lin)
+    ret = jobs_sub.add_parser(
+        "retract", help="mark an artifact retracted: never published (retract-artifact)"
+    )
+    ret.add_argument("artifact_id", help="the artifact's id (list-artifacts)")
+    ret.add_argument("--reason", help="why (kept with the change)")
+    _client_options(ret)
     for name, text in (
         (
             "cancel",

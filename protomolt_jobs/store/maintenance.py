@@ -294,6 +294,38 @@ class MaintenanceMixin(db.Database):
             return db.execute(conn, "artifact_bytes_forget", {"uris": list(uris)}).rowcount
 
     @db.translated
+    def artifact_retract(
+        self, artifact: dict[str, Any], *, current: str, actor: str, reason: str | None
+    ) -> bool:
+        """Retract one artifact (``retract-artifact``): its ``workflow_artifact`` row becomes
+        ``retracted`` (made from ``artifact`` when it had none: ``{artifactId, jobId, step,
+        iteration, port, kind, sha256, sizeBytes?, mediaType?, uri?}``), with a transition from
+        its state (``current`` when it had no row) naming ``actor`` and ``reason``.
+
+        SQL: ``artifact_retract``, one statement, autocommit.
+        :returns: True when it was retracted now (False: it already was).
+        :raises StoreError: on a database failure.
+        """
+        params = {
+            "artifact_id": artifact["artifactId"],
+            "job_id": artifact["jobId"],
+            "step": artifact["step"],
+            "iteration": artifact["iteration"],
+            "port": artifact["port"],
+            "kind": artifact["kind"],
+            "sha256": artifact.get("sha256"),
+            "size_bytes": artifact.get("sizeBytes"),
+            "media_type": artifact.get("mediaType"),
+            "uri": artifact.get("uri"),
+            "current": current,
+            "actor": actor,
+            "reason": reason,
+        }
+        with self._connection() as conn:
+            row = db.one(conn, "artifact_retract", params)
+        return bool(row and row["changed"])
+
+    @db.translated
     def artifact_transitions(self, artifact_id: Any) -> list[dict[str, Any]]:
         """The state changes of one artifact (``workflow_artifact_transition``), in order:
         ``{seq, at, actor, from_state, to_state, reason}`` rows.

@@ -1242,6 +1242,29 @@ SELECT artifact_id, job_id, step, iteration, port, kind, sha256, size_bytes, med
  WHERE job_id = %(job_id)s
  ORDER BY created_at, artifact_id
 
+-- name: artifact_retract
+-- description: retract one artifact (an operator's retract-artifact, migration 0027): its workflow_artifact row is upserted as 'retracted' (the row is made from the given fields when the artifact had none) and the change logged in workflow_artifact_transition with the caller as actor and the reason; an artifact already retracted is left as it is. One statement. 'changed': 1 when it was retracted now.
+WITH prior AS (
+    SELECT state FROM workflow_artifact WHERE artifact_id = %(artifact_id)s
+), up AS (
+    INSERT INTO workflow_artifact AS a
+        (artifact_id, job_id, step, iteration, port, kind, sha256, size_bytes, media_type, uri,
+         state)
+    VALUES (%(artifact_id)s, %(job_id)s, %(step)s, %(iteration)s, %(port)s, %(kind)s,
+            %(sha256)s, %(size_bytes)s, %(media_type)s, %(uri)s, 'retracted')
+    ON CONFLICT (artifact_id) DO UPDATE
+       SET state = 'retracted'
+     WHERE a.state <> 'retracted'
+    RETURNING a.artifact_id
+), logged AS (
+    INSERT INTO workflow_artifact_transition (artifact_id, actor, from_state, to_state, reason)
+    SELECT artifact_id, %(actor)s, COALESCE((SELECT state FROM prior), %(current)s), 'retracted',
+           %(reason)s
+      FROM up
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM logged) AS changed
+
 -- name: artifact_transitions
 -- description: the state changes of one artifact (workflow_artifact_transition, migration 0027), in order.
 SELECT seq, at, actor, from_state, to_state, reason

@@ -11,7 +11,7 @@ module                verbs
 :mod:`.recovery`      ``reconcile-step``, ``migrate-checkpoint``
 :mod:`.loops`         ``extend-loop``
 :mod:`.progress`      ``report-progress``
-:mod:`.artifacts`     ``list-artifacts``, ``get-artifact``, ``lineage``
+:mod:`.artifacts`     ``list-artifacts``, ``get-artifact``, ``lineage``, ``retract-artifact``
 :mod:`.workflow`      ``run-workflow``, ``check-workflow`` (the engine's; no store)
 :mod:`.replay`        ``replay-check`` (a candidate version against the stored runs)
 :mod:`.workflow_tests` ``test-workflow`` (a definition's tests, mocked; no store, no network)
@@ -30,7 +30,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from protomolt_jobs.verbs.approve import ApproveStepAction
-from protomolt_jobs.verbs.artifacts import GetArtifactAction, LineageAction, ListArtifactsAction
+from protomolt_jobs.verbs.artifacts import (
+    GetArtifactAction,
+    LineageAction,
+    ListArtifactsAction,
+    RetractArtifactAction,
+)
 from protomolt_jobs.verbs.base import NOT_CONFIGURED, NOT_RUNNING, JobsBackend, Verb
 from protomolt_jobs.verbs.complete import CompleteStepAction
 from protomolt_jobs.verbs.control import (
@@ -73,6 +78,7 @@ __all__ = [
     "ReportProgressAction",
     "RequeueJobAction",
     "ResumeJobAction",
+    "RetractArtifactAction",
     "RetryStepAction",
     "RunWorkflowAction",
     "SubmitWorkflowAction",
@@ -87,7 +93,7 @@ def jobs_actions(backend: JobsBackend, runtime: Any, floors: Sequence[Floor] = (
     (submit-workflow, get-job, list-jobs, complete-step), then the operator verbs (cancel-job,
     pause-job, resume-job, retry-step, the recovery verbs of step effects, requeue-job),
     job-history, approve-step, extend-loop, report-progress and the artifact verbs
-    (list-artifacts, get-artifact, lineage).
+    (list-artifacts, get-artifact, lineage, retract-artifact).
 
     :param backend: the role's late-bound store and submitter.
     :param runtime: the engine's runtime (type pool) for reading stored definitions.
@@ -112,4 +118,5 @@ def jobs_actions(backend: JobsBackend, runtime: Any, floors: Sequence[Floor] = (
         ListArtifactsAction(backend, runtime),
         GetArtifactAction(backend, runtime),
         LineageAction(backend, runtime),
+        RetractArtifactAction(backend, runtime),
     ]

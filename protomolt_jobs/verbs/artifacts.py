@@ -1,6 +1,8 @@
 """The artifact verbs (issue 29; docs/artifacts.md): ``list-artifacts {jobId}``,
-``get-artifact {artifactId}`` and ``lineage {artifactId, direction?, depth?}``. Scope
-``service-invoke`` like the other read verbs; nothing here writes.
+``get-artifact {artifactId}`` and ``lineage {artifactId, direction?, depth?}`` (scope
+``service-invoke`` like the other read verbs: they write nothing), and
+``retract-artifact {artifactId, reason?}`` (scope ``job-control``: an operator's state change,
+logged with the caller and the reason).
 
 Artifacts are derived from the run's checkpoint entries (``runs/artifacts.py``). An artifact
 id's first 16 hex digits are its run's (``workflow/artifacts.artifact_id``), so the run is found
@@ -9,24 +11,30 @@ by the id alone (the ``list-jobs idPrefix`` range over the primary key).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from protomolt_jobs.runs.artifacts import MAX_DEPTH, RunArtifacts, is_uuid
 from protomolt_jobs.runs.report import iso_instant
 from protomolt_jobs.runs.stored_run import SnapshotError, StoredRun
 from protomolt_jobs.verbs.base import (
+    VERBS_LOGGER,
     JobsBackend,
     JobVerb,
+    actor,
     as_integer,
     as_job_id,
     invalid,
     not_found,
+    optional_reason,
     require_string,
     unreadable_row,
 )
 from protomolt_jobs.workflow import artifacts as wa
 
-__all__ = ["GetArtifactAction", "LineageAction", "ListArtifactsAction"]
+__all__ = ["GetArtifactAction", "LineageAction", "ListArtifactsAction", "RetractArtifactAction"]
+
+log = logging.getLogger(VERBS_LOGGER)
 
 #: ``lineage``'s directions.
 DIRECTIONS = ("up", "down", "both")
@@ -261,3 +269,67 @@ class LineageAction(_ArtifactVerb):
         walk = found.lineage(art["artifactId"], direction, depth or DEFAULT_DEPTH)
         assert walk is not None
         return {"ok": True, **walk}
+
+
+class RetractArtifactAction(_ArtifactVerb):
+    """``retract-artifact`` (scope ``job-control``): mark an artifact ``retracted``."""
+
+    name = "retract-artifact"
+    scope = "job-control"
+    description = (
+        "Retract one artifact ('artifactId', optional 'reason'): its state becomes 'retracted', "
+        "logged with the caller and the reason; a publication step that consumes it refuses it "
+        "(ARTIFACT). The run itself is not touched."
+    )
+    fields = ("artifactId", "reason")
+
+    def __init__(self, backend: JobsBackend, runtime: Any = None) -> None:
+        super().__init__(backend, runtime)
+        self.input_schema = {
+            "type": "object",
+            "properties": {
+                "artifactId": {"type": "string", "format": "uuid"},
+                "reason": {"type": "string", "description": "why (kept with the change)"},
+            },
+            "required": ["artifactId"],
+            "additionalProperties": False,
+        }
+
+    def _check(self, input: dict[str, Any]) -> None:
+        optional_reason(input)
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """:returns: ``{ok: true, artifactId, state: "retracted", changed}`` (``changed``
+            false: it already was) or ``{ok: false, error}`` (no such artifact).
+
+        :raises InvalidInput: missing or malformed ``artifactId`` or ``reason``; an unknown
+            field.
+        """
+        hit = self._find(input)
+        if hit is None:
+            return _no_artifact(input["artifactId"])
+        _, art = hit
+        store, _ = self.backend.require()
+        reason = optional_reason(input)
+        changed = store.artifact_retract(
+            art, current=str(art["state"]), actor=actor(), reason=reason
+        )
+        log.info(
+            "retract-artifact %s of job %s",
+            art["artifactId"],
+            art["jobId"],
+            extra={
+                "action": "retract_artifact",
+                "job_id": art["jobId"],
+                "artifact_id": art["artifactId"],
+                "actor": actor(),
+                "reason": reason,
+                "changed": changed,
+            },
+        )
+        return {
+            "ok": True,
+            "artifactId": art["artifactId"],
+            "state": "retracted",
+            "changed": changed,
+        }

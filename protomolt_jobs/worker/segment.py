@@ -265,11 +265,13 @@ class SegmentExecutor:
                     else None
                 ),
             )
-            if self._artifact_store is not None and any(
-                s.consumes for s in engine_artifacts.spec(run.workflow).values()
-            ):
-                # only a workflow with a publication step reads artifact bytes
-                effects.artifact_bytes = functools.partial(_artifact_bytes, self._artifact_store)
+            if any(s.consumes for s in engine_artifacts.spec(run.workflow).values()):
+                # only a workflow with a publication step reads artifact rows and bytes
+                effects.artifact_rows = functools.partial(_artifact_rows, self._store, job.job_id)
+                if self._artifact_store is not None:
+                    effects.artifact_bytes = functools.partial(
+                        _artifact_bytes, self._artifact_store
+                    )
             if engine_resumable.declared(run.workflow):
                 # only a workflow with a resumable step reports progress (worker/progress.py)
                 progress = ProgressWriter(
@@ -397,6 +399,14 @@ class SegmentExecutor:
         )
         detail = f"WORKFLOW: unexpected error in the worker: {type(exc).__name__}: {exc}"
         return Failed("", detail, retryable=True)
+
+
+def _artifact_rows(store: Any, job_id: Any) -> dict[str, str]:
+    """``{artifactId: state}`` of the run's ``workflow_artifact`` rows (``artifact_kept``)."""
+    read = getattr(store, "artifact_kept", None)
+    if read is None:
+        return {}
+    return {str(r["artifact_id"]): str(r["state"]) for r in read(job_id)}
 
 
 def _artifact_bytes(store: Any, uri: str) -> bytes | None:

@@ -376,12 +376,16 @@ def check_consumed(
     step: Step,
     entries: list[Any],
     read: Callable[[str], bytes | None] | None = None,
+    rows: Callable[[], Mapping[str, str]] | None = None,
+    job_id: str = "",
 ) -> list[dict[str, Any]]:
     """Before a publication step's call: each artifact it ``consumes`` must be in the
     required state and, with ``approvedBy``, have the hash the approvers saw (the approval
     entry's ``seenArtifacts``); a port whose bytes the node's ``ArtifactStore`` holds
     (``read(uri)``: the bytes, None when missing; it raises ValueError for a uri that is not
-    the store's) is hashed again, so bytes changed after the review are refused too. Returns
+    the store's) is hashed again, so bytes changed after the review are refused too; and an
+    artifact an operator retracted (``rows()``: ``{artifactId: state}`` of the run's
+    ``workflow_artifact`` rows, read once, only for a step that consumes) is refused. Returns
     what was consumed: ``[{ref, sha256, step, iteration, port, kind, attempt}]``.
 
     :raises WorkflowExecutionError: ARTIFACT naming the reference (never retried).
@@ -391,6 +395,15 @@ def check_consumed(
         return []
     hashes = current_hashes(entries)
     state = states(entries, workflow)
+    try:
+        stored = dict(rows()) if rows is not None else {}
+    except Exception as exc:
+        raise WorkflowExecutionError(
+            FailureKind.WORKFLOW,
+            step.name,
+            f"the artifacts '{step.name}' consumes could not be read: {exc}",
+            store_failure=True,
+        ) from exc
     approvals = {str(e.get("name")): e for e in entries if isinstance(e, dict) and "decision" in e}
     out: list[dict[str, Any]] = []
     for c in consumed:
@@ -399,6 +412,17 @@ def check_consumed(
             raise WorkflowExecutionError(
                 FailureKind.ARTIFACT, step.name, f"consumed artifact '{c.ref}' does not exist"
             )
+        found = _resolve(c.ref, entries) or {}
+        if stored and found:
+            aid = artifact_id(
+                job_id, found["step"], found["iteration"], found["port"], found["attempt"], sha
+            )
+            if stored.get(aid) == "retracted":
+                raise WorkflowExecutionError(
+                    FailureKind.ARTIFACT,
+                    step.name,
+                    f"consumed artifact '{c.ref}' was retracted (artifact {aid})",
+                )
         have = state.get(c.ref, "draft")
         rank = {"draft": 0, "verified": 1, "promoted": 2}
         if rank.get(have, -1) < rank.get(c.state, 1):
@@ -448,7 +472,6 @@ def check_consumed(
                         f"the {sha[:12]} recorded (and approved): refusing to publish what was "
                         "not approved",
                     )
-        found = _resolve(c.ref, entries) or {}
         out.append({**found, "ref": c.ref, "sha256": sha})
     return out
 

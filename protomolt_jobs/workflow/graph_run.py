@@ -346,7 +346,12 @@ class _Run:
         consumed = None
         if self.effects is not None:
             consumed = _artifacts.check_consumed(
-                self.workflow, step, list(self.entries), self.effects.artifact_bytes
+                self.workflow,
+                step,
+                list(self.entries),
+                self.effects.artifact_bytes,
+                self.effects.artifact_rows,
+                self.effects.job_id,
             )
         request = build_message(
             step.input_type, step.rules, step.cel_rules, Scope(scope), step.name

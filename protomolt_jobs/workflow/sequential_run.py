@@ -155,7 +155,12 @@ def run_steps(
             consumed = inputs = None
             if effects is not None:
                 consumed = _artifacts.check_consumed(
-                    workflow, step, entries, effects.artifact_bytes
+                    workflow,
+                    step,
+                    entries,
+                    effects.artifact_bytes,
+                    effects.artifact_rows,
+                    effects.job_id,
                 )
             request = build_message(step.input_type, step.rules, step.cel_rules, scope, step.name)
             if effects is not None:  # lineage: what the request read, hashed before the call

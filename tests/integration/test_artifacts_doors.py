@@ -74,6 +74,8 @@ def test_every_door_answers_and_refuses_naming_the_field(node, services):
         ("lineage", {"artifactId": last, "depth": 0}, "depth"),
         ("lineage", {"artifactId": last, "direction": 1}, "direction"),
         ("lineage", {"artifactId": last, "colour": "red"}, "colour"),
+        ("retract-artifact", {"artifactId": last, "reason": 7}, "reason"),
+        ("retract-artifact", {"reason": "x"}, "artifactId"),
     ]:
         status, answer, _ = _post(url, verb, body)
         assert (status, answer["error"], answer["details"]["field"]) == (
@@ -107,3 +109,10 @@ def test_every_door_answers_and_refuses_naming_the_field(node, services):
     assert done.returncode == 0 and json.loads(done.stdout)["artifact"]["step"] == "a"
     refused = _cli("jobs", "lineage", last, "--depth", "0", "--url", url)
     assert refused.returncode == 2 and "depth" in refused.stderr
+    done = _cli("jobs", "retract", first, "--reason", "wrong input file", "--url", url)
+    assert done.returncode == 0 and json.loads(done.stdout)["changed"] is True, done.stderr
+    again = _rpc(target, "RetractArtifact", {"artifact_id": first, "reason": "again"})
+    assert again.ok and again.state == "retracted" and again.changed is False
+    status, got, _ = _post(url, "get-artifact", {"artifactId": first})
+    assert got["artifact"]["state"] == "retracted"
+    assert got["artifact"]["transitions"][-1]["reason"] == "wrong input file"

@@ -384,6 +384,45 @@ def test_a_draft_changed_after_the_review_is_not_published(
     assert job["attempt"] == 1  # never retried
 
 
+def test_a_retracted_draft_is_not_published_and_the_retraction_names_its_actor(
+    verbs, worker, desk, blocks, descriptor_set
+):
+    job_id = _submit_to_review(verbs, blocks, descriptor_set, desk)
+    arts = verbs("list-artifacts", {"jobId": job_id})["artifacts"]
+    draft = next(a for a in arts if a["port"] == "draft")
+    answer = verbs(
+        "retract-artifact",
+        {"artifactId": draft["artifactId"], "reason": "figures restated"},
+        principal="cfo",
+    )
+    assert answer == {
+        "ok": True,
+        "artifactId": draft["artifactId"],
+        "state": "retracted",
+        "changed": True,
+    }
+    again = verbs("retract-artifact", {"artifactId": draft["artifactId"]}, principal="cfo")
+    assert again["changed"] is False
+    got = verbs("get-artifact", {"artifactId": draft["artifactId"]})["artifact"]
+    assert got["state"] == "retracted"
+    assert (got["transitions"][-1]["actor"], got["transitions"][-1]["reason"]) == (
+        "cfo",
+        "figures restated",
+    )
+    assert (got["transitions"][-1]["from"], got["transitions"][-1]["to"]) == (
+        "verified",
+        "retracted",
+    )
+    _accept(verbs, job_id)
+    job = _settled(verbs, job_id, "COMPLETED", "FAILED")
+    assert job["status"] == "FAILED"
+    assert job["error"] == (
+        f"ARTIFACT: consumed artifact 'generate.draft' was retracted (artifact "
+        f"{draft['artifactId']})"
+    )
+    assert "Publish" not in desk.calls
+
+
 def test_a_send_without_a_receipt_does_not_complete_the_run(
     verbs, worker, desk, blocks, descriptor_set
 ):

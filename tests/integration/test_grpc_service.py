@@ -70,6 +70,7 @@ def test_verb_names():
         "list-artifacts",
         "get-artifact",
         "lineage",
+        "retract-artifact",
     }
 
 

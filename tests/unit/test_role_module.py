@@ -33,6 +33,7 @@ VERBS = [
     "list-artifacts",
     "get-artifact",
     "lineage",
+    "retract-artifact",
 ]
 
 

@@ -596,3 +596,25 @@ class LineageResponse(_message.Message):
     nodes: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
     edges: _containers.RepeatedCompositeFieldContainer[LineageEdge]
     def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., artifact: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., direction: _Optional[str] = ..., depth: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., edges: _Optional[_Iterable[_Union[LineageEdge, _Mapping]]] = ...) -> None: ...
+
+class RetractArtifactRequest(_message.Message):
+    __slots__ = ("artifact_id", "reason")
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    reason: str
+    def __init__(self, artifact_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RetractArtifactResponse(_message.Message):
+    __slots__ = ("ok", "error", "artifact_id", "state", "changed")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    error: str
+    artifact_id: str
+    state: str
+    changed: bool
+    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., artifact_id: _Optional[str] = ..., state: _Optional[str] = ..., changed: _Optional[bool] = ...) -> None: ...
