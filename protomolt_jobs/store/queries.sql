@@ -380,7 +380,7 @@ SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
   FROM moved
 
 -- name: job_checkpoint_artifacts
--- description: job_checkpoint for an entry that asks for artifact rows (store/artifact_rows.py; migration 0027): the same fenced append and events, and in the same statement the rows %(rows)s (ports and a declared receipt as draft, validated artifacts verified, consumed ones promoted) upserted into workflow_artifact, a state never going back from promoted, each change logged in workflow_artifact_transition with actor 'worker:<owner>'; nothing is written when the fence matches no row.
+-- description: job_checkpoint for an entry that asks for artifact rows (store/artifact_rows.py; migration 0027): the same fenced append and events, and in the same statement the rows %(rows)s (ports and a declared receipt as draft, validated artifacts verified, consumed ones promoted) upserted into workflow_artifact, a promoted or retracted state never changed by a worker, each change logged in workflow_artifact_transition with actor 'worker:<owner>'; nothing is written when the fence matches no row.
 WITH moved AS (
     UPDATE workflow_run
        SET checkpoints = checkpoints || jsonb_build_array(workflow_checkpoint_stamp(%(entry)s::jsonb)),
@@ -435,7 +435,7 @@ WITH moved AS (
       FROM wanted
     ON CONFLICT (artifact_id) DO UPDATE
        SET state = EXCLUDED.state
-     WHERE a.state <> 'promoted' AND a.state <> EXCLUDED.state
+     WHERE a.state NOT IN ('promoted', 'retracted') AND a.state <> EXCLUDED.state
     RETURNING a.artifact_id, a.state
 ), logged AS (
     INSERT INTO workflow_artifact_transition (artifact_id, actor, from_state, to_state, reason)
