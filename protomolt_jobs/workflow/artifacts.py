@@ -27,6 +27,7 @@ No store here: the worker's checkpoint writes the entry as before.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import uuid
@@ -102,7 +103,9 @@ _CACHE: weakref.WeakKeyDictionary[CompiledWorkflow, dict[str, ArtifactSpec]] = (
 
 
 def _raw_steps(workflow: CompiledWorkflow) -> list[dict[str, Any]]:
-    definition = workflow.definition if isinstance(workflow.definition, dict) else {}
+    definition = getattr(workflow, "definition", None)
+    if not isinstance(definition, dict):
+        return []
     steps = definition.get("steps")
     return [s for s in steps if isinstance(s, dict)] if isinstance(steps, list) else []
 
@@ -111,7 +114,10 @@ def spec(workflow: CompiledWorkflow) -> dict[str, ArtifactSpec]:
     """``{step: ArtifactSpec}`` for the steps that declare artifact keys (read once per
     compiled workflow from its definition; malformed values are the verifier's findings and
     read as absent here)."""
-    cached = _CACHE.get(workflow)
+    try:
+        cached = _CACHE.get(workflow)
+    except TypeError:
+        cached = None
     if cached is not None:
         return cached
     out: dict[str, ArtifactSpec] = {}
@@ -145,7 +151,8 @@ def spec(workflow: CompiledWorkflow) -> dict[str, ArtifactSpec]:
         found = ArtifactSpec(outputs, receipt or "", validated, tuple(consumed))
         if not found.empty:
             out[name] = found
-    _CACHE[workflow] = out
+    with contextlib.suppress(TypeError):  # a workflow that cannot be weakly referenced
+        _CACHE[workflow] = out
     return out
 
 
