@@ -137,6 +137,7 @@ class JobsApp:
         repository: Any = None,
         lanes: Lanes = Lanes(),
         grants: Any = None,
+        artifact_store: Any = None,
     ) -> None:
         if not config.dsn:
             raise StoreError("jobs.dsn is required to run jobs")
@@ -156,7 +157,9 @@ class JobsApp:
         self.probe = DatabaseProbe(store)
         self._kafka = bool(config.kafka_bootstrap)
         self.sweeper = Sweeper(store, config=config) if lanes.sweeper else None
-        self.pruner = Pruner(store, config=config) if lanes.pruner else None
+        self.pruner = (
+            Pruner(store, config=config, artifact_store=artifact_store) if lanes.pruner else None
+        )
         self.relay = (
             Relay(store, config=config, producer_config=lanes.relay_producer_config)
             if self._kafka and lanes.relay
@@ -172,7 +175,14 @@ class JobsApp:
             if self._kafka and lanes.request_consumer and config.effective_request_topic
             else None
         )
-        self.worker = Worker(store, runtime=runtime, config=config, dsn=config.dsn, grants=grants)
+        self.worker = Worker(
+            store,
+            runtime=runtime,
+            config=config,
+            dsn=config.dsn,
+            grants=grants,
+            artifact_store=artifact_store,
+        )
         self.services: list[Startable] = [
             s
             for s in (self.sweeper, self.pruner, self.relay, self.request_consumer, self.worker)
@@ -191,6 +201,7 @@ class JobsApp:
         repository: Any = None,
         lanes: Lanes = Lanes(),
         grants: Any = None,
+        artifact_store: Any = None,
     ) -> JobsApp:
         """Migrate ``config.dsn``, open the store's pool and build the services (none runs
         yet). The one function that assembles the jobs runtime.
@@ -202,6 +213,8 @@ class JobsApp:
         :param lanes: which optional duties run (default: all the config allows).
         :param grants: the worker's step grant policy (``worker.grants.GrantPolicy``: the
             host's authorizers and groups); None: ``config.grants`` alone, no groups.
+        :param artifact_store: the node's ``ArtifactStore`` (a plugin's, or the role's file
+            store): publication steps re-hash through it, the pruner deletes bytes from it.
         :raises StoreError: the database cannot be reached or migrated.
         """
         if not config.dsn:
@@ -221,6 +234,7 @@ class JobsApp:
                 repository=repository,
                 lanes=lanes,
                 grants=grants,
+                artifact_store=artifact_store,
             )
         except BaseException:  # close the pool, re-raised
             store.close()

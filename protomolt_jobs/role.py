@@ -37,6 +37,7 @@ from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import StoreError
 from protomolt_jobs.hooks.contract import (
     Action,
+    ArtifactStore,
     ComposerError,
     FileDescriptorContribution,
     JobViews,
@@ -50,6 +51,7 @@ from protomolt_jobs.hooks.contract import (
     WorkflowRepository,
 )
 from protomolt_jobs.hooks.hookspecs import hookimpl
+from protomolt_jobs.runs.artifact_store import FileArtifactStore
 from protomolt_jobs.runs.inspector import JobInspector
 from protomolt_jobs.runs.retention import Bounds
 from protomolt_jobs.telemetry import metrics
@@ -199,6 +201,8 @@ class JobsModule:
             type_pool=type_pool,
             descriptors=lambda: ctx.contributions.all(FileDescriptorContribution),
             grants=lambda: _grant_policy(config, ctx),
+            artifact_store=ctx.contributions.first(ArtifactStore)
+            or FileArtifactStore(ctx.data_dir / "jobs" / "artifacts"),
         )
         # The host serves /metrics; the role contributes what only it can count.
         ctx.contributions.contribute(
@@ -249,7 +253,9 @@ class JobsMount:
         type_pool: TypePool,
         descriptors: Any,
         grants: Any = None,
+        artifact_store: Any = None,
     ) -> None:
+        self.artifact_store = artifact_store
         self.config = config
         self.repository = repository
         self.runtime = runtime
@@ -302,6 +308,7 @@ class JobsMount:
                     runtime=self.runtime,
                     repository=self.repository,
                     grants=self._grants() if self._grants is not None else None,
+                    artifact_store=self.artifact_store,
                 )
             except StoreError as exc:
                 # Say which setting leads there: the driver's text names neither key nor

@@ -8,6 +8,7 @@ live in :mod:`protomolt_jobs.hooks.contract`, the specifications in
 from protomolt_jobs.hooks.contract import (
     SCOPES,
     Action,
+    ArtifactStore,
     ChannelFactory,
     ComponentHealth,
     ComposerError,
@@ -33,6 +34,7 @@ __all__ = [
     "PROJECT",
     "SCOPES",
     "Action",
+    "ArtifactStore",
     "ChannelFactory",
     "ComponentHealth",
     "ComposerError",

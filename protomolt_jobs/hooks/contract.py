@@ -57,6 +57,7 @@ __all__ = [
     "SCOPES",
     "STEP_DECISIONS",
     "Action",
+    "ArtifactStore",
     "ChannelFactory",
     "ComponentHealth",
     "ComposerError",
@@ -315,6 +316,33 @@ class StepAuthorizer(Protocol):
     def authorize_step(
         self, job: Mapping[str, Any], step: str, capabilities: tuple[str, ...]
     ) -> StepDecision | None: ...
+
+
+@runtime_checkable
+class ArtifactStore(Protocol):
+    """Where artifact bytes live (contribution kind; the host contributes one when a plugin
+    implements ``protomolt_artifact_store``, else the jobs role keeps a file store under the
+    node's data directory: ``<data_dir>/jobs/artifacts``). Keys are relative paths of
+    ``[A-Za-z0-9._-]`` segments joined by ``/``; an artifact's uri is ``artifact://<key>``
+    (docs/artifacts.md).
+
+    - ``put(key, data)``: store ``data`` (bytes) under ``key`` (replacing any); returns the uri.
+    - ``get(key)``: the bytes, or None when the key is missing.
+    - ``exists(key)``: whether it is there.
+    - ``delete(key)``: remove it; False when it was already missing (never an error: a missing
+      key counts as pruned).
+
+    Each may raise ``OSError`` (or the backend's error) when the store cannot be reached; a
+    malformed key is ``ValueError``.
+    """
+
+    def put(self, key: str, data: bytes) -> str: ...
+
+    def get(self, key: str) -> bytes | None: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def delete(self, key: str) -> bool: ...
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,16 +13,18 @@ so a misspelt hook implementation fails the boot instead of never running.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pluggy
 
-from protomolt_jobs.hooks.contract import Identity, RoleModule, StepDecision
+from protomolt_jobs.hooks.contract import ArtifactStore, Identity, RoleModule, StepDecision
 
 __all__ = [
     "PROJECT",
     "hookimpl",
     "hookspec",
+    "protomolt_artifact_store",
     "protomolt_authorize_step",
     "protomolt_resolve_identity",
     "protomolt_role_module",
@@ -144,4 +146,23 @@ def protomolt_authorize_step(
     By the jobs worker, for each step that declares ``capabilities``; steps without
     capabilities never call it. The host wraps the implementations into a
     :class:`~protomolt_jobs.hooks.contract.StepAuthorizer` contribution at boot.
+    """
+
+
+@hookspec(firstresult=True)
+def protomolt_artifact_store(data_dir: Path) -> ArtifactStore | None:
+    """The store artifact bytes live in (an S3-compatible bucket, a shared volume), or None.
+
+    Calling convention: ``firstresult``; the first non-None answer wins. With none, the jobs
+    role keeps a file store under ``<data_dir>/jobs/artifacts``
+    (``protomolt_jobs.runs.artifact_store.FileArtifactStore``).
+
+    :param data_dir: the node's data directory.
+    :returns: an :class:`~protomolt_jobs.hooks.contract.ArtifactStore`, or None.
+
+    When it is called
+    ~~~~~~~~~~~~~~~~~
+    Once per boot, by the host's composer, before the wire phase; the answer is contributed as
+    the ``ArtifactStore`` contribution the jobs role's worker (publication checks) and pruner
+    (byte deletion) use.
     """

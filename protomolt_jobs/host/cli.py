@@ -436,6 +436,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             return EXIT_OK
         if args.jobs_command == "show":
             return _show(args, console)
+        if args.jobs_command in ARTIFACT_COMMANDS:
+            return _artifact_command(args)
         if args.jobs_command in CONTROL_COMMANDS:
             return _control(args, console)
         if args.jobs_command == "list":
@@ -473,6 +475,35 @@ def _show(args: argparse.Namespace, console: Any) -> int:
     )
     for line in lines(graph, header, console.width):
         console.print(line, no_wrap=True, overflow="ellipsis", crop=True)
+    return EXIT_OK
+
+
+#: ``jobs artifacts JOB_ID`` / ``jobs artifact ARTIFACT_ID`` / ``jobs lineage ARTIFACT_ID`` /
+#: ``jobs retract ARTIFACT_ID``: the artifact verb each runs (docs/artifacts.md).
+ARTIFACT_COMMANDS = {
+    "artifacts": "list-artifacts",
+    "artifact": "get-artifact",
+    "lineage": "lineage",
+    "retract": "retract-artifact",
+}
+
+
+def _artifact_command(args: argparse.Namespace) -> int:
+    """One artifact verb; prints its answer as JSON, exit 0 for an answer (``ok: false``
+    included), as ``get`` does."""
+    verb = ARTIFACT_COMMANDS[args.jobs_command]
+    if verb == "list-artifacts":
+        envelope: dict[str, Any] = {"jobId": args.job_id}
+    else:
+        envelope = {"artifactId": args.artifact_id}
+    if verb == "retract-artifact" and args.reason:
+        envelope["reason"] = args.reason
+    if verb == "lineage":
+        envelope["direction"] = args.direction
+        if args.depth is not None:
+            envelope["depth"] = args.depth
+    answer = call_verb(args.url, verb, envelope, _token(args))
+    print(json.dumps(answer, indent=2, ensure_ascii=False))
     return EXIT_OK
 
 
@@ -951,7 +982,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="jobs_command",
         required=True,
         metavar="list|get|show|watch|cancel|pause|resume|retry|reconcile|migrate|requeue|"
-        "history|approve|extend-loop|explain|supply-input",
+        "history|approve|extend-loop|explain|supply-input|artifacts|artifact|lineage|retract",
     )
     for name, text in (("list", "a table of jobs, newest first"), ("watch", "a live table")):
         p = jobs_sub.add_parser(name, help=text)
@@ -981,6 +1012,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print the job, its graph and the layers as JSON"
     )
     _client_options(show)
+    arts = jobs_sub.add_parser(
+        "artifacts", help="every artifact of a job: hashes, producer, lineage, state, stale"
+    )
+    arts.add_argument("job_id", help="the job's id, or its first 4+ hex digits when unique")
+    _client_options(arts)
+    art = jobs_sub.add_parser("artifact", help="one artifact with its value (get-artifact)")
+    art.add_argument("artifact_id", help="the artifact's id (list-artifacts)")
+    _client_options(art)
+    lin = jobs_sub.add_parser("lineage", help="an artifact's producers and consumers (lineage)")
+    lin.add_argument("artifact_id", help="the artifact's id (list-artifacts)")
+    lin.add_argument("--direction", choices=("up", "down", "both"), default="both")
+    lin.add_argument("--depth", type=int, help="how far to walk, 1 to 50 (default 10)")
+    _client_options(lin)
+    ret = jobs_sub.add_parser(
+        "retract", help="mark an artifact retracted: never published (retract-artifact)"
+    )
+    ret.add_argument("artifact_id", help="the artifact's id (list-artifacts)")
+    ret.add_argument("--reason", help="why (kept with the change)")
+    _client_options(ret)
     for name, text in (
         (
             "cancel",

@@ -41,6 +41,7 @@ import pluggy
 from protomolt_jobs.hooks import hookspecs
 from protomolt_jobs.hooks.contract import (
     Action,
+    ArtifactStore,
     ComposerError,
     Contributions,
     FileDescriptorContribution,
@@ -426,6 +427,14 @@ def compose(
     type_pool = TypePool()
     contributions.contribute(TypePool, type_pool)
     _contribute_grant_sources(contributions, config, pm)
+    # a plugin's artifact store (S3, a shared volume); without one the jobs role keeps files
+    store = pm.hook.protomolt_artifact_store(data_dir=config.data_dir)
+    if store is not None:
+        if not isinstance(store, ArtifactStore):
+            raise ComposerError(
+                f"protomolt_artifact_store returned {type(store).__name__}, not an ArtifactStore"
+            )
+        contributions.contribute(ArtifactStore, store)
     channels = Channels(config.data_dir, node_id=node_id)
     mounts: list[tuple[str, Mount]] = []
 

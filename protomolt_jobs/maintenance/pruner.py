@@ -19,6 +19,13 @@ ProtoMolt's runs and outbox rows on a shared database, which upstream keeps fore
 alone unless ``jobs.prune_foreign_rows`` is true. A retention of 0 turns that deletion off. Several pruners (one per process) are safe:
 they skip each other's locked rows.
 
+Artifact bytes (issue 29; docs/artifacts.md): deleting a run whose entries declare ports
+queues their ``artifact://`` keys (migration 0027's trigger, in the same DELETE; promoted ports
+are kept, detached, with their bytes). Each pass then deletes the queued keys through the node's
+``ArtifactStore``, except those a kept artifact or a stored run (live or not yet pruned) still
+names; a key already missing counts as pruned, and a store that cannot be reached leaves the
+key queued for the next pass. Neither ever blocks deleting a run.
+
 Without a broker (``jobs.kafka_bootstrap`` unset) nothing publishes, so PENDING rows only
 grow; the pruner never deletes them, and warns once (action ``outbox_pending_without_broker``)
 when more than :data:`PENDING_WARN_ROWS` are waiting.
@@ -31,6 +38,7 @@ from typing import Any
 
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import StoreError
+from protomolt_jobs.runs.artifact_store import key_of
 from protomolt_jobs.service import PeriodicService
 
 __all__ = ["PENDING_WARN_ROWS", "PruneResult", "Pruner"]
@@ -50,11 +58,17 @@ class PruneResult:
     :ivar outbox_rows: PUBLISHED outbox rows deleted.
     :ivar runs: terminal runs deleted (both kinds).
     :ivar retained_runs: of ``runs``, those deleted under their workflow's own retention.
+    :ivar artifact_keys: byte keys of deleted runs deleted from the ``ArtifactStore`` (or
+        found already missing).
+    :ivar artifact_keys_kept: byte keys left in place because a kept artifact or a stored run
+        still names them.
     """
 
     outbox_rows: int = 0
     runs: int = 0
     retained_runs: int = 0
+    artifact_keys: int = 0
+    artifact_keys_kept: int = 0
 
 
 class Pruner(PeriodicService):
@@ -69,6 +83,8 @@ class Pruner(PeriodicService):
         validated there).
     :param batch_rows: rows per statement (> 0).
     :param max_batches: most statements of each kind per pass (> 0).
+    :param artifact_store: the node's ``ArtifactStore`` (deleted runs' bytes go from it); None:
+        no byte pass.
     """
 
     name = "pruner"
@@ -81,6 +97,7 @@ class Pruner(PeriodicService):
         config: JobsConfig,
         batch_rows: int = BATCH_ROWS,
         max_batches: int = MAX_BATCHES,
+        artifact_store: Any = None,
     ) -> None:
         super().__init__(interval_s=config.prune_interval_seconds, worker_id=config.worker_id)
         if batch_rows < 1 or max_batches < 1:
@@ -96,6 +113,7 @@ class Pruner(PeriodicService):
         self.batch_rows = batch_rows
         self.max_batches = max_batches
         self._warned_pending = False
+        self._artifacts = artifact_store
 
     def run_once(self) -> PruneResult:
         """One pass: prune the outbox, then the runs, then check the PENDING backlog.
@@ -112,6 +130,7 @@ class Pruner(PeriodicService):
         retained, retained_outbox = self._drain_retained()
         runs += retained
         outbox_rows += retained_outbox
+        keys, kept = self._prune_bytes()
         if outbox_rows or runs:
             self.log.info(
                 "pruned %d published outbox rows and %d finished runs",
@@ -139,7 +158,46 @@ class Pruner(PeriodicService):
                         "pending_at_least": pending,
                     },
                 )
-        return PruneResult(outbox_rows=outbox_rows, runs=runs, retained_runs=retained)
+        return PruneResult(
+            outbox_rows=outbox_rows,
+            runs=runs,
+            retained_runs=retained,
+            artifact_keys=keys,
+            artifact_keys_kept=kept,
+        )
+
+    def _prune_bytes(self) -> tuple[int, int]:
+        """The byte pass: ``(keys deleted or already missing, keys kept as referenced)``."""
+        if self._artifacts is None:
+            return 0, 0
+        deleted = kept = 0
+        for _ in range(self.max_batches):
+            if self._stop.is_set():
+                break
+            batch = self._store.artifact_bytes_doomed(self.batch_rows)
+            done: list[str] = []
+            for uri, referenced in batch:
+                key = key_of(uri)
+                if referenced or key is None:
+                    kept += 1
+                    done.append(uri)
+                    continue
+                try:
+                    self._artifacts.delete(key)  # False: already missing, counts as pruned
+                except Exception as exc:  # noqa: BLE001 - any store error: the key waits a pass
+                    self.log.warning(
+                        "artifact bytes %s could not be deleted (next pass retries): %s",
+                        uri,
+                        exc,
+                        extra={"action": "artifact_prune_failed", "worker_id": self.worker_id},
+                    )
+                    continue
+                deleted += 1
+                done.append(uri)
+            self._store.artifact_bytes_forget(done)
+            if len(batch) < self.batch_rows or not done:
+                break
+        return deleted, kept
 
     def _drain(self, prune: Any, retention_s: float) -> int:
         deleted = 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from typing import Any
 
 from protomolt_jobs.store import checks, db
 from protomolt_jobs.store.events import EventType
@@ -263,6 +264,91 @@ class MaintenanceMixin(db.Database):
         if row is None:
             return 0, 0
         return int(row["runs"]), int(row["outbox_rows"])
+
+    @db.translated
+    def artifact_bytes_doomed(self, limit: int = PRUNE_BATCH_DEFAULT) -> list[tuple[str, bool]]:
+        """Byte keys of deleted runs waiting for the pruner (migration 0027), oldest first:
+        ``[(uri, referenced)]``, ``referenced`` when a kept artifact or a stored run still
+        names the uri (its bytes must stay).
+
+        SQL: ``artifact_bytes_doomed``. Transaction: one, read only.
+
+        :raises ValueError: for a non-positive limit.
+        :raises StoreError: on a database failure.
+        """
+        checks.positive_int("limit", limit)
+        with self._connection() as conn:
+            rows = db.rows(conn, "artifact_bytes_doomed", {"limit": limit})
+        return [(str(r["uri"]), bool(r["referenced"])) for r in rows]
+
+    @db.translated
+    def artifact_bytes_forget(self, uris: list[str]) -> int:
+        """Drop ``uris`` from the byte keys waiting for the pruner.
+
+        SQL: ``artifact_bytes_forget``, one statement, autocommit. :returns: rows deleted.
+        :raises StoreError: on a database failure.
+        """
+        if not uris:
+            return 0
+        with self._connection() as conn:
+            return db.execute(conn, "artifact_bytes_forget", {"uris": list(uris)}).rowcount
+
+    @db.translated
+    def artifact_retract(
+        self, artifact: dict[str, Any], *, current: str, actor: str, reason: str | None
+    ) -> bool:
+        """Retract one artifact (``retract-artifact``): its ``workflow_artifact`` row becomes
+        ``retracted`` (made from ``artifact`` when it had none: ``{artifactId, jobId, step,
+        iteration, port, kind, sha256, sizeBytes?, mediaType?, uri?}``), with a transition from
+        its state (``current`` when it had no row) naming ``actor`` and ``reason``.
+
+        SQL: ``artifact_retract``, one statement, autocommit.
+        :returns: True when it was retracted now (False: it already was).
+        :raises StoreError: on a database failure.
+        """
+        params = {
+            "artifact_id": artifact["artifactId"],
+            "job_id": artifact["jobId"],
+            "step": artifact["step"],
+            "iteration": artifact["iteration"],
+            "port": artifact["port"],
+            "kind": artifact["kind"],
+            "sha256": artifact.get("sha256"),
+            "size_bytes": artifact.get("sizeBytes"),
+            "media_type": artifact.get("mediaType"),
+            "uri": artifact.get("uri"),
+            "current": current,
+            "actor": actor,
+            "reason": reason,
+        }
+        with self._connection() as conn:
+            row = db.one(conn, "artifact_retract", params)
+        return bool(row and row["changed"])
+
+    @db.translated
+    def artifact_transitions(self, artifact_id: Any) -> list[dict[str, Any]]:
+        """The state changes of one artifact (``workflow_artifact_transition``), in order:
+        ``{seq, at, actor, from_state, to_state, reason}`` rows.
+
+        SQL: ``artifact_transitions``. Transaction: one, read only.
+        :raises StoreError: on a database failure.
+        """
+        with self._connection() as conn:
+            return [
+                dict(r) for r in db.rows(conn, "artifact_transitions", {"artifact_id": artifact_id})
+            ]
+
+    @db.translated
+    def artifact_kept(self, job_id: Any) -> list[dict[str, Any]]:
+        """The ``workflow_artifact`` rows of run ``job_id`` (its ports, receipts and state
+        changes; after its deletion, its promoted artifacts, detached), as ``{column: value}``
+        rows.
+
+        SQL: ``artifact_kept``. Transaction: one, read only.
+        :raises StoreError: on a database failure.
+        """
+        with self._connection() as conn:
+            return [dict(r) for r in db.rows(conn, "artifact_kept", {"job_id": job_id})]
 
     def _prune_batch(self, query: str, retention_s: float, limit: int, foreign_rows: bool) -> int:
         """One pruning ``DELETE`` (``query``) of up to ``limit`` rows older than

@@ -379,6 +379,78 @@ SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
        (SELECT count(*) FROM events) AS events
   FROM moved
 
+-- name: job_checkpoint_artifacts
+-- description: job_checkpoint for an entry that asks for artifact rows (store/artifact_rows.py; migration 0027): the same fenced append and events, and in the same statement the rows %(rows)s (ports and a declared receipt as draft, validated artifacts verified, consumed ones promoted) upserted into workflow_artifact, a promoted or retracted state never changed by a worker, each change logged in workflow_artifact_transition with actor 'worker:<owner>'; nothing is written when the fence matches no row.
+WITH moved AS (
+    UPDATE workflow_run
+       SET checkpoints = checkpoints || jsonb_build_array(workflow_checkpoint_stamp(%(entry)s::jsonb)),
+           updated_at = now(),
+           change_kind = 'checkpoint',
+           change_actor = 'worker:' || %(owner)s,
+           change_step = %(step)s
+     WHERE job_id = %(job_id)s AND status = 'RUNNING'
+       AND lease_owner = %(owner)s AND attempt = %(attempt)s
+       AND lease_token = %(token)s
+    RETURNING job_id, workflow_name, status, attempt, error
+), events AS (
+    INSERT INTO workflow_run_events_outbox
+        (event_id, event_type, kafka_key, created_at, workflow_name, attempt, status_after,
+         step, verdict, error)
+    SELECT gen_random_uuid(), e.event_type, m.job_id::text,
+           now() + (e.ord - 1) * interval '1 microsecond', m.workflow_name, m.attempt,
+           e.status_after, %(step)s, NULL, e.error
+      FROM moved AS m
+     CROSS JOIN LATERAL (VALUES
+           (1, 'STEP_CHECKPOINT', 'RUNNING', NULL),
+           (2, CASE WHEN m.status IN ('CANCELLED', 'PAUSED') THEN m.status END, m.status,
+            CASE WHEN m.status = 'CANCELLED' THEN m.error END)
+         ) AS e (ord, event_type, status_after, error)
+     WHERE e.event_type IS NOT NULL
+     ORDER BY e.ord
+    RETURNING 1
+), wanted AS (
+    SELECT DISTINCT ON (1)
+           (substr(replace(m.job_id::text, '-', ''), 1, 16)
+            || substr(encode(sha256(convert_to(
+                   (r->>'step') || '/' || (r->>'iteration') || '/' || (r->>'port') || '/'
+                   || (r->>'attempt') || '/' || (r->>'sha256'), 'UTF8')), 'hex'), 1, 16))::uuid
+               AS artifact_id,
+           m.job_id, r->>'step' AS step, (r->>'iteration')::int AS iteration,
+           r->>'port' AS port, r->>'kind' AS kind, r->>'sha256' AS sha256,
+           (r->>'sizeBytes')::bigint AS size_bytes, r->>'mediaType' AS media_type,
+           r->>'uri' AS uri, r->>'state' AS state, r->>'reason' AS reason
+      FROM moved AS m
+     CROSS JOIN jsonb_array_elements(%(rows)s::jsonb) AS r
+     ORDER BY 1, CASE r->>'state' WHEN 'promoted' THEN 0 WHEN 'verified' THEN 1 ELSE 2 END
+), prior AS (
+    SELECT a.artifact_id, a.state
+      FROM workflow_artifact AS a
+      JOIN wanted AS w ON w.artifact_id = a.artifact_id
+), upserted AS (
+    INSERT INTO workflow_artifact AS a
+        (artifact_id, job_id, step, iteration, port, kind, sha256, size_bytes, media_type,
+         uri, state)
+    SELECT artifact_id, job_id, step, iteration, port, kind, sha256, size_bytes, media_type,
+           uri, state
+      FROM wanted
+    ON CONFLICT (artifact_id) DO UPDATE
+       SET state = EXCLUDED.state
+     WHERE a.state NOT IN ('promoted', 'retracted') AND a.state <> EXCLUDED.state
+    RETURNING a.artifact_id, a.state
+), logged AS (
+    INSERT INTO workflow_artifact_transition (artifact_id, actor, from_state, to_state, reason)
+    SELECT u.artifact_id, 'worker:' || %(owner)s,
+           COALESCE(p.state, CASE WHEN u.state <> 'draft' THEN 'draft' END), u.state, w.reason
+      FROM upserted AS u
+      JOIN wanted AS w ON w.artifact_id = u.artifact_id
+      LEFT JOIN prior AS p ON p.artifact_id = u.artifact_id
+    RETURNING 1
+)
+SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
+       (SELECT count(*) FROM events) AS events,
+       (SELECT count(*) FROM logged) AS artifact_changes
+  FROM moved
+
 -- name: job_park
 -- description: fenced (status, lease_owner, attempt, lease_token): WAITING on outstanding_step, lease cleared, with its WAITING event (or the CANCELLED/PAUSED event of a pending request the trigger applied); one statement.
 WITH moved AS (
@@ -1143,6 +1215,62 @@ DELETE FROM workflow_run AS r
  USING doomed AS d
  WHERE r.job_id = d.job_id
    AND r.status IN ('COMPLETED', 'FAILED', 'DEAD')
+
+-- name: artifact_bytes_doomed
+-- description: up to %(limit)s artifact:// byte keys of deleted runs (workflow_artifact_bytes_doomed, migration 0027), oldest first, each with 'referenced': a kept artifact (workflow_artifact) or a run still stored (any status: a live run, or a finished one not yet pruned) names the same uri in a port of its entries; then its bytes stay.
+SELECT d.uri,
+       (EXISTS (SELECT 1 FROM workflow_artifact AS a WHERE a.uri = d.uri)
+        OR EXISTS (SELECT 1
+                     FROM workflow_run AS r
+                    WHERE jsonb_path_exists(r.checkpoints,
+                                            '$[*].artifacts[*] ? (@.uri == $u)',
+                                            jsonb_build_object('u', d.uri)))) AS referenced
+  FROM workflow_artifact_bytes_doomed AS d
+ ORDER BY d.doomed_at, d.uri
+ LIMIT %(limit)s
+
+-- name: artifact_bytes_forget
+-- description: drop the given byte keys from workflow_artifact_bytes_doomed (their bytes were deleted, were already missing, or are still referenced and stay).
+DELETE FROM workflow_artifact_bytes_doomed
+ WHERE uri = ANY(%(uris)s::text[])
+
+-- name: artifact_kept
+-- description: the workflow_artifact rows of a run (migration 0027: its ports, receipts and state changes; after the run's deletion, its promoted artifacts, detached), oldest first.
+SELECT artifact_id, job_id, step, iteration, port, kind, sha256, size_bytes, media_type, uri,
+       state, detached, created_at
+  FROM workflow_artifact
+ WHERE job_id = %(job_id)s
+ ORDER BY created_at, artifact_id
+
+-- name: artifact_retract
+-- description: retract one artifact (an operator's retract-artifact, migration 0027): its workflow_artifact row is upserted as 'retracted' (the row is made from the given fields when the artifact had none) and the change logged in workflow_artifact_transition with the caller as actor and the reason; an artifact already retracted is left as it is. One statement. 'changed': 1 when it was retracted now.
+WITH prior AS (
+    SELECT state FROM workflow_artifact WHERE artifact_id = %(artifact_id)s
+), up AS (
+    INSERT INTO workflow_artifact AS a
+        (artifact_id, job_id, step, iteration, port, kind, sha256, size_bytes, media_type, uri,
+         state)
+    VALUES (%(artifact_id)s, %(job_id)s, %(step)s, %(iteration)s, %(port)s, %(kind)s,
+            %(sha256)s, %(size_bytes)s, %(media_type)s, %(uri)s, 'retracted')
+    ON CONFLICT (artifact_id) DO UPDATE
+       SET state = 'retracted'
+     WHERE a.state <> 'retracted'
+    RETURNING a.artifact_id
+), logged AS (
+    INSERT INTO workflow_artifact_transition (artifact_id, actor, from_state, to_state, reason)
+    SELECT artifact_id, %(actor)s, COALESCE((SELECT state FROM prior), %(current)s), 'retracted',
+           %(reason)s
+      FROM up
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM logged) AS changed
+
+-- name: artifact_transitions
+-- description: the state changes of one artifact (workflow_artifact_transition, migration 0027), in order.
+SELECT seq, at, actor, from_state, to_state, reason
+  FROM workflow_artifact_transition
+ WHERE artifact_id = %(artifact_id)s
+ ORDER BY seq
 
 -- name: outbox_pending_count
 -- description: PENDING outbox rows, counted up to %(cap)s (index idx_workflow_run_events_outbox_pending); the pruner's backlog warning.

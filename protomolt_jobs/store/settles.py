@@ -16,6 +16,7 @@ from typing import Any
 
 from protomolt_jobs.errors import ControlApplied
 from protomolt_jobs.store import checks, db
+from protomolt_jobs.store.artifact_rows import artifact_rows, has_artifact_rows
 from protomolt_jobs.store.events import EventType
 from protomolt_jobs.store.records import Lease
 from protomolt_jobs.store.scrub import scrub_text
@@ -36,6 +37,10 @@ class SettlesMixin(db.Database):
         pending request (then :class:`ControlApplied` is raised after the commit).
 
         :param entry: ``{"name": str, "skipped": bool, "response"?: object}`` (stored as is).
+            An entry that asks for artifact rows (``store/artifact_rows.py``: ports, a declared
+            receipt, validated or consumed artifacts) is written by ``job_checkpoint_artifacts``,
+            which upserts them into ``workflow_artifact`` and logs each state change in the
+            same statement.
         :raises LeaseLost: when the fence matches no row (nothing changed, no event).
         :raises TypeError: when ``entry`` is not a JSON object.
         :raises ValueError: when ``entry`` has no non-blank ``name`` or cannot be JSON.
@@ -43,7 +48,13 @@ class SettlesMixin(db.Database):
         """
         step = scrub_text(checks.entry_name(entry))
         entry_json = checks.jsonb("entry", entry, dict)
-        status = self._fenced_status("job_checkpoint", lease, {"entry": entry_json, "step": step})
+        params: dict[str, Any] = {"entry": entry_json, "step": step}
+        query = "job_checkpoint"
+        if has_artifact_rows(entry):
+            # its artifact rows go in with it, in the same statement (store/artifact_rows.py)
+            query = "job_checkpoint_artifacts"
+            params["rows"] = checks.jsonb("rows", artifact_rows(entry), list)
+        status = self._fenced_status(query, lease, params)
         if status != "RUNNING":
             raise ControlApplied(lease.job_id, lease.owner, lease.attempt, "job_checkpoint", status)
 

@@ -13,6 +13,7 @@ module                verbs
 :mod:`.progress`      ``report-progress``
 :mod:`.explain`       ``explain-job``
 :mod:`.inputs`        ``supply-input``
+:mod:`.artifacts`     ``list-artifacts``, ``get-artifact``, ``lineage``, ``retract-artifact``
 :mod:`.workflow`      ``run-workflow``, ``check-workflow`` (the engine's; no store)
 :mod:`.replay`        ``replay-check`` (a candidate version against the stored runs)
 :mod:`.workflow_tests` ``test-workflow`` (a definition's tests, mocked; no store, no network)
@@ -32,6 +33,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from protomolt_jobs.verbs.approve import ApproveStepAction
+from protomolt_jobs.verbs.artifacts import (
+    GetArtifactAction,
+    LineageAction,
+    ListArtifactsAction,
+    RetractArtifactAction,
+)
 from protomolt_jobs.verbs.base import NOT_CONFIGURED, NOT_RUNNING, JobsBackend, Verb
 from protomolt_jobs.verbs.complete import CompleteStepAction
 from protomolt_jobs.verbs.control import (
@@ -64,10 +71,13 @@ __all__ = [
     "CompleteStepAction",
     "ExplainJobAction",
     "ExtendLoopAction",
+    "GetArtifactAction",
     "GetJobAction",
     "GetWorkflowAction",
     "JobHistoryAction",
     "JobsBackend",
+    "LineageAction",
+    "ListArtifactsAction",
     "ListJobsAction",
     "MigrateCheckpointAction",
     "PauseJobAction",
@@ -76,6 +86,7 @@ __all__ = [
     "ReportProgressAction",
     "RequeueJobAction",
     "ResumeJobAction",
+    "RetractArtifactAction",
     "RetryStepAction",
     "RunWorkflowAction",
     "SubmitWorkflowAction",
@@ -90,7 +101,8 @@ def jobs_actions(backend: JobsBackend, runtime: Any, floors: Sequence[Floor] = (
     """The job verbs over one backend, in manifest order: the four of the reference
     (submit-workflow, get-job, list-jobs, complete-step), then the operator verbs (cancel-job,
     pause-job, resume-job, retry-step, the recovery verbs of step effects, requeue-job),
-    job-history, approve-step, extend-loop, report-progress, explain-job and supply-input.
+    job-history, approve-step, extend-loop, report-progress, explain-job, supply-input and the
+    artifact verbs (list-artifacts, get-artifact, lineage, retract-artifact).
 
     :param backend: the role's late-bound store and submitter.
     :param runtime: the engine's runtime (type pool) for reading stored definitions.
@@ -114,4 +126,8 @@ def jobs_actions(backend: JobsBackend, runtime: Any, floors: Sequence[Floor] = (
         ReportProgressAction(backend),
         ExplainJobAction(backend, runtime, floors),
         SupplyInputAction(backend, runtime),
+        ListArtifactsAction(backend, runtime),
+        GetArtifactAction(backend, runtime),
+        LineageAction(backend, runtime),
+        RetractArtifactAction(backend, runtime),
     ]

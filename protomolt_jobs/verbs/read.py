@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from protomolt_jobs.runs.artifacts import RunArtifacts, receipts_json
+from protomolt_jobs.runs.artifacts import report_json as artifacts_report
 from protomolt_jobs.runs.graph_view import graph_view
 from protomolt_jobs.runs.report import cancel_json, history_json, iso_instant, report_json
 from protomolt_jobs.runs.stored_run import SnapshotError, StoredRun
@@ -197,6 +199,16 @@ def _report(store: Any, job: Any, stored: StoredRun | None) -> dict[str, Any]:
         # The dependencies time and count each step (runs/report.py).
         depends = {s.name: [d.step for d in s.depends] for s in main_steps(workflow)}
     report = report_json(job, order, transitions, graph=graph, depends=depends)
+    # every artifact the run keeps (a cancelled run's too: cancel never touches them) and the
+    # receipts of its external effects (issue 29; docs/artifacts.md)
+    rows = getattr(store, "artifact_kept", None)
+    states = {str(r["artifact_id"]): str(r["state"]) for r in rows(job.job_id)} if rows else {}
+    kept = RunArtifacts(job, stored.workflow if stored is not None else None, states).summaries()
+    if kept:
+        report["artifacts"] = artifacts_report(kept)
+        receipts = receipts_json(kept)
+        if receipts:
+            report["receipts"] = receipts
     if job.status == "CANCELLED" and getattr(job, "cancel_request", None):
         compiled = stored.workflow if stored is not None else None
         cancelled = cancel_json(

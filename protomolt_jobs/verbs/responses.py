@@ -27,6 +27,7 @@ from protomolt_jobs.input_rules import proto_json_path
 from protomolt_jobs.runs.stored_run import SnapshotError, StoredRun
 from protomolt_jobs.verbs.base import corrupt_snapshot, invalid
 from protomolt_jobs.workflow import Step, checkpoint_entry
+from protomolt_jobs.workflow.artifacts import content_sha256
 from protomolt_jobs.workflow.effects import stamp
 from protomolt_jobs.workflow.validation import summarize, validate_message
 
@@ -91,7 +92,8 @@ def checkpoint_of(stored: StoredRun, step: Any, message: Message) -> dict[str, A
     """The checkpoint entry of ``message`` as the step's answer: the canonical proto3 JSON the
     worker writes (rendered with the workflow's own type pool, so an ``Any`` of a workflow type
     renders; unknown fields the caller sent are not kept), fingerprinted so a later type change
-    is seen on replay.
+    is seen on replay, and hashed (``sha256``, ``sizeBytes``: the response artifact of
+    docs/artifacts.md; no ``inputs``: nothing built its request).
 
     :raises InvalidInput: the message cannot be rendered (field ``response``).
     """
@@ -103,7 +105,10 @@ def checkpoint_of(stored: StoredRun, step: Any, message: Message) -> dict[str, A
             "response",
             f"'response' cannot be rendered as proto3 JSON of {step.output_type.full_name}: {exc}",
         ) from exc
-    return stamp(entry, workflow, step)
+    entry = stamp(entry, workflow, step)
+    # the response artifact's hash, as the worker's entries carry it (docs/artifacts.md)
+    entry["sha256"], entry["sizeBytes"] = content_sha256(message)
+    return entry
 
 
 def operator_checkpoint(stored: StoredRun, step: Any, response: Any) -> dict[str, Any]:

@@ -12,7 +12,10 @@
   (a graph's compensation entries are neither counted nor held), and a failed entry is never
   held (a completed run's last entry is never a failure: a handled failure's dependant ends
   after it). So a compensation, and the failure that led to it, are stored as soon as they
-  end, and a crash later in the compensations never calls a finished one again.
+  end, and a crash later in the compensations never calls a finished one again. Nor is an
+  entry that asks for artifact rows (``store/artifact_rows.py``: a last step declaring
+  ``outputs``, ``receipt``, ``validates`` or ``consumes``): ``job_checkpoint`` writes it with
+  its rows, then the run completes.
 - ``on_intent(step, key)``: the fenced ``job_intent`` before an ``effect: "external"`` step's
   call (a pending cancel or pause applies there, before the call).
 
@@ -32,6 +35,7 @@ from typing import Any, Protocol
 
 from protomolt_jobs import crashpoints
 from protomolt_jobs.errors import ControlApplied, LeaseLost, StoreError
+from protomolt_jobs.store.artifact_rows import has_artifact_rows
 from protomolt_jobs.store.records import Lease
 from protomolt_jobs.worker.heartbeat import LeaseGuard
 from protomolt_jobs.worker.policies import BudgetPolicy
@@ -202,7 +206,10 @@ class CheckpointWriter:
             return False
         index = self._next
         self._next += 1
-        if index == self._last and "failed" not in entry:
+        if index == self._last and "failed" not in entry and not has_artifact_rows(entry):
+            # an entry with artifact rows is written by its own variant statement
+            # (job_checkpoint_artifacts), then the run completes: one statement more, only for
+            # a last step that declares artifact keys
             self._held = entry
             return True
         return False

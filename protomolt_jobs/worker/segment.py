@@ -33,6 +33,7 @@ of a request from the heartbeat and stops with ``job_stop``. Either way the sett
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import threading
 import uuid
@@ -45,6 +46,7 @@ from protomolt_jobs import crashpoints
 from protomolt_jobs import workflow as engine
 from protomolt_jobs.config import JobsConfig
 from protomolt_jobs.errors import LeaseLost, StoreError
+from protomolt_jobs.runs.artifact_store import key_of
 from protomolt_jobs.worker.budget import BudgetExceeded
 from protomolt_jobs.worker.checkpoints import CheckpointStore, CheckpointWriter
 from protomolt_jobs.worker.claimed_run import ClaimedJob, ClaimedRun, RowError
@@ -67,6 +69,7 @@ from protomolt_jobs.worker.settlement import (
     decide,
 )
 from protomolt_jobs.worker.settler import Settler, SettleStore
+from protomolt_jobs.workflow import artifacts as engine_artifacts
 from protomolt_jobs.workflow import cancel
 from protomolt_jobs.workflow import resumable as engine_resumable
 from protomolt_jobs.workflow.effects import EffectContext
@@ -125,8 +128,11 @@ class SegmentExecutor:
         heartbeat: Heartbeat,
         draining: threading.Event,
         grants: GrantPolicy | None = None,
+        artifact_store: Any = None,
     ) -> None:
         self._store = store
+        #: the node's ``ArtifactStore`` (publication steps hash the bytes they publish again)
+        self._artifact_store = artifact_store
         self._grants = grants or GrantPolicy(config.grants)
         self._runtime = runtime
         self._permits = permits
@@ -260,6 +266,13 @@ class SegmentExecutor:
                     else None
                 ),
             )
+            if any(s.consumes for s in engine_artifacts.spec(run.workflow).values()):
+                # only a workflow with a publication step reads artifact rows and bytes
+                effects.artifact_rows = functools.partial(_artifact_rows, self._store, job.job_id)
+                if self._artifact_store is not None:
+                    effects.artifact_bytes = functools.partial(
+                        _artifact_bytes, self._artifact_store
+                    )
             if engine_resumable.declared(run.workflow):
                 # only a workflow with a resumable step reports progress (worker/progress.py)
                 progress = ProgressWriter(
@@ -389,3 +402,23 @@ class SegmentExecutor:
         )
         detail = f"WORKFLOW: unexpected error in the worker: {type(exc).__name__}: {exc}"
         return Failed("", detail, retryable=True)
+
+
+def _artifact_rows(store: Any, job_id: Any) -> dict[str, str]:
+    """``{artifactId: state}`` of the run's ``workflow_artifact`` rows (``artifact_kept``)."""
+    read = getattr(store, "artifact_kept", None)
+    if read is None:
+        return {}
+    return {str(r["artifact_id"]): str(r["state"]) for r in read(job_id)}
+
+
+def _artifact_bytes(store: Any, uri: str) -> bytes | None:
+    """The bytes of an ``artifact://`` uri from ``store`` (None: missing).
+
+    :raises ValueError: not an ``artifact://`` uri (not the store's to read).
+    """
+    key = key_of(uri)
+    if key is None:
+        raise ValueError(f"not an artifact:// uri: {uri!r}")
+    data: bytes | None = store.get(key)
+    return data

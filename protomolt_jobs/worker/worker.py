@@ -79,6 +79,8 @@ class Worker:
         ``shutdown_grace_seconds``).
     :param dsn: connection string of the LISTEN connection (the pool's database).
     :param grants: the step grant policy (``worker/grants.py``); None: ``config.grants`` only.
+    :param artifact_store: the node's ``ArtifactStore`` (``hooks/contract.py``): a publication
+        step hashes the bytes it publishes again through it; None: not checked.
     :raises ValueError: when ``dsn`` is empty.
     """
 
@@ -92,6 +94,7 @@ class Worker:
         config: JobsConfig,
         dsn: str,
         grants: GrantPolicy | None = None,
+        artifact_store: Any = None,
     ) -> None:
         if not dsn:
             raise ValueError("the worker needs jobs.dsn for its LISTEN connection")
@@ -119,6 +122,7 @@ class Worker:
             heartbeat=self.heartbeat,
             draining=self._draining,
             grants=grants,
+            artifact_store=artifact_store,
         )
         self._loops: list[ClaimLoop] = []
         self._started = False

@@ -26,6 +26,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from protomolt_jobs.workflow import artifacts as _artifacts
 from protomolt_jobs.workflow.types import (
     ACCEPT,
     ON_DECISION,
@@ -157,7 +158,8 @@ def decision_entry(
     :param voters: ``{principal, decision, comment?}`` in vote order.
     :param seen: the run's checkpoints while the step waited (what the approvers saw; they
         cannot change while the run waits): recorded as ``seenSha256``, the SHA-256 of their
-        canonical JSON. None: not recorded.
+        canonical JSON, and ``seenArtifacts`` (``{ref: sha256}`` of the artifacts among them,
+        when they carry hashes: ``artifacts.seen_artifacts``). None: not recorded.
     """
     response = {
         "decision": decision,
@@ -174,6 +176,11 @@ def decision_entry(
     if seen is not None:
         canonical = json.dumps(seen, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         entry["seenSha256"] = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+        # per artifact: the hash of each artifact the approvers were shown (issue 29: a
+        # publication step with approvedBy checks the one it consumes against it)
+        shown = _artifacts.seen_artifacts(seen)
+        if shown:
+            entry["seenArtifacts"] = shown
     return entry
 
 

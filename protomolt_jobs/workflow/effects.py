@@ -95,6 +95,14 @@ class EffectContext:
     #: definitionSha256}``) for its reports to store (store/progress_token.py). None: no
     #: header.
     progress_token: Callable[[str, int, bool, Mapping[str, str]], tuple[str, str]] | None = None
+    #: ``(uri) -> bytes or None``: an artifact's bytes from the node's ``ArtifactStore`` (None:
+    #: missing; ValueError: not the store's uri), asked by a publication step (``consumes``)
+    #: to hash the bytes it publishes again (workflow/artifacts.py). None: not checked.
+    artifact_bytes: Callable[[str], bytes | None] | None = None
+    #: ``() -> {artifactId: state}`` of the run's ``workflow_artifact`` rows (one read), asked
+    #: by a publication step so an artifact an operator retracted is never published. None:
+    #: not checked.
+    artifact_rows: Callable[[], Mapping[str, str]] | None = None
 
     def canceller(self, step: Step) -> Callable[[Callable[[], None]], Callable[[], None]] | None:
         """What cancels ``step``'s call on a cancel request: :attr:`watch_cancel` for a step

@@ -63,6 +63,7 @@ import grpc
 from google.protobuf.message import Message
 
 from protomolt_jobs.workflow import approval, edges, inputs, resumable, retry_scope
+from protomolt_jobs.workflow import artifacts as _artifacts
 from protomolt_jobs.workflow import effects as fx
 from protomolt_jobs.workflow import graph as g
 from protomolt_jobs.workflow.calls import SegmentChannels
@@ -156,6 +157,11 @@ class _Run:
         #: External steps' receipts, set on a pool thread before the step's future resolves
         #: and taken by :meth:`succeeded` on this thread.
         self.receipts: dict[str, Any] = {}
+        #: Lineage and consumption of steps whose request was built (``artifacts.py``), set on
+        #: a pool thread before the step's future resolves and taken by :meth:`succeeded`.
+        self.lineage: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+        #: the run's entries so far, replayed and new (a publication step checks them)
+        self.entries: list[Any] = []
         self.deadline = time.monotonic() + workflow.deadline_ms / 1000.0
         #: the run's loops (``loop_run.py``), None for a workflow without ``loop``
         self.loops: LoopRun | None = None
@@ -190,6 +196,7 @@ class _Run:
                     FailureKind.WORKFLOW, name, f"checkpoint {i} repeats step '{name}'; {DRIFT}"
                 )
             seen.add(name)
+            self.entries.append(entry)
             self.replay_entry(i, step, entry)
 
     def replay_entry(self, i: int, step: Step, entry: dict[str, Any]) -> None:
@@ -241,12 +248,22 @@ class _Run:
         if self.loops is not None:
             self.loops.stamp(entry)
         deliver_checkpoint(self.on_checkpoint, step, entry)
+        self.entries.append(entry)
 
     def succeeded(self, step: Step, response: Message) -> None:
         grant = self.grants.get(step.name)
         receipt = self.receipts.pop(step.name, None)
+        read, consumed = self.lineage.pop(step.name, (None, None))
         entry = render_checkpoint(
-            self.workflow, step, response, self.effects, receipt=receipt, grant=grant
+            self.workflow,
+            step,
+            response,
+            self.effects,
+            receipt=receipt,
+            grant=grant,
+            inputs=read,
+            consumed=consumed,
+            entries=self.entries,
         )
         self.values[step.name] = response
         self.record(step, entry)
@@ -293,6 +310,10 @@ class _Run:
                 self.workflow,
             )
 
+    def iteration_of(self, name: str) -> int:
+        """The iteration of ``name``'s value in the scope (0 outside loops)."""
+        return self.loops.iteration(name) if self.loops is not None else 0
+
     def metadata(self, step: Step) -> list[tuple[str, str]] | None:
         if self.effects is None:
             return None
@@ -324,9 +345,22 @@ class _Run:
             found = self.resume_external(step, scope)
             if found is not None:
                 return found
+        consumed = None
+        if self.effects is not None:
+            consumed = _artifacts.check_consumed(
+                self.workflow,
+                step,
+                list(self.entries),
+                self.effects.artifact_bytes,
+                self.effects.artifact_rows,
+                self.effects.job_id,
+            )
         request = build_message(
             step.input_type, step.rules, step.cel_rules, Scope(scope), step.name
         )
+        if self.effects is not None:  # lineage: what the request read, hashed before the call
+            read = _artifacts.inputs_of(step, scope, g.names_read(step), self.iteration_of)
+            self.lineage[step.name] = (read, consumed or [])
         call_ms = self.call_ms(step)
         response = self.call(step, request, call_ms, self.channel(step))
         if step.validate:

@@ -190,6 +190,15 @@ KINDS: Mapping[str, Kind] = _kinds(
             # outputs, and whether a missing input fails the step or parks the run
             "owner": None,
             "onMissingInput": None,
+            # artifacts (issue 29; workflow/artifacts.py, docs/artifacts.md): named output
+            # ports (port names are the author's, so `outputs` is checked by
+            # artifacts.findings, not walked here), an external step's receipt, the artifacts
+            # a validator step verifies and those a publication step consumes (keys are
+            # artifact references)
+            "outputs": None,
+            "receipt": None,
+            "validates": None,
+            "consumes": None,
         },
     ),
     Kind(

@@ -39,10 +39,12 @@ from typing import Any
 from google.protobuf.message import Message
 
 from protomolt_jobs.workflow import approval, inputs, resumable
+from protomolt_jobs.workflow import artifacts as _artifacts
 from protomolt_jobs.workflow import effects as fx
 from protomolt_jobs.workflow.calls import SegmentChannels
 from protomolt_jobs.workflow.envelope import message_class
 from protomolt_jobs.workflow.external import record_intent, resume_external
+from protomolt_jobs.workflow.graph import names_read
 from protomolt_jobs.workflow.step_run import (
     GrantGate,
     Scope,
@@ -107,6 +109,8 @@ def run_steps(
     scope = Scope({"input": input_msg})
     outcomes: list[dict[str, Any]] = []
     last: Message = input_msg
+    #: the run's entries so far (a publication step checks what it consumes against them)
+    entries: list[Any] = list(prior)
     with SegmentChannels(runtime) as channels:
         for i, step in enumerate(steps):
             if step.unsupported or step.output_type is None:
@@ -119,6 +123,8 @@ def run_steps(
             stored = i < len(prior)
             entry = prior[i] if stored else held.take(step.name) if held else None
             if stored or entry is not None:
+                if not stored:
+                    entries.append(entry)
                 check_fingerprint(workflow, step, entry)
                 replayed = replay(workflow, i, step, entry)
                 skipped = replayed is None
@@ -140,7 +146,7 @@ def run_steps(
             if step.when.strip() and not gate_open(step, scope):
                 scope.bind(step.name, message_class(step.output_type)())
                 outcomes.append({"name": step.name, "skipped": True})
-                _record(on_checkpoint, workflow, step, None, effects)
+                entries.append(_record(on_checkpoint, workflow, step, None, effects))
                 continue
             try:
                 grant = authorize(step, check, can_park=True)
@@ -150,7 +156,19 @@ def run_steps(
                 inputs.check_step(workflow, step, scope.values)
             except inputs.InputWait as wait:
                 return wait.parked  # supply-input fills the path and requeues
+            consumed = lineage = None
+            if effects is not None:
+                consumed = _artifacts.check_consumed(
+                    workflow,
+                    step,
+                    entries,
+                    effects.artifact_bytes,
+                    effects.artifact_rows,
+                    effects.job_id,
+                )
             request = build_message(step.input_type, step.rules, step.cel_rules, scope, step.name)
+            if effects is not None:  # lineage: what the request read, hashed before the call
+                lineage = _artifacts.inputs_of(step, scope.values, names_read(step))
             call_ms = call_budget_ms(step, deadline)
             metadata = None
             receipt = None
@@ -183,15 +201,20 @@ def run_steps(
                     validate_response(step, response)
             scope.bind(step.name, response)
             outcomes.append({"name": step.name, "skipped": False})
-            _record(
-                on_checkpoint,
-                workflow,
-                step,
-                response,
-                effects,
-                request=request,
-                receipt=receipt,
-                grant=grant,
+            entries.append(
+                _record(
+                    on_checkpoint,
+                    workflow,
+                    step,
+                    response,
+                    effects,
+                    request=request,
+                    receipt=receipt,
+                    grant=grant,
+                    inputs=lineage,
+                    consumed=consumed,
+                    entries=entries,
+                )
             )
             last = response
     output, output_json = workflow_output(workflow, scope, last)
@@ -213,10 +236,23 @@ def _record(
     request: Message | None = None,
     receipt: Any = None,
     grant: dict[str, Any] | None = None,
-) -> None:
+    inputs: list[dict[str, Any]] | None = None,
+    consumed: list[dict[str, Any]] | None = None,
+    entries: list[Any] | None = None,
+) -> dict[str, Any] | None:
     if on_checkpoint is discard_checkpoint:
-        return  # synchronous run: nothing is stored, so nothing needs rendering
+        return None  # synchronous run: nothing is stored, so nothing needs rendering
     entry = render_checkpoint(
-        workflow, step, response, effects, request=request, receipt=receipt, grant=grant
+        workflow,
+        step,
+        response,
+        effects,
+        request=request,
+        receipt=receipt,
+        grant=grant,
+        inputs=inputs,
+        consumed=consumed,
+        entries=entries,
     )
     deliver_checkpoint(on_checkpoint, step, entry)
+    return entry

@@ -19,6 +19,7 @@ from google.protobuf import descriptor_pool, json_format
 from google.protobuf.message import Message
 
 from protomolt_jobs.errors import ProtomoltJobsError
+from protomolt_jobs.workflow import artifacts as _artifacts
 from protomolt_jobs.workflow import cel as _cel
 from protomolt_jobs.workflow import effects as fx
 from protomolt_jobs.workflow import mapping
@@ -139,15 +140,27 @@ def render_checkpoint(
     request: Message | None = None,
     receipt: Any = None,
     grant: dict[str, Any] | None = None,
+    inputs: list[dict[str, Any]] | None = None,
+    consumed: list[dict[str, Any]] | None = None,
+    entries: list[Any] | None = None,
 ) -> dict[str, Any]:
     """The entry a step that just ended stores: :func:`checkpoint_entry`, stamped with its
-    fingerprints (``effects.stamp``) when the run has an ``effects.EffectContext``.
+    fingerprints (``effects.stamp``) when the run has an ``effects.EffectContext``, and then
+    with its artifact fields (``workflow/artifacts.py``): ``sha256``, ``sizeBytes``,
+    ``inputs`` (the lineage recorded when the request was built), and for a step that
+    declares them ``artifacts`` (output ports), ``receipt.evidence`` and ``consumed``.
 
     :param response: the step's response, None for a skipped step.
     :param effects: the job's ``EffectContext``, or None (nothing is stamped).
     :param grant: the step's grant (:func:`authorize`), stored as the entry's ``grant``.
+    :param inputs: ``[{step, iteration, sha256}]`` read when the request was built, or None.
+    :param consumed: ``[{ref, sha256, ...}]`` a publication step consumed (checked before its
+        call).
+    :param entries: the run's entries so far: a validator step's ``validated`` refs are
+        resolved against them (None: nothing is validated).
     :raises WorkflowExecutionError: WORKFLOW (not a store failure: the same response would fail
-        again, so no retry, upstream 4.4) when the entry cannot be rendered as JSON.
+        again, so no retry, upstream 4.4) when the entry cannot be rendered as JSON; ARTIFACT
+        when a declared port cannot be read; RECEIPT when a declared receipt is empty.
     """
     try:
         entry = checkpoint_entry(step.name, response, workflow.pool)
@@ -163,7 +176,41 @@ def render_checkpoint(
             step.name,
             f"could not render the checkpoint for '{step.name}' as JSON: {exc}",
         ) from exc
+    if effects is not None and response is not None:
+        _artifact_fields(entry, workflow, step, response, inputs, consumed, entries)
     return entry
+
+
+def _artifact_fields(
+    entry: dict[str, Any],
+    workflow: CompiledWorkflow,
+    step: Step,
+    response: Message,
+    inputs: list[dict[str, Any]] | None,
+    consumed: list[dict[str, Any]] | None,
+    entries: list[Any] | None,
+) -> None:
+    """The response artifact's fields, and the declared ports, receipt, validation and
+    consumption (``validated`` and ``consumed`` become the artifacts' state changes, written
+    by the checkpoint's own statement: ``store/artifact_rows.py``)."""
+    entry["sha256"], entry["sizeBytes"] = _artifacts.content_sha256(response)
+    if inputs is not None:
+        entry["inputs"] = inputs
+    if _artifacts.of(workflow, step.name).empty:
+        return
+    ports = _artifacts.port_records(workflow, step, response)
+    if ports:
+        entry["artifacts"] = ports
+    evidence = _artifacts.receipt_value(workflow, step, response)
+    if evidence is not None:
+        receipt = entry.get("receipt")
+        entry["receipt"] = {**(receipt if isinstance(receipt, dict) else {}), "evidence": evidence}
+    if consumed:
+        entry["consumed"] = consumed
+    if entries is not None:
+        verified = _artifacts.validated(workflow, step, entries)
+        if verified:
+            entry["validated"] = verified
 
 
 #: The decisions an ``authorize`` callback may return (``StepDecision.decision``).

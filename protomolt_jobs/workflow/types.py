@@ -93,6 +93,11 @@ class FailureKind(str, enum.Enum):
     PERMISSION = "PERMISSION"
     #: a bounded loop ran out of iterations and its ``onExhausted`` says ``fail``.
     LOOP = "LOOP"
+    #: a declared output port could not be read, or a consumed artifact is missing, in the
+    #: wrong state, or not the one its approvers saw (workflow/artifacts.py); never retried.
+    ARTIFACT = "ARTIFACT"
+    #: an external step declared a ``receipt`` and its response carries none; never retried.
+    RECEIPT = "RECEIPT"
 
     def __str__(self) -> str:
         return self.value
@@ -181,7 +186,8 @@ class Finding:
     ``rule``, ``celRule``, ``when``, ``output``, ``validate``, ``verify``, ``graph``, ``edge``,
     ``fanOut``, ``structured``, ``effect-external-in-graph``, ``unsupported``, ``loop`` (a
     bounded loop's bounds, body and worst case: ``loops.findings``), ``resumable`` (a
-    resumable step's declaration: ``resumable.findings``), or (from
+    resumable step's declaration: ``resumable.findings``), ``artifact`` (the artifact keys:
+    ``artifacts.findings``, each naming its path), or (from
     ``verifier.check`` only) ``unknown-key``, or (from ``floors.findings``, the node's policy
     floors) ``weakens_policy``."""
 

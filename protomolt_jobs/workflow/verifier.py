@@ -25,6 +25,7 @@ from celpy import celtypes
 from google.protobuf import descriptor as _d
 
 from protomolt_jobs.workflow import approval as _approval
+from protomolt_jobs.workflow import artifacts as _artifacts
 from protomolt_jobs.workflow import cancel, cel_check, inputs, keys, loops, mapping, resumable
 from protomolt_jobs.workflow import cel as _cel
 from protomolt_jobs.workflow import graph as _graph
@@ -161,6 +162,7 @@ def verify(workflow: CompiledWorkflow) -> list[Finding]:
         + _approval.findings(workflow)
         + resumable.findings(workflow)
         + inputs.findings(workflow)
+        + _artifacts.findings(workflow)
     )
     with _verified_lock:
         _verified[workflow] = tuple(findings)

@@ -54,8 +54,10 @@ def test_defaults_are_printed_and_old_rows_still_resume(tmp_path, fresh_dsn, ser
         finally:
             services.set_handler("Tokenize", None)
         stored = _stored(fresh_dsn, first["jobId"])
-        # name, skipped, response; the fingerprint fields of issue #17 beside them
+        # name, skipped, response; the fingerprint fields of issue #17 and the artifact fields
+        # of issue 29 (docs/artifacts.md) beside them
         fingerprint = {"definitionSha256", "descriptorSha256", "requestSha256", "attempt", "at"}
+        fingerprint |= {"sha256", "sizeBytes", "inputs"}
         assert [sorted(set(c) - fingerprint) for c in stored] == [
             ["name", "response", "skipped"]
         ] * 2

@@ -254,8 +254,10 @@ def test_a_sequential_workflow_keeps_its_checkpoints_and_events(store, fresh_dsn
     _run_one(store, fresh_dsn, lease_seconds=30)
     row = store.job_get(job.job_id)
     assert row.status == "COMPLETED"
-    # name, skipped, response as before; the fingerprint fields of issue #17 beside them
+    # name, skipped, response as before; the fingerprint fields of issue #17 and the artifact
+    # fields of issue 29 (docs/artifacts.md) beside them
     fingerprint = {"definitionSha256", "descriptorSha256", "requestSha256", "attempt", "at"}
+    fingerprint |= {"sha256", "sizeBytes", "inputs"}
     assert [set(cp) - fingerprint for cp in row.checkpoints] == [
         {"name", "response", "skipped"}
     ] * 3

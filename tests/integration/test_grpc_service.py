@@ -70,6 +70,10 @@ def test_verb_names():
         "explain-job",
         "supply-input",
         "get-workflow",
+        "list-artifacts",
+        "get-artifact",
+        "lineage",
+        "retract-artifact",
     }
 
 

@@ -621,3 +621,96 @@ class SupplyInputResponse(_message.Message):
     owner: str
     by_owner: bool
     def __init__(self, ok: _Optional[bool] = ..., status: _Optional[str] = ..., error: _Optional[str] = ..., message: _Optional[str] = ..., step: _Optional[str] = ..., path: _Optional[str] = ..., revision: _Optional[int] = ..., old_sha256: _Optional[str] = ..., new_sha256: _Optional[str] = ..., owner: _Optional[str] = ..., by_owner: _Optional[bool] = ...) -> None: ...
+
+class ListArtifactsRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ListArtifactsResponse(_message.Message):
+    __slots__ = ("ok", "error", "job_id", "artifacts", "run_deleted")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    RUN_DELETED_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    error: str
+    job_id: str
+    artifacts: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
+    run_deleted: bool
+    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., job_id: _Optional[str] = ..., artifacts: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., run_deleted: _Optional[bool] = ...) -> None: ...
+
+class GetArtifactRequest(_message.Message):
+    __slots__ = ("artifact_id",)
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    def __init__(self, artifact_id: _Optional[str] = ...) -> None: ...
+
+class GetArtifactResponse(_message.Message):
+    __slots__ = ("ok", "error", "artifact")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    error: str
+    artifact: _struct_pb2.Struct
+    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., artifact: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class LineageRequest(_message.Message):
+    __slots__ = ("artifact_id", "direction", "depth")
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    direction: str
+    depth: int
+    def __init__(self, artifact_id: _Optional[str] = ..., direction: _Optional[str] = ..., depth: _Optional[int] = ...) -> None: ...
+
+class LineageEdge(_message.Message):
+    __slots__ = ("to",)
+    FROM_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    to: str
+    def __init__(self, to: _Optional[str] = ..., **kwargs) -> None: ...
+
+class LineageResponse(_message.Message):
+    __slots__ = ("ok", "error", "artifact", "direction", "depth", "nodes", "edges")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_FIELD_NUMBER: _ClassVar[int]
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    EDGES_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    error: str
+    artifact: _struct_pb2.Struct
+    direction: str
+    depth: int
+    nodes: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
+    edges: _containers.RepeatedCompositeFieldContainer[LineageEdge]
+    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., artifact: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., direction: _Optional[str] = ..., depth: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., edges: _Optional[_Iterable[_Union[LineageEdge, _Mapping]]] = ...) -> None: ...
+
+class RetractArtifactRequest(_message.Message):
+    __slots__ = ("artifact_id", "reason")
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    reason: str
+    def __init__(self, artifact_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RetractArtifactResponse(_message.Message):
+    __slots__ = ("ok", "error", "artifact_id", "state", "changed")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    error: str
+    artifact_id: str
+    state: str
+    changed: bool
+    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., artifact_id: _Optional[str] = ..., state: _Optional[str] = ..., changed: _Optional[bool] = ...) -> None: ...

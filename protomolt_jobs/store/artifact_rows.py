@@ -1,0 +1,98 @@
+"""The ``workflow_artifact`` rows a checkpoint entry asks for (migration 0027; docs/artifacts.md):
+a projection of the entry, written by the checkpoint's own statement
+(``job_checkpoint_artifacts``), never by another transaction.
+
+An entry asks for rows when it declares output ports (``artifacts``), a declared receipt
+(``receipt.evidence``), artifacts it verified (``validated``) or consumed (``consumed``); an
+entry with none of them (every entry of a workflow without artifact keys) asks for none and is
+written by the plain ``job_checkpoint``, as before. Pure JSON: nothing here knows a workflow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["artifact_rows", "has_artifact_rows"]
+
+
+def has_artifact_rows(entry: Mapping[str, Any]) -> bool:
+    """Whether ``entry`` asks for artifact rows (so its checkpoint takes the variant)."""
+    receipt = entry.get("receipt")
+    return bool(
+        entry.get("artifacts")
+        or entry.get("validated")
+        or entry.get("consumed")
+        or (isinstance(receipt, dict) and "evidence" in receipt)
+    )
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def artifact_rows(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The rows ``entry`` asks for, each ``{step, iteration, port, kind, attempt, sha256,
+    uri?, mediaType?, sizeBytes?, state, reason}``: its ports and declared receipt as
+    ``draft``, what it validated as ``verified``, what it consumed as ``promoted``. The
+    statement computes each row's ``artifact_id`` as the read verbs do
+    (``workflow/artifacts.artifact_id``)."""
+    name = str(entry.get("name", ""))
+    k, attempt = _int(entry.get("iteration")), _int(entry.get("attempt"))
+    rows: list[dict[str, Any]] = []
+    for rec in entry.get("artifacts") or ():
+        if isinstance(rec, dict) and rec.get("port") and rec.get("sha256"):
+            row = {
+                "step": name,
+                "iteration": k,
+                "port": str(rec["port"]),
+                "kind": str(rec.get("kind", "file")),
+                "attempt": attempt,
+                "sha256": str(rec["sha256"]),
+                "state": "draft",
+                "reason": f"produced by step '{name}'",
+            }
+            for key in ("uri", "mediaType"):
+                if isinstance(rec.get(key), str):
+                    row[key] = rec[key]
+            if isinstance(rec.get("sizeBytes"), int):
+                row["sizeBytes"] = rec["sizeBytes"]
+            rows.append(row)
+    receipt = entry.get("receipt")
+    if isinstance(receipt, dict) and "evidence" in receipt:
+        data = json.dumps(receipt, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        rows.append(
+            {
+                "step": name,
+                "iteration": k,
+                "port": "receipt",
+                "kind": "receipt",
+                "attempt": attempt,
+                "sha256": hashlib.sha256(data.encode()).hexdigest(),
+                "sizeBytes": len(data.encode()),
+                "mediaType": "application/json",
+                "state": "draft",
+                "reason": f"receipt of effect '{name}'",
+            }
+        )
+    for key, state, why in (
+        ("validated", "verified", "validated by"),
+        ("consumed", "promoted", "published by"),
+    ):
+        for ref in entry.get(key) or ():
+            if not isinstance(ref, dict) or not ref.get("sha256") or not ref.get("step"):
+                continue
+            row = {
+                "step": str(ref["step"]),
+                "iteration": _int(ref.get("iteration")),
+                "port": str(ref.get("port", "response")),
+                "kind": str(ref.get("kind", "response")),
+                "attempt": _int(ref.get("attempt")),
+                "sha256": str(ref["sha256"]),
+                "state": state,
+                "reason": f"{why} step '{name}'",
+            }
+            rows.append(row)
+    return rows

@@ -1,0 +1,363 @@
+"""Artifacts with lineage and receipts (issue 29; docs/artifacts.md): real PostgreSQL, a real
+Worker, the test ``Steps/Run`` service on loopback. Verbs run through the host catalog as a
+named principal, as a surface would call them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pytest
+from google.protobuf import json_format
+
+from protomolt_jobs.errors import InvalidInput
+from protomolt_jobs.host.catalog import Caller, Catalog
+from protomolt_jobs.runs.submitter import Submitter
+from protomolt_jobs.store import JobStore
+from protomolt_jobs.verbs import JobsBackend, jobs_actions
+from protomolt_jobs.worker import Worker
+from protomolt_jobs.workflow import Runtime
+from tests.support.graphs import graph, step
+from tests.support.grpc_servers import message_class
+from tests.support.worker_proc import jobs_config, wait_for
+
+
+@pytest.fixture
+def store(fresh_dsn):
+    s = JobStore.open(fresh_dsn, max_size=8)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def verbs(store):
+    runtime = Runtime()
+    backend = JobsBackend(configured=True)
+    backend.bind(store, Submitter(store, None, runtime, 3))
+    catalog = Catalog()
+    for action in jobs_actions(backend, runtime):
+        catalog.register(action)
+
+    def call(verb, body, *, principal="alice"):
+        return catalog.execute(verb, body, caller=Caller(principal, unrestricted=True))
+
+    return call
+
+
+@pytest.fixture
+def worker(store, fresh_dsn):
+    workers = []
+
+    def start():
+        w = Worker(
+            store,
+            runtime=Runtime(),
+            config=jobs_config(fresh_dsn, lease_seconds=3.0),
+            dsn=fresh_dsn,
+        )
+        w.start()
+        workers.append(w)
+        return w
+
+    yield start
+    for w in workers:
+        w.stop(timeout_s=5)
+
+
+def _status(verbs, job_id) -> str:
+    return verbs("get-job", {"jobId": job_id})["job"]["status"]
+
+
+def _settled(verbs, job_id, status="COMPLETED") -> dict[str, Any]:
+    wait_for(lambda: _status(verbs, job_id) == status or None, timeout_s=20)
+    return verbs("get-job", {"jobId": job_id})["job"]
+
+
+def _submit(verbs, workflow) -> str:
+    answer = verbs("submit-workflow", {"workflow": workflow, "input": {"text": "x"}})
+    assert answer["ok"], answer
+    return answer["jobId"]
+
+
+def _sha(response: dict[str, Any]) -> tuple[str, int]:
+    msg = json_format.ParseDict(response, message_class("jobs.test.StepReply")())
+    data = msg.SerializeToString(deterministic=True)
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+def three_steps(t: str) -> dict[str, Any]:
+    """a -> b -> send (effect: external), each reading the one before."""
+    return graph(
+        [
+            step("a", t),
+            step("b", t, reads=["a"]),
+            step("send", t, reads=["b"], effect="external"),
+        ],
+        name="three",
+    )
+
+
+def a_answers_differently_the_second_time(services) -> None:
+    def run(request, context):
+        reply = services._do_run(request, context)
+        if request.step == "a" and services.step_calls("a") > 1:
+            reply.seen.append("changed")
+        return reply
+
+    services.set_handler("Run", run)
+
+
+def _by(arts, step, port="response", current=True):
+    (found,) = [
+        a for a in arts if a["step"] == step and a["port"] == port and a["current"] is current
+    ]
+    return found
+
+
+def test_three_steps_make_one_artifact_each_with_hashes_producers_and_lineage(
+    verbs, services, worker
+):
+    job_id = _submit(verbs, three_steps(services.target))
+    worker()
+    job = _settled(verbs, job_id)
+    arts = verbs("list-artifacts", {"jobId": job_id})["artifacts"]
+    responses = [a for a in arts if a["kind"] == "response"]
+    assert [a["step"] for a in responses] == ["a", "b", "send"]
+    for art, entry in zip(responses, job["checkpoints"], strict=True):
+        sha, size = _sha(entry["response"])
+        assert (art["sha256"], art["sizeBytes"]) == (sha, size)
+        assert art["producer"]["jobId"] == job_id
+        assert art["producer"]["step"] == entry["name"]
+        assert art["producer"]["attempt"] == 1
+        assert art["producer"]["definitionSha256"] == entry["definitionSha256"]
+        assert art["producer"]["descriptorSha256"] == entry["descriptorSha256"]
+        assert art["state"] == "draft" and art["stale"] is False
+    a, b, send = responses
+    # lineage recorded when the request was built: b read a's exact output, send read b's
+    assert b["inputs"] == [
+        {"step": "a", "iteration": 0, "sha256": a["sha256"], "artifactId": a["artifactId"]}
+    ]
+    assert [i["artifactId"] for i in send["inputs"]] == [b["artifactId"]]
+    # the external send's receipt is an artifact, and the report lists it
+    receipt = _by(arts, "send", "receipt")
+    assert receipt["kind"] == "receipt"
+    assert receipt["value"] == {"idempotencyKey": f"{job_id}:send:0"}
+    assert [r["artifactId"] for r in job["report"]["receipts"]] == [receipt["artifactId"]]
+    listed = {r["artifactId"] for r in job["report"]["artifacts"]}
+    assert listed == {x["artifactId"] for x in arts}
+    # lineage from the last artifact reaches the first
+    walk = verbs("lineage", {"artifactId": send["artifactId"], "direction": "up"})
+    assert walk["ok"]
+    reached = {n["step"]: n["distance"] for n in walk["nodes"]}
+    assert reached == {"send": 0, "b": -1, "a": -2}
+    assert {"from": a["artifactId"], "to": b["artifactId"]} in walk["edges"]
+    down = verbs("lineage", {"artifactId": a["artifactId"], "direction": "down", "depth": 1})
+    assert [n["step"] for n in down["nodes"]] == ["a", "b"]
+    # get-artifact: metadata and the value inline
+    got = verbs("get-artifact", {"artifactId": b["artifactId"]})
+    assert got["ok"] and got["artifact"]["value"] == job["checkpoints"][1]["response"]
+    assert got["artifact"]["sha256"] == b["sha256"]
+
+
+def test_retry_step_changing_the_first_output_marks_the_downstream_artifacts_stale(
+    verbs, services, worker
+):
+    a_answers_differently_the_second_time(services)
+    job_id = _submit(verbs, three_steps(services.target))
+    worker()
+    _settled(verbs, job_id)
+    before = verbs("list-artifacts", {"jobId": job_id})["artifacts"]
+    old_b = _by(before, "b")
+    answer = verbs("retry-step", {"jobId": job_id, "stepName": "a", "scope": "only"})
+    assert answer["ok"] and answer["keptEffects"] == ["send"], answer
+    _settled(verbs, job_id)
+    arts = verbs("list-artifacts", {"jobId": job_id})["artifacts"]
+    new_a, new_b, send = _by(arts, "a"), _by(arts, "b"), _by(arts, "send")
+    assert new_a["sha256"] != _by(before, "a")["sha256"]
+    # b ran again on a's new output: fresh; the kept send read the old b: stale
+    assert new_b["stale"] is False and new_b["sha256"] != old_b["sha256"]
+    assert send["stale"] is True
+    # the superseded b (built from the old a) is listed, not current, and stale
+    superseded = _by(arts, "b", current=False)
+    assert superseded["artifactId"] == old_b["artifactId"] and superseded["stale"] is True
+    walk = verbs("lineage", {"artifactId": send["artifactId"], "direction": "up"})
+    assert walk["artifact"]["stale"] is True
+    assert [n["artifactId"] for n in walk["nodes"] if n["distance"] == -1] == [old_b["artifactId"]]
+
+
+def test_the_artifact_verbs_refuse_malformed_input_naming_the_field(verbs, services, worker):
+    job_id = _submit(verbs, three_steps(services.target))
+    worker()
+    _settled(verbs, job_id)
+    art = verbs("list-artifacts", {"jobId": job_id})["artifacts"][0]["artifactId"]
+    for verb, body, field in [
+        ("list-artifacts", {}, "jobId"),
+        ("list-artifacts", {"jobId": "nope"}, "jobId"),
+        ("list-artifacts", {"jobId": job_id, "x": 1}, "x"),
+        ("get-artifact", {"artifactId": 7}, "artifactId"),
+        ("get-artifact", {"artifactId": "not-a-uuid"}, "artifactId"),
+        ("lineage", {"artifactId": art, "direction": "sideways"}, "direction"),
+        ("lineage", {"artifactId": art, "depth": 0}, "depth"),
+        ("lineage", {"artifactId": art, "depth": "deep"}, "depth"),
+    ]:
+        with pytest.raises(InvalidInput) as info:
+            verbs(verb, body)
+        assert info.value.details["field"] == field, (verb, body)
+    missing = "00000000-0000-0000-0000-000000000000"
+    assert verbs("get-artifact", {"artifactId": missing}) == {
+        "ok": False,
+        "error": f"no artifact {missing}",
+    }
+
+
+# -- cost: a workflow without artifact keys runs the statements it ran before ----------------
+
+#: The statements one job of :func:`three_plain` costs the store, by name, in order (the same
+#: on the commit before artifacts: measured there with this test): its submit, the claim, two
+#: checkpoints and the completion carrying the last one.
+PLAIN_JOB_WRITES = [
+    "job_insert",
+    "job_checkpoint",
+    "job_checkpoint",
+    "job_complete_with_checkpoint",
+]
+
+
+def three_plain(t: str) -> dict[str, Any]:
+    """a -> b -> c, each reading the one before; no artifact key, no effect."""
+    return graph([step("a", t), step("b", t, reads=["a"]), step("c", t, reads=["b"])], name="plain")
+
+
+def _recording(monkeypatch) -> list[tuple[str, Any]]:
+    """Every named store statement run from now on: ``[(name, params)]``."""
+    import psycopg
+
+    from protomolt_jobs.store.db import QUERIES
+
+    names = {text: name for name, text in QUERIES.items()}
+    seen: list[tuple[str, Any]] = []
+    real = psycopg.Cursor.execute
+
+    def counting(self, query, params=None, **kw):
+        name = names.get(query) if isinstance(query, str) else None
+        if name is not None:
+            seen.append((name, params))
+        return real(self, query, params, **kw)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counting)
+    return seen
+
+
+def _writes_of(seen, job_id) -> list[str]:
+    return [
+        name
+        for name, params in seen
+        if isinstance(params, dict)
+        and str(params.get("job_id", "")) == job_id
+        and name.startswith("job_")
+        and name not in ("job_get", "job_history", "job_progress_current")
+    ]
+
+
+def test_a_workflow_without_artifact_keys_costs_the_statements_it_cost_before(
+    verbs, services, worker, monkeypatch
+):
+    seen = _recording(monkeypatch)
+    job_id = _submit(verbs, three_plain(services.target))
+    worker()
+    _settled(verbs, job_id)
+    mine = _writes_of(seen, job_id)
+    claims = [name for name, _ in seen if name.startswith("job_claim")]
+    assert mine == PLAIN_JOB_WRITES, mine
+    assert claims, "the claim ran"
+    # and the entries carry the artifact fields, computed in Python before the write
+    job = verbs("get-job", {"jobId": job_id})["job"]
+    assert all("sha256" in c and "sizeBytes" in c for c in job["checkpoints"])
+
+
+def test_a_graph_run_records_lineage_when_each_request_is_built(verbs, services, worker):
+    from tests.support.graphs import diamond
+
+    job_id = _submit(verbs, diamond(services.target, sleep_ms=50))
+    worker()
+    job = _settled(verbs, job_id)
+    arts = {a["step"]: a for a in verbs("list-artifacts", {"jobId": job_id})["artifacts"]}
+    assert set(arts) == {"a", "b", "c", "d"}
+    for entry in job["checkpoints"]:
+        assert arts[entry["name"]]["sha256"] == _sha(entry["response"])[0]
+    assert [i["artifactId"] for i in arts["d"]["inputs"]] == [
+        arts["b"]["artifactId"],
+        arts["c"]["artifactId"],
+    ]
+    walk = verbs("lineage", {"artifactId": arts["a"]["artifactId"], "direction": "down"})
+    assert {n["step"]: n["distance"] for n in walk["nodes"]} == {"a": 0, "b": 1, "c": 1, "d": 2}
+
+
+def test_a_response_supplied_by_complete_step_is_a_hashed_artifact(verbs, services, worker):
+    from tests.support.grpc_servers import seed_workflow
+
+    answer = verbs(
+        "submit-workflow", {"workflow": seed_workflow(services.target), "input": {"text": "a b"}}
+    )
+    job_id = answer["jobId"]
+    worker()
+    _settled(verbs, job_id, "WAITING")
+    done = verbs(
+        "complete-step",
+        {"jobId": job_id, "stepName": "review", "response": {"approved": True, "note": "ok"}},
+    )
+    assert done["ok"], done
+    _settled(verbs, job_id)
+    arts = {a["step"]: a for a in verbs("list-artifacts", {"jobId": job_id})["artifacts"]}
+    review = message_class("jobs.test.Review")(approved=True, note="ok")
+    data = review.SerializeToString(deterministic=True)
+    assert arts["review"]["sha256"] == hashlib.sha256(data).hexdigest()
+    assert arts["review"]["sizeBytes"] == len(data)
+    assert arts["review"]["inputs"] == []  # nothing built its request: an outside answer
+    assert [i["artifactId"] for i in arts["embed"]["inputs"]] == [arts["tokenize"]["artifactId"]]
+    assert not any(a["stale"] for a in arts.values())
+
+
+def test_artifact_rows_go_in_with_the_checkpoint_that_produces_them(
+    verbs, services, worker, store, monkeypatch
+):
+    from protomolt_jobs.store.db import QUERIES
+
+    wf = graph(
+        [
+            step(
+                "a",
+                services.target,
+                outputs={
+                    "p": {"uri": "'artifact://x/' + response.step", "sha256": "response.step"}
+                },
+            ),
+            step("b", services.target, reads=["a"], validates=["a.p"]),
+            step("c", services.target, reads=["b"]),
+        ],
+        name="ports",
+    )
+    seen = _recording(monkeypatch)
+    job_id = _submit(verbs, wf)
+    worker()
+    _settled(verbs, job_id)
+    # a's port and b's verification ride in their checkpoints' own statements; c has no
+    # artifact keys: it still completes the run in one statement
+    assert _writes_of(seen, job_id) == [
+        "job_insert",
+        "job_checkpoint_artifacts",
+        "job_checkpoint_artifacts",
+        "job_complete_with_checkpoint",
+    ]
+    writers = {
+        name
+        for name, _ in seen
+        if "INSERT INTO workflow_artifact" in QUERIES[name]
+        or "UPDATE workflow_artifact" in QUERIES[name]
+    }
+    assert writers == {"job_checkpoint_artifacts"}
+    rows = store.artifact_kept(job_id)
+    assert [(r["step"], r["port"], r["state"], r["uri"]) for r in rows] == [
+        ("a", "p", "verified", "artifact://x/a")
+    ]

@@ -1,0 +1,296 @@
+"""workflow/artifacts.py and runs/artifacts.py without a store: the verifier's findings on the
+artifact keys, the publication checks, port records, ids, and reading old and new entries."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from protomolt_jobs.runs.artifact_store import FileArtifactStore, key_of, uri_of
+from protomolt_jobs.runs.artifacts import RunArtifacts
+from protomolt_jobs.workflow import Runtime
+from protomolt_jobs.workflow import artifacts as wa
+from protomolt_jobs.workflow.envelope import parse_workflow
+from protomolt_jobs.workflow.types import FailureKind, WorkflowExecutionError
+from protomolt_jobs.workflow.verifier import verify
+from tests.support.graphs import graph, step
+
+T = "127.0.0.1:9"
+JOB = "3f2b8c4e-1d2a-4b5c-9e8f-0a1b2c3d4e5f"
+
+
+def _compiled(steps: list[dict[str, Any]]):
+    return parse_workflow(graph(steps, name="w"), Runtime())
+
+
+def _publication(**consume: Any):
+    return _compiled(
+        [
+            step("gen", T, outputs={"draft": {"uri": "response.step", "sha256": "response.step"}}),
+            step("check", T, reads=["gen"], validates=["gen.draft"]),
+            {
+                "name": "review",
+                "completion": "approval",
+                "approval": {"approvers": {"principals": ["c"]}},
+            },
+            step("publish", T, reads=["gen"], consumes={"gen.draft": consume}),
+        ]
+    )
+
+
+def _gen(sha: str = "a" * 64, uri: str = "artifact://r/draft.md") -> dict[str, Any]:
+    return {
+        "name": "gen",
+        "response": {"step": "gen"},
+        "sha256": "1" * 64,
+        "artifacts": [{"port": "draft", "kind": "file", "uri": uri, "sha256": sha}],
+    }
+
+
+def _check() -> dict[str, Any]:
+    return {"name": "check", "response": {"step": "check"}, "sha256": "2" * 64}
+
+
+def _review(seen: dict[str, str]) -> dict[str, Any]:
+    return {"name": "review", "decision": "accept", "response": {}, "seenArtifacts": seen}
+
+
+def _fails(fn, kind=FailureKind.ARTIFACT) -> str:
+    with pytest.raises(WorkflowExecutionError) as info:
+        fn()
+    assert info.value.kind is kind
+    assert not info.value.retryable
+    return info.value.message
+
+
+# -- the verifier -----------------------------------------------------------------------------
+
+
+def test_the_verifier_names_the_path_of_each_bad_artifact_key():
+    wf = _compiled(
+        [
+            step("gen", T, outputs={"draft": {"uri": "response.step"}, "response": "x"}),
+            step("check", T, validates=["gen.nope", "ghost"]),
+            step("send", T, receipt="response.step"),
+            step("publish", T, consumes={"gen.draft": {"state": "shiny", "approvedBy": "gen"}}),
+        ]
+    )
+    found = [(f.step, f.error) for f in verify(wf) if f.kind == "artifact"]
+    assert found == [
+        ("gen", "steps[0].outputs.draft.sha256 must be a CEL string"),
+        ("gen", "steps[0].outputs.response: 'response' is reserved"),
+        ("gen", "steps[0].outputs.response must be an object"),
+        ("check", "steps[1].validates[0]: 'gen.nope' names no step or port"),
+        ("check", "steps[1].validates[1]: 'ghost' names no step or port"),
+        (
+            "send",
+            'steps[2].receipt needs effect: "external" (a receipt proves an external effect)',
+        ),
+        ("publish", "steps[3].consumes.gen.draft.state must be verified or promoted"),
+        ("publish", "steps[3].consumes.gen.draft.approvedBy names no approval step"),
+    ]
+
+
+def test_a_workflow_without_artifact_keys_has_no_spec_and_no_findings():
+    wf = _compiled([step("a", T), step("b", T, reads=["a"])])
+    assert wa.spec(wf) == {}
+    assert [f for f in verify(wf) if f.kind == "artifact"] == []
+
+
+# -- publication checks -----------------------------------------------------------------------
+
+
+def test_publication_passes_with_the_approved_hash_and_says_what_it_consumed():
+    wf = _publication(state="verified", approvedBy="review")
+    publish = wf.step("publish")
+    entries = [_gen(), _check(), _review({"gen.draft": "a" * 64})]
+    assert wa.check_consumed(wf, publish, entries) == [
+        {
+            "ref": "gen.draft",
+            "step": "gen",
+            "iteration": 0,
+            "port": "draft",
+            "kind": "file",
+            "attempt": 0,
+            "sha256": "a" * 64,
+        }
+    ]
+
+
+def test_publication_refuses_a_hash_the_approvers_did_not_see():
+    wf = _publication(state="verified", approvedBy="review")
+    entries = [_gen(), _check(), _review({"gen.draft": "b" * 64})]
+    message = _fails(lambda: wa.check_consumed(wf, wf.step("publish"), entries))
+    assert message == (
+        "consumed artifact 'gen.draft' is aaaaaaaaaaaa, but approval 'review' saw bbbbbbbbbbbb: "
+        "refusing to publish what was not approved"
+    )
+
+
+def test_publication_refuses_an_unverified_or_unreviewed_or_missing_artifact():
+    wf = _publication(state="verified", approvedBy="review")
+    publish = wf.step("publish")
+    assert "is draft; 'publish' needs it verified" in _fails(
+        lambda: wa.check_consumed(wf, publish, [_gen(), _review({"gen.draft": "a" * 64})])
+    )
+    assert "has no hash recorded by approval 'review'" in _fails(
+        lambda: wa.check_consumed(wf, publish, [_gen(), _check(), _review({})])
+    )
+    assert "does not exist" in _fails(lambda: wa.check_consumed(wf, publish, []))
+
+
+def test_publication_hashes_stored_bytes_again(tmp_path):
+    store = FileArtifactStore(tmp_path)
+    data = b"the reviewed draft"
+    uri = store.put("r/draft.md", data)
+    sha = hashlib.sha256(data).hexdigest()
+    wf = _publication(state="verified")
+    publish = wf.step("publish")
+
+    def read(u: str) -> bytes | None:
+        key = key_of(u)
+        if key is None:
+            raise ValueError(u)
+        return store.get(key)
+
+    entries = [_gen(sha, uri), _check()]
+    assert wa.check_consumed(wf, publish, entries, read)[0]["sha256"] == sha
+    store.put("r/draft.md", b"edited after the review")
+    assert "not the" in _fails(lambda: wa.check_consumed(wf, publish, entries, read))
+    store.delete("r/draft.md")
+    assert "are missing" in _fails(lambda: wa.check_consumed(wf, publish, entries, read))
+    # a uri that is not the store's is not re-hashed
+    other = [_gen(sha, "https://elsewhere.example/draft.md"), _check()]
+    assert wa.check_consumed(wf, publish, other, read)[0]["sha256"] == sha
+
+
+# -- ports, receipts, ids --------------------------------------------------------------------
+
+
+def test_ports_are_read_from_the_response_and_an_empty_one_fails_the_step():
+    from tests.support.grpc_servers import message_class
+
+    wf = _compiled(
+        [
+            step(
+                "gen",
+                T,
+                outputs={
+                    "b": {"uri": "'artifact://x/' + response.step", "sha256": "response.step"},
+                    "a": {"uri": "response.step", "sha256": "response.step", "mediaType": "t/x"},
+                },
+            )
+        ]
+    )
+    reply = message_class("jobs.test.StepReply")(step="gen")
+    assert wa.port_records(wf, wf.step("gen"), reply) == [
+        {"port": "a", "kind": "file", "uri": "gen", "sha256": "gen", "mediaType": "t/x"},
+        {"port": "b", "kind": "file", "uri": "artifact://x/gen", "sha256": "gen"},
+    ]
+    message = _fails(
+        lambda: wa.port_records(wf, wf.step("gen"), message_class("jobs.test.StepReply")())
+    )
+    assert message == "output port 'a' of step 'gen' has no uri in the response"
+
+
+def test_an_external_step_without_its_receipt_fails_receipt():
+    from tests.support.grpc_servers import message_class
+
+    wf = _compiled([step("send", T, effect="external", receipt="response.step")])
+    send = wf.step("send")
+    reply = message_class("jobs.test.StepReply")
+    assert wa.receipt_value(wf, send, reply(step="msg-1")) == "msg-1"
+    assert _fails(lambda: wa.receipt_value(wf, send, reply()), FailureKind.RECEIPT) == (
+        "effect 'send' has no receipt (response.step is empty): the run does not complete"
+    )
+
+
+def test_artifact_ids_carry_the_run_and_change_with_attempt_and_content():
+    a = wa.artifact_id(JOB, "s", 0, "response", 1, "a" * 64)
+    assert a == wa.artifact_id(JOB, "s", 0, "response", 1, "a" * 64)
+    assert uuid.UUID(a).hex[:16] == uuid.UUID(JOB).hex[:16] == wa.job_prefix(a)
+    assert a != wa.artifact_id(JOB, "s", 0, "response", 2, "a" * 64)
+    assert a != wa.artifact_id(JOB, "s", 0, "response", 1, "b" * 64)
+    assert a != wa.artifact_id(JOB, "s", 1, "response", 1, "a" * 64)
+
+
+def test_the_file_store_refuses_keys_outside_it_and_deleting_twice_is_fine(tmp_path):
+    store = FileArtifactStore(tmp_path / "s")
+    assert store.put("a/b.txt", b"x") == uri_of("a/b.txt") == "artifact://a/b.txt"
+    assert store.exists("a/b.txt") and store.get("a/b.txt") == b"x"
+    assert store.delete("a/b.txt") is True and store.delete("a/b.txt") is False
+    assert store.get("a/b.txt") is None
+    for bad in ("../x", "/abs", "a//b", "a/./b", ""):
+        with pytest.raises(ValueError):
+            store.put(bad, b"x")
+    assert key_of("https://x/y") is None and key_of("artifact://../x") is None
+
+
+# -- reading entries ---------------------------------------------------------------------------
+
+
+def _job(checkpoints: list[Any], status: str = "COMPLETED") -> Any:
+    return SimpleNamespace(job_id=uuid.UUID(JOB), status=status, checkpoints=checkpoints)
+
+
+def test_entries_stored_before_artifacts_still_read():
+    old = [
+        {"name": "a", "skipped": False, "response": {"x": 1}},
+        {"name": "b", "skipped": True},
+        {"name": "c", "skipped": False, "failed": {"kind": "GRPC", "message": "down"}},
+        "not an entry",
+    ]
+    arts = RunArtifacts(_job(old)).summaries()
+    assert [(a["step"], a["sha256"], a["stale"], a["inputs"]) for a in arts] == [
+        ("a", None, False, [])
+    ]
+
+
+def test_staleness_follows_current_inputs_transitively():
+    def entry(name, sha, inputs=(), attempt=1):
+        return {
+            "name": name,
+            "response": {},
+            "sha256": sha,
+            "attempt": attempt,
+            "inputs": [{"step": s, "iteration": 0, "sha256": h} for s, h in inputs],
+        }
+
+    entries = [
+        entry("a", "a1"),
+        entry("b", "b1", [("a", "a1")]),
+        entry("c", "c1", [("b", "b1")]),
+        entry("a", "a2", attempt=2),  # a ran again with another output; b and c did not
+    ]
+    found = RunArtifacts(_job(entries))
+    stale = {(a["step"], a["sha256"]): (a["stale"], a["current"]) for a in found.summaries()}
+    assert stale == {
+        ("a", "a1"): (False, False),
+        ("b", "b1"): (True, True),
+        ("c", "c1"): (True, True),  # its input b is current but stale itself
+        ("a", "a2"): (False, True),
+    }
+
+
+def test_an_entry_without_artifact_keys_asks_for_no_rows():
+    from protomolt_jobs.store.artifact_rows import artifact_rows, has_artifact_rows
+
+    plain = {"name": "a", "response": {}, "sha256": "1" * 64, "receipt": {"idempotencyKey": "k"}}
+    assert not has_artifact_rows(plain) and artifact_rows(plain) == []
+    asks = {
+        **_gen(),
+        "attempt": 2,
+        "validated": [
+            {"step": "imp", "iteration": 0, "port": "response", "kind": "response",
+             "attempt": 1, "sha256": "3" * 64}
+        ],
+    }  # fmt: skip
+    assert has_artifact_rows(asks)
+    assert [(r["step"], r["port"], r["state"], r["attempt"]) for r in artifact_rows(asks)] == [
+        ("gen", "draft", "draft", 2),
+        ("imp", "response", "verified", 1),
+    ]
