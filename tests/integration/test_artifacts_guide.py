@@ -57,7 +57,13 @@ def blocks() -> dict[str, str]:
         m.group("directive").strip(): m.group("body") or m.group("table")
         for m in _BLOCK.finditer(text)
     }
-    assert set(found) == {f"proto {PROTO}", "workflow management-report", "lineage"}
+    assert set(found) == {
+        f"proto {PROTO}",
+        "workflow management-report",
+        "lineage",
+        "explain missing-input",
+        "explain review",
+    }
     return found
 
 
@@ -283,9 +289,9 @@ def _settled(verbs, job_id, *statuses) -> dict[str, Any]:
     return _job(verbs, job_id)
 
 
-def _table(blocks) -> list[tuple[str, str, str, str, str]]:
+def _table(blocks, name: str = "lineage") -> list[tuple[str, ...]]:
     rows = []
-    for line in blocks["lineage"].strip().splitlines()[2:]:
+    for line in blocks[name].strip().splitlines()[2:]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         rows.append(tuple(cells))
     return rows
@@ -509,3 +515,73 @@ def test_pruning_keeps_promoted_and_live_bytes_and_a_missing_key_never_blocks(
     assert not byte_store.exists(key_of(uris["chart"]))
     assert not byte_store.exists(key_of(uris["table"]))
     assert pruner.run_once().artifact_keys == 0  # nothing left queued
+
+
+def _blocked(step) -> str:
+    frontier = [b for b in step["blockedBy"] if b["state"] != "not-reached"]
+    text = ", ".join(f"{b['step']} ({b['state']})" for b in frontier)
+    rest = len(step["blockedBy"]) - len(frontier)
+    if rest:
+        text += f" + {rest} not reached" if text else f"{rest} not reached"
+    return text
+
+
+def _waiting(step) -> str:
+    out = []
+    for w in step["waitingOn"]:
+        if w["kind"] == "input":
+            paths = ", ".join(f"{p['path']} (owner {p['owner']})" for p in w["paths"])
+            out.append(f"{w['verb']}: {paths}")
+        elif w["kind"] == "approval":
+            who = ", ".join(w["principals"] + w["roles"])
+            out.append(f"approval: {w['missingVotes']} more vote(s) of {who}")
+        else:
+            out.append(w["kind"])
+    return "; ".join(out)
+
+
+def _explain_table(explain) -> list[tuple[str, ...]]:
+    return [
+        (
+            s["name"],
+            s["state"],
+            _blocked(s),
+            _waiting(s),
+            ", ".join(f"{m['path']} ({m['owner']})" for m in s["missingInputs"]),
+        )
+        for s in explain["steps"]
+    ]
+
+
+def test_explain_names_the_missing_period_and_its_owner_then_the_review(
+    verbs, worker, desk, blocks, descriptor_set
+):
+    """Issue 29 item 6 on the management report: submitted without its period, the run waits
+    for it (not FAILED) and explain-job names the path and its owner; supply-input lets it run
+    on to the review, where explain-job names the vote still missing; both tables as the doc
+    shows them."""
+    answer = verbs(
+        "submit-workflow",
+        {"workflow": _workflow(blocks, descriptor_set, desk.target), "input": {}},
+    )
+    assert answer["ok"], answer
+    job_id = answer["jobId"]
+    wait_for(lambda: _job(verbs, job_id).get("phase") == "waiting_input" or None, timeout_s=20)
+    assert _job(verbs, job_id)["status"] == "WAITING"
+    assert desk.calls == []
+    explain = verbs("explain-job", {"jobId": job_id})["explain"]
+    assert _explain_table(explain) == _table(blocks, "explain missing-input")
+    supplied = verbs(
+        "supply-input",
+        {"jobId": job_id, "path": "period", "value": "2026-11", "reason": "the November report"},
+        principal="fiona",
+    )
+    assert supplied["ok"] and supplied["status"] == "QUEUED", supplied
+    wait_for(lambda: _job(verbs, job_id).get("phase") == "waiting_approval" or None, timeout_s=20)
+    explain = verbs("explain-job", {"jobId": job_id})["explain"]
+    assert _explain_table(explain) == _table(blocks, "explain review")
+    assert [(r["path"], r["actor"]) for r in explain["revisions"]] == [("period", "fiona")]
+    _accept(verbs, job_id)
+    job = _settled(verbs, job_id, "COMPLETED", "FAILED")
+    assert job["status"] == "COMPLETED", job.get("error")
+    assert verbs("explain-job", {"jobId": job_id})["explain"]["steps"] == []
