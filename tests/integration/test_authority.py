@@ -179,11 +179,22 @@ def test_the_manifest_the_registry_and_unknown_tokens(tmp_path, fresh_dsn):
             "list-jobs",
             "job-history",
             "explain-job",
+            "list-artifacts",
+            "get-artifact",
+            "lineage",
             "check-workflow",
             "test-workflow",
             "get-workflow",
         }
-        assert manifest(READER) == {"get-job", "list-jobs", "job-history", "explain-job"}
+        assert manifest(READER) == {
+            "get-job",
+            "list-jobs",
+            "job-history",
+            "explain-job",
+            "list-artifacts",
+            "get-artifact",
+            "lineage",
+        }
         assert "cancel-job" in manifest(EDITOR) and "check-workflow" not in manifest(EDITOR)
         everything = manifest(ROOT)
         assert {"cancel-job", "check-workflow", "submit-workflow"} <= everything

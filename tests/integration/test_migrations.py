@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 import uuid
 
 import psycopg
@@ -19,6 +20,18 @@ def q(dsn: str, sql: str, params: dict | None = None) -> list[tuple]:
 
 
 def backends(dsn: str) -> int:
+    """Backends connected to ``dsn``'s database besides this query's, once the count is 0 or
+    after 5 s: a client's close returns before its server process has left
+    pg_stat_activity, so a connection just closed may still be counted for a moment."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        n = _backends(dsn)
+        if n == 0 or time.monotonic() >= deadline:
+            return n
+        time.sleep(0.02)
+
+
+def _backends(dsn: str) -> int:
     dbname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
     return q(
         dsn,

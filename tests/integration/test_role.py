@@ -39,6 +39,10 @@ VERBS = [
     "report-progress",
     "explain-job",
     "supply-input",
+    "list-artifacts",
+    "get-artifact",
+    "lineage",
+    "retract-artifact",
 ]
 
 
