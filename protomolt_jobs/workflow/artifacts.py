@@ -70,6 +70,9 @@ STATES = ("draft", "verified", "promoted", "retracted", "pruned")
 RESPONSE = "response"
 #: The port of an external step's receipt.
 RECEIPT = "receipt"
+#: The uri scheme of the node's byte store (``runs.artifact_store.SCHEME``; this layer may not
+#: import it): a uri of this scheme that the store refuses is never published unchecked.
+STORE_SCHEME = "artifact://"
 
 
 @dataclass(frozen=True)
@@ -390,7 +393,8 @@ def check_consumed(
     required state and, with ``approvedBy``, have the hash the approvers saw (the approval
     entry's ``seenArtifacts``); a port whose bytes the node's ``ArtifactStore`` holds
     (``read(uri)``: the bytes, None when missing; it raises ValueError for a uri that is not
-    the store's) is hashed again, so bytes changed after the review are refused too; and an
+    the store's, or an ``artifact://`` one whose key the store refuses, which is refused
+    here) is hashed again, so bytes changed after the review are refused too; and an
     artifact an operator retracted (``rows()``: ``{artifactId: state}`` of the run's
     ``workflow_artifact`` rows, read once, only for a step that consumes) is refused. Returns
     what was consumed: ``[{ref, sha256, step, iteration, port, kind, attempt}]``.
@@ -460,7 +464,14 @@ def check_consumed(
         if read is not None and uri is not None:
             try:
                 data = read(uri)
-            except ValueError:
+            except ValueError as exc:
+                if str(uri).startswith(STORE_SCHEME):  # the store's, but it refuses the key
+                    raise WorkflowExecutionError(
+                        FailureKind.ARTIFACT,
+                        step.name,
+                        f"consumed artifact '{c.ref}': its bytes at {uri} cannot be read again "
+                        f"({exc}): refusing to publish what cannot be checked",
+                    ) from exc
                 data = b""  # not the store's uri: nothing to re-hash
                 uri = None
             if uri is not None:

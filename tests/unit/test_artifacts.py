@@ -294,3 +294,58 @@ def test_an_entry_without_artifact_keys_asks_for_no_rows():
         ("gen", "draft", "draft", 2),
         ("imp", "response", "verified", 1),
     ]
+
+
+def test_the_file_store_never_follows_a_symlink_out_of_its_root(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"not yours")
+    store = FileArtifactStore(tmp_path / "s")
+    store.put("ok/a", b"x")
+    (tmp_path / "s" / "link").symlink_to(outside, target_is_directory=True)
+    (tmp_path / "s" / "ok" / "file-link").symlink_to(outside / "secret")
+    for key in ("link/secret", "ok/file-link"):
+        with pytest.raises(ValueError, match="outside"):
+            store.get(key)
+        with pytest.raises(ValueError, match="outside"):
+            store.exists(key)
+        with pytest.raises(ValueError, match="outside"):
+            store.put(key, b"overwrite")
+        with pytest.raises(ValueError, match="outside"):
+            store.delete(key)
+    with pytest.raises(ValueError, match="outside"):
+        store.put("link/new", b"planted")
+    assert (outside / "secret").read_bytes() == b"not yours"
+    assert sorted(p.name for p in outside.iterdir()) == ["secret"]
+    assert store.get("ok/a") == b"x"
+
+
+def test_publication_refuses_store_bytes_it_cannot_read_again(tmp_path):
+    """An ``artifact://`` uri the store refuses (a malformed key, a link out of its root) is
+    not skipped as someone else's uri: what cannot be re-hashed is not published."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    data = b"the reviewed draft"
+    (outside / "draft.md").write_bytes(data)
+    store = FileArtifactStore(tmp_path / "s")
+    store.put("r/x", b"x")
+    (tmp_path / "s" / "link").symlink_to(outside, target_is_directory=True)
+    sha = hashlib.sha256(data).hexdigest()
+    wf = _publication(state="verified")
+    publish = wf.step("publish")
+
+    def read(u: str) -> bytes | None:
+        key = key_of(u)
+        if key is None:
+            raise ValueError(u)
+        return store.get(key)
+
+    for uri in ("artifact://link/draft.md", "artifact://../outside/draft.md"):
+        message = _fails(lambda: wa.check_consumed(wf, publish, [_gen(sha, uri), _check()], read))
+        assert "cannot be read again" in message and uri in message
+
+
+def test_the_engine_knows_the_store_scheme():
+    from protomolt_jobs.runs.artifact_store import SCHEME
+
+    assert wa.STORE_SCHEME == SCHEME
