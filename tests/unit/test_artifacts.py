@@ -349,3 +349,33 @@ def test_the_engine_knows_the_store_scheme():
     from protomolt_jobs.runs.artifact_store import SCHEME
 
     assert wa.STORE_SCHEME == SCHEME
+
+
+def test_the_pruner_forgets_a_key_the_store_refuses_and_deletes_nothing_outside(tmp_path):
+    from protomolt_jobs.maintenance.pruner import Pruner
+    from tests.support.worker_proc import jobs_config
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_bytes(b"not the store's")
+    store = FileArtifactStore(tmp_path / "s")
+    store.put("r/gone.txt", b"x")
+    (tmp_path / "s" / "link").symlink_to(outside, target_is_directory=True)
+
+    class Rows:
+        queued = ["artifact://link/keep.txt", "artifact://r/gone.txt"]
+        forgotten: list[str] = []
+
+        def artifact_bytes_doomed(self, limit: int) -> list[tuple[str, bool]]:
+            return [(u, False) for u in self.queued if u not in self.forgotten]
+
+        def artifact_bytes_forget(self, uris: list[str]) -> int:
+            self.forgotten.extend(uris)
+            return len(uris)
+
+    rows = Rows()
+    pruner = Pruner(rows, config=jobs_config("postgresql://unused/x"), artifact_store=store)
+    assert pruner._prune_bytes() == (1, 1)  # deleted r/gone.txt; the link's key: not ours
+    assert sorted(rows.forgotten) == sorted(Rows.queued)  # neither waits for another pass
+    assert (outside / "keep.txt").read_bytes() == b"not the store's"
+    assert store.get("r/gone.txt") is None
