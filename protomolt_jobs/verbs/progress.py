@@ -30,6 +30,7 @@ import logging
 from typing import Any
 
 from protomolt_jobs.errors import LeaseLost
+from protomolt_jobs.input_rules import check_json
 from protomolt_jobs.store.progress import ProgressReport
 from protomolt_jobs.store.progress_token import ProgressToken
 from protomolt_jobs.verbs.base import VERBS_LOGGER, JobsBackend, JobVerb, invalid, require_string
@@ -78,7 +79,8 @@ class ReportProgressAction(JobVerb):
         :raises Unavailable: no database configured.
         :raises InvalidInput: naming the field: ``token`` missing, empty or not a token this
             node issues; ``percent`` not a number within 0..100; ``details`` not text or
-            longer than :data:`MAX_DETAILS`; ``state`` larger than :data:`MAX_STATE_BYTES`;
+            longer than :data:`MAX_DETAILS`; ``state`` larger than :data:`MAX_STATE_BYTES` or holding what JSON or ``jsonb``
+            cannot (NaN, an infinity, a NUL character, nesting past the limit);
             an unknown field.
         """
         store, _ = self._accept(input)
@@ -98,6 +100,8 @@ class ReportProgressAction(JobVerb):
         if len(details) > MAX_DETAILS:
             raise invalid("details", f"Field 'details' is longer than {MAX_DETAILS} characters")
         state = input.get("state")
+        if state is not None:
+            check_json("state", state)  # NaN, an infinity, NUL: jsonb cannot hold them
         if state is not None and len(json.dumps(state)) > MAX_STATE_BYTES:
             raise invalid("state", f"Field 'state' is larger than {MAX_STATE_BYTES} bytes")
         report = ProgressReport(

@@ -308,6 +308,28 @@ def test_bad_input_is_invalid_argument_naming_the_field(node, renderer):
     assert renderer.report(valid, percent=50.0).answer == "lease_lost"
 
 
+def test_a_state_json_or_jsonb_cannot_hold_is_invalid_argument_not_internal(node, renderer):
+    from google.protobuf import struct_pb2
+
+    valid = ProgressToken(Lease(uuid.uuid4(), "w", 1, uuid.uuid4()), "render", 0, True).encode()
+    nan = struct_pb2.Value(number_value=float("nan"))
+    deep = struct_pb2.Value(struct_value=struct_pb2.Struct(fields={"frame": nan}))
+    nul = struct_pb2.Value(string_value="a\x00b")
+    for state in (nan, deep, nul):
+        request = pb.ReportProgressRequest(token=valid, percent=10.0, state=state)
+        code, text, named = _refusal(renderer, request.SerializeToString())
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, (state, code, text)
+        assert text.startswith("invalid-input:") and named == "state", (state, text, named)
+    # the HTTP door parses NaN and Infinity (Python's json): the verb refuses them itself
+    from protomolt_jobs.errors import InvalidInput
+
+    verbs, _ = node
+    for state in (float("nan"), {"frame": float("inf")}, ["a\x00b"]):
+        with pytest.raises(InvalidInput) as refused:
+            verbs("report-progress", {"token": valid, "state": state})
+        assert refused.value.details.get("field") == "state", refused.value
+
+
 def test_a_pending_cancel_is_told_and_lands_when_the_service_stops(node, renderer, worker):
     verbs, _ = node
     reached = renderer.hold(2)
