@@ -19,7 +19,8 @@ extends the lease. The answer is ``{answer}``:
   moved by the sweeper, a run already paused, cancelled or finished): nothing was stored.
 
 Scope ``job-complete`` (the scope of a service answering its own step, as ``complete-step``):
-the token alone fences the write to one attempt of one run, and the node's caller check
+the token alone fences the write to one step of one attempt of one run (its mac: a holder
+that rewrites any field matches no row), and the node's caller check
 applies as to every verb.
 """
 
@@ -118,7 +119,9 @@ class ReportProgressAction(JobVerb):
             descriptor_sha256=token.descriptor_sha256,
         )
         try:
-            answer = store.job_report_live(token.lease, self.backend.lease_s, report)
+            answer = store.job_report_live(
+                token.lease, self.backend.lease_s, report, (token.bound, token.mac)
+            )
         except LeaseLost:
             answer = "lease_lost"
         except (ValueError, TypeError) as exc:
