@@ -95,6 +95,43 @@ def test_the_verifier_names_the_path_of_each_bad_artifact_key():
     ]
 
 
+def test_the_verifier_checks_the_cel_of_ports_and_receipts_and_the_order_of_references():
+    """A port or receipt expression that cannot compile, or reads a field the response does not
+    have, would fail the step only after its call (an external effect already made): the
+    verifier names it. So does a non-text media type, and a step that validates or consumes
+    an artifact of a step that does not run before it."""
+    wf = _compiled(
+        [
+            step(
+                "gen",
+                T,
+                outputs={
+                    "draft": {"uri": "response.((", "sha256": "response.nope", "mediaType": 5},
+                    "ok": {"uri": "response.step", "sha256": "response.step"},
+                },
+                validates=["check"],
+            ),
+            {**step("send", T, receipt="response.)"), "effect": "external"},
+            step("check", T, validates=["gen.ok"]),
+            step("publish", T, consumes={"gen.ok": {"state": "verified"}, "late": {}}),
+            step("late", T),
+        ]
+    )
+    found = [(f.step, f.error) for f in verify(wf) if f.kind == "artifact"]
+    by_step: dict[str, list[str]] = {}
+    for name, error in found:
+        by_step.setdefault(name, []).append(error)
+    gen = by_step["gen"]
+    assert any(e.startswith("steps[0].outputs.draft.uri: ") for e in gen), gen
+    assert any(e.startswith("steps[0].outputs.draft.sha256: ") and "nope" in e for e in gen), gen
+    assert "steps[0].outputs.draft.mediaType must be a string" in gen, gen
+    assert "steps[0].validates[0]: 'check' does not run before 'gen'" in gen, gen
+    assert not any("outputs.ok" in e for e in gen), gen
+    assert any(e.startswith("steps[1].receipt: ") for e in by_step["send"]), by_step
+    assert "check" not in by_step, by_step
+    assert by_step["publish"] == ["steps[3].consumes.late: 'late' does not run before 'publish'"]
+
+
 def test_a_workflow_without_artifact_keys_has_no_spec_and_no_findings():
     wf = _compiled([step("a", T), step("b", T, reads=["a"])])
     assert wa.spec(wf) == {}
