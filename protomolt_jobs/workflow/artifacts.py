@@ -541,12 +541,11 @@ def findings(workflow: CompiledWorkflow) -> list[Finding]:
     out: list[Finding] = []
     raws = _raw_steps(workflow)
     by_name = {s.name: s for s in workflow.steps}
-    before = _before(workflow) if any(
-        "validates" in r or "consumes" in r for r in raws
-    ) else {}
+    before = _before(workflow) if any("validates" in r or "consumes" in r for r in raws) else {}
 
     def runs_before(ref: str, name: str) -> bool:
         return ref.partition(".")[0] in before.get(name, frozenset())
+
     approvals = {s.name for s in workflow.steps if s.approval is not None}
     ports = {
         str(r.get("name")): set(r["outputs"]) if isinstance(r.get("outputs"), dict) else set()

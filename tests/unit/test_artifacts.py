@@ -378,7 +378,8 @@ def test_publication_refuses_store_bytes_it_cannot_read_again(tmp_path):
         return store.get(key)
 
     for uri in ("artifact://link/draft.md", "artifact://../outside/draft.md"):
-        message = _fails(lambda: wa.check_consumed(wf, publish, [_gen(sha, uri), _check()], read))
+        entries = [_gen(sha, uri), _check()]
+        message = _fails(lambda entries=entries: wa.check_consumed(wf, publish, entries, read))
         assert "cannot be read again" in message and uri in message
 
 
@@ -399,9 +400,12 @@ def test_the_pruner_forgets_a_key_the_store_refuses_and_deletes_nothing_outside(
     store.put("r/gone.txt", b"x")
     (tmp_path / "s" / "link").symlink_to(outside, target_is_directory=True)
 
+    queued = ["artifact://link/keep.txt", "artifact://r/gone.txt"]
+
     class Rows:
-        queued = ["artifact://link/keep.txt", "artifact://r/gone.txt"]
-        forgotten: list[str] = []
+        def __init__(self) -> None:
+            self.queued = list(queued)
+            self.forgotten: list[str] = []
 
         def artifact_bytes_doomed(self, limit: int) -> list[tuple[str, bool]]:
             return [(u, False) for u in self.queued if u not in self.forgotten]
@@ -413,6 +417,6 @@ def test_the_pruner_forgets_a_key_the_store_refuses_and_deletes_nothing_outside(
     rows = Rows()
     pruner = Pruner(rows, config=jobs_config("postgresql://unused/x"), artifact_store=store)
     assert pruner._prune_bytes() == (1, 1)  # deleted r/gone.txt; the link's key: not ours
-    assert sorted(rows.forgotten) == sorted(Rows.queued)  # neither waits for another pass
+    assert sorted(rows.forgotten) == sorted(queued)  # neither waits for another pass
     assert (outside / "keep.txt").read_bytes() == b"not the store's"
     assert store.get("r/gone.txt") is None

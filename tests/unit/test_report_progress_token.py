@@ -113,7 +113,18 @@ def test_a_token_with_a_malformed_fingerprint_is_refused():
 
 @pytest.mark.parametrize(
     "text",
-    [None, "", "  ", 5, "garbage", "pmp2.", "pmp2.!!!", "pmp2.bm90IGpzb24", "pmp2." + "A" * 3000, "pmp1.x"],
+    [
+        None,
+        "",
+        "  ",
+        5,
+        "garbage",
+        "pmp2.",
+        "pmp2.!!!",
+        "pmp2.bm90IGpzb24",
+        "pmp2." + "A" * 3000,
+        "pmp1.x",
+    ],
 )
 def test_anything_else_is_refused_naming_token(text):
     with pytest.raises(ValueError, match=r"^token: "):
