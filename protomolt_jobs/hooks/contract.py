@@ -333,7 +333,8 @@ class ArtifactStore(Protocol):
       key counts as pruned).
 
     Each may raise ``OSError`` (or the backend's error) when the store cannot be reached; a
-    malformed key is ``ValueError``.
+    malformed key, or one a file store would follow out of its root (a symbolic link), is
+    ``ValueError``: the pruner then keeps the key and forgets it, a publication refuses it.
     """
 
     def put(self, key: str, data: bytes) -> str: ...

@@ -8,7 +8,10 @@ response message, ignoring keys the message does not declare.
 Errors (DESIGN.md section 4): an :class:`~protomolt_jobs.errors.ActionError` aborts the call with
 ``grpc.StatusCode[err.grpc_status]`` and the description ``"<code>: <message>"``; the trailing
 metadata carries ``protomolt-error`` (the code) and, when the error has details,
-``protomolt-error-details-bin`` (UTF-8 JSON). Requests arrive as raw bytes and are parsed in
+``protomolt-error-details-bin`` (UTF-8 JSON). Both travel as metadata, which clients cap at
+16 KiB: the description is cut to :data:`MAX_STATUS_MESSAGE` characters and the details to
+:data:`MAX_DETAILS_BYTES` (then only ``field`` and ``path``), so a refusal that names a huge
+value still arrives as itself. Requests arrive as raw bytes and are parsed in
 the handler: bytes that are not the request message (malformed, invalid UTF-8 in a string,
 a ``Struct`` nested past protobuf's limit) and a ``Struct`` holding NaN or an infinity are
 ``INVALID_ARGUMENT`` ``"invalid-input: ..."`` (naming the field when it can). Nothing yields
@@ -420,11 +423,12 @@ class ProtoMoltGrpcServer:
             except ActionError as err:
                 trailers: list[tuple[str, Any]] = [("protomolt-error", err.code)]
                 if err.details:
-                    trailers.append(
-                        ("protomolt-error-details-bin", json.dumps(err.details).encode("utf-8"))
-                    )
+                    trailers.append(("protomolt-error-details-bin", _details_bin(err.details)))
                 context.set_trailing_metadata(tuple(trailers))
-                return (grpc.StatusCode[err.grpc_status], f"{err.code}: {err.message}")
+                return (
+                    grpc.StatusCode[err.grpc_status],
+                    _bounded(f"{err.code}: {err.message}"),
+                )
             try:
                 return json_format.ParseDict(result, response_cls(), ignore_unknown_fields=True)
             except Exception:  # ParseError, TypeError, ValueError, OverflowError, ...
@@ -459,6 +463,32 @@ class ProtoMoltGrpcServer:
         return handle
 
 
+#: Most characters of a status message sent (gRPC carries it as metadata, and clients refuse
+#: more than 16 KiB of it: a refusal echoing a huge value would reach them as
+#: RESOURCE_EXHAUSTED, not as what it is).
+MAX_STATUS_MESSAGE = 2048
+#: Most bytes of the ``protomolt-error-details-bin`` trailer (beyond: only its ``field`` and
+#: ``path``).
+MAX_DETAILS_BYTES = 4096
+
+
+def _bounded(message: str) -> str:
+    """``message`` cut to :data:`MAX_STATUS_MESSAGE` characters (with ``…`` when cut)."""
+    if len(message) <= MAX_STATUS_MESSAGE:
+        return message
+    return message[: MAX_STATUS_MESSAGE - 1] + "…"
+
+
+def _details_bin(details: Mapping[str, Any]) -> bytes:
+    """The error details as the trailer's UTF-8 JSON, at most :data:`MAX_DETAILS_BYTES` (else
+    only the ``field`` and ``path`` that name what was refused, each bounded)."""
+    raw = json.dumps(details).encode("utf-8")
+    if len(raw) <= MAX_DETAILS_BYTES:
+        return raw
+    kept = {k: _bounded(str(details[k]))[:512] for k in ("field", "path") if k in details}
+    return json.dumps({**kept, "truncated": True}).encode("utf-8")
+
+
 def _refuse(
     context: grpc.ServicerContext, message: str, field: str | None = None
 ) -> tuple[grpc.StatusCode, str]:
@@ -468,7 +498,7 @@ def _refuse(
         details = json.dumps({"field": field}).encode("utf-8")
         trailers.append(("protomolt-error-details-bin", details))
     context.set_trailing_metadata(tuple(trailers))
-    return (grpc.StatusCode.INVALID_ARGUMENT, f"invalid-input: {message}")
+    return (grpc.StatusCode.INVALID_ARGUMENT, _bounded(f"invalid-input: {message}"))
 
 
 def _failing_field(request: Any) -> str | None:

@@ -184,6 +184,16 @@ class Pruner(PeriodicService):
                     continue
                 try:
                     self._artifacts.delete(key)  # False: already missing, counts as pruned
+                except ValueError as exc:  # a key the store refuses (out of its root): not ours
+                    self.log.warning(
+                        "artifact bytes %s are not the store's to delete (kept): %s",
+                        uri,
+                        exc,
+                        extra={"action": "artifact_prune_refused", "worker_id": self.worker_id},
+                    )
+                    kept += 1
+                    done.append(uri)
+                    continue
                 except Exception as exc:  # noqa: BLE001 - any store error: the key waits a pass
                     self.log.warning(
                         "artifact bytes %s could not be deleted (next pass retries): %s",

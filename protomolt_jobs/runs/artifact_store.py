@@ -3,7 +3,9 @@
 (``hooks/contract.py``; docs/artifacts.md).
 
 A key is a relative path of ``[A-Za-z0-9._-]`` segments joined by ``/`` (no ``..``, no empty
-segment); its uri is ``artifact://<key>``. Writes go to a temporary file renamed into place, so
+segment); its uri is ``artifact://<key>``. A key whose path leaves the root through a symbolic
+link (a directory or the file itself linked elsewhere) is refused like a malformed key: no path
+outside the root is ever read, written or deleted. Writes go to a temporary file renamed into place, so
 a reader never sees half a file. ``delete`` of a missing key answers False (counts as pruned).
 """
 
@@ -53,12 +55,16 @@ class FileArtifactStore:
         self.root = Path(root)
 
     def _path(self, key: str) -> Path:
-        return self.root.joinpath(*_check(key).split("/"))
+        path = self.root.joinpath(*_check(key).split("/"))
+        root = self.root.resolve()
+        if not path.resolve().is_relative_to(root):
+            raise ValueError(f"artifact key {key!r} leads outside the store's root")
+        return path
 
     def put(self, key: str, data: bytes) -> str:
         """Store ``data`` under ``key`` (atomically replacing any); returns its uri.
 
-        :raises ValueError: a malformed key.
+        :raises ValueError: a malformed key, or one leading outside the root.
         :raises OSError: the directory cannot be written.
         """
         path = self._path(key)
@@ -74,7 +80,9 @@ class FileArtifactStore:
         return uri_of(key)
 
     def get(self, key: str) -> bytes | None:
-        """The bytes under ``key``, or None when missing."""
+        """The bytes under ``key``, or None when missing.
+
+        :raises ValueError: a malformed key, or one leading outside the root."""
         try:
             return self._path(key).read_bytes()
         except FileNotFoundError:
@@ -84,7 +92,9 @@ class FileArtifactStore:
         return self._path(key).is_file()
 
     def delete(self, key: str) -> bool:
-        """Remove ``key``; False when it was already missing (never an error)."""
+        """Remove ``key``; False when it was already missing (never an error).
+
+        :raises ValueError: a malformed key, or one leading outside the root."""
         try:
             self._path(key).unlink()
         except FileNotFoundError:

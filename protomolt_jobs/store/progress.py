@@ -183,6 +183,7 @@ class ProgressMixin(db.Database):
         params = report_params(report)
         params["lease_s"] = float(lease_s)
         params["live"] = False
+        params["bound"] = params["mac"] = None
         with self._connection() as conn, conn.transaction():
             row = db.fenced(conn, "job_progress", lease, params)
             if row["status"] == "QUEUED":
@@ -200,14 +201,22 @@ class ProgressMixin(db.Database):
         return int(row["seq"])
 
     @db.translated
-    def job_report_live(self, lease: Lease, lease_s: float, report: ProgressReport) -> str:
+    def job_report_live(
+        self,
+        lease: Lease,
+        lease_s: float,
+        report: ProgressReport,
+        proof: tuple[str, str] | None = None,
+    ) -> str:
         """Store one report made from inside a running call (``ReportProgress``) and extend
         the lease; never applies a pending request (the service is told and acts on it).
 
         SQL: fenced ``job_progress`` with ``live`` (one statement; not a boundary write; a
         report without a state keeps the stored state; the fingerprints written are
         ``report``'s, those of the call's progress token, or the stored ones when
-        ``report.definition_sha256`` is ""). Transaction: one.
+        ``report.definition_sha256`` is ""). Transaction: one. ``proof``: a progress token's
+        ``(bound, mac)`` (store/progress_token.py): the fence then checks the mac against the
+        row's lease token instead of ``lease.token``.
 
         :returns: ``"continue"``, or ``"pause_requested"``/``"cancel_requested"`` when an
             operator's pause or cancel of the run is pending. A pending preemption ``yield``
@@ -222,6 +231,7 @@ class ProgressMixin(db.Database):
         params["lease_s"] = float(lease_s)
         params["live"] = True
         params["done"] = False
+        params["bound"], params["mac"] = proof if proof is not None else (None, None)
         with self._connection() as conn, conn.transaction():
             row = db.fenced(conn, "job_progress", lease, params)
         kind = row.get("control_kind")

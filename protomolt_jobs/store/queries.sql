@@ -1716,7 +1716,7 @@ RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 -- ---------------------------------------------------------------------------------------------
 
 -- name: job_progress
--- description: fenced (status, lease_owner, attempt, lease_token): one progress report of a long step: extends lease_until to now() + lease_s (the report is the heartbeat) and upserts the (job_id, step, iteration) progress row from the same statement. When an operator request is pending and the step is not done, the update names its change ('progress'), so it is a boundary write and the trigger applies the request here (PAUSED or CANCELLED, lease cleared): control lands between chunks, with the report stored. With live = true (a ReportProgress from inside a running call, store/progress.py job_report_live) it is never a boundary write (the pending request is returned as control_kind for the service to act on), a report without a state keeps the stored one, and the fingerprints (adapter_version, input_sha256, definition_sha256, descriptor_sha256) are the ones its progress token carried (store/progress_token.py), or the stored ones when it carried none (definition_sha256 NULL: a token issued before they were carried). No event of its own.
+-- description: fenced (status, lease_owner, attempt, lease_token): one progress report of a long step: extends lease_until to now() + lease_s (the report is the heartbeat) and upserts the (job_id, step, iteration) progress row from the same statement. When an operator request is pending and the step is not done, the update names its change ('progress'), so it is a boundary write and the trigger applies the request here (PAUSED or CANCELLED, lease cleared): control lands between chunks, with the report stored. With live = true (a ReportProgress from inside a running call, store/progress.py job_report_live) it is never a boundary write (the pending request is returned as control_kind for the service to act on), a report without a state keeps the stored one, and the fingerprints (adapter_version, input_sha256, definition_sha256, descriptor_sha256) are the ones its progress token carried (store/progress_token.py), or the stored ones when it carried none (definition_sha256 NULL: a token issued without them). A live report's fence is the token's mac (mac, bound: the SHA-256 of bound || ':' || the row's lease token), never a lease token it carries; a worker's own report (mac NULL) is fenced by lease_token. No event of its own.
 WITH moved AS (
     UPDATE workflow_run
        SET lease_until = now() + make_interval(secs => %(lease_s)s),
@@ -1727,7 +1727,9 @@ WITH moved AS (
            change_step = CASE WHEN control IS NULL OR %(done)s OR %(live)s THEN NULL ELSE %(step)s END
      WHERE job_id = %(job_id)s AND status = 'RUNNING'
        AND lease_owner = %(owner)s AND attempt = %(attempt)s
-       AND lease_token = %(token)s
+       AND CASE WHEN %(mac)s::text IS NULL THEN lease_token = %(token)s
+                ELSE encode(sha256(convert_to(%(bound)s::text || ':' || lease_token::text, 'UTF8')),
+                            'hex') = %(mac)s::text END
     RETURNING job_id, workflow_name, status, attempt, error, lease_until,
               control->>'kind' AS control_kind
 ), saved AS (

@@ -19,7 +19,8 @@ extends the lease. The answer is ``{answer}``:
   moved by the sweeper, a run already paused, cancelled or finished): nothing was stored.
 
 Scope ``job-complete`` (the scope of a service answering its own step, as ``complete-step``):
-the token alone fences the write to one attempt of one run, and the node's caller check
+the token alone fences the write to one step of one attempt of one run (its mac: a holder
+that rewrites any field matches no row), and the node's caller check
 applies as to every verb.
 """
 
@@ -30,6 +31,7 @@ import logging
 from typing import Any
 
 from protomolt_jobs.errors import LeaseLost
+from protomolt_jobs.input_rules import check_json
 from protomolt_jobs.store.progress import ProgressReport
 from protomolt_jobs.store.progress_token import ProgressToken
 from protomolt_jobs.verbs.base import VERBS_LOGGER, JobsBackend, JobVerb, invalid, require_string
@@ -78,7 +80,8 @@ class ReportProgressAction(JobVerb):
         :raises Unavailable: no database configured.
         :raises InvalidInput: naming the field: ``token`` missing, empty or not a token this
             node issues; ``percent`` not a number within 0..100; ``details`` not text or
-            longer than :data:`MAX_DETAILS`; ``state`` larger than :data:`MAX_STATE_BYTES`;
+            longer than :data:`MAX_DETAILS`; ``state`` larger than :data:`MAX_STATE_BYTES` or holding what JSON or ``jsonb``
+            cannot (NaN, an infinity, a NUL character, nesting past the limit);
             an unknown field.
         """
         store, _ = self._accept(input)
@@ -98,6 +101,8 @@ class ReportProgressAction(JobVerb):
         if len(details) > MAX_DETAILS:
             raise invalid("details", f"Field 'details' is longer than {MAX_DETAILS} characters")
         state = input.get("state")
+        if state is not None:
+            check_json("state", state)  # NaN, an infinity, NUL: jsonb cannot hold them
         if state is not None and len(json.dumps(state)) > MAX_STATE_BYTES:
             raise invalid("state", f"Field 'state' is larger than {MAX_STATE_BYTES} bytes")
         report = ProgressReport(
@@ -114,7 +119,9 @@ class ReportProgressAction(JobVerb):
             descriptor_sha256=token.descriptor_sha256,
         )
         try:
-            answer = store.job_report_live(token.lease, self.backend.lease_s, report)
+            answer = store.job_report_live(
+                token.lease, self.backend.lease_s, report, (token.bound, token.mac)
+            )
         except LeaseLost:
             answer = "lease_lost"
         except (ValueError, TypeError) as exc:

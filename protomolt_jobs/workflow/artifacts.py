@@ -39,6 +39,8 @@ from typing import Any
 from google.protobuf.message import Message
 
 from protomolt_jobs.workflow import cel as _cel
+from protomolt_jobs.workflow import cel_check
+from protomolt_jobs.workflow import graph as _graph
 from protomolt_jobs.workflow.types import (
     EFFECT_EXTERNAL,
     CompiledWorkflow,
@@ -70,6 +72,9 @@ STATES = ("draft", "verified", "promoted", "retracted", "pruned")
 RESPONSE = "response"
 #: The port of an external step's receipt.
 RECEIPT = "receipt"
+#: The uri scheme of the node's byte store (``runs.artifact_store.SCHEME``; this layer may not
+#: import it): a uri of this scheme that the store refuses is never published unchecked.
+STORE_SCHEME = "artifact://"
 
 
 @dataclass(frozen=True)
@@ -390,7 +395,8 @@ def check_consumed(
     required state and, with ``approvedBy``, have the hash the approvers saw (the approval
     entry's ``seenArtifacts``); a port whose bytes the node's ``ArtifactStore`` holds
     (``read(uri)``: the bytes, None when missing; it raises ValueError for a uri that is not
-    the store's) is hashed again, so bytes changed after the review are refused too; and an
+    the store's, or an ``artifact://`` one whose key the store refuses, which is refused
+    here) is hashed again, so bytes changed after the review are refused too; and an
     artifact an operator retracted (``rows()``: ``{artifactId: state}`` of the run's
     ``workflow_artifact`` rows, read once, only for a step that consumes) is refused. Returns
     what was consumed: ``[{ref, sha256, step, iteration, port, kind, attempt}]``.
@@ -460,7 +466,14 @@ def check_consumed(
         if read is not None and uri is not None:
             try:
                 data = read(uri)
-            except ValueError:
+            except ValueError as exc:
+                if str(uri).startswith(STORE_SCHEME):  # the store's, but it refuses the key
+                    raise WorkflowExecutionError(
+                        FailureKind.ARTIFACT,
+                        step.name,
+                        f"consumed artifact '{c.ref}': its bytes at {uri} cannot be read again "
+                        f"({exc}): refusing to publish what cannot be checked",
+                    ) from exc
                 data = b""  # not the store's uri: nothing to re-hash
                 uri = None
             if uri is not None:
@@ -496,12 +509,43 @@ def canonical_sha256(value: Any) -> tuple[str, int]:
     return hashlib.sha256(data).hexdigest(), len(data)
 
 
+def _cel_problem(text: str, step: Step | None) -> str | None:
+    """Why ``text`` (a port or receipt expression over ``response``) cannot work: it does not
+    compile, or the type checker finds it reads what the step's response type does not have;
+    None when it checks (or cannot be checked here)."""
+    try:
+        _cel.compile_expression(text)
+    except _cel.CelError as exc:
+        return str(exc)
+    output = getattr(step, "output_type", None)
+    if output is None:
+        return None
+    return cel_check.type_error(text, {"response": output}, None, boolean=False)
+
+
+def _before(workflow: CompiledWorkflow) -> dict[str, frozenset[str]]:
+    """Step -> the steps that run before it: a graph's ancestors, a sequential run's earlier
+    steps."""
+    if getattr(workflow, "graph", None):
+        return _graph.ancestors(workflow)
+    order = [s.name for s in workflow.steps]
+    return {name: frozenset(order[:i]) for i, name in enumerate(order)}
+
+
 def findings(workflow: CompiledWorkflow) -> list[Finding]:
     """Findings about the artifact keys, each naming its path (``steps[i].outputs.<port>``,
-    ``steps[i].validates[j]``, ``steps[i].consumes.<ref>``, ``steps[i].receipt``)."""
+    ``steps[i].validates[j]``, ``steps[i].consumes.<ref>``, ``steps[i].receipt``): malformed
+    values, expressions that do not compile or read a field the step's response lacks (they
+    would fail the step only after its call), references to no step or port, or to a step
+    that does not run before the referring one."""
     out: list[Finding] = []
     raws = _raw_steps(workflow)
     by_name = {s.name: s for s in workflow.steps}
+    before = _before(workflow) if any("validates" in r or "consumes" in r for r in raws) else {}
+
+    def runs_before(ref: str, name: str) -> bool:
+        return ref.partition(".")[0] in before.get(name, frozenset())
+
     approvals = {s.name for s in workflow.steps if s.approval is not None}
     ports = {
         str(r.get("name")): set(r["outputs"]) if isinstance(r.get("outputs"), dict) else set()
@@ -531,6 +575,18 @@ def findings(workflow: CompiledWorkflow) -> list[Finding]:
                             out.append(
                                 Finding(name, "artifact", f"{where}.{key} must be a CEL string")
                             )
+                    for key in ("mediaType", "sizeBytes"):
+                        if key in rule and (not isinstance(rule[key], str) or not rule[key]):
+                            out.append(Finding(name, "artifact", f"{where}.{key} must be a string"))
+                    for key in ("uri", "sha256", "mediaType", "sizeBytes"):
+                        text = rule.get(key)
+                        if not isinstance(text, str) or not text:
+                            continue
+                        if key == "mediaType" and "response" not in text:
+                            continue  # a literal media type (port_records)
+                        problem = _cel_problem(text, by_name.get(name))
+                        if problem:
+                            out.append(Finding(name, "artifact", f"{where}.{key}: {problem}"))
                     for key in rule:
                         if key not in ("uri", "sha256", "mediaType", "sizeBytes"):
                             out.append(
@@ -539,6 +595,8 @@ def findings(workflow: CompiledWorkflow) -> list[Finding]:
         if "receipt" in raw:
             if not isinstance(raw["receipt"], str) or not raw["receipt"]:
                 out.append(Finding(name, "artifact", f"steps[{i}].receipt must be a CEL string"))
+            elif problem := _cel_problem(raw["receipt"], by_name.get(name)):
+                out.append(Finding(name, "artifact", f"steps[{i}].receipt: {problem}"))
             elif by_name.get(name) is not None and by_name[name].effect != EFFECT_EXTERNAL:
                 out.append(
                     Finding(
@@ -562,6 +620,15 @@ def findings(workflow: CompiledWorkflow) -> list[Finding]:
                                 f"steps[{i}].validates[{j}]: {ref!r} names no step or port",
                             )
                         )
+                    elif not runs_before(ref, name):
+                        out.append(
+                            Finding(
+                                name,
+                                "artifact",
+                                f"steps[{i}].validates[{j}]: {ref.partition('.')[0]!r} does "
+                                f"not run before {name!r}",
+                            )
+                        )
         if "consumes" in raw:
             cons = raw["consumes"]
             if not isinstance(cons, dict):
@@ -571,6 +638,14 @@ def findings(workflow: CompiledWorkflow) -> list[Finding]:
                 where = f"steps[{i}].consumes.{ref}"
                 if not ref_ok(ref):
                     out.append(Finding(name, "artifact", f"{where}: names no step or port"))
+                elif not runs_before(ref, name):
+                    out.append(
+                        Finding(
+                            name,
+                            "artifact",
+                            f"{where}: {ref.partition('.')[0]!r} does not run before {name!r}",
+                        )
+                    )
                 if not isinstance(want, dict):
                     out.append(Finding(name, "artifact", f"{where} must be an object"))
                     continue

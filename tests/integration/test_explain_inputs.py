@@ -385,6 +385,40 @@ def test_supply_input_racing_cancel_ends_in_one_state_and_the_answers_say_which(
     assert outcomes[-1][1] is False and outcomes[-2][1] is True, outcomes  # both orders seen
 
 
+def test_two_operators_supplying_at_once_end_in_one_revision_and_the_loser_is_told(
+    node, services, fresh_dsn
+):
+    url = node.http.url
+    for _ in range(3):
+        job_id = submit(url, doc_workflow(services.target), {"text": "q3"})
+        status_becomes(url, job_id, "WAITING", "waiting_input")
+        start = threading.Barrier(2)
+        answers: dict[str, dict] = {}
+
+        def supply(value, job_id=job_id, start=start, answers=answers):
+            start.wait()
+            body = {"jobId": job_id, "path": "lang", "value": value}
+            answers[value] = post(url, "supply-input", body, who="ops")[1]
+
+        threads = [threading.Thread(target=supply, args=(v,)) for v in ("en", "de")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        won = [v for v, a in answers.items() if a.get("ok")]
+        assert len(won) == 1, answers
+        (lost,) = {"en", "de"} - set(won)
+        assert answers[lost]["error"] == "not-waiting-for-input", answers[lost]
+        assert answers[lost]["status"] != "WAITING", answers[lost]
+        with psycopg.connect(fresh_dsn) as conn:
+            rows = conn.execute(
+                "SELECT path FROM workflow_input_revision WHERE job_id = %s", (job_id,)
+            ).fetchall()
+        assert rows == [("lang",)], rows
+        status_becomes(url, job_id, "COMPLETED")
+        assert get_job(url, job_id)["input"]["lang"] == won[0]
+
+
 def _count_statements(monkeypatch):
     counter = {"n": 0}
     execute = psycopg.Cursor.execute

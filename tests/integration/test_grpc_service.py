@@ -275,3 +275,43 @@ def test_close_is_idempotent():
     srv = ProtoMoltGrpcServer(catalog, port=0, max_workers=2).start()
     srv.close()
     srv.close()
+
+
+class _Echoing:
+    """A verb whose refusal echoes its whole input, as a verb naming a bad value does."""
+
+    scope = "job-control"
+    name = "resume-job"
+    description = "echoes"
+    input_schema: dict = {"type": "object"}  # noqa: RUF012 - a test double
+
+    def execute(self, input):
+        from protomolt_jobs.errors import InvalidInput
+
+        raise InvalidInput(
+            f"Field 'at' is not a time; got {input.get('at')!r}",
+            {"field": "at", "got": input.get("at")},
+        )
+
+
+def test_a_refusal_echoing_a_huge_value_still_reaches_the_client_as_invalid_argument():
+    """gRPC carries the status message and trailers as metadata (a client refuses more than
+    16 KiB): a refusal naming a 100 000-character value must still arrive as INVALID_ARGUMENT
+    naming the field, not as the client's RESOURCE_EXHAUSTED."""
+    catalog, _ = stub_catalog("get-job")
+    catalog.register(_Echoing())
+    srv = ProtoMoltGrpcServer(catalog, port=0, max_workers=2).start()
+    channel = grpc.insecure_channel(srv.target)
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            _call(channel, "ResumeJob", pb.ResumeJobRequest(job_id="j", at="x" * 100_000))
+        err = info.value
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (err.code(), err.details()[:200])
+        assert err.details().startswith("invalid-input: Field 'at' is not a time; got 'xxx")
+        assert len(err.details()) < 8192
+        trailers = dict(err.trailing_metadata())
+        assert trailers["protomolt-error"] == "invalid-input"
+        assert json.loads(trailers["protomolt-error-details-bin"])["field"] == "at"
+    finally:
+        channel.close()
+        srv.close()

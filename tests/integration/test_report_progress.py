@@ -262,6 +262,72 @@ def test_the_service_learns_of_the_pause_and_its_saved_state_is_resumed_from(
     assert types.count("PAUSED") == 1 and types.count("COMPLETED") == 1, types
 
 
+def _rewritten(token: str, **changes: Any) -> str:
+    """``token`` with fields of its JSON body changed (by index), as a holder could."""
+    import base64
+
+    prefix, raw = token[:5], token[5:]
+    body = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+    for index, value in changes.items():
+        body[int(index[1:])] = value
+    return prefix + base64.urlsafe_b64encode(json.dumps(body).encode()).decode().rstrip("=")
+
+
+def test_a_token_rewritten_to_another_step_is_refused_and_stores_nothing(
+    node, renderer, worker, fresh_dsn
+):
+    """The token is bound to the step it was issued for: a holder that rewrites the step (or
+    drops the fingerprints) cannot plant a state another step of the run would continue from."""
+    verbs, _ = node
+    reached = renderer.hold(2)
+    answer = verbs(
+        "submit-workflow",
+        {"workflow": _workflow(renderer.target), "input": {"scene": "s", "frames": FRAMES}},
+    )
+    job_id = answer["jobId"]
+    assert reached.wait(20), "frame 2 never started"
+    token = renderer.tokens[0]
+    assert token
+    planted = pb.ReportProgressRequest().state
+    planted.struct_value.update({"nextFrame": 7})
+    body_len = len(json.loads(_b64(token[5:])))
+    forged = [
+        _rewritten(token, i1="publish"),  # another step
+        _rewritten(token, i2=5),  # another iteration
+        _rewritten(token, i6=False),  # resumable flag
+    ]
+    if body_len == 11:
+        forged.append(_rewritten(token, i7="other-adapter", i10=""))  # fingerprints dropped
+    with psycopg.connect(fresh_dsn) as conn:
+        before = conn.execute(
+            "SELECT step, iteration, seq, state FROM workflow_run_progress WHERE job_id = %s"
+            " ORDER BY step, iteration",
+            (job_id,),
+        ).fetchall()
+    for text in forged:
+        try:
+            got = renderer.report(text, percent=1.0, details="forged", state=planted).answer
+        except grpc.RpcError as err:
+            got = err.code().name
+        assert got in ("lease_lost", "INVALID_ARGUMENT"), (text, got)
+    with psycopg.connect(fresh_dsn) as conn:
+        after = conn.execute(
+            "SELECT step, iteration, seq, state FROM workflow_run_progress WHERE job_id = %s"
+            " ORDER BY step, iteration",
+            (job_id,),
+        ).fetchall()
+    assert after == before, after
+    renderer.holds[2].set()
+    wait_for(lambda: verbs("get-job", {"jobId": job_id})["job"]["status"] == "COMPLETED" or None)
+    assert renderer.rendered == list(range(1, FRAMES + 1)), renderer.rendered
+
+
+def _b64(raw: str) -> bytes:
+    import base64
+
+    return base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))
+
+
 def test_a_step_that_does_not_opt_in_gets_no_token(node, renderer, worker):
     verbs, _ = node
     answer = verbs(
@@ -306,6 +372,28 @@ def test_bad_input_is_invalid_argument_naming_the_field(node, renderer):
     assert code == grpc.StatusCode.INVALID_ARGUMENT and text.startswith("invalid-input:")
     # a well-formed token whose lease holds no run: lease_lost, nothing written
     assert renderer.report(valid, percent=50.0).answer == "lease_lost"
+
+
+def test_a_state_json_or_jsonb_cannot_hold_is_invalid_argument_not_internal(node, renderer):
+    from google.protobuf import struct_pb2
+
+    valid = ProgressToken(Lease(uuid.uuid4(), "w", 1, uuid.uuid4()), "render", 0, True).encode()
+    nan = struct_pb2.Value(number_value=float("nan"))
+    deep = struct_pb2.Value(struct_value=struct_pb2.Struct(fields={"frame": nan}))
+    nul = struct_pb2.Value(string_value="a\x00b")
+    for state in (nan, deep, nul):
+        request = pb.ReportProgressRequest(token=valid, percent=10.0, state=state)
+        code, text, named = _refusal(renderer, request.SerializeToString())
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, (state, code, text)
+        assert text.startswith("invalid-input:") and named == "state", (state, text, named)
+    # the HTTP door parses NaN and Infinity (Python's json): the verb refuses them itself
+    from protomolt_jobs.errors import InvalidInput
+
+    verbs, _ = node
+    for state in (float("nan"), {"frame": float("inf")}, ["a\x00b"]):
+        with pytest.raises(InvalidInput) as refused:
+            verbs("report-progress", {"token": valid, "state": state})
+        assert refused.value.details.get("field") == "state", refused.value
 
 
 def test_a_pending_cancel_is_told_and_lands_when_the_service_stops(node, renderer, worker):

@@ -95,6 +95,43 @@ def test_the_verifier_names_the_path_of_each_bad_artifact_key():
     ]
 
 
+def test_the_verifier_checks_the_cel_of_ports_and_receipts_and_the_order_of_references():
+    """A port or receipt expression that cannot compile, or reads a field the response does not
+    have, would fail the step only after its call (an external effect already made): the
+    verifier names it. So does a non-text media type, and a step that validates or consumes
+    an artifact of a step that does not run before it."""
+    wf = _compiled(
+        [
+            step(
+                "gen",
+                T,
+                outputs={
+                    "draft": {"uri": "response.((", "sha256": "response.nope", "mediaType": 5},
+                    "ok": {"uri": "response.step", "sha256": "response.step"},
+                },
+                validates=["check"],
+            ),
+            {**step("send", T, receipt="response.)"), "effect": "external"},
+            step("check", T, validates=["gen.ok"]),
+            step("publish", T, consumes={"gen.ok": {"state": "verified"}, "late": {}}),
+            step("late", T),
+        ]
+    )
+    found = [(f.step, f.error) for f in verify(wf) if f.kind == "artifact"]
+    by_step: dict[str, list[str]] = {}
+    for name, error in found:
+        by_step.setdefault(name, []).append(error)
+    gen = by_step["gen"]
+    assert any(e.startswith("steps[0].outputs.draft.uri: ") for e in gen), gen
+    assert any(e.startswith("steps[0].outputs.draft.sha256: ") and "nope" in e for e in gen), gen
+    assert "steps[0].outputs.draft.mediaType must be a string" in gen, gen
+    assert "steps[0].validates[0]: 'check' does not run before 'gen'" in gen, gen
+    assert not any("outputs.ok" in e for e in gen), gen
+    assert any(e.startswith("steps[1].receipt: ") for e in by_step["send"]), by_step
+    assert "check" not in by_step, by_step
+    assert by_step["publish"] == ["steps[3].consumes.late: 'late' does not run before 'publish'"]
+
+
 def test_a_workflow_without_artifact_keys_has_no_spec_and_no_findings():
     wf = _compiled([step("a", T), step("b", T, reads=["a"])])
     assert wa.spec(wf) == {}
@@ -294,3 +331,92 @@ def test_an_entry_without_artifact_keys_asks_for_no_rows():
         ("gen", "draft", "draft", 2),
         ("imp", "response", "verified", 1),
     ]
+
+
+def test_the_file_store_never_follows_a_symlink_out_of_its_root(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"not yours")
+    store = FileArtifactStore(tmp_path / "s")
+    store.put("ok/a", b"x")
+    (tmp_path / "s" / "link").symlink_to(outside, target_is_directory=True)
+    (tmp_path / "s" / "ok" / "file-link").symlink_to(outside / "secret")
+    for key in ("link/secret", "ok/file-link"):
+        with pytest.raises(ValueError, match="outside"):
+            store.get(key)
+        with pytest.raises(ValueError, match="outside"):
+            store.exists(key)
+        with pytest.raises(ValueError, match="outside"):
+            store.put(key, b"overwrite")
+        with pytest.raises(ValueError, match="outside"):
+            store.delete(key)
+    with pytest.raises(ValueError, match="outside"):
+        store.put("link/new", b"planted")
+    assert (outside / "secret").read_bytes() == b"not yours"
+    assert sorted(p.name for p in outside.iterdir()) == ["secret"]
+    assert store.get("ok/a") == b"x"
+
+
+def test_publication_refuses_store_bytes_it_cannot_read_again(tmp_path):
+    """An ``artifact://`` uri the store refuses (a malformed key, a link out of its root) is
+    not skipped as someone else's uri: what cannot be re-hashed is not published."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    data = b"the reviewed draft"
+    (outside / "draft.md").write_bytes(data)
+    store = FileArtifactStore(tmp_path / "s")
+    store.put("r/x", b"x")
+    (tmp_path / "s" / "link").symlink_to(outside, target_is_directory=True)
+    sha = hashlib.sha256(data).hexdigest()
+    wf = _publication(state="verified")
+    publish = wf.step("publish")
+
+    def read(u: str) -> bytes | None:
+        key = key_of(u)
+        if key is None:
+            raise ValueError(u)
+        return store.get(key)
+
+    for uri in ("artifact://link/draft.md", "artifact://../outside/draft.md"):
+        entries = [_gen(sha, uri), _check()]
+        message = _fails(lambda entries=entries: wa.check_consumed(wf, publish, entries, read))
+        assert "cannot be read again" in message and uri in message
+
+
+def test_the_engine_knows_the_store_scheme():
+    from protomolt_jobs.runs.artifact_store import SCHEME
+
+    assert wa.STORE_SCHEME == SCHEME
+
+
+def test_the_pruner_forgets_a_key_the_store_refuses_and_deletes_nothing_outside(tmp_path):
+    from protomolt_jobs.maintenance.pruner import Pruner
+    from tests.support.worker_proc import jobs_config
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_bytes(b"not the store's")
+    store = FileArtifactStore(tmp_path / "s")
+    store.put("r/gone.txt", b"x")
+    (tmp_path / "s" / "link").symlink_to(outside, target_is_directory=True)
+
+    queued = ["artifact://link/keep.txt", "artifact://r/gone.txt"]
+
+    class Rows:
+        def __init__(self) -> None:
+            self.queued = list(queued)
+            self.forgotten: list[str] = []
+
+        def artifact_bytes_doomed(self, limit: int) -> list[tuple[str, bool]]:
+            return [(u, False) for u in self.queued if u not in self.forgotten]
+
+        def artifact_bytes_forget(self, uris: list[str]) -> int:
+            self.forgotten.extend(uris)
+            return len(uris)
+
+    rows = Rows()
+    pruner = Pruner(rows, config=jobs_config("postgresql://unused/x"), artifact_store=store)
+    assert pruner._prune_bytes() == (1, 1)  # deleted r/gone.txt; the link's key: not ours
+    assert sorted(rows.forgotten) == sorted(queued)  # neither waits for another pass
+    assert (outside / "keep.txt").read_bytes() == b"not the store's"
+    assert store.get("r/gone.txt") is None

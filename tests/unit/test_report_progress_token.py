@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import json
 import uuid
 
 import pytest
 
 from protomolt_jobs import workflow as engine
-from protomolt_jobs.store.progress_token import HEADER, ProgressToken
+from protomolt_jobs.store.progress_token import (
+    HEADER,
+    UNKNOWN_LEASE_TOKEN,
+    ProgressToken,
+    mac_of,
+)
 from protomolt_jobs.store.records import Lease
 from protomolt_jobs.workflow import resumable
 from protomolt_jobs.workflow.effects import EffectContext
@@ -31,11 +37,44 @@ def _token(**overrides):
     return ProgressToken(**fields)
 
 
+def _read(token):
+    """What decoding ``token``'s text gives back: every binding but the lease token, which
+    the text never carries (its mac stands for it)."""
+    decoded = ProgressToken.decode(token.encode())
+    assert decoded.lease.token == UNKNOWN_LEASE_TOKEN
+    assert decoded.mac == mac_of(decoded.bound, token.lease.token)
+    return dataclasses.replace(
+        decoded, lease=dataclasses.replace(decoded.lease, token=token.lease.token), mac="", bound=""
+    )
+
+
 def test_a_token_round_trips_every_binding():
     token = _token()
     text = token.encode()
-    assert text.startswith("pmp1.") and text.isascii() and "=" not in text
-    assert ProgressToken.decode(text) == token
+    assert text.startswith("pmp2.") and text.isascii() and "=" not in text
+    assert _read(token) == token
+    assert str(token.lease.token) not in base64.urlsafe_b64decode(text[5:] + "==").decode()
+
+
+def test_a_token_rewritten_by_its_holder_no_longer_matches_its_mac():
+    token = _token(definition_sha256="c" * 64)
+    decoded = ProgressToken.decode(token.encode())
+    body = json.loads(base64.urlsafe_b64decode(token.encode()[5:] + "=="))
+    for i, value in [(1, "publish"), (2, 4), (6, False), (7, "other"), (10, "")]:
+        forged = list(body)
+        forged[i] = value
+        raw = base64.urlsafe_b64encode(json.dumps(forged).encode()).decode().rstrip("=")
+        rewritten = ProgressToken.decode("pmp2." + raw)
+        assert rewritten.mac == decoded.mac  # the holder cannot recompute it ...
+        assert mac_of(rewritten.bound, token.lease.token) != rewritten.mac  # ... so no match
+
+
+def test_a_token_of_the_first_format_is_refused():
+    body = ["00000000-0000-0000-0000-000000000001", "render", 0, 1, "w", str(uuid.uuid4()), True]
+    raw = base64.urlsafe_b64encode(json.dumps(body).encode()).decode().rstrip("=")
+    for prefix in ("pmp1.", "pmp2."):  # the lease token in the clear is not a mac
+        with pytest.raises(ValueError, match=r"^token: "):
+            ProgressToken.decode(prefix + raw)
 
 
 def test_a_token_carries_the_calls_fingerprints():
@@ -46,15 +85,15 @@ def test_a_token_carries_the_calls_fingerprints():
         "definition_sha256": "c" * 64,
     }
     token = _token(**prints)
-    assert ProgressToken.decode(token.encode()) == token
-    # a token issued before the fingerprints were carried (7 elements) still reads, with none
+    assert _read(token) == token
+    # a token issued without fingerprints (7 elements) still reads, with none
     legacy = _token()
     assert ProgressToken.decode(legacy.encode()).definition_sha256 == ""
     # fingerprints that would make the token too long are left out, never a refused token
     huge = _token(**{**prints, "adapter_version": "v" * 3000})
     text = huge.encode()
     assert len(text) <= 2048
-    assert ProgressToken.decode(text) == _token(lease=huge.lease)
+    assert _read(huge) == _token(lease=huge.lease)
 
 
 def test_a_token_with_a_malformed_fingerprint_is_refused():
@@ -66,15 +105,26 @@ def test_a_token_with_a_malformed_fingerprint_is_refused():
         forged[i] = bad
         raw = base64.urlsafe_b64encode(json.dumps(forged).encode()).decode().rstrip("=")
         with pytest.raises(ValueError, match=r"^token: "):
-            ProgressToken.decode("pmp1." + raw)
+            ProgressToken.decode("pmp2." + raw)
     raw = base64.urlsafe_b64encode(json.dumps(body[:9]).encode()).decode().rstrip("=")
     with pytest.raises(ValueError, match=r"^token: "):
-        ProgressToken.decode("pmp1." + raw)
+        ProgressToken.decode("pmp2." + raw)
 
 
 @pytest.mark.parametrize(
     "text",
-    [None, "", "  ", 5, "garbage", "pmp1.", "pmp1.!!!", "pmp1.bm90IGpzb24", "pmp1." + "A" * 3000],
+    [
+        None,
+        "",
+        "  ",
+        5,
+        "garbage",
+        "pmp2.",
+        "pmp2.!!!",
+        "pmp2.bm90IGpzb24",
+        "pmp2." + "A" * 3000,
+        "pmp1.x",
+    ],
 )
 def test_anything_else_is_refused_naming_token(text):
     with pytest.raises(ValueError, match=r"^token: "):
@@ -89,7 +139,7 @@ def test_a_token_of_another_shape_is_refused():
         forged[i] = bad
         raw = base64.urlsafe_b64encode(json.dumps(forged).encode()).decode().rstrip("=")
         with pytest.raises(ValueError, match=r"^token: "):
-            ProgressToken.decode("pmp1." + raw)
+            ProgressToken.decode("pmp2." + raw)
 
 
 def _step(reports):
