@@ -454,9 +454,18 @@ def _cx_int(value: int) -> celtypes.IntType:
     return int.__new__(celtypes.IntType, value)
 
 
+_CX_FALSE, _CX_TRUE = celtypes.BoolType(False), celtypes.BoolType(True)
+
+
+def _cx_bool(value: bool) -> celtypes.BoolType:
+    # Gates, filters and message rules answer a bool: the two CEL bools are made once
+    # (BoolType's ``__new__`` is Python code, about a microsecond per call).
+    return _CX_TRUE if value else _CX_FALSE
+
+
 #: cel-cpp result kinds by name (one ``name()`` call is cheaper than a chain of Type ``==``).
 _FROM_CX_BY_NAME: dict[str, Callable[[Any], Any]] = {
-    "BOOL": celtypes.BoolType,
+    "BOOL": _cx_bool,
     "STRING": celtypes.StringType,
     "INT": _cx_int,
 }
