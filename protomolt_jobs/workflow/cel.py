@@ -171,7 +171,8 @@ def evaluate(text: str, activation: Mapping[str, Any]) -> Any:
     """
     prog = compile_expression(text)
     try:
-        result = prog.evaluate(dict(activation))
+        # No copy: Program.evaluate reads the activation and never changes it.
+        result = prog.evaluate(activation)
     except CelError:
         raise
     except Exception as exc:  # celpy raises CELEvalError and assorted Python errors

@@ -193,6 +193,16 @@ class Program:
             return _NO_ANSWER
         expr, used = entry
         try:
+            if len(used) == 1:
+                # One name read (a gate over the input, a selector over one step, a message
+                # rule over ``this``): a deferred value keeps its cel-cpp activation, so its
+                # plain value is converted into cel-cpp once, not once per expression.
+                n = used[0]
+                v = activation[n]
+                if type(v) is Deferred:
+                    act = v.cx_activation(n)
+                    if act is not None:
+                        return _from_cx(expr.eval(activation=act))
             data = {}
             for n in used:
                 v = activation[n]
@@ -257,7 +267,7 @@ class Deferred:
     :param source: what is converted (a message, a JSON document).
     """
 
-    __slots__ = ("_cel", "_plain", "_to_cel", "_to_plain", "source")
+    __slots__ = ("_cel", "_cx_act", "_plain", "_to_cel", "_to_plain", "source")
 
     def __init__(
         self, source: Any, to_cel: Callable[[Any], Any], to_plain: Callable[[Any], Any]
@@ -267,6 +277,7 @@ class Deferred:
         self._to_plain = to_plain
         self._cel: Any = _UNSET
         self._plain: Any = _UNSET
+        self._cx_act: tuple[str, Any] | None = None
 
     def cel(self) -> Any:
         """The CEL value (converted once)."""
@@ -274,6 +285,24 @@ class Deferred:
         if value is _UNSET:
             value = self._cel = self._to_cel(self.source)
         return value
+
+    def cx_activation(self, name: str) -> Any:
+        """A cel-cpp activation binding ``name`` to :meth:`plain`, from the second read under
+        that name on (None the first time: building one costs about what it saves on one
+        evaluation). A cel-cpp activation serves any expression, whichever environment
+        compiled it.
+
+        :raises Unrepresentable: as :meth:`plain`.
+        """
+        held = self._cx_act
+        if held is not None and held[0] == name:
+            act = held[1]
+            if act is None:
+                act = _cx_bare_env().Activation({name: self.plain()})
+                self._cx_act = (name, act)
+            return act
+        self._cx_act = (name, None)
+        return None
 
     def plain(self) -> Any:
         """The plain value for cel-cpp (converted once).
@@ -307,6 +336,21 @@ _DIVERGENT = re.compile(
     r"\d\.\d|\.\d|\d[eE][+-]?\d|\d[uU]\b|\b(?:double|uint|timestamp|duration)\s*\("
     r"|\bmatches\s*\(|\.get[A-Z]\w*\s*\("
 )
+
+
+_cx_bare: Any = None
+
+
+def _cx_bare_env() -> Any:
+    """A cel-cpp environment without declarations, for activations (see ``cx_activation``)."""
+    global _cx_bare
+    env = _cx_bare
+    if env is None:
+        with _lock:
+            if _cx_bare is None:
+                _cx_bare = _cx.NewEnv()
+            env = _cx_bare
+    return env
 
 
 def _cx_compile(text: str, names: tuple[str, ...], *, strings: bool) -> Any:
@@ -410,9 +454,18 @@ def _cx_int(value: int) -> celtypes.IntType:
     return int.__new__(celtypes.IntType, value)
 
 
+_CX_FALSE, _CX_TRUE = celtypes.BoolType(False), celtypes.BoolType(True)
+
+
+def _cx_bool(value: bool) -> celtypes.BoolType:
+    # Gates, filters and message rules answer a bool: the two CEL bools are made once
+    # (BoolType's ``__new__`` is Python code, about a microsecond per call).
+    return _CX_TRUE if value else _CX_FALSE
+
+
 #: cel-cpp result kinds by name (one ``name()`` call is cheaper than a chain of Type ``==``).
 _FROM_CX_BY_NAME: dict[str, Callable[[Any], Any]] = {
-    "BOOL": celtypes.BoolType,
+    "BOOL": _cx_bool,
     "STRING": celtypes.StringType,
     "INT": _cx_int,
 }

@@ -47,6 +47,7 @@ reverse completion order, each checkpointed like any step.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import threading
 import time
@@ -604,7 +605,13 @@ _IDENT_USE = re.compile(r"(?<![\w.])([A-Za-z_]\w*)")
 
 def cel_names(expr: str) -> set[str]:
     """Identifiers an expression uses at the top level (``a.b`` gives ``a``), literals aside."""
-    return set(_IDENT_USE.findall(_STRING_LITERAL.sub("", expr)))
+    return set(_cel_names(expr))
+
+
+@functools.lru_cache(maxsize=4096)
+def _cel_names(expr: str) -> frozenset[str]:
+    # Every step that runs asks again (``names_read``: its lineage); the texts are few.
+    return frozenset(_IDENT_USE.findall(_STRING_LITERAL.sub("", expr)))
 
 
 def names_read(step: Step) -> set[str]:
@@ -615,9 +622,9 @@ def names_read(step: Step) -> set[str]:
         if isinstance(rule.source, tuple) and rule.source:
             out.add(rule.source[0])
     for crule in step.cel_rules:
-        out |= cel_names(crule.filter) | cel_names(crule.selector)
+        out |= _cel_names(crule.filter) | _cel_names(crule.selector)
     if step.when.strip():
-        out |= cel_names(step.when)
+        out |= _cel_names(step.when)
     return out
 
 

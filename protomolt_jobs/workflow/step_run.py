@@ -24,6 +24,7 @@ from protomolt_jobs.workflow import cel as _cel
 from protomolt_jobs.workflow import effects as fx
 from protomolt_jobs.workflow import mapping
 from protomolt_jobs.workflow.envelope import message_class
+from protomolt_jobs.workflow.proto_json import message_to_dict
 from protomolt_jobs.workflow.types import (
     APPROVAL,
     CompiledWorkflow,
@@ -125,9 +126,7 @@ def checkpoint_entry(
     return {
         "name": step,
         "skipped": False,
-        "response": json_format.MessageToDict(
-            response, always_print_fields_with_no_presence=True, descriptor_pool=pool
-        ),
+        "response": message_to_dict(response, descriptor_pool=pool),
     }
 
 
@@ -445,9 +444,7 @@ def workflow_output(
     else:
         output = last
     try:
-        output_json = json_format.MessageToDict(
-            output, always_print_fields_with_no_presence=True, descriptor_pool=workflow.pool
-        )
+        output_json = message_to_dict(output, descriptor_pool=workflow.pool)
     except Exception as exc:  # json_format raises assorted types
         raise fail(
             FailureKind.WORKFLOW, "output", f"failed to render the workflow output: {exc}"

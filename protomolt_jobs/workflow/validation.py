@@ -61,13 +61,14 @@ from typing import Any
 import celpy
 import pycountry
 from celpy import celtypes
-from google.protobuf import descriptor_pb2, json_format
+from google.protobuf import descriptor_pb2
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from protomolt_jobs.errors import ProtomoltJobsError
 from protomolt_jobs.pb.ai.pipestream.proto.validate.v1 import validate_pb2
 from protomolt_jobs.workflow import celenv, validation_cel
+from protomolt_jobs.workflow.proto_json import message_to_dict
 
 log = logging.getLogger("protomolt_jobs.validation")
 
@@ -906,12 +907,7 @@ def _message_dict(msg: Message) -> celenv.Deferred:
     # Deferred: cel-cpp reads the JSON document as it is; CEL values only if cel-python must
     # answer (to_cel cannot fail on MessageToDict's output, so converting late is safe).
     return celenv.deferred_json(
-        json_format.MessageToDict(
-            msg,
-            preserving_proto_field_name=True,
-            always_print_fields_with_no_presence=True,
-            use_integers_for_enums=True,
-        )
+        message_to_dict(msg, preserving_proto_field_name=True, use_integers_for_enums=True)
     )
 
 
@@ -933,12 +929,7 @@ def _cel_value(fd: FieldDescriptor, value: Any) -> celtypes.Value:
 def _plain(fd: FieldDescriptor, value: Any) -> Any:
     """A field value (or element) as a JSON-shaped Python value for CEL."""
     if isinstance(value, Message):
-        return json_format.MessageToDict(
-            value,
-            preserving_proto_field_name=True,
-            always_print_fields_with_no_presence=True,
-            use_integers_for_enums=True,
-        )
+        return message_to_dict(value, preserving_proto_field_name=True, use_integers_for_enums=True)
     return value
 
 

@@ -222,3 +222,24 @@ def test_results_are_read_by_kind_name_as_by_kind():
         assert type(got) is celtypes.IntType and got == celtypes.IntType(expected)
     assert celenv.program("'a' + 'b'")._evaluate_fast({}) == celtypes.StringType("ab")
     assert type(celenv.program("1 < 2")._evaluate_fast({})) is celtypes.BoolType
+
+
+def test_a_deferred_value_read_again_answers_through_its_kept_activation():
+    doc = {"title": "Q1", "score": 7, "tags": ["a", "b"], "lang": "EN"}
+    texts = [
+        "this.score >= 0 && this.score <= 1000",
+        "this.score + 1",
+        "this.lang + '!'",
+        "size(this.tags) > 1 ? this.title : 'no'",
+    ]
+    expected = [celenv.program(t).evaluate({"this": celenv.to_cel(doc)}) for t in texts]
+    this = celenv.deferred_json(doc)
+    for _ in range(3):  # first read without, then through the kept activation
+        got = [celenv.program(t).evaluate({"this": this}) for t in texts]
+        assert [type(g) for g in got] == [type(e) for e in expected]
+        assert got == expected
+    assert this.cx_activation("this") is not None
+    # Read under another name: the activation is rebuilt for that name.
+    assert celenv.program("s0.score + 1").evaluate({"s0": this}) == 8
+    assert celenv.program("s0.score + 2").evaluate({"s0": this}) == 9
+    assert celenv.program("this.score + 3").evaluate({"this": this}) == 10
