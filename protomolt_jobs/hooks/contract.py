@@ -79,6 +79,7 @@ __all__ = [
     "WorkflowRepository",
     "WorkflowVersions",
     "current_groups",
+    "current_holds",
     "current_principal",
     "principal_scope",
 ]
@@ -695,13 +696,36 @@ def current_groups() -> frozenset[str]:
     return _GROUPS.get()
 
 
+def _every_scope(scope: str) -> bool:
+    return True
+
+
+#: Whether the principal of the verb call running in this context holds a scope.
+_HOLDS: contextvars.ContextVar[Callable[[str], bool]] = contextvars.ContextVar(
+    "protomolt_holds", default=_every_scope
+)
+
+
+def current_holds(scope: str) -> bool:
+    """True when the principal of the verb call running in this context holds ``scope`` (a
+    verb that runs under one scope but may do more for a caller holding another asks this:
+    ``test-workflow`` records a stored version's test result only for a caller holding
+    ``workflow-write``). Outside any surface (in-process): every scope."""
+    return _HOLDS.get()(scope)
+
+
 @contextlib.contextmanager
-def principal_scope(name: str, groups: Iterable[str] = ()) -> Iterator[None]:
-    """Run the body as ``name`` in ``groups`` (the host's catalog wraps each verb call in it)."""
+def principal_scope(
+    name: str, groups: Iterable[str] = (), holds: Callable[[str], bool] | None = None
+) -> Iterator[None]:
+    """Run the body as ``name`` in ``groups``, holding the scopes ``holds`` says (absent:
+    every scope); the host's catalog wraps each verb call in it."""
     token = _PRINCIPAL.set(name)
     group_token = _GROUPS.set(frozenset(groups))
+    holds_token = _HOLDS.set(holds or _every_scope)
     try:
         yield
     finally:
+        _HOLDS.reset(holds_token)
         _GROUPS.reset(group_token)
         _PRINCIPAL.reset(token)

@@ -209,7 +209,7 @@ class Catalog:
         if not isinstance(input, dict):
             raise InvalidInput("Input must be a JSON object (at '')")
         try:
-            with principal_scope(caller.name, caller.groups):
+            with principal_scope(caller.name, caller.groups, caller.holds):
                 result = action.execute(input)
         except ActionError:
             raise

@@ -205,7 +205,8 @@ class ResumeJobAction(ControlVerb):
 
     def execute(self, input: dict[str, Any]) -> dict[str, Any]:
         """:returns: ``{ok: true, status: "QUEUED", runAfter}``, ``{ok: true, status:
-            "WAITING", outstandingStep}``, ``{ok: true, status: "RUNNING", withdrawn:
+            "WAITING", outstandingStep, ignored?: {at}}`` (``ignored.at``: the job went back to its
+            parked step, so a given ``at`` planned nothing), ``{ok: true, status: "RUNNING", withdrawn:
             "pause"}`` or ``{ok: false, status, error}``.
 
         :raises Unavailable: no database configured.
@@ -222,6 +223,14 @@ class ResumeJobAction(ControlVerb):
             body: dict[str, Any] = {"ok": True, "status": outcome.status}
             if outcome.status == "WAITING":
                 body["outstandingStep"] = outcome.outstanding_step
+                if at is not None:
+                    # A job paused while it waited goes back to its parked step, which runs
+                    # when someone decides it: there is no start to defer. Say so rather
+                    # than let the caller believe a time was planned.
+                    body["ignored"] = {
+                        "at": "a job paused while WAITING goes back to WAITING on its parked "
+                        "step; it has no start to defer"
+                    }
             else:
                 body["runAfter"] = iso_instant(outcome.run_after)
             return body

@@ -15,7 +15,9 @@ No job is made and no network connection is opened: the engine's channels are th
 transport's (``workflow/testing/transport.py``). A stored workflow tested by name with its own
 tests (no ``tests`` in the request), on a repository that numbers versions
 (``WorkflowVersions``), has the answer recorded as that version's last test result, by the
-caller (``via: "test-workflow"``); the registry's PUT runs this verb too and records its own. The scope is ``check-workflow``'s,
+caller (``via: "test-workflow"``) when the caller also holds ``workflow-write`` (a caller with
+``schema-read`` alone gets the answer, and nothing is recorded); the registry's PUT runs this
+verb too and records its own. The scope is ``check-workflow``'s,
 ``schema-read``: it runs the definition against mocks only.
 """
 
@@ -25,7 +27,7 @@ import logging
 from typing import Any, Protocol
 
 from protomolt_jobs.errors import InternalError, InvalidInput
-from protomolt_jobs.hooks.contract import WorkflowVersions
+from protomolt_jobs.hooks.contract import WorkflowVersions, current_holds
 from protomolt_jobs.input_rules import check_json, invalid
 from protomolt_jobs.verbs.base import Verb, actor, only_known
 from protomolt_jobs.workflow import Runtime, WorkflowParseError, keys, parse_workflow, verify
@@ -106,7 +108,9 @@ class TestWorkflowAction(Verb):
         if answer is not None:
             return answer
         result = self._test(input, definition, source)
-        if version is not None and input.get("tests") is None:
+        if version is not None and input.get("tests") is None and current_holds("workflow-write"):
+            # recording changes what get-workflow shows: only a caller who may store the
+            # workflow may record its result (a schema-read caller gets the answer only)
             self._record(input["workflowName"], version, result)
         return result
 

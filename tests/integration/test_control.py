@@ -139,6 +139,32 @@ def test_pause_during_step_one_and_resume_at_a_time(verbs, services, worker, fre
     assert claimed_at >= at, "step 2 started before 'at'"
 
 
+def test_resume_at_a_time_of_a_job_paused_while_waiting_says_the_time_planned_nothing(
+    verbs, services, worker
+):
+    """A job paused while WAITING goes back to its parked step on resume; an 'at' given with
+    the resume plans nothing, and the answer says so instead of letting the caller believe a
+    start was deferred (breaker finding, issue 28)."""
+    job_id = verbs(
+        "submit-workflow",
+        {"workflow": seed_workflow(services.target, review="external"), "input": INPUT},
+    )["jobId"]
+    worker()
+    wait_for(lambda: _status(verbs, job_id) == "WAITING" or None, timeout_s=15)
+    assert verbs("pause-job", {"jobId": job_id})["status"] == "PAUSED"
+    answer = verbs(
+        "resume-job", {"jobId": job_id, "at": "23:59", "day": "tomorrow", "zone": "Europe/Warsaw"}
+    )
+    assert answer["ok"] is True and answer["status"] == "WAITING", answer
+    assert answer["outstandingStep"] == "review"
+    assert "runAfter" not in answer
+    assert "no start to defer" in answer["ignored"]["at"]
+    job = verbs("get-job", {"jobId": job_id})["job"]
+    assert job["status"] == "WAITING"
+    # nothing was planned for 23:59 in Warsaw (22:59 UTC in winter)
+    assert not str(job.get("runAfter") or "").endswith("T22:59:00Z")
+
+
 def test_pause_a_waiting_job_then_resume_it_waits_on_the_same_step(verbs, services, worker):
     job_id = verbs(
         "submit-workflow",

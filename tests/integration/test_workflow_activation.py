@@ -314,3 +314,49 @@ def test_get_workflow_over_grpc_and_its_refusals(tmp_path, fresh_dsn, wf, capsys
         assert code == 2 and "invalid-input" in captured.err and "Traceback" not in captured.err
     finally:
         node.close()
+
+
+SCOPED_NODE = """
+[node]
+api_token = "root-token"
+[node.tokens]
+viewer-1 = "viewer-token"
+[node.groups]
+viewer = ["viewer-1"]
+[node.scopes]
+viewer = ["schema-read"]
+"""
+
+
+def test_a_schema_read_caller_runs_the_stored_tests_but_records_nothing(tmp_path, fresh_dsn, wf):
+    """test-workflow runs under schema-read; recording a stored version's result changes what
+    get-workflow and the dashboard show, so only a caller who may store the workflow
+    (workflow-write) records it (breaker finding, issue 30)."""
+    node = start_node_with_file(tmp_path, fresh_dsn, SCOPED_NODE)
+    try:
+        url = node.http.url
+        status, body, _ = _put(url, "order", _failing(wf))
+        assert status == 200 and body["version"] == 1 and body["tests"]["ok"] is False
+        viewer = {"Authorization": "Bearer viewer-token"}
+        status, ran, _ = http(
+            "POST",
+            f"{url}/protomolt/actions/test-workflow",
+            {"workflowName": "order"},
+            headers=viewer,
+        )
+        assert status == 200 and ran["ok"] is False
+        status, got, _ = http(
+            "POST",
+            f"{url}/protomolt/actions/get-workflow",
+            {"workflowName": "order"},
+            headers=viewer,
+        )
+        assert status == 200
+        assert (got["lastTest"]["via"], got["lastTest"]["by"]) == ("put", "api")
+        # the api token holds every scope: its run is recorded
+        status, ran = _verb(url, "test-workflow", {"workflowName": "order"})
+        assert status == 200
+        _, got = _verb(url, "get-workflow", {"workflowName": "order"})
+        assert (got["lastTest"]["via"], got["lastTest"]["by"]) == ("test-workflow", "api")
+    finally:
+        node.close()
