@@ -405,6 +405,40 @@ def one(conn: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> dic
         return cur.fetchone()
 
 
+def fence_params(lease: Lease, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with the lease's fence (``job_id``, ``owner``, ``attempt``, ``token``).
+
+    :raises TypeError: when ``lease`` is not a :class:`~.records.Lease`.
+    """
+    if not isinstance(lease, Lease):
+        raise TypeError(f"lease: expected a Lease; got {type(lease).__name__}")
+    return {
+        "job_id": lease.job_id,
+        "owner": lease.owner,
+        "attempt": lease.attempt,
+        "token": lease.token,
+        **params,
+    }
+
+
+def lease_lost(lease: Lease, name: str) -> LeaseLost:
+    """The :class:`LeaseLost` of fenced query ``name`` that matched no row, logged with action
+    ``lease_lost``."""
+    log.info(
+        "lease lost on job %s during %s",
+        lease.job_id,
+        name,
+        extra={
+            "action": "lease_lost",
+            "job_id": str(lease.job_id),
+            "worker_id": lease.owner,
+            "attempt": lease.attempt,
+            "operation": name,
+        },
+    )
+    return LeaseLost(lease.job_id, lease.owner, lease.attempt, name)
+
+
 def fenced(
     conn: psycopg.Connection[Any], name: str, lease: Lease, params: dict[str, Any]
 ) -> dict[str, Any]:
@@ -416,31 +450,7 @@ def fenced(
     :raises TypeError: when ``lease`` is not a :class:`~.records.Lease`.
     :raises LeaseLost: when no row came back (logged with action ``lease_lost``).
     """
-    if not isinstance(lease, Lease):
-        raise TypeError(f"lease: expected a Lease; got {type(lease).__name__}")
-    row = one(
-        conn,
-        name,
-        {
-            "job_id": lease.job_id,
-            "owner": lease.owner,
-            "attempt": lease.attempt,
-            "token": lease.token,
-            **params,
-        },
-    )
+    row = one(conn, name, fence_params(lease, params))
     if row is None:
-        log.info(
-            "lease lost on job %s during %s",
-            lease.job_id,
-            name,
-            extra={
-                "action": "lease_lost",
-                "job_id": str(lease.job_id),
-                "worker_id": lease.owner,
-                "attempt": lease.attempt,
-                "operation": name,
-            },
-        )
-        raise LeaseLost(lease.job_id, lease.owner, lease.attempt, name)
+        raise lease_lost(lease, name)
     return row
