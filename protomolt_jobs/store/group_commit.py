@@ -41,6 +41,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from protomolt_jobs import crashpoints
+from protomolt_jobs.errors import StoreError
 from protomolt_jobs.store import db
 from protomolt_jobs.store.queries import QUERIES
 from protomolt_jobs.store.records import Lease
@@ -141,7 +142,8 @@ class GroupCommit:
     def _answer(item: _Write) -> dict[str, Any]:
         if item.error is not None:
             raise item.error
-        assert item.row is not None
+        if item.row is None:  # its leader was interrupted (not by an error it could hand on)
+            raise StoreError("the write's batch ended without an answer; its outcome is unknown")
         return item.row
 
     def _run(self, batch: list[_Write]) -> None:
