@@ -323,7 +323,7 @@ class SettlesMixin(db.Database):
         row ends in, in autocommit or, when other claim loops' writes are ready at the same
         moment, in their transaction (``group_commit.py``; never a write with artifact rows,
         whose upserts touch rows other runs share). :returns: that status."""
-        if query in _GROUPED:
+        if self.group_commit and query in _GROUPED:
             return str(self._group_commit.write(query, lease, params)["status"])
         with self._connection() as conn:
             row = db.fenced(conn, query, lease, params)

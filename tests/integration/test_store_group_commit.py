@@ -204,6 +204,33 @@ def test_a_lone_write_takes_no_batch(store, fresh_dsn):
     assert gc.batches == batches0
 
 
+def test_with_group_commit_off_writes_never_wait_for_each_other(store, fresh_dsn):
+    """jobs.group_commit = off (or auto below 8 claim loops): a write issued while another is
+    blocked goes at once on its own connection, as before group commit; nothing is batched."""
+    store.group_commit = False
+    try:
+        writers = _Writers()
+        others = [claimed_job(store, worker_id=f"w-{i}") for i in range(3)]
+        gc = store._group_commit
+        batches0 = gc.batches
+        lock, leader = _blocked_leader(store, fresh_dsn, writers)
+        try:
+            # the leader is blocked on the test's row lock; these finish regardless
+            for job in others:
+                assert store.job_checkpoint(job.lease, {"name": "first"}) is None
+            assert gc.waiting() == 0
+        finally:
+            lock.rollback()
+            lock.close()
+        writers.join()
+        assert writers.answers["lead"] is None
+        assert gc.batches == batches0
+        for job in [leader, *others]:
+            assert [c["name"] for c in store.job_get(job.job_id).checkpoints] == ["first"]
+    finally:
+        store.group_commit = True
+
+
 _CRASHY = {
     "lease_seconds": 1.5,
     "poll_interval_ms": 200,
