@@ -167,6 +167,7 @@ class _Engine:
             max_concurrent_per_target=per_target,
             pool_max_size=pool_max,
             outbox_payloads=params.get("outbox_payloads", "columns"),
+            group_commit=params.get("group_commit", "auto"),
         )
         self.channels = _Channels()
         self.runtime = Runtime(channel_factory=self.channels.channel)
@@ -194,6 +195,7 @@ class _Engine:
                 "lease_seconds",
                 "max_concurrent_per_target",
                 "outbox_payloads",
+                "group_commit",
             ):
                 args += ["--set", f"{key}={getattr(self.config, key)}"]
             args += ["--set", f"pool_max_size={pool_max}"]

@@ -225,6 +225,7 @@ class JobsApp:
             max_size=config.pool_max_size,
             connect_timeout_s=config.connect_timeout_seconds,
             outbox_payloads=config.outbox_payloads,
+            group_commit=config.group_commit_on,
         )
         try:
             return cls(

@@ -60,6 +60,14 @@ REGISTRY_FAILURE_POLICIES = ("halt", "fallback-id-0")
 #: columns and our relay encodes them) or ``always`` (every outbox row is written with its
 #: payload, for a Java relay on a shared outbox; migration 0012, docs/interop.md).
 OUTBOX_PAYLOADS = ("columns", "always")
+#: Values of ``jobs.group_commit``: ``auto`` (on when ``worker_count`` is at least
+#: :data:`GROUP_COMMIT_AUTO_LOOPS`), ``on``, ``off`` (store/group_commit.py).
+GROUP_COMMIT_MODES = ("auto", "on", "off")
+#: ``jobs.group_commit = "auto"`` turns group commit on from this many claim loops: measured
+#: on two cores (docs/benchmarks.md, issue 33 change 3), 16 loops gain (PostgreSQL CPU per job
+#: -26..-36 %, 2.5-2.8 transactions per job) while 4 loops lose jobs/s (0.7-0.95x), their
+#: batches too small to pay for the wait.
+GROUP_COMMIT_AUTO_LOOPS = 8
 
 
 class ConfigError(ProtomoltJobsError, ValueError):
@@ -179,6 +187,9 @@ class JobsConfig:
     #: writes have none; only our relay reads them) or ``always`` (every row has it, written
     #: in the same statement; for an outbox a Java relay also polls).
     outbox_payloads: str = "columns"
+    #: Group commit of the claim loops' checkpoint and settle writes (store/group_commit.py):
+    #: ``auto`` (on from :data:`GROUP_COMMIT_AUTO_LOOPS` claim loops), ``on`` or ``off``.
+    group_commit: str = "auto"
     #: Whether the pruner also deletes rows our store did not write (``origin`` NULL,
     #: migration 0013: a Java node's runs and outbox rows, which upstream keeps forever).
     prune_foreign_rows: bool = False
@@ -251,6 +262,12 @@ class JobsConfig:
                 "'always' (every outbox row carries its payload, for a Java relay on a shared "
                 f"outbox); got {_shown(self.outbox_payloads)}"
             )
+        if self.group_commit not in GROUP_COMMIT_MODES:
+            raise ConfigError(
+                "jobs.group_commit must be 'auto' (on from "
+                f"{GROUP_COMMIT_AUTO_LOOPS} claim loops), 'on' or 'off'; got "
+                f"{_shown(self.group_commit)}"
+            )
         for flag in ("prune_foreign_rows", "require_workflow_tests"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(
@@ -311,6 +328,15 @@ class JobsConfig:
     def configured(self) -> bool:
         """True when a database is configured (the role has a real store)."""
         return bool(self.dsn)
+
+    @property
+    def group_commit_on(self) -> bool:
+        """Whether this process's store carries concurrent fenced writes in one transaction:
+        ``group_commit`` ``on``, or ``auto`` with at least :data:`GROUP_COMMIT_AUTO_LOOPS`
+        claim loops (``worker_count``)."""
+        if self.group_commit == "auto":
+            return self.worker_count >= GROUP_COMMIT_AUTO_LOOPS
+        return self.group_commit == "on"
 
     @property
     def effective_request_topic(self) -> str | None:

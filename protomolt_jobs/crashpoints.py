@@ -16,6 +16,10 @@ after_intent        an external step's intent committed, before its call     wor
 before_checkpoint   a step answered, before its checkpoint is written        worker
                     (detail: step)
 before_settle       segment done, before its settle write                    worker
+group_commit_sent   a batch of >= 2 fenced writes sent in one pipeline, its     worker
+                    Sync not sent (detail: the batch's size)
+group_commit_done   a batch's transaction committed, its writers not yet     worker
+                    answered (detail: the batch's size)
 after_publish       events acked by the broker, before they are marked       relay
 after_row_commit    a request's row committed, before its offset commits     request consumer
 =================== ======================================================== ==============
@@ -49,6 +53,8 @@ POINTS = frozenset(
         "before_settle",
         "after_publish",
         "after_row_commit",
+        "group_commit_sent",
+        "group_commit_done",
     }
 )
 

@@ -154,6 +154,9 @@ class Database:
     ) -> None:
         self._pool = pool
         self.connect_timeout_s = connect_timeout_s
+        #: Whether the claim loops' fenced writes may share a transaction (``open``'s
+        #: ``group_commit``; store/group_commit.py).
+        self.group_commit = True
         # Connections this store has lent out right now: tells "every connection is busy"
         # (wait longer) from "the pool cannot connect" (unavailable) when a wait times out.
         self._in_use = 0
@@ -170,6 +173,7 @@ class Database:
         timeout_s: float = POOL_TIMEOUT_S,
         connect_timeout_s: float = CONNECT_TIMEOUT_S_DEFAULT,
         outbox_payloads: str = "columns",
+        group_commit: bool = True,
     ) -> Self:
         """Open a pool on ``dsn`` and wait for its first connection.
 
@@ -187,6 +191,9 @@ class Database:
             pool cannot make one (the database is unreachable), seconds.
         :param outbox_payloads: ``"columns"`` (default) or ``"always"``: every outbox row
             this store writes carries its payload (``jobs.outbox_payloads``, migration 0012).
+        :param group_commit: carry concurrent fenced checkpoint and settle writes in one
+            transaction (store/group_commit.py; ``jobs.group_commit``); False: each write is its
+            own statement in autocommit, always.
         :raises ValueError: when ``max_size`` < 1 or ``outbox_payloads`` is unknown.
         :raises StoreError: when the database cannot be reached within ``timeout_s``.
         """
@@ -219,7 +226,9 @@ class Database:
             raise StoreError(
                 f"cannot reach the jobs database within {timeout_s:g} s: {exc}"
             ) from exc
-        return cls(pool, connect_timeout_s=connect_timeout_s)
+        store = cls(pool, connect_timeout_s=connect_timeout_s)
+        store.group_commit = group_commit
+        return store
 
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
@@ -405,6 +414,40 @@ def one(conn: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> dic
         return cur.fetchone()
 
 
+def fence_params(lease: Lease, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with the lease's fence (``job_id``, ``owner``, ``attempt``, ``token``).
+
+    :raises TypeError: when ``lease`` is not a :class:`~.records.Lease`.
+    """
+    if not isinstance(lease, Lease):
+        raise TypeError(f"lease: expected a Lease; got {type(lease).__name__}")
+    return {
+        "job_id": lease.job_id,
+        "owner": lease.owner,
+        "attempt": lease.attempt,
+        "token": lease.token,
+        **params,
+    }
+
+
+def lease_lost(lease: Lease, name: str) -> LeaseLost:
+    """The :class:`LeaseLost` of fenced query ``name`` that matched no row, logged with action
+    ``lease_lost``."""
+    log.info(
+        "lease lost on job %s during %s",
+        lease.job_id,
+        name,
+        extra={
+            "action": "lease_lost",
+            "job_id": str(lease.job_id),
+            "worker_id": lease.owner,
+            "attempt": lease.attempt,
+            "operation": name,
+        },
+    )
+    return LeaseLost(lease.job_id, lease.owner, lease.attempt, name)
+
+
 def fenced(
     conn: psycopg.Connection[Any], name: str, lease: Lease, params: dict[str, Any]
 ) -> dict[str, Any]:
@@ -416,31 +459,7 @@ def fenced(
     :raises TypeError: when ``lease`` is not a :class:`~.records.Lease`.
     :raises LeaseLost: when no row came back (logged with action ``lease_lost``).
     """
-    if not isinstance(lease, Lease):
-        raise TypeError(f"lease: expected a Lease; got {type(lease).__name__}")
-    row = one(
-        conn,
-        name,
-        {
-            "job_id": lease.job_id,
-            "owner": lease.owner,
-            "attempt": lease.attempt,
-            "token": lease.token,
-            **params,
-        },
-    )
+    row = one(conn, name, fence_params(lease, params))
     if row is None:
-        log.info(
-            "lease lost on job %s during %s",
-            lease.job_id,
-            name,
-            extra={
-                "action": "lease_lost",
-                "job_id": str(lease.job_id),
-                "worker_id": lease.owner,
-                "attempt": lease.attempt,
-                "operation": name,
-            },
-        )
-        raise LeaseLost(lease.job_id, lease.owner, lease.attempt, name)
+        raise lease_lost(lease, name)
     return row

@@ -18,14 +18,33 @@ from protomolt_jobs.errors import ControlApplied
 from protomolt_jobs.store import checks, db
 from protomolt_jobs.store.artifact_rows import artifact_rows, has_artifact_rows
 from protomolt_jobs.store.events import EventType
+from protomolt_jobs.store.group_commit import GroupCommit
 from protomolt_jobs.store.records import Lease
 from protomolt_jobs.store.scrub import scrub_text
 
 __all__ = ["SettlesMixin"]
 
+#: The fenced writes group commit may carry together: each writes its own run row and its
+#: outbox rows, nothing another run's write touches.
+_GROUPED = frozenset(
+    {
+        "job_checkpoint",
+        "job_park",
+        "job_complete",
+        "job_complete_with_checkpoint",
+        "job_fail",
+        "job_dead",
+    }
+)
+
 
 class SettlesMixin(db.Database):
     """``JobStore``'s fenced writes about a claimed run."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The claim loops' hot fenced writes, carried together under load (group_commit.py).
+        self._group_commit = GroupCommit(self._connection)
 
     @db.translated
     def job_checkpoint(self, lease: Lease, entry: dict[str, Any]) -> None:
@@ -300,8 +319,12 @@ class SettlesMixin(db.Database):
     # -- the shapes the writes above share --------------------------------------------------
 
     def _fenced_status(self, query: str, lease: Lease, params: dict[str, Any]) -> str:
-        """One fenced statement in autocommit: the write and the outbox rows it derives from
-        the status the row ends in. :returns: that status."""
+        """One fenced statement: the write and the outbox rows it derives from the status the
+        row ends in, in autocommit or, when other claim loops' writes are ready at the same
+        moment, in their transaction (``group_commit.py``; never a write with artifact rows,
+        whose upserts touch rows other runs share). :returns: that status."""
+        if self.group_commit and query in _GROUPED:
+            return str(self._group_commit.write(query, lease, params)["status"])
         with self._connection() as conn:
             row = db.fenced(conn, query, lease, params)
         return str(row["status"])

@@ -107,3 +107,20 @@ def test_require_workflow_tests_is_a_boolean_off_by_default():
     for raw in ("yes", "1", 1, ""):
         with pytest.raises(ConfigError, match="jobs.require_workflow_tests must be true or false"):
             JobsConfig.from_mapping({"require_workflow_tests": raw})
+
+
+def test_group_commit_is_auto_on_or_off_and_auto_follows_the_claim_loops():
+    """jobs.group_commit (issue 33): auto turns group commit on from GROUP_COMMIT_AUTO_LOOPS
+    claim loops, where it was measured to pay; on and off force it; anything else is refused
+    naming the key."""
+    from protomolt_jobs.config import GROUP_COMMIT_AUTO_LOOPS
+
+    assert JobsConfig().group_commit == "auto"
+    assert JobsConfig(worker_count=GROUP_COMMIT_AUTO_LOOPS - 1).group_commit_on is False
+    assert JobsConfig(worker_count=GROUP_COMMIT_AUTO_LOOPS).group_commit_on is True
+    assert JobsConfig.from_mapping({"group_commit": "on", "worker_count": 1}).group_commit_on
+    off = JobsConfig.from_mapping({"group_commit": "off", "worker_count": 64})
+    assert off.group_commit_on is False
+    for raw in ("true", "ON", "", 1):
+        with pytest.raises(ConfigError, match="jobs.group_commit"):
+            JobsConfig.from_mapping({"group_commit": raw})
