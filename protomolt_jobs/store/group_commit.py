@@ -41,7 +41,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from protomolt_jobs import crashpoints
-from protomolt_jobs.errors import StoreError
+from protomolt_jobs.errors import ProtomoltJobsError, StoreError
 from protomolt_jobs.store import db
 from protomolt_jobs.store.queries import QUERIES
 from protomolt_jobs.store.records import Lease
@@ -66,7 +66,7 @@ class _Write:
         self.error: BaseException | None = None
 
 
-class _BatchAborted(Exception):
+class _BatchAborted(ProtomoltJobsError):
     """The server reported an error in the batch: its transaction rolled back, nothing of it
     is stored."""
 
