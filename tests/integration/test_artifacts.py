@@ -556,3 +556,20 @@ def test_promote_artifact_promotes_only_what_is_verified_and_logs_who_and_why(
     job = _settled(verbs, job_id)
     assert [c["name"] for c in job["checkpoints"]][-1] == "pub"
     assert [c["ref"] for c in job["checkpoints"][-1]["consumed"]] == ["a"]
+
+
+def test_an_artifact_an_operator_promoted_outlives_its_pruned_run(verbs, services, worker, store):
+    t = services.target
+    job_id = _submit(verbs, graph([step("a", t), step("b", t, validates=["a"])], name="kept"))
+    worker()
+    _settled(verbs, job_id)
+    a = _by(verbs("list-artifacts", {"jobId": job_id})["artifacts"], "a")
+    assert a["state"] == "verified"
+    done = verbs("promote-artifact", {"artifactId": a["artifactId"], "reason": "the final one"})
+    assert done["ok"] is True, done
+    wait_for(lambda: store.job_prune_terminal(0.001, 100) == 1 or None, timeout_s=10)
+    kept = verbs("list-artifacts", {"jobId": job_id})
+    assert kept["runDeleted"] is True
+    assert [(k["artifactId"], k["state"], k["detached"]) for k in kept["artifacts"]] == [
+        (a["artifactId"], "promoted", True)
+    ]
