@@ -479,12 +479,14 @@ def _show(args: argparse.Namespace, console: Any) -> int:
 
 
 #: ``jobs artifacts JOB_ID`` / ``jobs artifact ARTIFACT_ID`` / ``jobs lineage ARTIFACT_ID`` /
-#: ``jobs retract ARTIFACT_ID``: the artifact verb each runs (docs/artifacts.md).
+#: ``jobs retract ARTIFACT_ID`` / ``jobs promote ARTIFACT_ID --reason TEXT``: the artifact verb
+#: each runs (docs/artifacts.md).
 ARTIFACT_COMMANDS = {
     "artifacts": "list-artifacts",
     "artifact": "get-artifact",
     "lineage": "lineage",
     "retract": "retract-artifact",
+    "promote": "promote-artifact",
 }
 
 
@@ -496,7 +498,7 @@ def _artifact_command(args: argparse.Namespace) -> int:
         envelope: dict[str, Any] = {"jobId": args.job_id}
     else:
         envelope = {"artifactId": args.artifact_id}
-    if verb == "retract-artifact" and args.reason:
+    if verb in ("retract-artifact", "promote-artifact") and args.reason is not None:
         envelope["reason"] = args.reason
     if verb == "lineage":
         envelope["direction"] = args.direction
@@ -982,7 +984,8 @@ def build_parser() -> argparse.ArgumentParser:
         dest="jobs_command",
         required=True,
         metavar="list|get|show|watch|cancel|pause|resume|retry|reconcile|migrate|requeue|"
-        "history|approve|extend-loop|explain|supply-input|artifacts|artifact|lineage|retract",
+        "history|approve|extend-loop|explain|supply-input|artifacts|artifact|lineage|retract|"
+        "promote",
     )
     for name, text in (("list", "a table of jobs, newest first"), ("watch", "a live table")):
         p = jobs_sub.add_parser(name, help=text)
@@ -1031,6 +1034,13 @@ def build_parser() -> argparse.ArgumentParser:
     ret.add_argument("artifact_id", help="the artifact's id (list-artifacts)")
     ret.add_argument("--reason", help="why (kept with the change)")
     _client_options(ret)
+    pro = jobs_sub.add_parser(
+        "promote",
+        help="promote a verified artifact outside a publication step (promote-artifact)",
+    )
+    pro.add_argument("artifact_id", help="the artifact's id (list-artifacts)")
+    pro.add_argument("--reason", required=True, help="why (required; kept with the change)")
+    _client_options(pro)
     for name, text in (
         (
             "cancel",

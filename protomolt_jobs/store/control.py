@@ -18,6 +18,7 @@ import psycopg
 
 from protomolt_jobs.errors import NotFound, StoreError
 from protomolt_jobs.store import checks, db
+from protomolt_jobs.store.artifact_rows import artifact_rows, has_artifact_rows
 from protomolt_jobs.store.events import EventType
 from protomolt_jobs.store.records import (
     AlreadyDone,
@@ -395,7 +396,10 @@ class ControlMixin(db.Database):
         outstanding_step = NULL, run_after = now(), attempt = 0`` (the next segment gets its own
         ``max_attempts`` tries), one outbox row (STEP_CHECKPOINT, step, ``detail.status``
         QUEUED) and ``NOTIFY protomolt_jobs``. Transaction: one; the row lock serialises
-        concurrent completions, so exactly one of them is ParkedStepCompleted.
+        concurrent completions, so exactly one of them is ParkedStepCompleted. An entry that
+        asks for artifact rows (``store/artifact_rows.py``: declared ports, a declared
+        receipt, validated artifacts) is written by ``job_complete_parked_artifacts``, its rows
+        upserted by the same statement with ``actor`` as the transitions' actor.
 
         :param entry: the checkpoint entry; its ``name`` must equal ``step``.
         :returns: ParkedStepCompleted(), AlreadyDone(status) or WrongState(status, outstanding_step).
@@ -411,11 +415,17 @@ class ControlMixin(db.Database):
                 f"entry.name: must be the completed step {step!r}; got {entry['name']!r}"
             )
         entry_json = checks.jsonb("entry", entry, dict)
+        query = "job_complete_parked"
+        params: dict[str, Any] = {"entry": entry_json, "actor": scrub_text(actor)}
+        if has_artifact_rows(entry):
+            # its artifact rows go in with it, in the same statement (store/artifact_rows.py)
+            query = "job_complete_parked_artifacts"
+            params["rows"] = checks.jsonb("rows", artifact_rows(entry), list)
         return self._parked_write(
-            "job_complete_parked",
+            query,
             key,
             scrub_text(step),
-            {"entry": entry_json, "actor": scrub_text(actor)},
+            params,
             EventType.TYPE_STEP_CHECKPOINT,
             notify=True,
         )

@@ -326,6 +326,41 @@ class MaintenanceMixin(db.Database):
         return bool(row and row["changed"])
 
     @db.translated
+    def artifact_promote(
+        self, artifact: dict[str, Any], *, current: str, actor: str, reason: str
+    ) -> tuple[bool, str]:
+        """Promote one verified artifact (``promote-artifact``): its ``workflow_artifact`` row
+        becomes ``promoted`` (made from ``artifact`` as :meth:`artifact_retract` does when it
+        had none and ``current``, its state derived from the entries, is ``verified``), only
+        from ``verified``, with a transition naming ``actor`` and ``reason``.
+
+        SQL: ``artifact_promote``, one statement, autocommit.
+        :returns: ``(promoted now, the state it was found in)``: ``(False, "draft")`` for an
+            artifact that was not verified (nothing written).
+        :raises StoreError: on a database failure.
+        """
+        params = {
+            "artifact_id": artifact["artifactId"],
+            "job_id": artifact["jobId"],
+            "step": artifact["step"],
+            "iteration": artifact["iteration"],
+            "port": artifact["port"],
+            "kind": artifact["kind"],
+            "sha256": artifact.get("sha256"),
+            "size_bytes": artifact.get("sizeBytes"),
+            "media_type": artifact.get("mediaType"),
+            "uri": artifact.get("uri"),
+            "current": current,
+            "actor": actor,
+            "reason": reason,
+        }
+        with self._connection() as conn:
+            row = db.one(conn, "artifact_promote", params)
+        if row is None:  # pragma: no cover - the statement always answers one row
+            return False, current
+        return bool(row["changed"]), str(row["before"])
+
+    @db.translated
     def artifact_transitions(self, artifact_id: Any) -> list[dict[str, Any]]:
         """The state changes of one artifact (``workflow_artifact_transition``), in order:
         ``{seq, at, actor, from_state, to_state, reason}`` rows.

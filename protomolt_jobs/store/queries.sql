@@ -895,6 +895,63 @@ UPDATE workflow_run
  WHERE job_id = %(job_id)s AND status = 'WAITING' AND outstanding_step = %(step)s
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
+-- name: job_complete_parked_artifacts
+-- description: job_complete_parked for an entry that asks for artifact rows (store/artifact_rows.py; migration 0027; a complete-step answer to a step declaring outputs, a receipt or validates): the same append and requeue, and in the same statement the rows %(rows)s upserted into workflow_artifact as job_checkpoint_artifacts does (a promoted or retracted state never changed), each change logged in workflow_artifact_transition with the caller as actor.
+WITH moved AS (
+    UPDATE workflow_run
+       SET status = 'QUEUED',
+           checkpoints = checkpoints || jsonb_build_array(workflow_checkpoint_stamp(%(entry)s::jsonb)),
+           outstanding_step = NULL,
+           attempt = 0,
+           run_after = now(),
+           updated_at = now(),
+           change_kind = 'complete-step',
+           change_actor = %(actor)s,
+           change_step = %(step)s
+     WHERE job_id = %(job_id)s AND status = 'WAITING' AND outstanding_step = %(step)s
+    RETURNING job_id, workflow_name, status, attempt, error
+), wanted AS (
+    SELECT DISTINCT ON (1)
+           (substr(replace(m.job_id::text, '-', ''), 1, 16)
+            || substr(encode(sha256(convert_to(
+                   (r->>'step') || '/' || (r->>'iteration') || '/' || (r->>'port') || '/'
+                   || (r->>'attempt') || '/' || (r->>'sha256'), 'UTF8')), 'hex'), 1, 16))::uuid
+               AS artifact_id,
+           m.job_id, r->>'step' AS step, (r->>'iteration')::int AS iteration,
+           r->>'port' AS port, r->>'kind' AS kind, r->>'sha256' AS sha256,
+           (r->>'sizeBytes')::bigint AS size_bytes, r->>'mediaType' AS media_type,
+           r->>'uri' AS uri, r->>'state' AS state, r->>'reason' AS reason
+      FROM moved AS m
+     CROSS JOIN jsonb_array_elements(%(rows)s::jsonb) AS r
+     ORDER BY 1, CASE r->>'state' WHEN 'promoted' THEN 0 WHEN 'verified' THEN 1 ELSE 2 END
+), prior AS (
+    SELECT a.artifact_id, a.state
+      FROM workflow_artifact AS a
+      JOIN wanted AS w ON w.artifact_id = a.artifact_id
+), upserted AS (
+    INSERT INTO workflow_artifact AS a
+        (artifact_id, job_id, step, iteration, port, kind, sha256, size_bytes, media_type,
+         uri, state)
+    SELECT artifact_id, job_id, step, iteration, port, kind, sha256, size_bytes, media_type,
+           uri, state
+      FROM wanted
+    ON CONFLICT (artifact_id) DO UPDATE
+       SET state = EXCLUDED.state
+     WHERE a.state NOT IN ('promoted', 'retracted') AND a.state <> EXCLUDED.state
+    RETURNING a.artifact_id, a.state
+), logged AS (
+    INSERT INTO workflow_artifact_transition (artifact_id, actor, from_state, to_state, reason)
+    SELECT u.artifact_id, %(actor)s,
+           COALESCE(p.state, CASE WHEN u.state <> 'draft' THEN 'draft' END), u.state, w.reason
+      FROM upserted AS u
+      JOIN wanted AS w ON w.artifact_id = u.artifact_id
+      LEFT JOIN prior AS p ON p.artifact_id = u.artifact_id
+    RETURNING 1
+)
+SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
+       (SELECT count(*) FROM logged) AS artifact_changes
+  FROM moved
+
 -- name: job_fail_parked
 -- description: fail a parked job as a verdict (WAITING -> FAILED) with the error and completed_at.
 UPDATE workflow_run
@@ -1264,6 +1321,31 @@ WITH prior AS (
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM logged) AS changed
+
+-- name: artifact_promote
+-- description: promote one verified artifact (an operator's promote-artifact, migration 0027): its workflow_artifact row becomes 'promoted' (made from the given fields when the artifact had none and %(current)s, its state derived from the entries, is 'verified'), only from 'verified', and the change is logged in workflow_artifact_transition with the caller as actor and the reason. One statement. 'changed': 1 when it was promoted now; 'before': the state it was found in.
+WITH prior AS (
+    SELECT state FROM workflow_artifact WHERE artifact_id = %(artifact_id)s::uuid
+), up AS (
+    INSERT INTO workflow_artifact AS a
+        (artifact_id, job_id, step, iteration, port, kind, sha256, size_bytes, media_type, uri,
+         state)
+    SELECT %(artifact_id)s::uuid, %(job_id)s::uuid, %(step)s::text, %(iteration)s::int,
+           %(port)s::text, %(kind)s::text, %(sha256)s::text, %(size_bytes)s::bigint,
+           %(media_type)s::text, %(uri)s::text, 'promoted'
+     WHERE COALESCE((SELECT state FROM prior), %(current)s::text) = 'verified'
+    ON CONFLICT (artifact_id) DO UPDATE
+       SET state = 'promoted'
+     WHERE a.state = 'verified'
+    RETURNING a.artifact_id
+), logged AS (
+    INSERT INTO workflow_artifact_transition (artifact_id, actor, from_state, to_state, reason)
+    SELECT artifact_id, %(actor)s, 'verified', 'promoted', %(reason)s
+      FROM up
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM logged) AS changed,
+       COALESCE((SELECT state FROM prior), %(current)s::text) AS before
 
 -- name: artifact_transitions
 -- description: the state changes of one artifact (workflow_artifact_transition, migration 0027), in order.

@@ -13,7 +13,8 @@ module                verbs
 :mod:`.progress`      ``report-progress``
 :mod:`.explain`       ``explain-job``
 :mod:`.inputs`        ``supply-input``
-:mod:`.artifacts`     ``list-artifacts``, ``get-artifact``, ``lineage``, ``retract-artifact``
+:mod:`.artifacts`     ``list-artifacts``, ``get-artifact``, ``lineage``, ``retract-artifact``,
+                      ``promote-artifact``
 :mod:`.workflow`      ``run-workflow``, ``check-workflow`` (the engine's; no store)
 :mod:`.replay`        ``replay-check`` (a candidate version against the stored runs)
 :mod:`.workflow_tests` ``test-workflow`` (a definition's tests, mocked; no store, no network)
@@ -37,6 +38,7 @@ from protomolt_jobs.verbs.artifacts import (
     GetArtifactAction,
     LineageAction,
     ListArtifactsAction,
+    PromoteArtifactAction,
     RetractArtifactAction,
 )
 from protomolt_jobs.verbs.base import NOT_CONFIGURED, NOT_RUNNING, JobsBackend, Verb
@@ -81,6 +83,7 @@ __all__ = [
     "ListJobsAction",
     "MigrateCheckpointAction",
     "PauseJobAction",
+    "PromoteArtifactAction",
     "ReconcileStepAction",
     "ReplayCheckAction",
     "ReportProgressAction",
@@ -102,7 +105,7 @@ def jobs_actions(backend: JobsBackend, runtime: Any, floors: Sequence[Floor] = (
     (submit-workflow, get-job, list-jobs, complete-step), then the operator verbs (cancel-job,
     pause-job, resume-job, retry-step, the recovery verbs of step effects, requeue-job),
     job-history, approve-step, extend-loop, report-progress, explain-job, supply-input and the
-    artifact verbs (list-artifacts, get-artifact, lineage, retract-artifact).
+    artifact verbs (list-artifacts, get-artifact, lineage, retract-artifact, promote-artifact).
 
     :param backend: the role's late-bound store and submitter.
     :param runtime: the engine's runtime (type pool) for reading stored definitions.
@@ -130,4 +133,5 @@ def jobs_actions(backend: JobsBackend, runtime: Any, floors: Sequence[Floor] = (
         GetArtifactAction(backend, runtime),
         LineageAction(backend, runtime),
         RetractArtifactAction(backend, runtime),
+        PromoteArtifactAction(backend, runtime),
     ]

@@ -1,8 +1,8 @@
 """The artifact verbs (issue 29; docs/artifacts.md): ``list-artifacts {jobId}``,
 ``get-artifact {artifactId}`` and ``lineage {artifactId, direction?, depth?}`` (scope
 ``service-invoke`` like the other read verbs: they write nothing), and
-``retract-artifact {artifactId, reason?}`` (scope ``job-control``: an operator's state change,
-logged with the caller and the reason).
+``retract-artifact {artifactId, reason?}`` and ``promote-artifact {artifactId, reason}`` (scope
+``job-control``: an operator's state change, logged with the caller and the reason).
 
 Artifacts are derived from the run's checkpoint entries (``runs/artifacts.py``). An artifact
 id's first 16 hex digits are its run's (``workflow/artifacts.artifact_id``), so the run is found
@@ -32,7 +32,13 @@ from protomolt_jobs.verbs.base import (
 )
 from protomolt_jobs.workflow import artifacts as wa
 
-__all__ = ["GetArtifactAction", "LineageAction", "ListArtifactsAction", "RetractArtifactAction"]
+__all__ = [
+    "GetArtifactAction",
+    "LineageAction",
+    "ListArtifactsAction",
+    "PromoteArtifactAction",
+    "RetractArtifactAction",
+]
 
 log = logging.getLogger(VERBS_LOGGER)
 
@@ -333,3 +339,97 @@ class RetractArtifactAction(_ArtifactVerb):
             "state": "retracted",
             "changed": changed,
         }
+
+
+#: The error kind of a ``promote-artifact`` on an artifact that is not ``verified``.
+NOT_VERIFIED = "not-verified"
+
+
+def _reason(input: dict[str, Any]) -> str:
+    """``promote-artifact``'s required ``reason``.
+
+    :raises InvalidInput: missing, not a string, blank or too long (field ``reason``).
+    """
+    if "reason" not in input or input["reason"] is None:
+        raise invalid("reason", "Field 'reason' is required: say why the artifact is promoted")
+    reason = optional_reason(input)
+    if reason is None:
+        raise invalid("reason", "Field 'reason' must not be blank")
+    return reason
+
+
+class PromoteArtifactAction(_ArtifactVerb):
+    """``promote-artifact`` (scope ``job-control``): an operator promotes a verified artifact
+    outside a publication step."""
+
+    name = "promote-artifact"
+    scope = "job-control"
+    description = (
+        "Promote one verified artifact ('artifactId', 'reason'): its state becomes 'promoted', "
+        "logged with the caller and the reason (kept when its run is pruned). Only a "
+        "'verified' artifact may be promoted; any other state is refused ('not-verified', "
+        "naming the state). The run itself is not touched."
+    )
+    fields = ("artifactId", "reason")
+
+    def __init__(self, backend: JobsBackend, runtime: Any = None) -> None:
+        super().__init__(backend, runtime)
+        self.input_schema = {
+            "type": "object",
+            "properties": {
+                "artifactId": {"type": "string", "format": "uuid"},
+                "reason": {"type": "string", "description": "why (kept with the change)"},
+            },
+            "required": ["artifactId", "reason"],
+            "additionalProperties": False,
+        }
+
+    def _check(self, input: dict[str, Any]) -> None:
+        _reason(input)
+
+    def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        """:returns: ``{ok: true, artifactId, state: "promoted", changed: true}``;
+            ``{ok: false, artifactId, state: <its state>, errorKind: "not-verified", error}``
+            for an artifact that is not ``verified`` (``changed`` false; a ``promoted`` one
+            included: nothing is logged twice); or ``{ok: false, error}`` (no such artifact).
+
+        :raises InvalidInput: missing or malformed ``artifactId`` or ``reason`` (required,
+            non-blank); an unknown field.
+        """
+        hit = self._find(input)
+        if hit is None:
+            return _no_artifact(input["artifactId"])
+        _, art = hit
+        reason = _reason(input)
+        state = str(art["state"])
+        changed = False
+        if state == "verified":
+            store, _ = self.backend.require()
+            changed, state = store.artifact_promote(
+                art, current=state, actor=actor(), reason=reason
+            )
+        log.info(
+            "promote-artifact %s of job %s",
+            art["artifactId"],
+            art["jobId"],
+            extra={
+                "action": "promote_artifact",
+                "job_id": art["jobId"],
+                "artifact_id": art["artifactId"],
+                "actor": actor(),
+                "reason": reason,
+                "changed": changed,
+                "state": state,
+            },
+        )
+        if not changed:
+            return {
+                "ok": False,
+                "artifactId": art["artifactId"],
+                "state": state,
+                "changed": False,
+                "errorKind": NOT_VERIFIED,
+                "error": f"{NOT_VERIFIED}: artifact {art['artifactId']} is {state}; only a "
+                "verified artifact can be promoted",
+            }
+        return {"ok": True, "artifactId": art["artifactId"], "state": "promoted", "changed": True}

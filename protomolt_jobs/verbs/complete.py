@@ -28,6 +28,7 @@ from protomolt_jobs.verbs.base import (
 from protomolt_jobs.verbs.responses import (
     broken_rules,
     checkpoint_of,
+    declared_artifacts,
     parse_response,
     resolve_step,
 )
@@ -131,6 +132,9 @@ class CompleteStepAction(JobVerb):
             return _answer(job_id, step_name, outcome)
 
         entry = checkpoint_of(stored, step, message)
+        # its declared ports, receipt and validation, as a worker's entry carries them; the
+        # store writes their rows in the statement that stores the entry
+        declared_artifacts(stored, step, message, entry, job.checkpoints)
         try:
             outcome = store.job_complete_parked(job_id, step_name, entry, actor=actor())
         except NotFound:

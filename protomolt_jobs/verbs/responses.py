@@ -29,9 +29,18 @@ from protomolt_jobs.verbs.base import corrupt_snapshot, invalid
 from protomolt_jobs.workflow import Step, checkpoint_entry
 from protomolt_jobs.workflow.artifacts import content_sha256
 from protomolt_jobs.workflow.effects import stamp
+from protomolt_jobs.workflow.step_run import artifact_fields
+from protomolt_jobs.workflow.types import WorkflowExecutionError
 from protomolt_jobs.workflow.validation import summarize, validate_message
 
-__all__ = ["broken_rules", "checkpoint_of", "operator_checkpoint", "parse_response", "resolve_step"]
+__all__ = [
+    "broken_rules",
+    "checkpoint_of",
+    "declared_artifacts",
+    "operator_checkpoint",
+    "parse_response",
+    "resolve_step",
+]
 
 
 def resolve_step(job: Any, step_name: str, runtime: Any) -> tuple[StoredRun, Step]:
@@ -109,6 +118,31 @@ def checkpoint_of(stored: StoredRun, step: Any, message: Message) -> dict[str, A
     # the response artifact's hash, as the worker's entries carry it (docs/artifacts.md)
     entry["sha256"], entry["sizeBytes"] = content_sha256(message)
     return entry
+
+
+def declared_artifacts(
+    stored: StoredRun, step: Any, message: Message, entry: dict[str, Any], entries: Any
+) -> None:
+    """Add to ``entry`` (:func:`checkpoint_of`'s) what the step's artifact keys make of
+    ``message``, exactly as the worker's entry of a called step carries them
+    (``workflow.step_run.artifact_fields``): ``artifacts`` (its declared ``outputs`` ports),
+    ``receipt.evidence`` (a declared ``receipt``), ``validated`` (its ``validates`` refs,
+    resolved against ``entries``, the run's stored checkpoints). The store then writes their
+    ``workflow_artifact`` rows in the statement that stores the entry. A step without artifact
+    keys is left as it is.
+
+    :raises InvalidInput: a declared port's ``uri`` or ``sha256`` (or a declared receipt) is
+        empty or cannot be read from ``message`` (field ``response``, naming the port): the
+        answer is refused and the run stays parked, never failed for it.
+    """
+    workflow = stored.workflow
+    prior = [e for e in entries or () if isinstance(e, dict)]
+    try:
+        artifact_fields(entry, workflow, step, message, None, None, prior)
+    except WorkflowExecutionError as exc:
+        raise invalid(
+            "response", f"'response' does not give what the step declares: {exc.message}"
+        ) from exc
 
 
 def operator_checkpoint(stored: StoredRun, step: Any, response: Any) -> dict[str, Any]:

@@ -398,7 +398,8 @@ def check_consumed(
     the store's, or an ``artifact://`` one whose key the store refuses, which is refused
     here) is hashed again, so bytes changed after the review are refused too; and an
     artifact an operator retracted (``rows()``: ``{artifactId: state}`` of the run's
-    ``workflow_artifact`` rows, read once, only for a step that consumes) is refused. Returns
+    ``workflow_artifact`` rows, read once, only for a step that consumes) is refused, and
+    one an operator promoted (``promote-artifact``) counts as ``promoted``. Returns
     what was consumed: ``[{ref, sha256, step, iteration, port, kind, attempt}]``.
 
     :raises WorkflowExecutionError: ARTIFACT naming the reference (never retried).
@@ -426,11 +427,13 @@ def check_consumed(
                 FailureKind.ARTIFACT, step.name, f"consumed artifact '{c.ref}' does not exist"
             )
         found = _resolve(c.ref, entries) or {}
+        row_state = ""
         if stored and found:
             aid = artifact_id(
                 job_id, found["step"], found["iteration"], found["port"], found["attempt"], sha
             )
-            if stored.get(aid) == "retracted":
+            row_state = stored.get(aid, "")
+            if row_state == "retracted":
                 raise WorkflowExecutionError(
                     FailureKind.ARTIFACT,
                     step.name,
@@ -438,6 +441,8 @@ def check_consumed(
                 )
         have = state.get(c.ref, "draft")
         rank = {"draft": 0, "verified": 1, "promoted": 2}
+        if rank.get(row_state, -1) > rank.get(have, -1):
+            have = row_state  # an operator's promote-artifact (its row wins)
         if rank.get(have, -1) < rank.get(c.state, 1):
             raise WorkflowExecutionError(
                 FailureKind.ARTIFACT,
@@ -537,7 +542,8 @@ def findings(workflow: CompiledWorkflow) -> list[Finding]:
     ``steps[i].validates[j]``, ``steps[i].consumes.<ref>``, ``steps[i].receipt``): malformed
     values, expressions that do not compile or read a field the step's response lacks (they
     would fail the step only after its call), references to no step or port, or to a step
-    that does not run before the referring one."""
+    that does not run before the referring one; any artifact key on a compensation step, and
+    ``consumes`` on a ``completion: "external"`` step (nothing checks it before the answer)."""
     out: list[Finding] = []
     raws = _raw_steps(workflow)
     by_name = {s.name: s for s in workflow.steps}
@@ -556,8 +562,32 @@ def findings(workflow: CompiledWorkflow) -> list[Finding]:
         step, _, port = ref.partition(".")
         return step in by_name and (not port or port in ports.get(step, set()))
 
+    compensations: frozenset[str] = getattr(workflow, "compensations", None) or frozenset()
     for i, raw in enumerate(raws):
         name = str(raw.get("name", ""))
+        if name in compensations:
+            for key in ("outputs", "receipt", "validates", "consumes"):
+                if key in raw:
+                    out.append(
+                        Finding(
+                            name,
+                            "artifact",
+                            f"steps[{i}].{key}: '{name}' is a compensation step: its entry is "
+                            "its response artifact only (no ports, receipt, validation or "
+                            "publication; docs/artifacts.md)",
+                        )
+                    )
+        step_of = by_name.get(name)
+        if "consumes" in raw and step_of is not None and step_of.external:
+            out.append(
+                Finding(
+                    name,
+                    "artifact",
+                    f"steps[{i}].consumes: '{name}' is a completion: \"external\" step: no call "
+                    "of the engine's to check the consumed artifacts before; publish from a "
+                    "call step",
+                )
+            )
         if "outputs" in raw:
             outputs = raw["outputs"]
             if not isinstance(outputs, dict):

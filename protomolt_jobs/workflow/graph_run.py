@@ -162,6 +162,9 @@ class _Run:
         self.lineage: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
         #: the run's entries so far, replayed and new (a publication step checks them)
         self.entries: list[Any] = []
+        #: hash the response artifact (``sha256``, ``sizeBytes``, ``inputs``) of each entry
+        #: even without ``effects``: a stopped run's compensations (:func:`run_compensation`)
+        self.hash_entries = False
         self.deadline = time.monotonic() + workflow.deadline_ms / 1000.0
         #: the run's loops (``loop_run.py``), None for a workflow without ``loop``
         self.loops: LoopRun | None = None
@@ -265,6 +268,11 @@ class _Run:
             consumed=consumed,
             entries=self.entries,
         )
+        if self.effects is None and self.hash_entries:
+            # a compensation of a stopped run: its response artifact, like every step's
+            entry["sha256"], entry["sizeBytes"] = _artifacts.content_sha256(response)
+            if read is not None:
+                entry["inputs"] = read
         self.values[step.name] = response
         self.record(step, entry)
         self.state.ended(step.name, g.SUCCEEDED)
@@ -358,7 +366,8 @@ class _Run:
         request = build_message(
             step.input_type, step.rules, step.cel_rules, Scope(scope), step.name
         )
-        if self.effects is not None:  # lineage: what the request read, hashed before the call
+        if self.effects is not None or self.hash_entries:
+            # lineage: what the request read, hashed before the call
             read = _artifacts.inputs_of(step, scope, g.names_read(step), self.iteration_of)
             self.lineage[step.name] = (read, consumed or [])
         call_ms = self.call_ms(step)
@@ -511,7 +520,8 @@ def run_compensation(
     """Compensate a graph run that is being stopped for good (a cancel): replay ``prior``,
     then run the compensation step of every succeeded step that declared ``compensate`` and
     has not been compensated yet, in reverse completion order, each checkpointed through
-    ``on_checkpoint``. Nothing else runs.
+    ``on_checkpoint``. Nothing else runs. Each compensation's entry carries its response
+    artifact's ``sha256``, ``sizeBytes`` and ``inputs`` (docs/artifacts.md), as every step's.
 
     :returns: the compensation steps that ran (succeeded, failed or gated off), in order.
     :raises WorkflowExecutionError: a replay mismatch, a store failure in ``on_checkpoint``,
@@ -522,6 +532,7 @@ def run_compensation(
         return []
     with SegmentChannels(runtime) as channels:
         run = _Run(workflow, input_msg, on_checkpoint, runtime, channels, call_permit)
+        run.hash_entries = True  # each compensation's entry is its response artifact
         run.replay(retry_scope.settled(workflow, prior))
         before = set(run.state.outcomes)
         _compensate(run)

@@ -40,6 +40,7 @@ __all__ = [
     "GrantGate",
     "RecoveryStop",
     "Scope",
+    "artifact_fields",
     "authorize",
     "build_message",
     "call_budget_ms",
@@ -176,11 +177,11 @@ def render_checkpoint(
             f"could not render the checkpoint for '{step.name}' as JSON: {exc}",
         ) from exc
     if effects is not None and response is not None:
-        _artifact_fields(entry, workflow, step, response, inputs, consumed, entries)
+        artifact_fields(entry, workflow, step, response, inputs, consumed, entries)
     return entry
 
 
-def _artifact_fields(
+def artifact_fields(
     entry: dict[str, Any],
     workflow: CompiledWorkflow,
     step: Step,
@@ -189,9 +190,15 @@ def _artifact_fields(
     consumed: list[dict[str, Any]] | None,
     entries: list[Any] | None,
 ) -> None:
-    """The response artifact's fields, and the declared ports, receipt, validation and
-    consumption (``validated`` and ``consumed`` become the artifacts' state changes, written
-    by the checkpoint's own statement: ``store/artifact_rows.py``)."""
+    """Add to ``entry`` the response artifact's fields (``sha256``, ``sizeBytes``, ``inputs``
+    when given), and the declared ports, receipt, validation and consumption (``validated``
+    and ``consumed`` become the artifacts' state changes, written by the checkpoint's own
+    statement: ``store/artifact_rows.py``). The worker's entries and ``complete-step``'s
+    (``verbs/responses.py``) both take their fields from here.
+
+    :raises WorkflowExecutionError: ARTIFACT when a declared port cannot be read; RECEIPT when
+        a declared receipt is empty.
+    """
     entry["sha256"], entry["sizeBytes"] = _artifacts.content_sha256(response)
     if inputs is not None:
         entry["inputs"] = inputs

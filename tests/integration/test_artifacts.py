@@ -361,3 +361,215 @@ def test_artifact_rows_go_in_with_the_checkpoint_that_produces_them(
     assert [(r["step"], r["port"], r["state"], r["uri"]) for r in rows] == [
         ("a", "p", "verified", "artifact://x/a")
     ]
+
+
+# -- complete-step, compensation and promote-artifact (the gaps left by issue 29) ------------
+
+
+def _external_review_with_a_port(t: str) -> dict[str, Any]:
+    """The seed's tokenize -> embed -> review, the external review declaring an output port
+    and validating ``embed``."""
+    from tests.support.grpc_servers import seed_workflow
+
+    wf = seed_workflow(t)
+    review = wf["steps"][2]
+    assert review["name"] == "review" and review["completion"] == "external"
+    review.pop("validate", None)
+    review["outputs"] = {
+        "note": {
+            "uri": "'artifact://notes/' + response.note",
+            "sha256": "response.note",
+            "mediaType": "text/plain",
+        }
+    }
+    review["validates"] = ["embed"]
+    return wf
+
+
+def test_complete_step_turns_a_declared_port_into_an_artifact_row_in_its_own_statement(
+    verbs, services, worker, store, monkeypatch
+):
+    from protomolt_jobs.store.db import QUERIES
+
+    answer = verbs(
+        "submit-workflow",
+        {"workflow": _external_review_with_a_port(services.target), "input": {"text": "a b"}},
+    )
+    job_id = answer["jobId"]
+    worker()
+    _settled(verbs, job_id, "WAITING")
+    # an answer that does not give the port is refused naming 'response'; the run stays parked
+    with pytest.raises(InvalidInput) as info:
+        verbs("complete-step", {"jobId": job_id, "stepName": "review", "response": {}})
+    assert info.value.details["field"] == "response"
+    assert "output port 'note'" in str(info.value)
+    assert _status(verbs, job_id) == "WAITING"
+    seen = _recording(monkeypatch)
+    done = verbs(
+        "complete-step",
+        {"jobId": job_id, "stepName": "review", "response": {"approved": True, "note": "n1"}},
+        principal="carol",
+    )
+    assert done == {"ok": True, "status": "QUEUED"}, done
+    writers = [
+        name
+        for name, _ in seen
+        if "INSERT INTO workflow_artifact" in QUERIES[name]
+        or "UPDATE workflow_artifact" in QUERIES[name]
+    ]
+    assert writers == ["job_complete_parked_artifacts"], writers
+    job = _settled(verbs, job_id)
+    entry = job["checkpoints"][-1]
+    assert entry["name"] == "review"
+    assert entry["artifacts"] == [
+        {
+            "port": "note",
+            "kind": "file",
+            "uri": "artifact://notes/n1",
+            "sha256": "n1",
+            "mediaType": "text/plain",
+        }
+    ]
+    assert [v["step"] for v in entry["validated"]] == ["embed"]
+    rows = {(r["step"], r["port"]): (r["state"], r["uri"]) for r in store.artifact_kept(job_id)}
+    assert rows == {
+        ("review", "note"): ("draft", "artifact://notes/n1"),
+        ("embed", "response"): ("verified", None),
+    }
+    arts = verbs("list-artifacts", {"jobId": job_id})["artifacts"]
+    port = _by(arts, "review", "note")
+    assert (port["kind"], port["state"], port["uri"]) == ("file", "draft", "artifact://notes/n1")
+    assert _by(arts, "embed")["state"] == "verified"
+    got = verbs("get-artifact", {"artifactId": _by(arts, "embed")["artifactId"]})
+    assert [
+        (t["actor"], t["from"], t["to"], t["reason"]) for t in got["artifact"]["transitions"]
+    ] == [("carol", "draft", "verified", "validated by step 'review'")]
+    got = verbs("get-artifact", {"artifactId": port["artifactId"]})
+    assert [(t["actor"], t["to"]) for t in got["artifact"]["transitions"]] == [("carol", "draft")]
+
+
+def test_a_cancelled_runs_compensation_entry_is_a_hashed_artifact_with_its_inputs(
+    verbs, services, worker
+):
+    t = services.target
+    wf = graph(
+        [
+            step("reserve", t, compensate="release"),
+            step("slow", t, sleep_ms=12_000, after=["reserve"]),
+            step("release", t, reads=["reserve"]),
+        ],
+        name="compensated",
+        cancel={"interruptCalls": True},
+    )
+    job_id = _submit(verbs, wf)
+    worker()
+    wait_for(lambda: services.step_calls("slow") == 1 or None, timeout_s=20)
+    assert verbs("cancel-job", {"jobId": job_id})["ok"] is True
+    _settled(verbs, job_id, "CANCELLED")
+
+    def released():
+        job = verbs("get-job", {"jobId": job_id})["job"]
+        return job if [c["name"] for c in job["checkpoints"]] == ["reserve", "release"] else None
+
+    job = wait_for(released, timeout_s=20)
+    reserve, release = job["checkpoints"]
+    assert (release["sha256"], release["sizeBytes"]) == _sha(release["response"])
+    assert release["inputs"] == [{"step": "reserve", "iteration": 0, "sha256": reserve["sha256"]}]
+    arts = verbs("list-artifacts", {"jobId": job_id})["artifacts"]
+    comp = _by(arts, "release")
+    assert comp["sha256"] == release["sha256"]
+    assert [i["artifactId"] for i in comp["inputs"]] == [_by(arts, "reserve")["artifactId"]]
+
+
+def _promotable(t: str) -> dict[str, Any]:
+    """a, b validating a, a review, and a publication that needs a promoted."""
+    return graph(
+        [
+            step("a", t),
+            step("b", t, reads=["a"], validates=["a"]),
+            {
+                "name": "review",
+                "completion": "approval",
+                "approval": {
+                    "approvers": {"principals": ["carl"]},
+                    "decisions": ["accept", "reject"],
+                    "end": {"reject": "fail"},
+                },
+            },
+            step("pub", t, reads=["a"], consumes={"a": {"state": "promoted"}}),
+        ],
+        name="promotable",
+    )
+
+
+def test_promote_artifact_promotes_only_what_is_verified_and_logs_who_and_why(
+    verbs, services, worker
+):
+    job_id = _submit(verbs, _promotable(services.target))
+    worker()
+    _settled(verbs, job_id, "WAITING")
+    arts = verbs("list-artifacts", {"jobId": job_id})["artifacts"]
+    a, b = _by(arts, "a"), _by(arts, "b")
+    assert (a["state"], b["state"]) == ("verified", "draft")
+    for body, field in [
+        ({"artifactId": a["artifactId"]}, "reason"),
+        ({"artifactId": a["artifactId"], "reason": "  "}, "reason"),
+        ({"artifactId": a["artifactId"], "reason": 7}, "reason"),
+        ({"reason": "x"}, "artifactId"),
+        ({"artifactId": "nope", "reason": "x"}, "artifactId"),
+        ({"artifactId": a["artifactId"], "reason": "x", "colour": "red"}, "colour"),
+    ]:
+        with pytest.raises(InvalidInput) as info:
+            verbs("promote-artifact", body)
+        assert info.value.details["field"] == field, body
+    # a draft nobody validated is refused, naming its state; nothing is written
+    refused = verbs("promote-artifact", {"artifactId": b["artifactId"], "reason": "ship it"})
+    assert refused["ok"] is False and refused["errorKind"] == "not-verified"
+    assert refused["state"] == "draft" and "is draft" in refused["error"]
+    assert verbs("get-artifact", {"artifactId": b["artifactId"]})["artifact"]["transitions"] == []
+    done = verbs(
+        "promote-artifact",
+        {"artifactId": a["artifactId"], "reason": "board signed off"},
+        principal="olga",
+    )
+    assert done == {
+        "ok": True,
+        "artifactId": a["artifactId"],
+        "state": "promoted",
+        "changed": True,
+    }
+    again = verbs("promote-artifact", {"artifactId": a["artifactId"], "reason": "twice"})
+    assert (again["ok"], again["state"], again["errorKind"]) == (False, "promoted", "not-verified")
+    got = verbs("get-artifact", {"artifactId": a["artifactId"]})["artifact"]
+    assert got["state"] == "promoted"
+    assert [(t["actor"], t["from"], t["to"], t["reason"]) for t in got["transitions"]] == [
+        ("worker:test-worker", "draft", "verified", "validated by step 'b'"),
+        ("olga", "verified", "promoted", "board signed off"),
+    ]
+    # the publication that needs it promoted accepts the operator's promotion
+    decided = verbs(
+        "approve-step",
+        {"jobId": job_id, "stepName": "review", "decision": "accept"},
+        principal="carl",
+    )
+    assert decided["ok"], decided
+    job = _settled(verbs, job_id)
+    assert [c["name"] for c in job["checkpoints"]][-1] == "pub"
+    assert [c["ref"] for c in job["checkpoints"][-1]["consumed"]] == ["a"]
+
+
+def test_an_artifact_an_operator_promoted_outlives_its_pruned_run(verbs, services, worker, store):
+    t = services.target
+    job_id = _submit(verbs, graph([step("a", t), step("b", t, validates=["a"])], name="kept"))
+    worker()
+    _settled(verbs, job_id)
+    a = _by(verbs("list-artifacts", {"jobId": job_id})["artifacts"], "a")
+    assert a["state"] == "verified"
+    done = verbs("promote-artifact", {"artifactId": a["artifactId"], "reason": "the final one"})
+    assert done["ok"] is True, done
+    wait_for(lambda: store.job_prune_terminal(0.001, 100) == 1 or None, timeout_s=10)
+    kept = verbs("list-artifacts", {"jobId": job_id})
+    assert kept["runDeleted"] is True
+    assert [(k["artifactId"], k["state"], k["detached"]) for k in kept["artifacts"]] == [
+        (a["artifactId"], "promoted", True)
+    ]

@@ -50,7 +50,10 @@ def _cli(*args):
 
 
 def _completed_job(url, services) -> str:
-    wf = graph([step("a", services.target), step("b", services.target, reads=["a"])], name="two")
+    wf = graph(
+        [step("a", services.target), step("b", services.target, reads=["a"], validates=["a"])],
+        name="two",
+    )
     status, answer, _ = _post(url, "submit-workflow", {"workflow": wf, "input": {"text": "x"}})
     assert status == 200 and answer["ok"], answer
     job_id = answer["jobId"]
@@ -76,6 +79,9 @@ def test_every_door_answers_and_refuses_naming_the_field(node, services):
         ("lineage", {"artifactId": last, "colour": "red"}, "colour"),
         ("retract-artifact", {"artifactId": last, "reason": 7}, "reason"),
         ("retract-artifact", {"reason": "x"}, "artifactId"),
+        ("promote-artifact", {"artifactId": last}, "reason"),
+        ("promote-artifact", {"artifactId": last, "reason": ""}, "reason"),
+        ("promote-artifact", {"reason": "x"}, "artifactId"),
     ]:
         status, answer, _ = _post(url, verb, body)
         assert (status, answer["error"], answer["details"]["field"]) == (
@@ -109,6 +115,25 @@ def test_every_door_answers_and_refuses_naming_the_field(node, services):
     assert done.returncode == 0 and json.loads(done.stdout)["artifact"]["step"] == "a"
     refused = _cli("jobs", "lineage", last, "--depth", "0", "--url", url)
     assert refused.returncode == 2 and "depth" in refused.stderr
+    # promote-artifact: gRPC promotes the verified first artifact, the CLI is refused the
+    # draft one (naming its state) and needs --reason
+    with pytest.raises(grpc.RpcError) as info:
+        _rpc(target, "PromoteArtifact", {"artifact_id": first})
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    trailers = dict(info.value.trailing_metadata())
+    assert json.loads(trailers["protomolt-error-details-bin"]) == {"field": "reason"}
+    promoted = _rpc(target, "PromoteArtifact", {"artifact_id": first, "reason": "signed off"})
+    assert (promoted.ok, promoted.state, promoted.changed) == (True, "promoted", True)
+    done = _cli("jobs", "promote", last, "--reason", "ship it", "--url", url)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert (answer["ok"], answer["state"], answer["errorKind"]) == (False, "draft", "not-verified")
+    refused = _cli("jobs", "promote", last, "--url", url)
+    assert refused.returncode == 2 and "--reason" in refused.stderr
+    status, got, _ = _post(url, "get-artifact", {"artifactId": first})
+    assert got["artifact"]["state"] == "promoted"
+    assert got["artifact"]["transitions"][-1]["reason"] == "signed off"
+
     done = _cli("jobs", "retract", first, "--reason", "wrong input file", "--url", url)
     assert done.returncode == 0 and json.loads(done.stdout)["changed"] is True, done.stderr
     again = _rpc(target, "RetractArtifact", {"artifact_id": first, "reason": "again"})

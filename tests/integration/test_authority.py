@@ -196,6 +196,8 @@ def test_the_manifest_the_registry_and_unknown_tokens(tmp_path, fresh_dsn):
             "lineage",
         }
         assert "cancel-job" in manifest(EDITOR) and "check-workflow" not in manifest(EDITOR)
+        # the operator's artifact changes are job-control: the editor's, not the reader's
+        assert {"retract-artifact", "promote-artifact"} <= manifest(EDITOR)
         everything = manifest(ROOT)
         assert {"cancel-job", "check-workflow", "submit-workflow"} <= everything
 

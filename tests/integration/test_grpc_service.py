@@ -74,6 +74,7 @@ def test_verb_names():
         "get-artifact",
         "lineage",
         "retract-artifact",
+        "promote-artifact",
     }
 
 

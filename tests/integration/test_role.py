@@ -43,6 +43,7 @@ VERBS = [
     "get-artifact",
     "lineage",
     "retract-artifact",
+    "promote-artifact",
 ]
 
 

@@ -138,6 +138,30 @@ def test_a_workflow_without_artifact_keys_has_no_spec_and_no_findings():
     assert [f for f in verify(wf) if f.kind == "artifact"] == []
 
 
+def test_the_verifier_refuses_artifact_keys_on_compensations_and_consumes_on_external_steps():
+    """A compensation's entry is its response artifact only (the cancel path's job_compensate
+    writes no rows), and an external step's answer is never checked before it arrives: the
+    keys that would be silently dropped there are findings naming their path."""
+    wf = _compiled(
+        [
+            step("gen", T, outputs={"d": {"uri": "response.step", "sha256": "response.step"}}),
+            step("reserve", T, compensate="release"),
+            step(
+                "release",
+                T,
+                outputs={"x": {"uri": "response.step", "sha256": "response.step"}},
+                validates=["gen"],
+            ),
+            {**step("ok", T, consumes={"gen.d": {"state": "verified"}}), "completion": "external"},
+        ]
+    )
+    found = [(f.step, f.error.split(":")[0]) for f in verify(wf) if f.kind == "artifact"]
+    assert ("release", "steps[2].outputs") in found, found
+    assert ("release", "steps[2].validates") in found, found
+    assert ("ok", "steps[3].consumes") in found, found
+    assert not [f for f in found if f[0] in ("gen", "reserve")], found
+
+
 # -- publication checks -----------------------------------------------------------------------
 
 
@@ -178,6 +202,20 @@ def test_publication_refuses_an_unverified_or_unreviewed_or_missing_artifact():
         lambda: wa.check_consumed(wf, publish, [_gen(), _check(), _review({})])
     )
     assert "does not exist" in _fails(lambda: wa.check_consumed(wf, publish, []))
+
+
+def test_publication_accepts_an_artifact_an_operator_promoted():
+    """``promote-artifact`` writes a ``promoted`` row: a publication step that needs the
+    artifact promoted accepts it (the row wins over the state derived from the entries)."""
+    wf = _publication(state="promoted")
+    publish = wf.step("publish")
+    entries = [_gen(), _check()]
+    assert "is verified; 'publish' needs it promoted" in _fails(
+        lambda: wa.check_consumed(wf, publish, entries, rows=dict, job_id=JOB)
+    )
+    aid = wa.artifact_id(JOB, "gen", 0, "draft", 0, "a" * 64)
+    done = wa.check_consumed(wf, publish, entries, rows=lambda: {aid: "promoted"}, job_id=JOB)
+    assert [c["ref"] for c in done] == ["gen.draft"]
 
 
 def test_publication_hashes_stored_bytes_again(tmp_path):

@@ -36,6 +36,7 @@ VERBS = [
     "get-artifact",
     "lineage",
     "retract-artifact",
+    "promote-artifact",
 ]
 
 

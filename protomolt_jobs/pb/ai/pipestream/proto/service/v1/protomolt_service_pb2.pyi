@@ -714,3 +714,27 @@ class RetractArtifactResponse(_message.Message):
     state: str
     changed: bool
     def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., artifact_id: _Optional[str] = ..., state: _Optional[str] = ..., changed: _Optional[bool] = ...) -> None: ...
+
+class PromoteArtifactRequest(_message.Message):
+    __slots__ = ("artifact_id", "reason")
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    reason: str
+    def __init__(self, artifact_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class PromoteArtifactResponse(_message.Message):
+    __slots__ = ("ok", "error", "artifact_id", "state", "changed", "error_kind")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    error: str
+    artifact_id: str
+    state: str
+    changed: bool
+    error_kind: str
+    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., artifact_id: _Optional[str] = ..., state: _Optional[str] = ..., changed: _Optional[bool] = ..., error_kind: _Optional[str] = ...) -> None: ...
