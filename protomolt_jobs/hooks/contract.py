@@ -47,7 +47,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import hashlib
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -78,6 +80,8 @@ __all__ = [
     "WorkflowActivation",
     "WorkflowRepository",
     "WorkflowVersions",
+    "artifact_id",
+    "artifact_job_prefix",
     "current_groups",
     "current_holds",
     "current_principal",
@@ -345,6 +349,32 @@ class ArtifactStore(Protocol):
     def exists(self, key: str) -> bool: ...
 
     def delete(self, key: str) -> bool: ...
+
+
+def artifact_id(
+    job_id: Any, step: str, iteration: int, port: str, attempt: Any, sha256: str
+) -> str:
+    """An artifact's id (docs/artifacts.md), the one the engine, the store's rows and the read
+    verbs use: a UUID whose first 16 hex digits are the job id's (so ``get-artifact`` finds the
+    run by the id alone, as ``list-jobs idPrefix`` does) and whose last 16 are SHA-256 over
+    step, iteration, port, the producing attempt and the content hash (a retried step's new
+    output is a different artifact; the same content written again by the same attempt is the
+    same one).
+
+    :raises ValueError: ``job_id`` is not a UUID.
+    """
+    att = attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else 0
+    job_hex = uuid.UUID(str(job_id)).hex
+    tail = hashlib.sha256(f"{step}/{iteration}/{port}/{att}/{sha256}".encode()).hexdigest()
+    return str(uuid.UUID(job_hex[:16] + tail[:16]))
+
+
+def artifact_job_prefix(artifact_id: str) -> str:
+    """The id prefix (16 hex digits) of the run an artifact id belongs to.
+
+    :raises ValueError: not a UUID.
+    """
+    return uuid.UUID(artifact_id).hex[:16]
 
 
 @dataclasses.dataclass(frozen=True)

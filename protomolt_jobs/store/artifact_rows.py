@@ -5,7 +5,8 @@ a projection of the entry, written by the checkpoint's own statement
 An entry asks for rows when it declares output ports (``artifacts``), a declared receipt
 (``receipt.evidence``), artifacts it verified (``validated``) or consumed (``consumed``); an
 entry with none of them (every entry of a workflow without artifact keys) asks for none and is
-written by the plain ``job_checkpoint``, as before. Pure JSON: nothing here knows a workflow.
+written by the plain ``job_checkpoint``, as before. Pure JSON: nothing here knows a workflow. Each row carries its ``artifactId``
+(``hooks.contract.artifact_id``, the id the engine and the read verbs give it).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
+
+from protomolt_jobs.hooks.contract import artifact_id
 
 __all__ = ["artifact_rows", "has_artifact_rows"]
 
@@ -33,18 +36,17 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def artifact_rows(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The rows ``entry`` asks for, each ``{step, iteration, port, kind, attempt, sha256,
-    uri?, mediaType?, sizeBytes?, state, reason}``: its ports and declared receipt as
-    ``draft``, what it validated as ``verified``, what it consumed as ``promoted``. The
-    statement computes each row's ``artifact_id`` as the read verbs do
-    (``workflow/artifacts.artifact_id``)."""
+def artifact_rows(entry: Mapping[str, Any], job_id: Any) -> list[dict[str, Any]]:
+    """The rows ``entry`` of job ``job_id`` asks for, each ``{artifactId, step, iteration,
+    port, kind, attempt, sha256, uri?, mediaType?, sizeBytes?, state, reason}``: its ports and
+    declared receipt as ``draft``, what it validated as ``verified``, what it consumed as
+    ``promoted``."""
     name = str(entry.get("name", ""))
     k, attempt = _int(entry.get("iteration")), _int(entry.get("attempt"))
     rows: list[dict[str, Any]] = []
     for rec in entry.get("artifacts") or ():
         if isinstance(rec, dict) and rec.get("port") and rec.get("sha256"):
-            row = {
+            row: dict[str, Any] = {
                 "step": name,
                 "iteration": k,
                 "port": str(rec["port"]),
@@ -95,4 +97,8 @@ def artifact_rows(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "reason": f"{why} step '{name}'",
             }
             rows.append(row)
+    for row in rows:
+        row["artifactId"] = artifact_id(
+            job_id, row["step"], row["iteration"], row["port"], row["attempt"], row["sha256"]
+        )
     return rows

@@ -420,7 +420,7 @@ class ControlMixin(db.Database):
         if has_artifact_rows(entry):
             # its artifact rows go in with it, in the same statement (store/artifact_rows.py)
             query = "job_complete_parked_artifacts"
-            params["rows"] = checks.jsonb("rows", artifact_rows(entry), list)
+            params["rows"] = checks.jsonb("rows", artifact_rows(entry, key), list)
         return self._parked_write(
             query,
             key,

@@ -410,11 +410,7 @@ WITH moved AS (
     RETURNING 1
 ), wanted AS (
     SELECT DISTINCT ON (1)
-           (substr(replace(m.job_id::text, '-', ''), 1, 16)
-            || substr(encode(sha256(convert_to(
-                   (r->>'step') || '/' || (r->>'iteration') || '/' || (r->>'port') || '/'
-                   || (r->>'attempt') || '/' || (r->>'sha256'), 'UTF8')), 'hex'), 1, 16))::uuid
-               AS artifact_id,
+           (r->>'artifactId')::uuid AS artifact_id,
            m.job_id, r->>'step' AS step, (r->>'iteration')::int AS iteration,
            r->>'port' AS port, r->>'kind' AS kind, r->>'sha256' AS sha256,
            (r->>'sizeBytes')::bigint AS size_bytes, r->>'mediaType' AS media_type,
@@ -912,11 +908,7 @@ WITH moved AS (
     RETURNING job_id, workflow_name, status, attempt, error
 ), wanted AS (
     SELECT DISTINCT ON (1)
-           (substr(replace(m.job_id::text, '-', ''), 1, 16)
-            || substr(encode(sha256(convert_to(
-                   (r->>'step') || '/' || (r->>'iteration') || '/' || (r->>'port') || '/'
-                   || (r->>'attempt') || '/' || (r->>'sha256'), 'UTF8')), 'hex'), 1, 16))::uuid
-               AS artifact_id,
+           (r->>'artifactId')::uuid AS artifact_id,
            m.job_id, r->>'step' AS step, (r->>'iteration')::int AS iteration,
            r->>'port' AS port, r->>'kind' AS kind, r->>'sha256' AS sha256,
            (r->>'sizeBytes')::bigint AS size_bytes, r->>'mediaType' AS media_type,

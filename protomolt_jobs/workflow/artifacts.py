@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import uuid
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -38,6 +37,8 @@ from typing import Any
 
 from google.protobuf.message import Message
 
+from protomolt_jobs.hooks.contract import artifact_id
+from protomolt_jobs.hooks.contract import artifact_job_prefix as job_prefix
 from protomolt_jobs.workflow import cel as _cel
 from protomolt_jobs.workflow import cel_check
 from protomolt_jobs.workflow import graph as _graph
@@ -171,28 +172,6 @@ def content_sha256(msg: Message) -> tuple[str, int]:
     same for a response as called and as replayed from its proto3-JSON checkpoint."""
     data = msg.SerializeToString(deterministic=True)
     return hashlib.sha256(data).hexdigest(), len(data)
-
-
-def artifact_id(
-    job_id: str, step: str, iteration: int, port: str, attempt: Any, sha256: str
-) -> str:
-    """The artifact's id, deterministic: a UUID whose first 16 hex digits are the job id's
-    (so ``get-artifact`` finds the run by the id alone, as ``list-jobs idPrefix`` does) and
-    whose last 16 are SHA-256 over step, iteration, port, the producing attempt and the content
-    hash (a retried step's new output is a different artifact; the same content written again
-    by the same attempt is the same one)."""
-    att = attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else 0
-    job_hex = uuid.UUID(str(job_id)).hex
-    tail = hashlib.sha256(f"{step}/{iteration}/{port}/{att}/{sha256}".encode()).hexdigest()
-    return str(uuid.UUID(job_hex[:16] + tail[:16]))
-
-
-def job_prefix(artifact_id: str) -> str:
-    """The id prefix (16 hex digits) of the run an artifact id belongs to.
-
-    :raises ValueError: not a UUID.
-    """
-    return uuid.UUID(artifact_id).hex[:16]
 
 
 def inputs_of(

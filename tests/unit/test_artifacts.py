@@ -355,7 +355,7 @@ def test_an_entry_without_artifact_keys_asks_for_no_rows():
     from protomolt_jobs.store.artifact_rows import artifact_rows, has_artifact_rows
 
     plain = {"name": "a", "response": {}, "sha256": "1" * 64, "receipt": {"idempotencyKey": "k"}}
-    assert not has_artifact_rows(plain) and artifact_rows(plain) == []
+    assert not has_artifact_rows(plain) and artifact_rows(plain, JOB) == []
     asks = {
         **_gen(),
         "attempt": 2,
@@ -365,9 +365,15 @@ def test_an_entry_without_artifact_keys_asks_for_no_rows():
         ],
     }  # fmt: skip
     assert has_artifact_rows(asks)
-    assert [(r["step"], r["port"], r["state"], r["attempt"]) for r in artifact_rows(asks)] == [
+    rows = artifact_rows(asks, JOB)
+    assert [(r["step"], r["port"], r["state"], r["attempt"]) for r in rows] == [
         ("gen", "draft", "draft", 2),
         ("imp", "response", "verified", 1),
+    ]
+    # each row carries the id the engine and the read verbs give that artifact
+    assert [r["artifactId"] for r in rows] == [
+        wa.artifact_id(JOB, r["step"], r["iteration"], r["port"], r["attempt"], r["sha256"])
+        for r in rows
     ]
 
 
