@@ -8,35 +8,20 @@ new floor to a run already waiting and stores the floor's hash with the decision
 from __future__ import annotations
 
 import copy
-import importlib.resources
 import json
-import re
-import subprocess
-import sys
-import tempfile
 import tomllib
-from pathlib import Path
 
 import pytest
 
 from protomolt_jobs.workflow.floors import compile_floors, policy_sha256
 from tests.integration.test_approvals_guide import GUIDE, PROTO, Desk, _job, _post, _workflow
+from tests.support.guides import compile_proto, doc_blocks
 from tests.support.node import http, start_node_with_file, wait_for
-
-_BLOCK = re.compile(
-    r"<!-- (?P<kind>approval|floor)-example: (?P<directive>[^>]*?) -->\n```[^\n]*\n"
-    r"(?P<body>.*?)```",
-    re.DOTALL,
-)
 
 
 @pytest.fixture(scope="module")
 def blocks() -> dict[str, str]:
-    text = GUIDE.read_text(encoding="utf-8")
-    found = {
-        f"{m.group('kind')} {m.group('directive').strip()}": m.group("body")
-        for m in _BLOCK.finditer(text)
-    }
+    found = doc_blocks(GUIDE, "(?P<kind>approval|floor)-example")
     assert {k for k in found if k.startswith("floor ")} == {
         "floor node protomolt.toml",
         "floor answer put-refused",
@@ -47,30 +32,7 @@ def blocks() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def descriptor_set(blocks) -> bytes:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / PROTO
-        path.parent.mkdir(parents=True)
-        path.write_text(blocks[f"approval proto {PROTO}"], encoding="utf-8")
-        out = Path(tmp) / "newsroom.pb"
-        wkt = importlib.resources.files("grpc_tools") / "_proto"
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "grpc_tools.protoc",
-                f"-I{tmp}",
-                f"-I{wkt}",
-                "--include_imports",
-                f"--descriptor_set_out={out}",
-                PROTO,
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            cwd=tmp,
-        )
-        assert proc.returncode == 0, proc.stderr
-        return out.read_bytes()
+    return compile_proto(PROTO, blocks[f"approval proto {PROTO}"])
 
 
 @pytest.fixture

@@ -7,33 +7,21 @@ the doc shows, and the ``fix`` and ``reject`` decisions do what the doc says."""
 from __future__ import annotations
 
 import base64
-import importlib.resources
 import json
-import re
-import subprocess
-import sys
-import tempfile
 import tomllib
-from concurrent import futures
-from pathlib import Path
 
-import grpc
 import pytest
-from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 
+from tests.support.guides import DOCS, LoopbackService, compile_proto, doc_blocks
 from tests.support.node import http, start_node_with_file, wait_for
 
-GUIDE = Path(__file__).resolve().parents[2] / "docs" / "approvals.md"
-_BLOCK = re.compile(
-    r"<!-- approval-example: (?P<directive>[^>]*?) -->\n```[^\n]*\n(?P<body>.*?)```", re.DOTALL
-)
+GUIDE = DOCS / "approvals.md"
 PROTO = "newsroom/v1/newsroom.proto"
 
 
 @pytest.fixture(scope="module")
 def blocks() -> dict[str, str]:
-    text = GUIDE.read_text(encoding="utf-8")
-    found = {m.group("directive").strip(): m.group("body") for m in _BLOCK.finditer(text)}
+    found = doc_blocks(GUIDE, "approval-example")
     assert set(found) == {
         f"proto {PROTO}",
         "node protomolt.toml",
@@ -46,30 +34,7 @@ def blocks() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def descriptor_set(blocks) -> bytes:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / PROTO
-        path.parent.mkdir(parents=True)
-        path.write_text(blocks[f"proto {PROTO}"], encoding="utf-8")
-        out = Path(tmp) / "newsroom.pb"
-        wkt = importlib.resources.files("grpc_tools") / "_proto"
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "grpc_tools.protoc",
-                f"-I{tmp}",
-                f"-I{wkt}",
-                "--include_imports",
-                f"--descriptor_set_out={out}",
-                PROTO,
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            cwd=tmp,
-        )
-        assert proc.returncode == 0, proc.stderr
-        return out.read_bytes()
+    return compile_proto(PROTO, blocks[f"proto {PROTO}"])
 
 
 class Desk:
@@ -77,40 +42,20 @@ class Desk:
     body; ``calls`` lists the methods called."""
 
     def __init__(self, fds: bytes) -> None:
-        pool = descriptor_pool.DescriptorPool()
-        for f in descriptor_pb2.FileDescriptorSet.FromString(fds).file:
-            pool.Add(f)
-        service = pool.FindServiceByName("newsroom.v1.Desk")
         self.calls: list[str] = []
-        behaviour = {
-            "Draft": lambda r: {"slug": r.slug, "body": r.body},
-            "Publish": lambda r: {"slug": r.slug, "url": f"https://news.example/{r.slug}"},
-            "Rework": lambda r: {"slug": r.slug, "body": f"[rework] {r.body}"},
-        }
-        methods = {}
-        for m in service.methods:
-            cls = message_factory.GetMessageClass(m.input_type)
-            methods[m.name] = grpc.unary_unary_rpc_method_handler(
-                self._handler(m.name, behaviour[m.name], cls),
-                request_deserializer=cls.FromString,
-                response_serializer=cls.SerializeToString,
-            )
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-        self.server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(service.full_name, methods),)
-        )
-        self.target = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
-        self.server.start()
+        self._service = LoopbackService(fds, "newsroom.v1.Desk", self._answer)
+        self.target = self._service.target
 
-    def _handler(self, name, answer, cls):
-        def handle(request, context):
-            self.calls.append(name)
-            return json_format.ParseDict(answer(request), cls())
-
-        return handle
+    def _answer(self, name, r, context) -> dict:
+        self.calls.append(name)
+        if name == "Draft":
+            return {"slug": r.slug, "body": r.body}
+        if name == "Publish":
+            return {"slug": r.slug, "url": f"https://news.example/{r.slug}"}
+        return {"slug": r.slug, "body": f"[rework] {r.body}"}  # Rework
 
     def stop(self) -> None:
-        self.server.stop(0.5).wait(5)
+        self._service.stop()
 
 
 @pytest.fixture

@@ -16,20 +16,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.resources
 import json
-import re
-import subprocess
-import sys
-import tempfile
 import threading
-from concurrent import futures
-from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
-from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 
 from protomolt_jobs.host.catalog import Caller, Catalog
 from protomolt_jobs.maintenance.pruner import Pruner
@@ -39,24 +30,16 @@ from protomolt_jobs.store import JobStore
 from protomolt_jobs.verbs import JobsBackend, jobs_actions
 from protomolt_jobs.worker import Worker
 from protomolt_jobs.workflow import Runtime
+from tests.support.guides import DOCS, LoopbackService, compile_proto, doc_blocks
 from tests.support.worker_proc import jobs_config, wait_for
 
-GUIDE = Path(__file__).resolve().parents[2] / "docs" / "artifacts.md"
-_BLOCK = re.compile(
-    r"<!-- artifacts-example: (?P<directive>[^>]*?) -->\n"
-    r"(?:```[^\n]*\n(?P<body>.*?)```|(?P<table>\|.*?)\n\n)",
-    re.DOTALL,
-)
+GUIDE = DOCS / "artifacts.md"
 PROTO = "report/v1/report.proto"
 
 
 @pytest.fixture(scope="module")
 def blocks() -> dict[str, str]:
-    text = GUIDE.read_text(encoding="utf-8")
-    found = {
-        m.group("directive").strip(): m.group("body") or m.group("table")
-        for m in _BLOCK.finditer(text)
-    }
+    found = doc_blocks(GUIDE, "artifacts-example", tables=True)
     assert set(found) == {
         f"proto {PROTO}",
         "workflow management-report",
@@ -69,30 +52,7 @@ def blocks() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def descriptor_set(blocks) -> bytes:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / PROTO
-        path.parent.mkdir(parents=True)
-        path.write_text(blocks[f"proto {PROTO}"], encoding="utf-8")
-        out = Path(tmp) / "report.pb"
-        wkt = importlib.resources.files("grpc_tools") / "_proto"
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "grpc_tools.protoc",
-                f"-I{tmp}",
-                f"-I{wkt}",
-                "--include_imports",
-                f"--descriptor_set_out={out}",
-                PROTO,
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            cwd=tmp,
-        )
-        assert proc.returncode == 0, proc.stderr
-        return out.read_bytes()
+    return compile_proto(PROTO, blocks[f"proto {PROTO}"])
 
 
 def _sha(data: bytes) -> str:
@@ -106,38 +66,19 @@ class Desk:
     waits for :attr:`release` when :attr:`hold_send` is set. ``calls`` lists the methods."""
 
     def __init__(self, fds: bytes, store: FileArtifactStore) -> None:
-        pool = descriptor_pool.DescriptorPool()
-        for f in descriptor_pb2.FileDescriptorSet.FromString(fds).file:
-            pool.Add(f)
-        service = pool.FindServiceByName("report.v1.Desk")
         self.store = store
         self.calls: list[str] = []
         self.message_id = "msg-2026-11-0001"
         self.hold_send = False
         self.sending = threading.Event()
         self.release = threading.Event()
-        methods = {}
-        for m in service.methods:
-            cls = message_factory.GetMessageClass(m.input_type)
-            methods[m.name] = grpc.unary_unary_rpc_method_handler(
-                self._handler(m.name, cls),
-                request_deserializer=cls.FromString,
-                response_serializer=cls.SerializeToString,
-            )
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-        self.server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(service.full_name, methods),)
-        )
-        self.target = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
-        self.server.start()
+        self._service = LoopbackService(fds, "report.v1.Desk", self._answer)
+        self.target = self._service.target
 
-    def _handler(self, name, cls):
-        def handle(request, context):
-            self.calls.append(name)
-            answer = getattr(self, name.lower() if name != "CheckCompleteness" else "complete")
-            return json_format.ParseDict(answer(request), cls())
-
-        return handle
+    def _answer(self, name, request, context) -> dict[str, Any]:
+        self.calls.append(name)
+        answer = getattr(self, name.lower() if name != "CheckCompleteness" else "complete")
+        return answer(request)
 
     @staticmethod
     def import_(r) -> dict[str, Any]:
@@ -200,7 +141,7 @@ class Desk:
 
     def stop(self) -> None:
         self.release.set()
-        self.server.stop(0.5).wait(5)
+        self._service.stop()
 
 
 @pytest.fixture

@@ -8,9 +8,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import re
 import threading
-from pathlib import Path
 
 import grpc
 import psycopg
@@ -20,6 +18,7 @@ from protomolt_jobs.host.cli import main
 from protomolt_jobs.pb.ai.pipestream.proto.service.v1 import protomolt_service_pb2 as pb
 from tests.support.graphs import graph, step
 from tests.support.grpc_servers import schema_for
+from tests.support.guides import DOCS, doc_blocks
 from tests.support.node import http, start_node_with_file, wait_for
 from tests.support.worker_proc import enqueue, in_process_worker
 
@@ -40,20 +39,16 @@ editor = ["service-invoke", "workflow-run", "job-approve"]
 ops-team = ["service-invoke", "workflow-run", "job-control", "job-input"]
 """
 SERVICE = "/ai.pipestream.proto.service.v1.ProtoMoltService"
-GUIDE = Path(__file__).resolve().parents[2] / "docs" / "explain.md"
-_BLOCK = re.compile(
-    r"<!-- explain-example: (?P<name>[^>]*?) -->\n```json\n(?P<body>.*?)```", re.DOTALL
-)
+GUIDE = DOCS / "explain.md"
 
 
-def doc_blocks() -> dict[str, str]:
-    text = GUIDE.read_text(encoding="utf-8")
-    return {m.group("name").strip(): m.group("body") for m in _BLOCK.finditer(text)}
+def guide_blocks() -> dict[str, str]:
+    return doc_blocks(GUIDE, "explain-example")
 
 
 def doc_workflow(target: str) -> dict:
     """The page's workflow, its targets pointed at the test service, the schema added."""
-    workflow = json.loads(doc_blocks()["workflow"])
+    workflow = json.loads(guide_blocks()["workflow"])
     for s in workflow["steps"]:
         s["target"] = target
     return {**workflow, "schema": schema_for("descriptorSetBase64")}
@@ -131,7 +126,7 @@ def test_the_guides_run_parks_on_the_missing_input_explain_names_its_owner_suppl
     # explain-job, as the page shows it
     account = explain(url, job_id, who="ana")
     assert account["status"] == "WAITING" and account["waitKind"] == "input"
-    assert account["steps"] == json.loads(doc_blocks()["explain steps"])
+    assert account["steps"] == json.loads(guide_blocks()["explain steps"])
     assert account["inputs"] == [
         {
             "path": "lang",
@@ -145,7 +140,7 @@ def test_the_guides_run_parks_on_the_missing_input_explain_names_its_owner_suppl
     assert main(["jobs", "explain", job_id, "--url", url, "--token", ROOT]) == 0
 
     # the owner supplies it: recorded with the actor, the run queued and finished
-    supply = json.loads(doc_blocks()["supply"]) | {"jobId": job_id}
+    supply = json.loads(guide_blocks()["supply"]) | {"jobId": job_id}
     status, answer, _ = post(url, "supply-input", supply, who="ana")
     assert status == 200, answer
     assert answer == {

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import importlib.resources
 import json
-import re
 import subprocess
 import sys
 import tempfile
@@ -27,16 +26,13 @@ from protomolt_jobs.workflow import (
     parse_workflow,
     run_segment,
 )
+from tests.support.guides import DOCS, doc_blocks
 
-GUIDE = Path(__file__).resolve().parents[2] / "docs" / "workflows.md"
-_BLOCK = re.compile(
-    r"<!-- graph-example: (?P<directive>[^>]*?) -->\n```[^\n]*\n(?P<body>.*?)```", re.DOTALL
-)
+GUIDE = DOCS / "workflows.md"
 
 
 def _blocks() -> dict[str, str]:
-    text = GUIDE.read_text(encoding="utf-8")
-    return {m.group("directive").strip(): m.group("body") for m in _BLOCK.finditer(text)}
+    return doc_blocks(GUIDE, "graph-example")
 
 
 @pytest.fixture(scope="module")

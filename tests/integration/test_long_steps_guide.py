@@ -14,19 +14,16 @@ import re
 import shlex
 import threading
 from datetime import datetime
-from pathlib import Path
 
 import psycopg
 import pytest
 
 from protomolt_jobs.host.cli import main
+from tests.support.guides import DOCS, doc_blocks
 from tests.support.node import start_node_with_file, wait_for
 from tests.support.render_service import PROTO_PATH, ROOT, RenderService
 
-GUIDE = Path(__file__).resolve().parents[2] / "docs" / "long-steps.md"
-_BLOCK = re.compile(
-    r"<!-- render-example: (?P<name>[^>]*?) -->\n```[^\n]*\n(?P<body>.*?)```", re.DOTALL
-)
+GUIDE = DOCS / "long-steps.md"
 TOKEN = "render-guide-token"
 NODE = f"""
 [node]
@@ -38,8 +35,7 @@ FRAMES = 8
 
 @pytest.fixture(scope="module")
 def blocks() -> dict[str, str]:
-    text = GUIDE.read_text(encoding="utf-8")
-    found = {m.group("name").strip(): m.group("body") for m in _BLOCK.finditer(text)}
+    found = doc_blocks(GUIDE, "render-example")
     assert set(found) == {
         f"proto {PROTO_PATH}",
         "protomolt.toml",

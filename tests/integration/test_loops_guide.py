@@ -8,29 +8,19 @@ with a smaller bound, whose review always answers ``fix``, ends as ``onExhausted
 from __future__ import annotations
 
 import base64
-import importlib.resources
 import json
 import logging
-import re
-import subprocess
-import sys
-import tempfile
 from collections import Counter
-from concurrent import futures
-from pathlib import Path
 
 import grpc
 import pytest
-from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 
 from protomolt_jobs.host.cli import main
 from protomolt_jobs.pb.ai.pipestream.proto.service.v1 import protomolt_service_pb2 as pb
+from tests.support.guides import DOCS, LoopbackService, compile_proto, doc_blocks
 from tests.support.node import http, start_node_with_file, wait_for
 
-GUIDE = Path(__file__).resolve().parents[2] / "docs" / "workflows.md"
-_BLOCK = re.compile(
-    r"<!-- loop-example: (?P<directive>[^>]*?) -->\n```[^\n]*\n(?P<body>.*?)```", re.DOTALL
-)
+GUIDE = DOCS / "workflows.md"
 PROTO = "assets/v1/assets.proto"
 NODE = """
 [node]
@@ -47,38 +37,14 @@ ROOT, EDITOR = "root-token", "ed-1-token"
 
 @pytest.fixture(scope="module")
 def blocks() -> dict[str, str]:
-    text = GUIDE.read_text(encoding="utf-8")
-    found = {m.group("directive").strip(): m.group("body") for m in _BLOCK.finditer(text)}
+    found = doc_blocks(GUIDE, "loop-example")
     assert set(found) == {f"proto {PROTO}", "workflow asset-variants", "worst-case asset-variants"}
     return found
 
 
 @pytest.fixture(scope="module")
 def descriptor_set(blocks) -> bytes:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / PROTO
-        path.parent.mkdir(parents=True)
-        path.write_text(blocks[f"proto {PROTO}"], encoding="utf-8")
-        out = Path(tmp) / "assets.pb"
-        wkt = importlib.resources.files("grpc_tools") / "_proto"
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "grpc_tools.protoc",
-                f"-I{tmp}",
-                f"-I{wkt}",
-                "--include_imports",
-                f"--descriptor_set_out={out}",
-                PROTO,
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            cwd=tmp,
-        )
-        assert proc.returncode == 0, proc.stderr
-        return out.read_bytes()
+    return compile_proto(PROTO, blocks[f"proto {PROTO}"])
 
 
 class Assets:
@@ -86,16 +52,12 @@ class Assets:
     call's idempotency key per method; BuildVariants numbers its drafts."""
 
     def __init__(self, fds: bytes) -> None:
-        pool = descriptor_pool.DescriptorPool()
-        for f in descriptor_pb2.FileDescriptorSet.FromString(fds).file:
-            pool.Add(f)
-        service = pool.FindServiceByName("assets.v1.Assets")
         self.calls: Counter[str] = Counter()
         self.keys: dict[str, list[str]] = {}
         self.hints: list[str] = []
         #: the first Decide calls that fail (the flowchart's "both OK?" answered no)
         self.failing_decides = 0
-        behaviour = {
+        self._behaviour = {
             "Validate": lambda r: {"title": r.title, "body": r.body},
             "BuildVariants": self._build,
             "TechnicalCheck": lambda r: {"ok": True},
@@ -105,39 +67,23 @@ class Assets:
             "Replan": lambda r: {"hint": f"rework {r.uri}"},
             "Publish": lambda r: {"publication_id": f"pub-{r.uri[6:]}"},
         }
-        methods = {}
-        for m in service.methods:
-            request = message_factory.GetMessageClass(m.input_type)
-            response = message_factory.GetMessageClass(m.output_type)
-            methods[m.name] = grpc.unary_unary_rpc_method_handler(
-                self._handler(m.name, behaviour[m.name], response),
-                request_deserializer=request.FromString,
-                response_serializer=response.SerializeToString,
-            )
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-        self.server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(service.full_name, methods),)
-        )
-        self.target = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
-        self.server.start()
+        self._service = LoopbackService(fds, "assets.v1.Assets", self._answer)
+        self.target = self._service.target
 
     def _build(self, request):
         self.hints.append(request.hint)
         return {"title": request.title, "uri": f"mem://v{self.calls['BuildVariants']}"}
 
-    def _handler(self, name, answer, cls):
-        def handle(request, context):
-            self.calls[name] += 1
-            key = dict(context.invocation_metadata()).get("x-protomolt-idempotency-key", "")
-            self.keys.setdefault(name, []).append(key)
-            if name == "Decide" and self.calls[name] <= self.failing_decides:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the variants are not OK")
-            return json_format.ParseDict(answer(request), cls())
-
-        return handle
+    def _answer(self, name, request, context):
+        self.calls[name] += 1
+        key = dict(context.invocation_metadata()).get("x-protomolt-idempotency-key", "")
+        self.keys.setdefault(name, []).append(key)
+        if name == "Decide" and self.calls[name] <= self.failing_decides:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the variants are not OK")
+        return self._behaviour[name](request)
 
     def stop(self) -> None:
-        self.server.stop(0.5).wait(5)
+        self._service.stop()
 
 
 @pytest.fixture
