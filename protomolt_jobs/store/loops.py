@@ -1,11 +1,11 @@
-"""Bounded loops: the pause of an exhausted loop, ``extend-loop`` and the extensions' read.
+"""Bounded loops: ``extend-loop`` and the extensions' read.
 
 A run whose loop exhausts with ``onExhausted: "park"`` is PAUSED by its worker
-(:meth:`LoopsMixin.job_loop_pause`: ``paused_from`` QUEUED, ``error`` ``LOOP: ...``, a ``loop``
-transition). ``extend-loop`` (:meth:`LoopsMixin.job_extend_loop`) raises one loop's bound for the
-run (``loop_extensions``, migration 0016) under the row lock, records an ``extend-loop``
-transition with the actor and reason, and requeues the run when that loop's exhaustion paused
-it. The worker reads the extensions only when a loop reaches its bound
+(``SettlesMixin.job_loop_pause`` in store/settles.py: ``paused_from`` QUEUED, the error
+``LOOP: ...``, a ``loop`` transition). ``extend-loop`` (:meth:`LoopsMixin.job_extend_loop`)
+raises one loop's bound for the run (``loop_extensions``, migration 0016) under the row lock,
+records an ``extend-loop`` transition with the actor and reason, and requeues the run when that
+loop's exhaustion paused it. The worker reads the extensions only when a loop reaches its bound
 (:meth:`LoopsMixin.job_loop_extensions`), never on the claim. :class:`LoopsMixin` is one of
 :class:`~protomolt_jobs.store.store.JobStore`'s concern mixins.
 """
@@ -20,7 +20,6 @@ from typing import Any
 from protomolt_jobs.errors import NotFound
 from protomolt_jobs.store import checks, db
 from protomolt_jobs.store.events import EventType
-from protomolt_jobs.store.records import Lease
 from protomolt_jobs.store.scrub import scrub_text
 
 __all__ = ["LOOP_ERROR_PREFIX", "LoopExtension", "LoopsMixin"]
@@ -61,29 +60,6 @@ def _extensions(text: Any) -> dict[str, int]:
 
 class LoopsMixin(db.Database):
     """``JobStore``'s bounded-loop writes and read."""
-
-    @db.translated
-    def job_loop_pause(self, lease: Lease, error: str, step: str = "") -> str:
-        """Pause a run whose loop exhausted with ``onExhausted: "park"``, with its PAUSED event.
-
-        SQL: fenced ``job_loop_pause``: PAUSED (``paused_from`` QUEUED), ``error`` naming the
-        loop, lease cleared; transition kind ``loop``, actor ``worker:<id>``. A pending cancel
-        request wins (the trigger settles CANCELLED). Transaction: one.
-
-        :returns: the status after (PAUSED, or CANCELLED / PAUSED by a request).
-        :raises LeaseLost: when the fence matches no row.
-        :raises ValueError: for a blank error.
-        :raises StoreError: on a database failure.
-        """
-        checks.text("error", error)
-        error, step = scrub_text(error), scrub_text(step or "")
-        with self._connection() as conn, conn.transaction():
-            row = db.fenced(conn, "job_loop_pause", lease, {"error": error, "step": step})
-            if row["status"] == "PAUSED" and row["error"] == error:
-                self._outbox_txn(conn, row, EventType.TYPE_PAUSED, step=step, error=error)
-            else:
-                self._control_event_txn(conn, row, step)
-        return str(row["status"])
 
     @db.translated
     def job_loop_extensions(self, job_id: uuid.UUID | str) -> dict[str, int]:

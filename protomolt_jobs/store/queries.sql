@@ -849,8 +849,8 @@ UPDATE workflow_run AS w
 RETURNING w.job_id, w.workflow_name, w.status, w.attempt, w.error, w.outstanding_step,
           w.change_reason AS reason, now() AS tx_now
 
--- name: job_budget_pause
--- description: fenced (status, lease_owner, attempt, lease_token): the worker's budget.maxCost pause (budget.onExceeded = pause): PAUSED (paused_from QUEUED), lease cleared, the error naming the budget; a pending cancel request still wins (the trigger).
+-- name: job_worker_pause
+-- description: fenced (status, lease_owner, attempt, lease_token): the worker pauses its run, %(kind)s 'budget' (budget.maxCost spent with budget.onExceeded = pause) or 'loop' (a loop exhausted with onExhausted park): PAUSED (paused_from QUEUED), lease cleared, the error naming the budget or the loop; the transition log records that kind, actor worker:<id>; a pending cancel request still wins (the trigger).
 UPDATE workflow_run
    SET status = 'PAUSED',
        paused_from = 'QUEUED',
@@ -860,7 +860,7 @@ UPDATE workflow_run
        lease_token = NULL,
        lease_until = NULL,
        updated_at = now(),
-       change_kind = 'budget',
+       change_kind = %(kind)s,
        change_actor = 'worker:' || %(owner)s,
        change_reason = %(error)s,
        change_step = nullif(%(step)s, '')
@@ -1732,27 +1732,7 @@ UPDATE workflow_run
  WHERE job_id = %(job_id)s AND status = 'WAITING' AND wait_kind = 'approval'
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
--- bounded loops (migration 0016): the exhausted loop's pause, extend-loop and its read
-
--- name: job_loop_pause
--- description: fenced (status, lease_owner, attempt, lease_token): a loop exhausted with onExhausted park: PAUSED (paused_from QUEUED), lease cleared, the error naming the loop; the transition log records kind 'loop'; a pending cancel request still wins (the trigger).
-UPDATE workflow_run
-   SET status = 'PAUSED',
-       paused_from = 'QUEUED',
-       error = %(error)s,
-       outstanding_step = NULL,
-       lease_owner = NULL,
-       lease_token = NULL,
-       lease_until = NULL,
-       updated_at = now(),
-       change_kind = 'loop',
-       change_actor = 'worker:' || %(owner)s,
-       change_reason = %(error)s,
-       change_step = nullif(%(step)s, '')
- WHERE job_id = %(job_id)s AND status = 'RUNNING'
-   AND lease_owner = %(owner)s AND attempt = %(attempt)s
-   AND lease_token = %(token)s
-RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
+-- bounded loops (migration 0016): extend-loop and its read (the exhausted loop's pause is job_worker_pause)
 
 -- name: job_loop_extensions
 -- description: the re-runs extend-loop added to the run's loops ({loop step: n}; NULL when none).

@@ -239,22 +239,45 @@ class SettlesMixin(db.Database):
         """Pause the run because its budget is spent (``budget.onExceeded = pause``; the
         worker's ``budget.maxCost`` path), with its PAUSED event.
 
-        SQL: fenced ``job_budget_pause``: PAUSED (``paused_from`` QUEUED, so ``resume-job``
-        queues it again), ``error`` = the reason naming the budget, lease cleared; the
-        transition log records kind ``budget``, actor ``worker:<id>``. A pending cancel
-        request wins (the trigger settles CANCELLED). Transaction: one.
+        SQL: fenced ``job_worker_pause`` (kind ``budget``): PAUSED (``paused_from`` QUEUED, so
+        ``resume-job`` queues it again), ``error`` = the reason naming the budget, lease
+        cleared; the transition log records kind ``budget``, actor ``worker:<id>``. A pending
+        cancel request wins (the trigger settles CANCELLED). Transaction: one.
 
         :returns: the status after (PAUSED, or CANCELLED).
         :raises LeaseLost: when the fence matches no row.
         :raises ValueError: for a blank error.
         :raises StoreError: on a database failure.
         """
+        return self._worker_pause(lease, "budget", error, step)
+
+    @db.translated
+    def job_loop_pause(self, lease: Lease, error: str, step: str = "") -> str:
+        """Pause a run whose loop exhausted with ``onExhausted: "park"``, with its PAUSED event.
+
+        SQL: fenced ``job_worker_pause`` (kind ``loop``): PAUSED (``paused_from`` QUEUED),
+        ``error`` naming the loop, lease cleared; transition kind ``loop``, actor
+        ``worker:<id>``. A pending cancel request wins (the trigger settles CANCELLED).
+        Transaction: one.
+
+        :returns: the status after (PAUSED, or CANCELLED / PAUSED by a request).
+        :raises LeaseLost: when the fence matches no row.
+        :raises ValueError: for a blank error.
+        :raises StoreError: on a database failure.
+        """
+        return self._worker_pause(lease, "loop", error, step)
+
+    def _worker_pause(self, lease: Lease, kind: str, error: str, step: str) -> str:
+        """The worker's own pause of its run (``kind`` ``budget`` or ``loop``): the fenced
+        ``job_worker_pause`` and, in its transaction, the PAUSED event, or the event of the
+        operator's request the trigger applied instead. Shapes and errors: the callers'."""
         checks.text("error", error)
-        error = scrub_text(error)
-        step = scrub_text(step or "")
+        error, step = scrub_text(error), scrub_text(step or "")
         with self._connection() as conn, conn.transaction():
-            row = db.fenced(conn, "job_budget_pause", lease, {"error": error, "step": step})
-            if row["status"] == "PAUSED":
+            row = db.fenced(
+                conn, "job_worker_pause", lease, {"kind": kind, "error": error, "step": step}
+            )
+            if row["status"] == "PAUSED" and row["error"] == error:
                 self._outbox_txn(conn, row, EventType.TYPE_PAUSED, step=step, error=error)
             else:
                 self._control_event_txn(conn, row, step)
