@@ -4,8 +4,9 @@ built, declared output ports, validators and publication checks (issue 29; docs/
 The response artifact of a step **is its checkpoint entry**: every new entry of a job's run
 carries ``sha256`` (hex SHA-256 of the response's deterministic proto3 binary serialization),
 ``sizeBytes`` (that serialization's length) and ``inputs`` (``[{step, iteration, sha256}]``:
-the scope names the request's rules and gate read, hashed the same way **when the request is
-built, before the call**). A skipped or failed entry has none of them. Entries stored before
+the scope names the request's rules and gate read, an edge step's declared sources too,
+hashed the same way **when the request is built, before the call**). A skipped or failed
+entry has none of them. Entries stored before
 these fields read as artifacts without a hash.
 
 The definition keys read here (``workflow/keys.py``; docs/workflows.md *Artifacts*):
