@@ -240,11 +240,19 @@ class ControlMixin(db.Database):
         actor: str,
         reason: str | None = None,
         progress: str | None = None,
+        answer: dict[str, Any] | None = None,
     ) -> ControlOutcome:
         """Send a RECOVERY_REQUIRED run back to QUEUED with ``checkpoints`` and ``intents`` as
         given (``reconcile-step``, ``migrate-checkpoint``): attempt 0, error cleared; a
         fingerprinted entry without ``at`` gets the database's time. Recorded as ``kind`` by
         ``actor``; a REQUEUED event naming ``step``; NOTIFY.
+
+        ``answer``: the entry among ``checkpoints`` the operator gave now (``reconcile-step
+        done``, ``migrate-checkpoint replace``), or None. When it asks for artifact rows
+        (``store/artifact_rows.py``: declared ports, a declared receipt, validated artifacts)
+        the write is ``job_recover_artifacts``, which upserts them into ``workflow_artifact``
+        with ``actor`` as the transitions' actor in the same statement; otherwise (and for
+        every other entry, whose rows were written with it) nothing but the run is written.
 
         ``progress`` (a ``progress-mismatch``; docs/long-steps.md): ``"accept"`` makes the
         step's unfinished progress rows forget their fingerprints (the step continues from the
@@ -262,7 +270,7 @@ class ControlMixin(db.Database):
         checks.text("step", step)
         checks.text("kind", kind)
         checks.text("actor", actor)
-        params = {
+        params: dict[str, Any] = {
             "job_id": key,
             "step": scrub_text(step),
             "checkpoints": checks.jsonb("checkpoints", checkpoints, list),
@@ -274,8 +282,13 @@ class ControlMixin(db.Database):
         }
         if progress not in (None, "accept", "drop"):
             raise ValueError(f"progress: must be 'accept' or 'drop'; got {progress!r}")
+        query = "job_recover"
+        if answer is not None and has_artifact_rows(answer):
+            # its artifact rows go in with it, in the same statement (store/artifact_rows.py)
+            query = "job_recover_artifacts"
+            params["rows"] = checks.jsonb("rows", artifact_rows(answer, key), list)
         with self._connection() as conn, conn.transaction():
-            row = db.one(conn, "job_recover", params)
+            row = db.one(conn, query, params)
             if row is not None:
                 if progress is not None:
                     db.rows(

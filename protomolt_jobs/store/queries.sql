@@ -1490,6 +1490,67 @@ UPDATE workflow_run
    AND history_seq = %(history_seq)s
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
+-- name: job_recover_artifacts
+-- description: job_recover for an operator's answer that asks for artifact rows (store/artifact_rows.py; migration 0027; reconcile-step done or migrate-checkpoint replace of a step declaring outputs, a receipt or validates): the same optimistic move to QUEUED with the caller's checkpoints and intents, and in the same statement the rows %(rows)s upserted into workflow_artifact as job_complete_parked_artifacts does (a promoted or retracted state never changed), each change logged in workflow_artifact_transition with the caller as actor; nothing is written when the row is no longer RECOVERY_REQUIRED at that history_seq.
+WITH moved AS (
+    UPDATE workflow_run
+       SET status = 'QUEUED',
+           checkpoints = (SELECT coalesce(jsonb_agg(CASE WHEN e ? 'at' THEN e
+                                                         ELSE workflow_checkpoint_stamp(e) END
+                                                    ORDER BY n), '[]'::jsonb)
+                            FROM jsonb_array_elements(%(checkpoints)s::jsonb)
+                                 WITH ORDINALITY AS x (e, n)),
+           effect_intents = %(intents)s::jsonb,
+           attempt = 0,
+           run_after = now(),
+           error = NULL,
+           outstanding_step = NULL,
+           updated_at = now(),
+           change_kind = %(kind)s,
+           change_actor = %(actor)s,
+           change_reason = %(reason)s,
+           change_step = %(step)s
+     WHERE job_id = %(job_id)s AND status = 'RECOVERY_REQUIRED'
+       AND history_seq = %(history_seq)s
+    RETURNING job_id, workflow_name, status, attempt, error
+), wanted AS (
+    SELECT DISTINCT ON (1)
+           (r->>'artifactId')::uuid AS artifact_id,
+           m.job_id, r->>'step' AS step, (r->>'iteration')::int AS iteration,
+           r->>'port' AS port, r->>'kind' AS kind, r->>'sha256' AS sha256,
+           (r->>'sizeBytes')::bigint AS size_bytes, r->>'mediaType' AS media_type,
+           r->>'uri' AS uri, r->>'state' AS state, r->>'reason' AS reason
+      FROM moved AS m
+     CROSS JOIN jsonb_array_elements(%(rows)s::jsonb) AS r
+     ORDER BY 1, CASE r->>'state' WHEN 'promoted' THEN 0 WHEN 'verified' THEN 1 ELSE 2 END
+), prior AS (
+    SELECT a.artifact_id, a.state
+      FROM workflow_artifact AS a
+      JOIN wanted AS w ON w.artifact_id = a.artifact_id
+), upserted AS (
+    INSERT INTO workflow_artifact AS a
+        (artifact_id, job_id, step, iteration, port, kind, sha256, size_bytes, media_type,
+         uri, state)
+    SELECT artifact_id, job_id, step, iteration, port, kind, sha256, size_bytes, media_type,
+           uri, state
+      FROM wanted
+    ON CONFLICT (artifact_id) DO UPDATE
+       SET state = EXCLUDED.state
+     WHERE a.state NOT IN ('promoted', 'retracted') AND a.state <> EXCLUDED.state
+    RETURNING a.artifact_id, a.state
+), logged AS (
+    INSERT INTO workflow_artifact_transition (artifact_id, actor, from_state, to_state, reason)
+    SELECT u.artifact_id, %(actor)s,
+           COALESCE(p.state, CASE WHEN u.state <> 'draft' THEN 'draft' END), u.state, w.reason
+      FROM upserted AS u
+      JOIN wanted AS w ON w.artifact_id = u.artifact_id
+      LEFT JOIN prior AS p ON p.artifact_id = u.artifact_id
+    RETURNING 1
+)
+SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
+       (SELECT count(*) FROM logged) AS artifact_changes
+  FROM moved
+
 -- ---------------------------------------------------------------------------------------------
 -- audit: refusals recorded in a run's transition log (store/audit.py)
 -- ---------------------------------------------------------------------------------------------

@@ -18,7 +18,11 @@
 
 Both accept only a RECOVERY_REQUIRED run (else ``ok: false`` naming the status), write one
 optimistic statement (``job_recover``: the row must still be at the history sequence read),
-queue the run, and are recorded in the transition log with the caller's principal.
+queue the run, and are recorded in the transition log with the caller's principal. The entry
+of an operator's answer (``done``, ``replace``) carries what the step's artifact keys make of
+it, as ``complete-step``'s does (``responses.operator_checkpoint``); when that asks for
+``workflow_artifact`` rows the one statement is ``job_recover_artifacts``, which writes them
+too, the caller as actor (docs/artifacts.md *An operator's answer*).
 """
 
 from __future__ import annotations
@@ -82,8 +86,12 @@ class _RecoveryVerb(ControlVerb):
         kind: str,
         reason: str | None,
         progress: str | None = None,
+        answer: dict[str, Any] | None = None,
     ) -> Any:
-        extra = {} if progress is None else {"progress": progress}
+        extra: dict[str, Any] = {} if progress is None else {"progress": progress}
+        if answer is not None:
+            # the operator's entry: the store writes its artifact rows with it
+            extra["answer"] = answer
         outcome = store.job_recover(
             job.job_id,
             step=step_name,
@@ -166,12 +174,25 @@ class ReconcileStepAction(_RecoveryVerb):
             }
         intents = dict(job.effect_intents or {})
         intents.pop(step_name, None)
+        entry = None
         if outcome_text == "done":
-            entry = operator_checkpoint(stored, step, input["response"])
-            entry["receipt"] = {"reconciledBy": actor()}
+            entry = operator_checkpoint(
+                stored,
+                step,
+                input["response"],
+                checkpoints,
+                {"receipt": {"reconciledBy": actor()}},
+            )
             checkpoints.append(entry)
         answer = self._recover(
-            store, job, step_name, checkpoints, intents or None, "reconcile-step", reason
+            store,
+            job,
+            step_name,
+            checkpoints,
+            intents or None,
+            "reconcile-step",
+            reason,
+            answer=entry,
         )
         if answer.changed:
             return {"ok": True, "status": "QUEUED"}
@@ -240,6 +261,7 @@ class MigrateCheckpointAction(_RecoveryVerb):
             raise invalid("stepName", f"step '{step_name}' has no checkpoint to migrate")
         old = checkpoints[index]
         body: dict[str, Any] = {"ok": True, "status": "QUEUED"}
+        entry = None
         if action == "discard":
             dropped = {step_name, *stored.dependants().get(step_name, ())}
             checkpoints = [c for c in checkpoints if c.get("name") not in dropped]
@@ -250,10 +272,9 @@ class MigrateCheckpointAction(_RecoveryVerb):
                 return {"ok": False, "status": job.status, "error": problem}
             checkpoints[index] = refresh(old, stored.workflow, step)
         else:
-            entry = operator_checkpoint(stored, step, input["response"])
-            for field in ("attempt", "receipt"):
-                if field in old:
-                    entry.setdefault(field, old[field])
+            kept = {field: old[field] for field in ("attempt", "receipt") if field in old}
+            others = checkpoints[:index] + checkpoints[index + 1 :]
+            entry = operator_checkpoint(stored, step, input["response"], others, kept)
             checkpoints[index] = entry
         answer = self._recover(
             store,
@@ -263,6 +284,7 @@ class MigrateCheckpointAction(_RecoveryVerb):
             job.effect_intents,
             f"migrate-checkpoint:{action}",
             reason,
+            answer=entry,
         )
         if answer.changed:
             return body

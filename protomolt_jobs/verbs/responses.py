@@ -145,12 +145,23 @@ def declared_artifacts(
         ) from exc
 
 
-def operator_checkpoint(stored: StoredRun, step: Any, response: Any) -> dict[str, Any]:
+def operator_checkpoint(
+    stored: StoredRun,
+    step: Any,
+    response: Any,
+    entries: Any,
+    base: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The checkpoint entry of an operator-given ``response`` (``reconcile-step``,
-    ``migrate-checkpoint``): parsed, held to the step's rules, rendered.
+    ``migrate-checkpoint``): parsed, held to the step's rules, rendered, given ``base``'s
+    fields it lacks (``{"receipt": ...}``, or what the replaced entry kept), then what the
+    step's artifact keys make of it (:func:`declared_artifacts`, ``validates`` resolved against
+    ``entries``), as ``complete-step``'s entry: the store writes their ``workflow_artifact``
+    rows in the statement that stores the entry.
 
     :raises InvalidInput: ``response`` is not an object, not proto3 JSON of the step's output
-        type, or breaks its declared rules (field ``response``).
+        type, breaks its declared rules, or does not give a declared port's ``uri`` or
+        ``sha256`` (or a declared receipt) (field ``response``).
     """
     if not isinstance(response, dict):
         raise invalid("response", "Field 'response' must be a JSON object")
@@ -158,4 +169,8 @@ def operator_checkpoint(stored: StoredRun, step: Any, response: Any) -> dict[str
     summary = broken_rules(step, message)
     if summary is not None:
         raise invalid("response", f"'response' failed validation: {summary}")
-    return checkpoint_of(stored, step, message)
+    entry = checkpoint_of(stored, step, message)
+    for key, value in (base or {}).items():
+        entry.setdefault(key, value)
+    declared_artifacts(stored, step, message, entry, entries)
+    return entry

@@ -4,8 +4,9 @@ built, declared output ports, validators and publication checks (issue 29; docs/
 The response artifact of a step **is its checkpoint entry**: every new entry of a job's run
 carries ``sha256`` (hex SHA-256 of the response's deterministic proto3 binary serialization),
 ``sizeBytes`` (that serialization's length) and ``inputs`` (``[{step, iteration, sha256}]``:
-the scope names the request's rules and gate read, hashed the same way **when the request is
-built, before the call**). A skipped or failed entry has none of them. Entries stored before
+the scope names the request's rules and gate read, an edge step's declared sources too,
+hashed the same way **when the request is built, before the call**). A skipped or failed
+entry has none of them. Entries stored before
 these fields read as artifacts without a hash.
 
 The definition keys read here (``workflow/keys.py``; docs/workflows.md *Artifacts*):
@@ -522,7 +523,8 @@ def findings(workflow: CompiledWorkflow) -> list[Finding]:
     values, expressions that do not compile or read a field the step's response lacks (they
     would fail the step only after its call), references to no step or port, or to a step
     that does not run before the referring one; any artifact key on a compensation step, and
-    ``consumes`` on a ``completion: "external"`` step (nothing checks it before the answer)."""
+    ``consumes`` on a ``completion: "external"`` step (nothing checks it before the answer) or
+    on an edge or structured step (the check runs only before a plain call)."""
     out: list[Finding] = []
     raws = _raw_steps(workflow)
     by_name = {s.name: s for s in workflow.steps}
@@ -565,6 +567,22 @@ def findings(workflow: CompiledWorkflow) -> list[Finding]:
                     f"steps[{i}].consumes: '{name}' is a completion: \"external\" step: no call "
                     "of the engine's to check the consumed artifacts before; publish from a "
                     "call step",
+                )
+            )
+        elif (
+            "consumes" in raw
+            and step_of is not None
+            and (step_of.edge is not None or step_of.structured is not None)
+        ):
+            # the graph run checks consumes only before a plain call (graph_run._Run.execute);
+            # an edge or structured step's success would promote what nothing checked
+            kind = "an edge" if step_of.edge is not None else "a structured"
+            out.append(
+                Finding(
+                    name,
+                    "artifact",
+                    f"steps[{i}].consumes: '{name}' is {kind} step: the consumed artifacts are "
+                    "checked only before a plain call step's call; publish from a call step",
                 )
             )
         if "outputs" in raw:

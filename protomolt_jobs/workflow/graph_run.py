@@ -345,9 +345,17 @@ class _Run:
         grant = authorize(step, self.authorize, can_park=can_park)
         if grant is not None:
             self.grants[step.name] = grant
-        if step.edge is not None:
-            return edges.execute_edge(self, step, scope)
-        if step.structured is not None:
+        if step.edge is not None or step.structured is not None:
+            if self.effects is not None or self.hash_entries:
+                # lineage, as a plain step's: what its request reads (an edge's declared
+                # sources, and the gate's names), hashed before the call
+                names = g.names_read(step)
+                if step.edge is not None:
+                    names |= set(step.edge.sources)
+                read = _artifacts.inputs_of(step, scope, names, self.iteration_of)
+                self.lineage[step.name] = (read, [])
+            if step.edge is not None:
+                return edges.execute_edge(self, step, scope)
             return self.generate(step, None)
         if step.effect == EFFECT_EXTERNAL and self.effects is not None:
             found = self.resume_external(step, scope)

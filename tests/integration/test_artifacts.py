@@ -573,3 +573,164 @@ def test_an_artifact_an_operator_promoted_outlives_its_pruned_run(verbs, service
     assert [(k["artifactId"], k["state"], k["detached"]) for k in kept["artifacts"]] == [
         (a["artifactId"], "promoted", True)
     ]
+
+
+# -- reconcile-step done and migrate-checkpoint replace: the operator's answer's rows --------
+
+
+def _ported(t: str) -> dict[str, Any]:
+    """a -> b (a port 'q', validating a) -> c: the operator answers for a or b."""
+    return graph(
+        [
+            step(
+                "a",
+                t,
+                outputs={
+                    "p": {"uri": "'artifact://x/' + response.step", "sha256": "response.step"}
+                },
+            ),
+            step(
+                "b",
+                t,
+                reads=["a"],
+                outputs={
+                    "q": {"uri": "'artifact://y/' + response.step", "sha256": "response.step"}
+                },
+                validates=["a"],
+            ),
+            step("c", t, reads=["b"]),
+        ],
+        name="ported",
+    )
+
+
+def _stuck_on(store, job_id: str, step_name: str, done: list[dict[str, Any]]) -> None:
+    """Claim the job, checkpoint ``done`` entries as a worker would, stop it RECOVERY_REQUIRED
+    on ``step_name``."""
+    claimed = store.job_claim("w-op", 60)
+    assert str(claimed.job_id) == job_id
+    for entry in done:
+        store.job_checkpoint(claimed.lease, entry)
+    store.job_recovery_required(claimed.lease, step_name, "checkpoint-mismatch: operator test")
+
+
+def _a_entry(text: str) -> dict[str, Any]:
+    sha, size = _sha({"step": text})
+    return {
+        "name": "a",
+        "skipped": False,
+        "response": {"step": text},
+        "sha256": sha,
+        "sizeBytes": size,
+        "artifacts": [{"port": "p", "kind": "file", "uri": f"artifact://x/{text}", "sha256": text}],
+    }
+
+
+def _writers(seen) -> list[str]:
+    from protomolt_jobs.store.db import QUERIES
+
+    return [
+        name
+        for name, _ in seen
+        if "INSERT INTO workflow_artifact" in QUERIES[name]
+        or "UPDATE workflow_artifact" in QUERIES[name]
+    ]
+
+
+def test_reconcile_done_writes_the_answers_port_and_validation_rows_in_its_own_statement(
+    verbs, services, worker, store, monkeypatch
+):
+    job_id = _submit(verbs, _ported(services.target))
+    _stuck_on(store, job_id, "b", [_a_entry("a")])
+    before = store.job_get(job_id)
+    body = {"jobId": job_id, "stepName": "b", "outcome": "done"}
+    # an answer that does not give the declared port is refused naming 'response'; the run
+    # is left as it was, no row written
+    with pytest.raises(InvalidInput) as info:
+        verbs("reconcile-step", {**body, "response": {"step": ""}})
+    assert info.value.details["field"] == "response"
+    assert "output port 'q'" in str(info.value) and "sha256" in str(info.value)
+    after = store.job_get(job_id)
+    assert (after.status, after.history_seq) == ("RECOVERY_REQUIRED", before.history_seq)
+    assert [(r["step"], r["port"]) for r in store.artifact_kept(job_id)] == [("a", "p")]
+    seen = _recording(monkeypatch)
+    done = verbs("reconcile-step", {**body, "response": {"step": "b1"}}, principal="dora")
+    assert done == {"ok": True, "status": "QUEUED"}, done
+    assert _writers(seen) == ["job_recover_artifacts"]
+    entry = store.job_get(job_id).checkpoints[-1]
+    assert entry["name"] == "b"
+    assert entry["receipt"] == {"reconciledBy": "dora"}
+    assert (entry["sha256"], entry["sizeBytes"]) == _sha({"step": "b1"})
+    assert entry["artifacts"] == [
+        {"port": "q", "kind": "file", "uri": "artifact://y/b1", "sha256": "b1"}
+    ]
+    assert [v["step"] for v in entry["validated"]] == ["a"]
+    rows = {(r["step"], r["port"]): (r["state"], r["uri"]) for r in store.artifact_kept(job_id)}
+    assert rows == {
+        ("a", "p"): ("draft", "artifact://x/a"),
+        ("a", "response"): ("verified", None),
+        ("b", "q"): ("draft", "artifact://y/b1"),
+    }
+    arts = verbs("list-artifacts", {"jobId": job_id})["artifacts"]
+    got = verbs("get-artifact", {"artifactId": _by(arts, "a")["artifactId"]})["artifact"]
+    assert [(t["actor"], t["from"], t["to"], t["reason"]) for t in got["transitions"]] == [
+        ("dora", "draft", "verified", "validated by step 'b'")
+    ]
+    got = verbs("get-artifact", {"artifactId": _by(arts, "b", "q")["artifactId"]})["artifact"]
+    assert [(t["actor"], t["to"]) for t in got["transitions"]] == [("dora", "draft")]
+    # the run goes on after the answer
+    worker()
+    job = _settled(verbs, job_id)
+    assert [c["name"] for c in job["checkpoints"]] == ["a", "b", "c"]
+    assert services.step_calls("b") == 0
+
+
+def test_reconcile_done_of_a_step_without_artifact_keys_writes_as_before(
+    verbs, services, store, monkeypatch
+):
+    job_id = _submit(verbs, three_plain(services.target))
+    _stuck_on(store, job_id, "a", [])
+    seen = _recording(monkeypatch)
+    done = verbs(
+        "reconcile-step",
+        {"jobId": job_id, "stepName": "a", "outcome": "done", "response": {"step": "a"}},
+    )
+    assert done["ok"], done
+    assert _writes_of(seen, job_id) == ["job_recover"]
+    assert store.artifact_kept(job_id) == []
+
+
+def test_migrate_replace_writes_the_new_answers_port_row_in_its_own_statement(
+    verbs, services, worker, store, monkeypatch
+):
+    job_id = _submit(verbs, _ported(services.target))
+    _stuck_on(store, job_id, "b", [_a_entry("a")])
+    before = store.job_get(job_id)
+    body = {"jobId": job_id, "stepName": "a", "action": "replace"}
+    with pytest.raises(InvalidInput) as info:
+        verbs("migrate-checkpoint", {**body, "response": {"step": ""}})
+    assert info.value.details["field"] == "response"
+    assert "output port 'p'" in str(info.value) and "sha256" in str(info.value)
+    after = store.job_get(job_id)
+    assert (after.status, after.history_seq) == ("RECOVERY_REQUIRED", before.history_seq)
+    assert after.checkpoints == before.checkpoints
+    seen = _recording(monkeypatch)
+    done = verbs("migrate-checkpoint", {**body, "response": {"step": "a2"}}, principal="eve")
+    assert done == {"ok": True, "status": "QUEUED"}, done
+    assert _writers(seen) == ["job_recover_artifacts"]
+    (entry,) = store.job_get(job_id).checkpoints
+    assert (entry["sha256"], entry["sizeBytes"]) == _sha({"step": "a2"})
+    assert entry["artifacts"] == [
+        {"port": "p", "kind": "file", "uri": "artifact://x/a2", "sha256": "a2"}
+    ]
+    # the replaced entry's row stays as it was (its checkpoint wrote it); the answer's is new
+    rows = sorted((r["sha256"], r["state"], r["uri"]) for r in store.artifact_kept(job_id))
+    assert rows == [("a", "draft", "artifact://x/a"), ("a2", "draft", "artifact://x/a2")]
+    arts = verbs("list-artifacts", {"jobId": job_id})["artifacts"]
+    got = verbs("get-artifact", {"artifactId": _by(arts, "a", "p")["artifactId"]})["artifact"]
+    assert got["uri"] == "artifact://x/a2"
+    assert [(t["actor"], t["to"]) for t in got["transitions"]] == [("eve", "draft")]
+    worker()
+    job = _settled(verbs, job_id)
+    assert [c["name"] for c in job["checkpoints"]] == ["a", "b", "c"]
+    assert services.step_calls("a") == 0

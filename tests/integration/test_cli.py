@@ -321,6 +321,39 @@ def test_call_exit_codes(served):
     assert from_stdin.returncode == 0 and json.loads(from_stdin.stdout)["ok"] is True
 
 
+def test_jobs_exits_2_on_invalid_input_where_call_exits_1(served, services):
+    """README *Exit codes*: the same refused field is a usage error of ``jobs`` (2) and an
+    action error of ``call`` (1); an answer, ``ok: false`` included, is 0 through both; an
+    error envelope other than invalid-input, or no node, is 1 through both."""
+    _, url, _ = served
+    job_id = _parked_job(url, services)
+    # the verb refuses 'artifactId' (not a UUID): jobs 2, call 1, the same message
+    through_jobs = cli("jobs", "promote", "nope", "--reason", "x", "--url", url)
+    assert through_jobs.returncode == 2, through_jobs.stderr
+    assert through_jobs.stderr.startswith("invalid-input: ")
+    through_call = call(url, "promote-artifact", {"artifactId": "nope", "reason": "x"})
+    assert through_call.returncode == 1, through_call.stderr
+    assert through_call.stderr == through_jobs.stderr
+    # a refused option value of a control command: 2
+    stuck = cli("jobs", "resume", job_id, "--at", "next tuesday", "--url", url)
+    assert stuck.returncode == 2 and stuck.stderr.startswith("invalid-input: "), stuck.stderr
+    # a response that is not JSON never leaves the command line: 2
+    local = cli(
+        "jobs", "reconcile", job_id, "--step", "review", "--outcome", "done",
+        "--response", "{oops", "--url", url,
+    )  # fmt: skip
+    assert local.returncode == 2 and "--response is not JSON" in local.stderr
+    # an answer, ok: false included: 0 through both
+    missing = "00000000-0000-0000-0000-000000000001"
+    refused = cli("jobs", "cancel", missing, "--url", url)
+    assert refused.returncode == 0 and json.loads(refused.stdout)["ok"] is False
+    assert call(url, "cancel-job", {"jobId": missing}).returncode == 0
+    # no node: 1 through both
+    for argv in (("jobs", "list"), ("call", "list-jobs", "{}")):
+        gone = cli(*argv, "--url", "http://127.0.0.1:1")
+        assert gone.returncode == 1 and "cannot reach the node" in gone.stderr, argv
+
+
 def test_a_reader_that_goes_away_is_not_a_traceback(served):
     """`protomolt-jobs call ... | head` closes the pipe early: a quiet exit, no traceback."""
     _, url, _ = served
@@ -370,6 +403,10 @@ def test_token_on_serve_and_call(tmp_path, fresh_dsn):
             assert json.loads(done.stdout)["ok"] is True, argv
         unknown = cli("call", "list-jobs", "--token", "t0k", envelope, "--url", url, "--nope")
         assert unknown.returncode == 2 and "--nope" in unknown.stderr
+        # an error envelope other than invalid-input is 1 through jobs too (README Exit codes)
+        unauthenticated = cli("jobs", "list", "--url", url)
+        assert unauthenticated.returncode == 1
+        assert unauthenticated.stderr.startswith("unauthenticated: ")
     finally:
         assert node.stop() == 0
 

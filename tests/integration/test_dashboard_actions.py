@@ -265,6 +265,32 @@ def test_a_resume_at_a_time_of_day_on_a_relative_day_is_resolved_by_the_database
     assert store.job_get(paused).run_after == expected
 
 
+def test_promote_artifact_from_the_page_names_what_it_refuses_never_a_500(node, store):
+    """The artifact must be one of the page's job (a form error naming 'artifactId'); an id of
+    the job that names no artifact is the verb's ok-false answer; both 303 with the message."""
+    from protomolt_jobs.hooks.contract import artifact_id
+
+    url = node
+    job_id, other = job_in(store, "COMPLETED"), job_in(store, "COMPLETED")
+    page = f"/ui/jobs/{job_id}"
+    foreign = artifact_id(other, "a", 0, "response", 0, "ab" * 32)
+    missing = artifact_id(job_id, "nope", 0, "response", 0, "ab" * 32)
+    for aid, says in (
+        (foreign, f"invalid-input: &#39;artifactId&#39;: artifact {foreign} is not one of"),
+        ("x" * 5000, "invalid-input: &#39;artifactId&#39; must be an artifact id"),
+        (missing, f"promote-artifact refused: no artifact {missing}"),
+    ):
+        status, location, cookie, _ = _post(
+            url,
+            f"{page}/action/promote-artifact",
+            {"artifactId": aid, "reason": "why", "confirm": "on"},
+        )
+        assert (status, location) == (303, page), aid
+        shown = _follow(url, location, cookie)
+        assert says.encode() in shown, (aid, shown[:3000])
+    assert store.artifact_kept(job_id) == []
+
+
 def test_reconcile_from_the_page_moves_a_recovery_required_job_on(node, store):
     url = node
     job_id = job_in(store, "RECOVERY_REQUIRED")

@@ -321,6 +321,84 @@ def test_a_generator_that_cannot_be_reached_is_a_structured_failure():
     assert info.value.message.startswith("structured generation failed: gRPC ")
 
 
+def test_edge_and_structured_steps_record_their_lineage_as_a_plain_step_does(services, generator):
+    """Inside a job (an ``EffectContext``) every entry carries ``inputs``, hashed when the
+    request is built (docs/artifacts.md): an edge step's are its declared sources, a structured
+    step's what its gate reads (none here), a structured edge's its sources, a fan-out's its
+    sources; a plain step's are what its rules read, as before."""
+    import hashlib
+    import uuid
+
+    from google.protobuf import json_format
+
+    from protomolt_jobs.store.artifact_rows import has_artifact_rows
+    from protomolt_jobs.workflow.effects import EffectContext
+    from tests.support.grpc_servers import message_class
+
+    t = services.target
+    runtime = Runtime(structured_generator=generator.target)
+    edge = {"sources": ["input", "a"], "produceType": "jobs.test.StepRequest"}
+    wf = graph(
+        [
+            step("a", t),
+            step("b", t, reads=["a"]),
+            {
+                "name": "e",
+                "target": t,
+                "method": "jobs.test.Steps/Run",
+                "edge": {**edge, "rules": ["step = input.text", "seen = a.seen"]},
+            },
+            _structured(
+                name="ge",
+                edge={"sources": ["b"], "produceType": "jobs.test.StepRequest", "rules": []},
+            ),
+            _structured(name="gp", after=["a"]),
+        ]
+    )
+    assert check(wf, runtime) == []
+    entries: list[dict] = []
+    effects = EffectContext(job_id=str(uuid.uuid4()))
+    run_segment(
+        parse_workflow(wf, runtime),
+        {"text": "x"},
+        [],
+        entries.append,
+        runtime=runtime,
+        effects=effects,
+    )
+    by = {e["name"]: e for e in entries}
+    data = message_class("jobs.test.Text")(text="x").SerializeToString(deterministic=True)
+    given = {"step": "input", "iteration": 0, "sha256": hashlib.sha256(data).hexdigest()}
+
+    def of(name: str) -> dict:
+        return {"step": name, "iteration": 0, "sha256": by[name]["sha256"]}
+
+    assert by["a"]["inputs"] == []
+    assert by["b"]["inputs"] == [of("a")]
+    assert by["e"]["inputs"] == [of("a"), given]
+    assert by["ge"]["inputs"] == [of("b")]
+    assert by["gp"]["inputs"] == []
+    assert all("sha256" in e and "sizeBytes" in e for e in entries)
+    # no artifact key: each entry is stored by the plain checkpoint statement, as before
+    assert not any(has_artifact_rows(e) for e in entries)
+    # a fan-out edge: its sources
+    fan: list[dict] = []
+    run_segment(
+        parse_workflow(fan_out(t), runtime),
+        batch(3),
+        [],
+        fan.append,
+        runtime=runtime,
+        effects=EffectContext(job_id=str(uuid.uuid4())),
+    )
+    (entry,) = fan
+    batch_msg = json_format.ParseDict(batch(3), message_class("jobs.test.StepBatch")())
+    data = batch_msg.SerializeToString(deterministic=True)
+    assert entry["inputs"] == [
+        {"step": "input", "iteration": 0, "sha256": hashlib.sha256(data).hexdigest()}
+    ]
+
+
 def test_run_workflow_answers_a_graphs_report(services, runtime):
     from protomolt_jobs.verbs.workflow import RunWorkflowAction
 

@@ -162,6 +162,35 @@ def test_the_verifier_refuses_artifact_keys_on_compensations_and_consumes_on_ext
     assert not [f for f in found if f[0] in ("gen", "reserve")], found
 
 
+def test_the_verifier_refuses_consumes_on_edge_and_structured_steps():
+    """A graph run checks ``consumes`` only before a plain step's call; an edge or structured
+    step that declared it would succeed unchecked, and its success counts as the artifact's
+    promotion for every later publication: the key is a finding naming its path."""
+    edge = {"sources": ["gen"], "produceType": "jobs.test.StepRequest", "rules": []}
+    structured = {"targetType": "jobs.test.StepReply", "model": "m"}
+    wf = _compiled(
+        [
+            step("gen", T),
+            step("check", T, validates=["gen"]),
+            {**step("e", T, consumes={"gen": {"state": "verified"}}), "edge": edge},
+            {
+                "name": "s",
+                "structured": structured,
+                "after": ["check"],
+                "consumes": {"gen": {"state": "verified"}},
+            },
+            step("publish", T, consumes={"gen": {"state": "verified"}}, after=["check"]),
+        ]
+    )
+    found = {f.step: f.error for f in verify(wf) if f.kind == "artifact"}
+    assert found == {
+        "e": "steps[2].consumes: 'e' is an edge step: the consumed artifacts are checked only "
+        "before a plain call step's call; publish from a call step",
+        "s": "steps[3].consumes: 's' is a structured step: the consumed artifacts are checked "
+        "only before a plain call step's call; publish from a call step",
+    }
+
+
 # -- publication checks -----------------------------------------------------------------------
 
 

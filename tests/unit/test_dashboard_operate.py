@@ -257,3 +257,53 @@ def test_the_migrate_form_offers_a_step_stopped_on_its_saved_progress():
     assert operate.migratable({**other, "outstandingStep": "prepare"}, names, {"prepare"}) == [
         "prepare"
     ]
+
+
+def test_promote_artifact_takes_an_artifact_of_the_page_s_job_and_its_reason(verbs):
+    from protomolt_jobs.hooks.contract import artifact_id
+
+    job = "3f1c2a9e-0000-4000-8000-000000000001"
+    aid = artifact_id(job, "a", 0, "response", 0, "ab" * 32)
+    form = {"artifactId": aid, "reason": " signed off ", "confirm": "on"}
+    # no jobId: the verb takes the artifact's id and a reason only
+    assert operate.envelope("promote-artifact", job, form) == {
+        "artifactId": aid,
+        "reason": "signed off",
+    }
+    # a blank reason goes to the verb, which names 'reason'
+    assert operate.envelope("promote-artifact", job, {**form, "reason": " "})["reason"] == ""
+    other = artifact_id("9a9a9a9a-0000-4000-8000-000000000002", "a", 0, "response", 0, "ab")
+    for bad, says in (
+        ({**form, "artifactId": other}, "is not one of this job's"),
+        ({**form, "artifactId": "nope"}, "must be an artifact id"),
+        ({"artifactId": aid, "reason": "x"}, "'confirm' must be ticked"),
+    ):
+        with pytest.raises(times.FormError) as info:
+            operate.envelope("promote-artifact", job, bad)
+        assert says in str(info.value)
+        assert info.value.field == ("confirm" if "confirm" not in bad else "artifactId")
+    with pytest.raises(times.FormError):
+        operate.envelope("promote-artifact", "not-a-uuid", form)
+    # its scope is declared on the form like the operator verbs'
+    assert operate.scopes(verbs[0].manifest())["promote-artifact"] == "job-control"
+    assert "promote-artifact" not in operate.status_table(verbs[0].manifest())
+
+
+def test_promote_artifact_s_outcome_names_the_artifact_and_its_state():
+    aid = "3f1c2a9e-0000-4000-8000-00000000abcd"
+    done = {"ok": True, "artifactId": aid, "state": "promoted", "changed": True}
+    assert operate.outcome("promote-artifact", done, "") == (
+        True,
+        f"promote-artifact: artifact {aid} is now promoted",
+    )
+    refused = {
+        "ok": False,
+        "artifactId": aid,
+        "state": "draft",
+        "errorKind": "not-verified",
+        "error": f"not-verified: artifact {aid} is draft; only a verified artifact can be promoted",
+    }
+    assert operate.outcome("promote-artifact", refused, "") == (
+        False,
+        f"promote-artifact refused: {refused['error']}",
+    )

@@ -16,7 +16,9 @@ no build step, nothing fetched from a CDN):
   SVG (``drawing.py``, from get-job's ``graph``) with the steps' reasons, a finished job's final
   report as tables (``_graph.html``, ``_report.html``), checkpoints as JSON, the events (outbox
   rows), the operator actions that apply to its status (``operate.py``: each confirmed,
-  answered by a redirect back with a one-time message, ``flash.py``), and for a WAITING job a
+  answered by a redirect back with a one-time message, ``flash.py``), the run's artifacts
+  (``list-artifacts``: step, port, state, hash) with a ``promote-artifact`` form on each
+  ``verified`` one, and for a WAITING job a
   complete-step form generated from the parked step's answer type (``answer_form.py``), or for
   a run waiting for input a ``supply-input`` form (``POST /ui/jobs/{id}/supply``); for a live
   job, ``explain-job``'s account (*Why is it waiting?*: per undecided step what blocks it and
@@ -569,6 +571,11 @@ class Dashboard:
             account, _ = await self._verb(request, "explain-job", {"jobId": job_id})
             explained = account.get("explain")
         loop_steps = operate.loop_steps(job)
+        artifacts: list[dict[str, Any]] = []
+        if "list-artifacts" in self._verbs(request) and request.headers.get("x-live") != "1":
+            # the artifacts list sits outside the live region: a refresh does not need it
+            listed, _ = await self._verb(request, "list-artifacts", {"jobId": job_id})
+            artifacts = [a for a in listed.get("artifacts") or [] if isinstance(a, dict)]
         return self._render(
             request,
             "job.html",
@@ -598,6 +605,7 @@ class Dashboard:
             approval=approval,
             explain=explained,
             missing_inputs=_missing_inputs(explained),
+            artifacts=artifacts,
         )
 
     async def approve(self, request: Request) -> Response:
@@ -695,13 +703,16 @@ class Dashboard:
         """``POST /ui/jobs/{id}/action/{verb}``: an operator verb (only those listed), from a
         form whose ``confirm`` box is ticked; back to the job page (303) with the outcome as a
         message: what the job is now, or why the verb refused (naming the status the job is in
-        when another operator or the worker got there first). An unreachable database answers
-        the 503 page, a scope the caller lacks the 403 page."""
+        when another operator or the worker got there first). ``promote-artifact`` comes from
+        the artifacts list (``artifactId``, one of the job's, and ``reason``): the message
+        names the artifact and its state now, or the verb's refusal (``not-verified`` naming
+        the state it is in). An unreachable database answers the 503 page, a scope the caller
+        lacks the 403 page (the refusal recorded in the job's history)."""
         if self._cross_site(request):
             return self._refused(request)
         job_id = request.path_params["job_id"]
         verb = request.path_params["verb"]
-        if verb not in OPERATOR_VERBS:
+        if verb not in operate.ACTION_VERBS:
             return await self.job(request, error=f"unknown-action: {verb}", status=404)
         page = f"{PREFIX}/jobs/{urllib.parse.quote(job_id)}"
         form = await self._form(request)

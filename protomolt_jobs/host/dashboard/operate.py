@@ -8,6 +8,10 @@ the catalog manifest for the signed-in caller (so scopes count too). A WAITING j
 cancel and pause, never resume or requeue; a RECOVERY_REQUIRED one cancel, reconcile-step and
 migrate-checkpoint.
 
+The job page's artifacts list offers ``promote-artifact`` (:data:`ARTIFACT_VERBS`) on each
+``verified`` artifact, to a caller whose scopes allow it; it posts to the same action route as
+the job's operator verbs, with the artifact's id and a reason (the verb requires one).
+
 Every action form carries a reason and a ``confirm`` box that must be ticked: the server
 refuses a post without it (``invalid-input`` naming ``confirm``), so a stray click does nothing
 with or without JavaScript. Form values the dashboard reads itself (the resume time and zone, a
@@ -19,13 +23,16 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from protomolt_jobs.hooks.contract import JOB_STATUSES_KEY
+from protomolt_jobs.hooks.contract import JOB_STATUSES_KEY, artifact_job_prefix
 from protomolt_jobs.host.dashboard.times import DEFAULT_ZONE, FormError
 
 __all__ = [
+    "ACTION_VERBS",
+    "ARTIFACT_VERBS",
     "BULK_VERBS",
     "OPERATOR_VERBS",
     "envelope",
@@ -46,6 +53,11 @@ OPERATOR_VERBS = (
     "reconcile-step",
     "migrate-checkpoint",
 )
+#: The verbs the job page's artifacts list offers, each on one artifact of the job (only a
+#: ``verified`` one: ``promote-artifact`` refuses any other state).
+ARTIFACT_VERBS = ("promote-artifact",)
+#: Every verb the job page's action route runs.
+ACTION_VERBS = OPERATOR_VERBS + ARTIFACT_VERBS
 #: Offered only for a run whose workflow declares a loop.
 LOOP_VERBS = ("extend-loop",)
 #: The verbs the jobs list applies to several selected jobs at once.
@@ -74,7 +86,7 @@ def scopes(manifest: Iterable[Any]) -> dict[str, str]:
     return {
         str(e["name"]): str(e.get("scope", ""))
         for e in manifest
-        if isinstance(e, dict) and e.get("name") in OPERATOR_VERBS
+        if isinstance(e, dict) and e.get("name") in ACTION_VERBS
     }
 
 
@@ -158,16 +170,42 @@ def _json_field(form: dict[str, str], name: str) -> Any:
     return value
 
 
+def _artifact_of(job_id: str, form: dict[str, str]) -> str:
+    """The form's ``artifactId``, which must be an artifact of job ``job_id`` (its id's first
+    16 hex digits are the job's: ``hooks.contract.artifact_id``).
+
+    :raises FormError: not a UUID, or an artifact of another job.
+    """
+    aid = form.get("artifactId", "").strip()
+    try:
+        prefix = artifact_job_prefix(aid)
+    except ValueError:
+        raise FormError(
+            "artifactId", f"'artifactId' must be an artifact id (a UUID); got {aid[:80]!r}"
+        ) from None
+    try:
+        mine = uuid.UUID(job_id).hex[:16] == prefix
+    except ValueError:
+        mine = False
+    if not mine:
+        raise FormError("artifactId", f"'artifactId': artifact {aid} is not one of this job's")
+    return aid
+
+
 def envelope(verb: str, job_id: str, form: dict[str, str]) -> dict[str, Any]:
-    """The verb's input for ``job_id`` from the submitted form.
+    """The verb's input for ``job_id`` from the submitted form (for ``promote-artifact``:
+    ``{artifactId, reason}``, the artifact one of the job's).
 
     :raises FormError: ``confirm`` not ticked; a malformed resume time or zone, compensate
-        choice, or JSON ``response``.
+        choice, or JSON ``response``; an ``artifactId`` that is not one of the job's.
     """
     if form.get("confirm") != "on":
         raise FormError("confirm", f"'confirm' must be ticked to run {verb}")
-    body: dict[str, Any] = {"jobId": job_id}
     reason = form.get("reason", "").strip()
+    if verb in ARTIFACT_VERBS:
+        # no jobId: the artifact's id names its run; a blank reason is the verb's to refuse
+        return {"artifactId": _artifact_of(job_id, form), "reason": reason}
+    body: dict[str, Any] = {"jobId": job_id}
     if reason:
         body["reason"] = reason
     if verb == "cancel-job":
@@ -212,6 +250,8 @@ def outcome(verb: str, answer: dict[str, Any], error: str) -> tuple[bool, str]:
     if not answer.get("ok"):
         why = answer.get("error") or answer.get("message") or "refused"
         return False, f"{verb} refused: {why}"
+    if verb in ARTIFACT_VERBS:
+        return True, f"{verb}: artifact {answer.get('artifactId')} is now {answer.get('state')}"
     status = answer.get("status", "")
     if answer.get("requested"):
         return True, f"{verb}: {answer.get('message') or 'requested'}"
