@@ -477,8 +477,6 @@ def throughput(params: dict) -> dict:
         "elapsed_s": round(elapsed, 3),
         "jobs_per_s": round(completed / elapsed, 1),
         "own_commits": polls + 2 + (lag.polls + 1 if lag else 0),
-        # PostgreSQL CPU of this run's own polls, samples and checks (bench/harness_cpu.py).
-        "harness_db_cpu_s": round(harness_cpu.SPENT_S, 3),
         # CPU of this process (submitters, worker, relay, gRPC threads) per job: one GIL.
         "cpu_ms_per_job": round(1000 * cpu_s / max(1, completed), 2),
         # The same without the submitting threads' own CPU (thread_time): worker + relay.
@@ -512,6 +510,8 @@ def throughput(params: dict) -> dict:
             "lag_samples": lag.samples[:: max(1, len(lag.samples) // 40)],
             "drain_s": round(float(last) - float(last_completed), 3),
         }
+    # PostgreSQL CPU of this run's own polls, samples and checks (bench/harness_cpu.py).
+    result["harness_db_cpu_s"] = round(harness_cpu.SPENT_S, 3)
     return result
 
 
