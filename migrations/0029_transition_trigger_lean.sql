@@ -10,7 +10,7 @@
 --
 --   * workflow_run_record_transition(): the same decisions in fewer expressions on the
 --     common path (a boundary write with its change named and no control request pending):
---     9 instead of 15. The change_* columns carry the kind, actor, reason and step into the
+--     10 instead of 16. The change_* columns carry the kind, actor, reason and step into the
 --     hash and the history row instead of four local variables (they are cleared before the
 --     row is stored, as before); now() is read where it is used instead of in a DECLARE
 --     default evaluated on every call, heartbeats included; the control branches (yield,
