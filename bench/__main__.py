@@ -132,7 +132,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--floor-variants",
         type=lambda s: [x for x in s.split(",") if x],
-        help="floor: shipped,before-0018,no-trigger,essential-indexes,bare",
+        help="floor: shipped,before-NNNN (any migration),no-trigger,essential-indexes,bare",
     )
     p.add_argument(
         "--own-cluster",
@@ -176,12 +176,18 @@ def options(args: argparse.Namespace) -> Options:
     bad = [w for w in opts.workloads if w not in ("noop", "realistic")]
     if bad:
         raise SystemExit(f"--workload: unknown {', '.join(bad)}; choose from noop, realistic")
-    from bench.floor import VARIANTS
+    from bench.floor import VARIANTS, variant_spec
 
-    bad = [v for v in opts.floor_variants if v not in VARIANTS]
+    bad = []
+    for v in opts.floor_variants:
+        try:
+            variant_spec(v)
+        except KeyError:
+            bad.append(v)
     if bad:
         raise SystemExit(
-            f"--floor-variants: unknown {', '.join(bad)}; choose from {', '.join(VARIANTS)}"
+            f"--floor-variants: unknown {', '.join(bad)}; choose from {', '.join(VARIANTS)} "
+            "or before-NNNN"
         )
     unknown = [p for p in opts.peers if p not in PEERS]
     if unknown:

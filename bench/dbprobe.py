@@ -15,7 +15,9 @@
   live processes' CPU plus the postmaster's ``cutime + cstime`` (every child it reaped during
   the window, so backends that ended before the last sample are counted in full); the part
   of exited processes after their last sample shows as ``exited (unsampled)``. Each figure is
-  also given per job, in ms.
+  also given per job, in ms. The CPU of the harness's own connections (its completion polls,
+  lag samples and checks, :mod:`bench.harness_cpu`) is taken out of the total and the
+  backends' figure and shown apart (``harness_excluded_ms_per_job``).
 
 Linux only (``/proc``), 10 ms accounting ticks: use windows of a few seconds or more.
 """
@@ -177,9 +179,14 @@ class ClusterProbe:
                 time.sleep(0.05)
         time.sleep(0.2)
 
-    def stop(self, dbname: str, jobs: int) -> dict:
+    def stop(self, dbname: str, jobs: int, harness_s: float = 0.0) -> dict:
         """Close the window once the run's backends are gone; ``{"cpu": ...,
-        "statements": [...]}`` (see the module doc)."""
+        "statements": [...]}`` (see the module doc).
+
+        :param harness_s: CPU seconds of the harness's own connections in the window (its
+            polls, samples and checks; :mod:`bench.harness_cpu`), subtracted from the total
+            and the backends' figure and reported apart as ``harness_excluded_ms_per_job``.
+        """
         self._wait_gone(dbname)
         self._sample()
         total = self._total() - self._total0
@@ -194,6 +201,7 @@ class ClusterProbe:
             by_kind[kind] = by_kind.get(kind, 0.0) + last - self._first.get(pid, 0.0)
         by_kind["exited (unsampled)"] = max(0.0, total - sum(by_kind.values()))
         total = max(total, sum(by_kind.values()))
+        harness_s = min(max(0.0, harness_s), total)
 
         def per_job(s: float) -> float | None:
             return round(1000 * s / jobs, 3) if jobs else None
@@ -201,14 +209,18 @@ class ClusterProbe:
         cpu = {
             "window_s": round(wall, 2),
             "total_s": round(total, 2),
-            "total_ms_per_job": per_job(total),
+            # Without the harness's own polls (harness_excluded_ms_per_job).
+            "total_ms_per_job": per_job(total - harness_s),
             # Of the total, in the kernel (WAL writes and flushes, sockets, ...).
             "sys_ms_per_job": per_job(max(0.0, kernel)),
             # Client backends plus what exited between samples (backends at the end of a
             # run): the statements' own cost.
             "backend_ms_per_job": per_job(
-                by_kind.get("client backend", 0.0) + by_kind["exited (unsampled)"]
+                by_kind.get("client backend", 0.0) + by_kind["exited (unsampled)"] - harness_s
             ),
+            # The backends of the harness's polls, samples and checks: in by_kind (client
+            # backend, exited), not in the two figures above.
+            "harness_excluded_ms_per_job": per_job(harness_s),
             "by_kind_ms_per_job": {k: per_job(v) for k, v in sorted(by_kind.items()) if v > 0},
         }
         return {"cpu": cpu, "statements": self.statements(dbname, jobs)}
@@ -257,7 +269,8 @@ def print_probe(label: str, probe: dict) -> None:
     print(
         f"    postgres CPU/job {cpu['total_ms_per_job']} ms (backends "
         f"{cpu['backend_ms_per_job']} ms, kernel {cpu.get('sys_ms_per_job')} ms) over "
-        f"{cpu['window_s']} s: {kinds}",
+        f"{cpu['window_s']} s: {kinds}; harness polls excluded "
+        f"{cpu.get('harness_excluded_ms_per_job', 0)} ms",
         flush=True,
     )
     print(

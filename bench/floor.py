@@ -27,7 +27,8 @@ implied: the floor always runs on one, with the statement and CPU probe of
 - ``essential-indexes``: without the indexes no statement of the floor reads (the listing,
   metrics, deadline, wake, dedup and pruning indexes);
 - ``bare``: both;
-- ``before-0018``: every migration but 0018 (issue 33's fillfactor), for before/after.
+- ``before-NNNN``: every migration but ``NNNN`` (``before-0018``: issue 33's fillfactor), for
+  before/after of one migration in one run.
 """
 
 from __future__ import annotations
@@ -78,6 +79,22 @@ VARIANTS: dict[str, tuple[bool, bool, tuple[str, ...]]] = {
     "essential-indexes": (False, True, ()),
     "bare": (True, True, ()),
 }
+
+
+def variant_spec(name: str) -> tuple[bool, bool, tuple[str, ...]]:
+    """``VARIANTS[name]``, or for ``before-NNNN`` (any migration number) every migration but
+    that one.
+
+    :raises KeyError: for any other name.
+    """
+    if name in VARIANTS:
+        return VARIANTS[name]
+    m = re.fullmatch(r"before-(\d{4})", name)
+    if m:
+        return (False, False, (m.group(1),))
+    raise KeyError(name)
+
+
 #: Jobs queued before each run (so a claim always finds one).
 BACKLOG = 200
 _SHA = "0" * 64
@@ -261,7 +278,7 @@ def floor(clients: list[int], seconds: float, variants: list[str]) -> dict:
         path.write_text(script(params))
         settings = cluster.settings if cluster is not None else None
         for variant in variants:
-            no_trigger, essential, without = VARIANTS[variant]
+            no_trigger, essential, without = variant_spec(variant)
             for c in clients:
                 with BenchDatabase(f"floor_{variant.replace('-', '_')}") as db:
                     _prepare(db.dsn, no_trigger, essential, without, params)

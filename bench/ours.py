@@ -30,6 +30,7 @@ from typing import Any
 import grpc
 import psycopg
 
+from bench import harness_cpu
 from bench.child import ready_and_wait, rss_mib, wait_until
 from bench.noop_grpc import DOC_SERVICE, SERVICE, descriptor_set_b64, doc_descriptor_set_b64
 from bench.pgdb import relation_sizes
@@ -261,7 +262,7 @@ def _children_cpu_s() -> float:
 
 
 def _counts(dsn: str) -> dict:
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with harness_cpu.connect(dsn) as conn:
         rows = conn.execute("SELECT status, count(*) FROM workflow_run GROUP BY status").fetchall()
     return {status: int(n) for status, n in rows}
 
@@ -340,7 +341,7 @@ class _LagSampler:
         if STATEMENTS:
             STATEMENTS.uncounted()
         t0 = time.time()
-        with psycopg.connect(self._dsn, autocommit=True) as conn:
+        with harness_cpu.connect(self._dsn) as conn:
             while not self._stop.wait(self._every):
                 n = conn.execute(
                     "SELECT count(*) FROM workflow_run_events_outbox WHERE status = 'PENDING'"
@@ -352,7 +353,7 @@ class _LagSampler:
 def _checks(dsn: str, n: int, *, kafka: bool) -> dict:
     """Nothing lost: every job COMPLETED exactly once (one row, one COMPLETED event) and, with
     the relay on, every outbox row PUBLISHED."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with harness_cpu.connect(dsn) as conn:
         rows = conn.execute("SELECT count(*) FROM workflow_run").fetchone()[0]
         completed = conn.execute(
             "SELECT count(*) FROM workflow_run WHERE status = 'COMPLETED'"
@@ -433,7 +434,7 @@ def throughput(params: dict) -> dict:
             lag.start()
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(submit, range(n)))
-        with psycopg.connect(engine.dsn, autocommit=True) as conn:
+        with harness_cpu.connect(engine.dsn) as conn:
 
             def done() -> bool:
                 return conn.execute(finished).fetchone()[0] >= n
@@ -509,11 +510,13 @@ def throughput(params: dict) -> dict:
             "lag_samples": lag.samples[:: max(1, len(lag.samples) // 40)],
             "drain_s": round(float(last) - float(last_completed), 3),
         }
+    # PostgreSQL CPU of this run's own polls, samples and checks (bench/harness_cpu.py).
+    result["harness_db_cpu_s"] = round(harness_cpu.SPENT_S, 3)
     return result
 
 
 def _published(dsn: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with harness_cpu.connect(dsn) as conn:
         return int(
             conn.execute(
                 "SELECT count(*) FROM workflow_run_events_outbox WHERE status = 'PUBLISHED'"

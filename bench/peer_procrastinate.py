@@ -17,6 +17,7 @@ import grpc
 import procrastinate
 import psycopg
 
+from bench import harness_cpu
 from bench.child import emit, rss_mib
 from bench.noop_grpc import CALL, SLOW, decode_text, encode_ping
 
@@ -128,12 +129,15 @@ def throughput(params: dict) -> dict:
                     "WHERE j.task_name = 'step3' AND e.type = 'succeeded'"
                 )
             ).fetchone()
+            harness_cpu.account(conn.info.backend_pid)
         elapsed = float(row[0]) - t0
         return {
             "jobs": row[1],
             "elapsed_s": round(elapsed, 3),
             "jobs_per_s": round(row[1] / elapsed, 1),
             "own_commits": polls + 1,
+            # PostgreSQL CPU of the completion poll's backend (bench/harness_cpu.py).
+            "harness_db_cpu_s": round(harness_cpu.SPENT_S, 3),
         }
 
     return asyncio.run(_run(params, body))

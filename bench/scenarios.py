@@ -162,7 +162,11 @@ def _throughput_run(label: str, system: str, params: dict, opts: Options) -> dic
             settle_s=opts.settle_s,
             on_go=PROBE.start if PROBE is not None else None,
         )
-        probe = PROBE.stop(db.name, r["jobs"]) if PROBE is not None else None
+        probe = (
+            PROBE.stop(db.name, r["jobs"], harness_s=r.get("harness_db_cpu_s", 0.0))
+            if PROBE is not None
+            else None
+        )
         sizes = relation_sizes(db.dsn, TABLES[system])
     jobs = r["jobs"]
     run = {

@@ -42,9 +42,14 @@ class OutboxMixin(db.Database):
     ) -> list[OutboxRow]:
         """Hand out up to ``limit`` PENDING events to this relay, oldest first by ``seq``.
 
-        SQL (one statement): select PENDING rows not leased (``claimed_until`` NULL or past)
-        and with no earlier PENDING row of the same ``kafka_key``, ``ORDER BY seq LIMIT
-        %(limit)s FOR UPDATE SKIP LOCKED``, and lease them: ``claimed_until = now() + claim_s``.
+        SQL (one statement): among the first ``8 * limit`` PENDING rows by ``seq``, each
+        ``kafka_key``'s first one (a prefix by ``seq`` holds every earlier row of the keys it
+        holds, so that is the job's oldest PENDING row; found by one sort, not a probe per
+        row), not leased (``claimed_until`` NULL or past, re-checked on the row's latest
+        version), ``ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED``, and lease them:
+        ``claimed_until = now() + claim_s``. Under a backlog deeper than ``8 * limit`` a pass
+        may hand out fewer than ``limit`` rows (those prefix rows belong to jobs whose first
+        row another relay holds); the next passes go on as rows are marked.
         Transaction: one, committed before returning; the lease (not a held lock) keeps other
         relays off these rows until this relay calls :meth:`outbox_mark_published` or
         :meth:`outbox_mark_failed`, or ``claim_s`` passes.

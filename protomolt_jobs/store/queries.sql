@@ -1149,17 +1149,27 @@ WITH event AS (
 SELECT pg_notify('protomolt_jobs', '') FROM event
 
 -- name: outbox_claim
--- description: lease up to limit PENDING rows by seq, skipping locked, leased and later-per-key rows.
-WITH candidates AS (
-    SELECT o.event_id
+-- description: lease up to limit PENDING rows by seq, skipping locked, leased and later-per-key rows (each job's first PENDING row only, found among the first 8 x limit PENDING rows by seq).
+WITH scanned AS (
+    -- A prefix of the PENDING rows by seq holds every earlier row of each key it holds, so
+    -- the first row per key here is that key's first PENDING row (no probe per row).
+    SELECT p.ctid AS tid, p.kafka_key, p.seq
+      FROM workflow_run_events_outbox AS p
+     WHERE p.status = 'PENDING'
+     ORDER BY p.seq
+     LIMIT 8 * %(limit)s
+), heads AS (
+    SELECT DISTINCT ON (s.kafka_key) s.tid
+      FROM scanned AS s
+     ORDER BY s.kafka_key, s.seq
+), candidates AS (
+    -- Locked rows are skipped; a row changed since the scan is re-checked on its latest
+    -- version (status, lease) before it is locked.
+    SELECT o.ctid AS tid
       FROM workflow_run_events_outbox AS o
-     WHERE o.status = 'PENDING'
+     WHERE o.ctid = ANY (ARRAY(SELECT h.tid FROM heads AS h))
+       AND o.status = 'PENDING'
        AND (o.claimed_until IS NULL OR o.claimed_until < now())
-       AND NOT EXISTS (SELECT 1
-                         FROM workflow_run_events_outbox AS earlier
-                        WHERE earlier.status = 'PENDING'
-                          AND earlier.kafka_key = o.kafka_key
-                          AND earlier.seq < o.seq)
      ORDER BY o.seq
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -1167,7 +1177,7 @@ WITH candidates AS (
 UPDATE workflow_run_events_outbox AS o
    SET claimed_until = now() + make_interval(secs => %(claim_s)s)
   FROM candidates AS c
- WHERE o.event_id = c.event_id
+ WHERE o.ctid = c.tid
    AND o.status = 'PENDING'
 RETURNING o.event_id, o.seq, o.event_type, o.payload, o.kafka_key, o.attempts, o.status,
           o.created_at, o.published_at, o.last_error,

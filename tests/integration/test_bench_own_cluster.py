@@ -79,6 +79,9 @@ def test_own_cluster_throughput_reports_statements_cpu_and_hot_share(tmp_path):
     cpu = run["db"]["cpu"]
     assert cpu["total_ms_per_job"] is not None and cpu["total_ms_per_job"] >= 0
     assert "backend_ms_per_job" in cpu and isinstance(cpu["by_kind_ms_per_job"], dict)
+    # The harness's own polls and checks are shown apart, not in the total (harness_cpu).
+    assert cpu["harness_excluded_ms_per_job"] is not None
+    assert cpu["harness_excluded_ms_per_job"] >= 0
     statements = {s["statement"]: s for s in run["db"]["statements"]}
     # The store's statements are named; the trigger's nested history insert is listed too.
     for name in ("job_insert", "job_claim_one_queue", "job_checkpoint"):
@@ -188,3 +191,20 @@ def test_floor_runs_the_store_statements_through_pgbench(tmp_path):
         assert history is (variant == "shipped")
         assert r["db"]["cpu"]["total_ms_per_job"] is not None
     assert "floor (shipped, pgbench): jobs/s, 1 clients" in proc.stdout
+
+
+def test_floor_variants_name_any_migration_and_harness_backends_are_read_from_proc(fresh_dsn):
+    from bench import harness_cpu
+    from bench.floor import variant_spec
+
+    assert variant_spec("before-0029") == (False, False, ("0029",))
+    assert variant_spec("shipped") == (False, False, ())
+    with pytest.raises(KeyError):
+        variant_spec("before-29")
+    before = harness_cpu.SPENT_S
+    with harness_cpu.connect(fresh_dsn) as conn:
+        pid = conn.info.backend_pid
+        conn.execute("SELECT count(*) FROM generate_series(1, 3000000)").fetchone()
+        assert harness_cpu.backend_cpu_s(pid) > 0  # the backend's CPU so far, from /proc
+    assert harness_cpu.SPENT_S > before  # counted when the connection closed
+    assert harness_cpu.backend_cpu_s(2**22 + 12345) == 0.0  # no such process

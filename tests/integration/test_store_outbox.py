@@ -51,6 +51,26 @@ def test_claim_hands_out_the_oldest_pending_row_of_each_job_in_seq_order(store):
     ]
 
 
+def test_a_leased_job_holds_back_only_its_own_later_rows(store):
+    # The claim finds each job's first PENDING row in one pass over a prefix of the PENDING
+    # rows (no probe per row): job a's three later rows lie between its leased first row and
+    # job b's first row, and only b's is handed out next.
+    a = queued_job(store)
+    lease = store.job_claim("w", 60).lease
+    for step in ("s0", "s1", "s2"):
+        store.job_checkpoint(lease, {"name": step, "skipped": False})
+    b = queued_job(store)
+    first = store.outbox_claim(1)
+    assert [(r.kafka_key, r.event_type) for r in first] == [(str(a.job_id), "ACCEPTED")]
+    second = store.outbox_claim(1)
+    assert [(r.kafka_key, r.event_type) for r in second] == [(str(b.job_id), "ACCEPTED")]
+    assert store.outbox_claim(1) == []
+    assert store.outbox_mark_published([first[0].event_id]) == 1
+    third = store.outbox_claim(10)
+    later = [r.seq for r in store.outbox_for_job(a.job_id) if r.event_type == "STEP_CHECKPOINT"]
+    assert [(r.kafka_key, r.seq) for r in third] == [(str(a.job_id), min(later))]
+
+
 def test_a_claim_lease_keeps_other_relays_off_until_it_expires(store, fresh_dsn):
     queued_job(store)
     first = store.outbox_claim(10, claim_s=60)

@@ -238,3 +238,62 @@ def test_a_truncate_of_the_runs_empties_the_history(store, fresh_dsn):
     job = queued_job(store)
     _sql(fresh_dsn, "TRUNCATE workflow_run CASCADE")
     assert _history_rows(fresh_dsn, job.job_id) == 0
+
+
+def test_a_chain_written_before_0029_still_verifies_after_it(empty_dsn, tmp_path):
+    # Migration 0029 rewrote the trigger (fewer expressions) and the hash (json_build_array
+    # instead of jsonb_build_array, the same text for these argument types): a chain written
+    # by 0028's functions goes on under 0029's and verifies whole, and the two hash bodies
+    # agree on awkward text (escapes, control characters, non-ASCII, NULLs, negatives).
+    from protomolt_jobs.store import JobStore
+    from protomolt_jobs.store.migrate import migrate, migrations_dir
+
+    for f in migrations_dir().iterdir():
+        if f.name.endswith(".sql") and f.name < "0029":
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    migrate(empty_dsn, directory=tmp_path)
+    store = JobStore.open(empty_dsn, max_size=2)
+    try:
+        job = claimed_job(store)
+        store.job_checkpoint(job.lease, {"name": "before", "skipped": False})
+        migrate(empty_dsn)
+        store.job_checkpoint(job.lease, {"name": "after", "skipped": False})
+        _sql(
+            empty_dsn,
+            "UPDATE workflow_run SET status = 'QUEUED', lease_owner = NULL WHERE job_id = %s",
+            job.job_id,
+        )
+        history = store.job_history(job.job_id)
+    finally:
+        store.close()
+    assert history.first_bad_seq is None
+    assert [t.kind for t in history.transitions] == [
+        "submit",
+        "claim",
+        "checkpoint",
+        "checkpoint",
+        "sql",
+    ]
+    awkward = [
+        'a"b\\c/d',
+        "tab\there\nnew\rline\b\f\x01\x1f\x7f",
+        "é€😀 ünï",
+        "\\u0041",
+        "",
+        None,
+    ]
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        for text in awkward:
+            for number in (0, -7, 2**40):
+                same = conn.execute(
+                    "SELECT workflow_run_transition_hash('\\x01'::bytea,"
+                    " '00000000-0000-0000-0000-000000000001'::uuid, %(n)s::bigint, NULL, %(t)s,"
+                    " 'k', %(t)s, NULL, (%(n)s::bigint %% 1000)::int4, %(t)s, %(at)s)"
+                    " = sha256('\\x01'::bytea || convert_to(jsonb_build_array("
+                    " '00000000-0000-0000-0000-000000000001', %(n)s::bigint, NULL::text,"
+                    " %(t)s::text, 'k', %(t)s::text, NULL::text, (%(n)s::bigint %% 1000)::int4,"
+                    " %(t)s::text, (extract(epoch FROM %(at)s::timestamptz) * 1000000)::bigint"
+                    ")::text, 'UTF8'))",
+                    {"t": text, "n": number, "at": "2026-12-07 09:00:00.123456+00"},
+                ).fetchone()[0]
+                assert same, (text, number)
