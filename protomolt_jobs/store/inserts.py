@@ -43,8 +43,9 @@ class InsertsMixin(db.Database):
         SQL: one statement (``job_insert``): ``INSERT ... ON CONFLICT (job_id) DO NOTHING`` and,
         when a row was created, its outbox row (ACCEPTED, attempt 0, ``detail.status`` QUEUED;
         or FAILED with the error for a job failed at birth) and ``NOTIFY protomolt_jobs``
-        (QUEUED only), returning the stored row. A resubmission changes nothing and returns the
-        existing row untouched (read by a second statement).
+        (QUEUED only), returning the stored row (without its definition and input: the record
+        takes those from ``new``, see ``:returns:``). A resubmission changes nothing and
+        returns the existing row untouched (read by a second statement).
 
         Transaction: the one statement (autocommit); a conflict's reads are their own.
 
