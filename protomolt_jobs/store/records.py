@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 __all__ = [
+    "DEFINITION_CACHE_CHARS",
     "DEFINITION_CACHE_SIZE",
     "JOB_STATUSES",
     "OUTBOX_MAX_ATTEMPTS",
@@ -242,19 +243,23 @@ class JobRecord:
         return cls(**values, unreadable="; ".join(problems) if problems else None)
 
 
-#: Decoded workflow definitions kept by :func:`decoded_definition` (distinct texts).
+#: Decoded workflow definitions kept by :func:`decoded_definition` (distinct texts), and the
+#: most characters of text they may hold together (a longer text is decoded and not kept).
 DEFINITION_CACHE_SIZE = 64
+DEFINITION_CACHE_CHARS = 4 * 1024 * 1024
 #: Characters of each end of a text that, with its length, pick its cache slot.
 _SLOT_ENDS = 256
 _definitions: OrderedDict[tuple[int, str, str], tuple[str, dict[str, Any]]] = OrderedDict()
 _shared: dict[int, dict[str, Any]] = {}
+_cached_chars = 0
 _definitions_lock = threading.Lock()
 
 
 def decoded_definition(text: str) -> tuple[Any, str | None]:
     """A stored definition's JSON text decoded as :meth:`JobRecord.from_row` decodes it
     (``(object, None)``, or ``(None, reason)``), through a bounded LRU of the last
-    :data:`DEFINITION_CACHE_SIZE` texts that decoded to an object.
+    :data:`DEFINITION_CACHE_SIZE` texts that decoded to an object (and at most
+    :data:`DEFINITION_CACHE_CHARS` characters of them).
 
     Exact: a text is answered from the cache only when it equals the cached text character
     for character (the slot is picked by the length and both ends; the comparison is a
@@ -263,6 +268,7 @@ def decoded_definition(text: str) -> tuple[Any, str | None]:
     shared by every caller of the same text: treat it as read-only (as a parsed workflow's
     ``definition`` is). Thread-safe.
     """
+    global _cached_chars
     key = (len(text), text[:_SLOT_ENDS], text[-_SLOT_ENDS:])
     with _definitions_lock:
         entry = _definitions.get(key)
@@ -270,16 +276,21 @@ def decoded_definition(text: str) -> tuple[Any, str | None]:
             _definitions.move_to_end(key)
             return entry[1], None
     value, problem = _decode_json(text, (dict,))
-    if problem is None:
+    if problem is None and len(text) <= DEFINITION_CACHE_CHARS:
         with _definitions_lock:
             old = _definitions.pop(key, None)
             if old is not None:
                 _shared.pop(id(old[1]), None)
+                _cached_chars -= len(old[0])
             _definitions[key] = (text, value)
             _shared[id(value)] = value
-            while len(_definitions) > DEFINITION_CACHE_SIZE:
-                _, (_, evicted) = _definitions.popitem(last=False)
+            _cached_chars += len(text)
+            while (
+                len(_definitions) > DEFINITION_CACHE_SIZE or _cached_chars > DEFINITION_CACHE_CHARS
+            ):
+                _, (gone, evicted) = _definitions.popitem(last=False)
                 _shared.pop(id(evicted), None)
+                _cached_chars -= len(gone)
     return value, problem
 
 

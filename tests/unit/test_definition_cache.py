@@ -61,6 +61,19 @@ def test_the_cache_is_bounded_and_forgets_the_least_recently_used():
     assert fresh is not values[0] and fresh == values[0]
 
 
+def test_the_cache_holds_at_most_its_characters(monkeypatch):
+    monkeypatch.setattr(records, "DEFINITION_CACHE_CHARS", 3000)
+    big = _text({"name": "too-big", "pad": "x" * 4000})
+    value, _ = decoded_definition(big)
+    assert value["name"] == "too-big" and not is_shared_definition(value)
+    kept = [
+        decoded_definition(_text({"name": f"chars-{i}", "pad": "y" * 900}))[0] for i in range(5)
+    ]
+    assert records._cached_chars <= 3000
+    assert records._cached_chars == sum(len(t) for t, _ in records._definitions.values())
+    assert is_shared_definition(kept[-1]) and not is_shared_definition(kept[0])
+
+
 def test_concurrent_decodes_of_one_text_agree():
     text = _text({"name": "threads", "steps": list(range(200))})
     got: list[object] = []
