@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from protomolt_jobs.errors import ProtomoltJobsError
-from protomolt_jobs.workflow.envelope import parse_workflow
+from protomolt_jobs.store.records import is_shared_definition
+from protomolt_jobs.workflow.envelope import WORKFLOW_CACHE_SIZE, parse_workflow
 from protomolt_jobs.workflow.graph import ancestors
 from protomolt_jobs.workflow.types import CompiledWorkflow, Runtime, WorkflowParseError
 from protomolt_jobs.workflow.verifier import verify
@@ -79,7 +80,7 @@ class StoredRun:
         """
         definition = decode_definition(getattr(job, "workflow_definition", None))
         try:
-            workflow = parse_workflow(definition, runtime)
+            workflow = _parsed(definition, runtime)
         except WorkflowParseError as exc:
             step = getattr(exc, "step", "") or ""
             raise SnapshotError("parse", _message(exc), step=step) from exc
@@ -112,6 +113,33 @@ class StoredRun:
             for upstream in before:
                 out.setdefault(upstream, set()).add(name)
         return out
+
+
+def _parsed(definition: dict[str, Any], runtime: Runtime) -> CompiledWorkflow:
+    """``parse_workflow(definition, runtime)``; for a definition the store shares between
+    claims (read-only, :func:`~protomolt_jobs.store.records.is_shared_definition`) the result
+    is kept on ``runtime`` by the object's identity, which skips ``parse_workflow``'s key (the
+    canonical text of the definition's steps, ~13 us for the realistic workload's)."""
+    if not is_shared_definition(definition):
+        return parse_workflow(definition, runtime)
+    key = (_SHARED, id(definition))
+    cache = runtime.cache
+    hit = cache.get(key)
+    if hit is not None and hit[0] is definition:  # holding it keeps its id its own
+        return hit[1]
+    workflow = parse_workflow(definition, runtime)
+    if len(cache) >= WORKFLOW_CACHE_SIZE:
+        try:  # as parse_workflow bounds it: the oldest entry goes
+            cache.pop(next(iter(cache)))
+        except (StopIteration, KeyError, RuntimeError):
+            pass
+    cache[key] = (definition, workflow)
+    return workflow
+
+
+#: The first item of :func:`_parsed`'s keys on ``Runtime.cache`` (canonical texts are strings
+#: or 3-tuples starting with ``"descriptorSetBase64"``: never this).
+_SHARED = object()
 
 
 def decode_definition(raw: Any) -> dict[str, Any]:

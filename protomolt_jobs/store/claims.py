@@ -60,7 +60,9 @@ class ClaimsMixin(db.Database):
         :param limited: the served queues with fleet-wide limits (see
             :meth:`queue_limits_sync`).
         :returns: the claimed row (RUNNING, attempt incremented, a fresh ``lease_token``;
-            ``.lease`` is its fence), or None when nothing is eligible. When ``unreadable`` is
+            ``.lease`` is its fence), or None when nothing is eligible. Its
+            ``workflow_definition`` is shared with other claims of the same text (read-only;
+            :func:`~.records.decoded_definition`). When ``unreadable`` is
             set the caller must not run the job: it fails it under ``.lease``.
         :raises ValueError: for a blank worker id, a non-positive lease or no queues.
         :raises StoreError: on a database failure.
@@ -90,7 +92,8 @@ class ClaimsMixin(db.Database):
             query = "job_claim"
         with self._connection() as conn:
             row = db.one(conn, query, params)
-        return JobRecord.from_row(row) if row else None
+        # Every job of a workflow stores the same definition: decoded once per text.
+        return JobRecord.from_row(row, shared_definition=True) if row else None
 
     @db.translated
     def queue_limits_sync(self, limits: Mapping[str, Mapping[str, Any]]) -> frozenset[str]:

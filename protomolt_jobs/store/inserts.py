@@ -43,8 +43,9 @@ class InsertsMixin(db.Database):
         SQL: one statement (``job_insert``): ``INSERT ... ON CONFLICT (job_id) DO NOTHING`` and,
         when a row was created, its outbox row (ACCEPTED, attempt 0, ``detail.status`` QUEUED;
         or FAILED with the error for a job failed at birth) and ``NOTIFY protomolt_jobs``
-        (QUEUED only), returning the stored row. A resubmission changes nothing and returns the
-        existing row untouched (read by a second statement).
+        (QUEUED only), returning the stored row (without its definition and input: the record
+        takes those from ``new``, see ``:returns:``). A resubmission changes nothing and
+        returns the existing row untouched (read by a second statement).
 
         Transaction: the one statement (autocommit); a conflict's reads are their own.
 
@@ -52,7 +53,10 @@ class InsertsMixin(db.Database):
         as U+FFFD (see :mod:`~.scrub`).
 
         :returns: the stored row and whether this call created it (``unreadable`` set when an
-            existing row's JSON does not decode).
+            existing row's JSON does not decode). A created row's ``workflow_definition`` and
+            ``input`` are not read back: they are the values this call stored (equal to a read
+            of them; the caller's own objects when they needed no scrub and decode back to
+            themselves, see :func:`~.checks.jsonb_value`).
         :raises ValueError: on a malformed ``new`` (the message names the field).
         :raises TypeError: when ``workflow_definition`` or ``input`` is not a JSON object.
         :raises StoreError: on a database failure.
@@ -129,6 +133,10 @@ class InsertsMixin(db.Database):
                 JobRecord.from_row(existing), created=False, deduplicated=deduplicated
             )
         assert row is not None
+        # The statement does not send the two documents back (a 28 KB definition cost its
+        # transfer and a json.loads per submit): the record carries what this call stored.
+        row["workflow_definition"] = checks.jsonb_value(params["workflow_definition"])
+        row["input"] = checks.jsonb_value(params["input"])
         return InsertOutcome(JobRecord.from_row(row), created=True)
 
     @db.translated

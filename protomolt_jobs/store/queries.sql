@@ -58,7 +58,7 @@ SELECT table_name, column_name
 -- ---------------------------------------------------------------------------------------------
 
 -- name: job_insert
--- description: insert a new job idempotently on job_id (and on a live dedup_key), stamping its fairness pass (a named key through its counter row; the default key without a lock, migration 0010), writing its ACCEPTED event (FAILED with the error for a job failed at birth) and NOTIFY protomolt_jobs (QUEUED only), all in one statement; no row back means it already existed (no event, no notify).
+-- description: insert a new job idempotently on job_id (and on a live dedup_key), stamping its fairness pass (a named key through its counter row; the default key without a lock, migration 0010), writing its ACCEPTED event (FAILED with the error for a job failed at birth) and NOTIFY protomolt_jobs (QUEUED only), all in one statement; no row back means it already existed (no event, no notify); the row comes back without workflow_definition and input (the caller sent them).
 WITH base AS (
     -- Virtual time of the queue: the smallest pass still QUEUED (one index probe per
     -- priority), or in an empty queue the largest pass ever handed out there.
@@ -112,8 +112,7 @@ SELECT %(job_id)s, %(workflow_name)s, %(workflow_definition)s, %(input)s, %(stat
        %(actor)s, %(error)s, %(actor)s, %(groups)s::text[], %(retention)s
   FROM stamp
 ON CONFLICT DO NOTHING
-RETURNING job_id, workflow_name, workflow_definition::text AS workflow_definition,
-          input::text AS input, status, attempt, max_attempts, run_after, outstanding_step,
+RETURNING job_id, workflow_name, status, attempt, max_attempts, run_after, outstanding_step,
           checkpoints::text AS checkpoints, result::text AS result, verdict, error,
           lease_owner, lease_token, lease_until, created_at, updated_at, completed_at,
           priority, queue, fairness_key, dedup_key, deadline_at

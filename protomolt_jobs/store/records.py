@@ -19,13 +19,17 @@ Outbox rows go PENDING -> PUBLISHED, or PENDING -> FAILED after 10 failed publis
 from __future__ import annotations
 
 import json
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, Literal
 
 __all__ = [
+    "DEFINITION_CACHE_CHARS",
+    "DEFINITION_CACHE_SIZE",
     "JOB_STATUSES",
     "OUTBOX_MAX_ATTEMPTS",
     "OUTBOX_STATUSES",
@@ -43,6 +47,8 @@ __all__ = [
     "SweepResult",
     "Transition",
     "WrongState",
+    "decoded_definition",
+    "is_shared_definition",
 ]
 
 #: Every job status, as the CHECK constraint spells them.
@@ -209,24 +215,89 @@ class JobRecord:
         return Lease(self.job_id, self.lease_owner, self.attempt, self.lease_token)
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> JobRecord:
+    def from_row(cls, row: dict[str, Any], *, shared_definition: bool = False) -> JobRecord:
         """Build a record from a row: a mapping with this class's field names (``unreadable``
         excepted), whose JSON columns hold JSON text (the queries select them ``::text``).
 
         Never raises for bad stored JSON: a column that does not decode, or decodes to the
         wrong shape, becomes None and is named in ``unreadable``. Call it after the reading
         transaction has committed.
+
+        :param shared_definition: decode ``workflow_definition`` through the process's cache
+            of definitions by exact text (:func:`decoded_definition`): the record then holds a
+            dict shared with every other record of the same text, which nobody may change.
         """
         values = {name: row[name] for name in _JOB_REQUIRED}
         for name, default in _JOB_OPTIONAL:
             values[name] = row.get(name, default)
         problems: list[str] = []
         for column, shapes in _JSON_COLUMNS:
-            value, problem = _decode_json(values[column], shapes)
+            raw = values[column]
+            if shared_definition and column == "workflow_definition" and type(raw) is str:
+                value, problem = decoded_definition(raw)
+            else:
+                value, problem = _decode_json(raw, shapes)
             values[column] = value
             if problem is not None:
                 problems.append(f"{column}: {problem}")
         return cls(**values, unreadable="; ".join(problems) if problems else None)
+
+
+#: Decoded workflow definitions kept by :func:`decoded_definition` (distinct texts), and the
+#: most characters of text they may hold together (a longer text is decoded and not kept).
+DEFINITION_CACHE_SIZE = 64
+DEFINITION_CACHE_CHARS = 4 * 1024 * 1024
+#: Characters of each end of a text that, with its length, pick its cache slot.
+_SLOT_ENDS = 256
+_definitions: OrderedDict[tuple[int, str, str], tuple[str, dict[str, Any]]] = OrderedDict()
+_shared: dict[int, dict[str, Any]] = {}
+_cached_chars = 0
+_definitions_lock = threading.Lock()
+
+
+def decoded_definition(text: str) -> tuple[Any, str | None]:
+    """A stored definition's JSON text decoded as :meth:`JobRecord.from_row` decodes it
+    (``(object, None)``, or ``(None, reason)``), through a bounded LRU of the last
+    :data:`DEFINITION_CACHE_SIZE` texts that decoded to an object (and at most
+    :data:`DEFINITION_CACHE_CHARS` characters of them).
+
+    Exact: a text is answered from the cache only when it equals the cached text character
+    for character (the slot is picked by the length and both ends; the comparison is a
+    ``memcmp``, about 0.6 us for 28 KB against ~22 us of ``json.loads``). Every job of a
+    workflow stores the same definition, so a worker's claims decode it once. The object is
+    shared by every caller of the same text: treat it as read-only (as a parsed workflow's
+    ``definition`` is). Thread-safe.
+    """
+    global _cached_chars
+    key = (len(text), text[:_SLOT_ENDS], text[-_SLOT_ENDS:])
+    with _definitions_lock:
+        entry = _definitions.get(key)
+        if entry is not None and entry[0] == text:
+            _definitions.move_to_end(key)
+            return entry[1], None
+    value, problem = _decode_json(text, (dict,))
+    if problem is None and len(text) <= DEFINITION_CACHE_CHARS:
+        with _definitions_lock:
+            old = _definitions.pop(key, None)
+            if old is not None:
+                _shared.pop(id(old[1]), None)
+                _cached_chars -= len(old[0])
+            _definitions[key] = (text, value)
+            _shared[id(value)] = value
+            _cached_chars += len(text)
+            while (
+                len(_definitions) > DEFINITION_CACHE_SIZE or _cached_chars > DEFINITION_CACHE_CHARS
+            ):
+                _, (gone, evicted) = _definitions.popitem(last=False)
+                _shared.pop(id(evicted), None)
+                _cached_chars -= len(gone)
+    return value, problem
+
+
+def is_shared_definition(value: Any) -> bool:
+    """Whether ``value`` is a definition :func:`decoded_definition` holds now (by identity):
+    one that nobody changes, so what is derived from it may be kept by its identity."""
+    return _shared.get(id(value)) is value
 
 
 def _decode_json(raw: Any, shapes: tuple[type, ...]) -> tuple[Any, str | None]:

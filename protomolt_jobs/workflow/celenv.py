@@ -265,12 +265,19 @@ class Deferred:
     error earlier (callers defer only sources whose conversion cannot fail).
 
     :param source: what is converted (a message, a JSON document).
+    :param reads: how many expressions are known to read it (validation's message rules):
+        from two on, the first read already builds its cel-cpp activation.
     """
 
-    __slots__ = ("_cel", "_cx_act", "_plain", "_to_cel", "_to_plain", "source")
+    __slots__ = ("_cel", "_cx_act", "_eager", "_plain", "_to_cel", "_to_plain", "source")
 
     def __init__(
-        self, source: Any, to_cel: Callable[[Any], Any], to_plain: Callable[[Any], Any]
+        self,
+        source: Any,
+        to_cel: Callable[[Any], Any],
+        to_plain: Callable[[Any], Any],
+        *,
+        reads: int = 1,
     ) -> None:
         self.source = source
         self._to_cel = to_cel
@@ -278,6 +285,7 @@ class Deferred:
         self._cel: Any = _UNSET
         self._plain: Any = _UNSET
         self._cx_act: tuple[str, Any] | None = None
+        self._eager = reads > 1
 
     def cel(self) -> Any:
         """The CEL value (converted once)."""
@@ -289,14 +297,14 @@ class Deferred:
     def cx_activation(self, name: str) -> Any:
         """A cel-cpp activation binding ``name`` to :meth:`plain`, from the second read under
         that name on (None the first time: building one costs about what it saves on one
-        evaluation). A cel-cpp activation serves any expression, whichever environment
-        compiled it.
+        evaluation), or from the first when more reads are known to come (``reads``). A
+        cel-cpp activation serves any expression, whichever environment compiled it.
 
         :raises Unrepresentable: as :meth:`plain`.
         """
         held = self._cx_act
-        if held is not None and held[0] == name:
-            act = held[1]
+        if (held is not None and held[0] == name) or (held is None and self._eager):
+            act = held[1] if held is not None else None
             if act is None:
                 act = _cx_bare_env().Activation({name: self.plain()})
                 self._cx_act = (name, act)
@@ -322,10 +330,10 @@ class Deferred:
         return value
 
 
-def deferred_json(value: Any) -> Deferred:
+def deferred_json(value: Any, *, reads: int = 1) -> Deferred:
     """A JSON-shaped value (as :func:`to_cel` takes) bound lazily: :func:`to_cel` for
-    cel-python, :func:`json_plain` for cel-cpp."""
-    return Deferred(value, to_cel, json_plain)
+    cel-python, :func:`json_plain` for cel-cpp (``reads``: as :class:`Deferred`)."""
+    return Deferred(value, to_cel, json_plain, reads=reads)
 
 
 #: Texts cel-cpp could answer differently from cel-python 0.5: double or uint literals and

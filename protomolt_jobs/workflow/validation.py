@@ -54,7 +54,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -157,6 +157,15 @@ class _CelRule:
     id: str
     message: str
     expression: str
+    #: its compiled program and whether it reads ``now``, found once with the plan
+    program: Any = field(default=None, compare=False, repr=False)
+    uses_now: bool = False
+
+
+#: A singular field's rules compiled with its plan: ``(value, present, path, out)``; it does
+#: what ``_check_value(fd, rules, value, present, path, out)`` does, with every read of the
+#: rule messages (``HasField``, ``ListFields``, bounds, flags) made once per message type.
+_ValueCheck = Callable[[Any, bool, str, list["Violation"]], None]
 
 
 @dataclass(frozen=True)
@@ -165,6 +174,9 @@ class _FieldPlan:
     rules: FieldRules | None
     is_map: bool
     walk: bool  # message-valued and its own rules are enforced
+    name: str = ""
+    has_presence: bool = False
+    check: _ValueCheck | None = None  # a singular field's compiled rules (None: no rules)
 
 
 @dataclass(frozen=True)
@@ -247,7 +259,20 @@ def _compile(descriptor: Descriptor) -> _MessagePlan:
             and not (rules is not None and rules.inspect_only)
         )
         if rules is not None or walk:
-            fields.append(_FieldPlan(fd=fd, rules=rules, is_map=is_map, walk=walk))
+            check = None
+            if rules is not None and not is_map and not fd.is_repeated:
+                check = _value_check(fd, rules)
+            fields.append(
+                _FieldPlan(
+                    fd=fd,
+                    rules=rules,
+                    is_map=is_map,
+                    walk=walk,
+                    name=fd.name,
+                    has_presence=fd.has_presence,
+                    check=check,
+                )
+            )
     return _MessagePlan(
         descriptor=descriptor, fields=tuple(fields), cel=cel, skip_when=mrules.skip_when
     )
@@ -260,10 +285,16 @@ def _compile_cel(where: str, rule: Any) -> _CelRule | None:
         return None
     rule_id = rule.id or rule.expression
     try:
-        validation_cel.program(rule.expression)
+        compiled = validation_cel.program(rule.expression)
     except celenv.CelCompileError as exc:
         raise RuleError(where, f"CEL rule {rule_id!r}: {exc}") from exc
-    return _CelRule(id=rule_id, message=rule.message, expression=rule.expression)
+    return _CelRule(
+        id=rule_id,
+        message=rule.message,
+        expression=rule.expression,
+        program=compiled,
+        uses_now=_NOW.search(rule.expression) is not None,
+    )
 
 
 def _check_field_rules(where: str, rules: FieldRules) -> None:
@@ -344,7 +375,7 @@ def _validate(msg: Message, prefix: str, out: list[Violation]) -> None:
     skip_fields = bool(plan.skip_when) and bool(getattr(msg, plan.skip_when))
     if not skip_fields:
         for fp in plan.fields:
-            path = f"{prefix}.{fp.fd.name}" if prefix else fp.fd.name
+            path = f"{prefix}.{fp.name}" if prefix else fp.name
             if fp.is_map:
                 _check_map(fp, getattr(msg, fp.fd.name), path, out)
             elif fp.fd.is_repeated:
@@ -352,17 +383,17 @@ def _validate(msg: Message, prefix: str, out: list[Violation]) -> None:
             else:
                 _check_singular(fp, msg, path, out)
     if plan.cel:
-        this = _message_dict(msg)
+        this = _message_dict(msg, reads=len(plan.cel))
         for rule in plan.cel:
             _run_cel(rule, this, prefix, out)
 
 
 def _check_singular(fp: _FieldPlan, msg: Message, path: str, out: list[Violation]) -> None:
-    fd = fp.fd
-    present = msg.HasField(fd.name) if fd.has_presence else True
-    value = getattr(msg, fd.name)
-    if fp.rules is not None:
-        _check_value(fd, fp.rules, value, present, path, out)
+    name = fp.name
+    present = msg.HasField(name) if fp.has_presence else True
+    value = getattr(msg, name)
+    if fp.check is not None:
+        fp.check(value, present, path, out)
     if fp.walk and present:
         _validate(value, path, out)
 
@@ -492,6 +523,42 @@ def _check_value(
         _taxonomy(rules.taxonomy, value, path, out)
 
 
+def _value_check(fd: FieldDescriptor, rules: FieldRules) -> _ValueCheck:
+    """``_check_value(fd, rules, ...)`` compiled: the rule messages are read here, once."""
+    is_message = fd.type == FieldDescriptor.TYPE_MESSAGE
+    has_presence = fd.has_presence
+    ignore_if_zero = rules.ignore_if_zero
+    required = rules.required
+    plan_type = _TYPE_PLANS.get(fd.type)
+    typed = plan_type(fd, rules) if plan_type is not None else None
+    # compiled as _check_field_rules checked them (a blank text is skipped, as _run_cel does)
+    cel = tuple(c for c in (_compile_cel(fd.full_name, r) for r in rules.cel) if c is not None)
+    taxonomy = rules.taxonomy
+
+    def check(value: Any, present: bool, path: str, out: list[Violation]) -> None:
+        if is_message:
+            zero = not present
+        else:
+            zero = (has_presence and not present) or not value
+        if ignore_if_zero and zero:
+            return
+        if required and zero:
+            out.append(Violation(path, "required", "field is required"))
+            return
+        if has_presence and not present:
+            return
+        if typed is not None:
+            typed(value, path, out)
+        if cel:
+            this = _cel_value(fd, value)
+            for r in cel:
+                _run_cel(r, this, path, out)
+        if taxonomy:
+            _taxonomy(taxonomy, value, path, out)
+
+    return check
+
+
 def _v(path: str, rule_id: str, message: str) -> Violation:
     return Violation(path, rule_id, message)
 
@@ -535,10 +602,33 @@ def _range(
     10"), and reversed bounds (upper below lower) mean *outside* the range
     (``int32.gt_lt_exclusive``, "must be gt 10 or lt 0"). Floating bounds say
     "must be within gt/lt range"; a NaN satisfies no bound."""
+    _range_with(prefix, path, value, _bounds(r), fmt, out, floating=floating, key=key)
+
+
+def _bounds(r: Any) -> tuple[str | None, str | None, Any, Any]:
+    """A range rule's ``(lower name, upper name, lower, upper)`` (None where unset)."""
     lower_name = "gt" if r.HasField("gt") else ("gte" if r.HasField("gte") else None)
     upper_name = "lt" if r.HasField("lt") else ("lte" if r.HasField("lte") else None)
     lower = getattr(r, lower_name) if lower_name else None
     upper = getattr(r, upper_name) if upper_name else None
+    return lower_name, upper_name, lower, upper
+
+
+def _range_with(
+    prefix: str,
+    path: str,
+    value: Any,
+    bounds: tuple[str | None, str | None, Any, Any],
+    fmt: Callable[[Any], str],
+    out: list,
+    *,
+    floating: bool = False,
+    key: Callable[[Any], Any] = lambda v: v,
+) -> None:
+    """:func:`_range` over bounds read once (:func:`_bounds`)."""
+    lower_name, upper_name, lower, upper = bounds
+    if lower_name is None and upper_name is None:
+        return
     v = key(value)
 
     def above(bound: Any) -> bool:
@@ -585,6 +675,43 @@ def _numeric(set_name: str) -> Callable[..., None]:
             out.append(_v(path, f"{set_name}.finite", "must be finite"))
 
     return check
+
+
+#: Marks a ``const`` the rules do not set.
+_UNSET_CONST = object()
+
+
+def _numeric_plan(set_name: str) -> Callable[..., Callable[..., None] | None]:
+    """:func:`_numeric`'s check compiled per field: ``(fd, rules) -> check(value, path, out)``,
+    None when ``rules`` has no ``set_name`` rules (the check would return at once)."""
+    floating = set_name in ("double", "float")
+
+    def plan(fd: FieldDescriptor, rules: FieldRules) -> Callable[..., None] | None:
+        if not rules.HasField(set_name):
+            return None
+        r = getattr(rules, set_name)
+        const = r.const if r.HasField("const") else _UNSET_CONST
+        allowed = list(getattr(r, "in"))
+        forbidden = list(r.not_in)
+        finite = floating and r.finite
+        bounds = _bounds(r)
+
+        def check(value: Any, path: str, out: list) -> None:
+            if const is not _UNSET_CONST and value != const:
+                out.append(_v(path, f"{set_name}.const", f"must equal {_fmt(const)}"))
+            _range_with(set_name, path, value, bounds, _fmt, out, floating=floating)
+            if allowed and value not in allowed:
+                out.append(_v(path, f"{set_name}.in", "must be one of the allowed values"))
+            if forbidden and value in forbidden:
+                out.append(
+                    _v(path, f"{set_name}.not_in", "must not be one of the forbidden values")
+                )
+            if finite and not math.isfinite(value):
+                out.append(_v(path, f"{set_name}.finite", "must be finite"))
+
+        return check
+
+    return plan
 
 
 def _check_bool(fd: FieldDescriptor, rules: FieldRules, value: Any, path: str, out: list) -> None:
@@ -779,7 +906,25 @@ def _check_string(fd: FieldDescriptor, rules: FieldRules, value: Any, path: str,
     r = rules.string
     # One ListFields() instead of a HasField or getattr per rule (36 of them): only the rules
     # the schema sets are looked at, in the same order as always.
+    _string_with(r, {f.name: v for f, v in r.ListFields()}, value, path, out)
+
+
+def _string_plan(fd: FieldDescriptor, rules: FieldRules) -> Callable[..., None] | None:
+    """:func:`_check_string` compiled per field (its ``ListFields`` read once); None when
+    ``rules`` has no string rules."""
+    if not rules.HasField("string"):
+        return None
+    r = rules.string
     present = {f.name: v for f, v in r.ListFields()}
+
+    def check(value: Any, path: str, out: list) -> None:
+        _string_with(r, present, value, path, out)
+
+    return check
+
+
+def _string_with(r: Any, present: dict[str, Any], value: Any, path: str, out: list) -> None:
+    """The string rules ``r`` (whose set fields are ``present``) on ``value``."""
     get = present.get
     n = len(value)  # Python str length counts code points, as the dialect does
     if "const" in present and value != r.const:
@@ -900,14 +1045,51 @@ _TYPE_CHECKS: dict[int, Callable[..., None]] = {
 }
 
 
+def _plain_plan(check: Callable[..., None]) -> Callable[..., Callable[..., None]]:
+    def plan(fd: FieldDescriptor, rules: FieldRules) -> Callable[..., None]:
+        def bound(value: Any, path: str, out: list) -> None:
+            check(fd, rules, value, path, out)
+
+        return bound
+
+    return plan
+
+
+#: Field type -> ``(fd, rules) -> check(value, path, out)`` or None (no rules of the type):
+#: :data:`_TYPE_CHECKS` compiled per field (strings and numbers read their rules once).
+_TYPE_PLANS: dict[int, Callable[..., Callable[..., None] | None]] = {
+    **{t: _plain_plan(c) for t, c in _TYPE_CHECKS.items()},
+    FieldDescriptor.TYPE_STRING: _string_plan,
+    **{
+        t: _numeric_plan(set_name)
+        for t, set_name in (
+            (FieldDescriptor.TYPE_INT32, "int32"),
+            (FieldDescriptor.TYPE_SINT32, "int32"),
+            (FieldDescriptor.TYPE_SFIXED32, "int32"),
+            (FieldDescriptor.TYPE_INT64, "int64"),
+            (FieldDescriptor.TYPE_SINT64, "int64"),
+            (FieldDescriptor.TYPE_SFIXED64, "int64"),
+            (FieldDescriptor.TYPE_UINT32, "uint32"),
+            (FieldDescriptor.TYPE_FIXED32, "uint32"),
+            (FieldDescriptor.TYPE_UINT64, "uint64"),
+            (FieldDescriptor.TYPE_FIXED64, "uint64"),
+            (FieldDescriptor.TYPE_DOUBLE, "double"),
+            (FieldDescriptor.TYPE_FLOAT, "float"),
+        )
+    },
+}
+
+
 # --- CEL
 
 
-def _message_dict(msg: Message) -> celenv.Deferred:
+def _message_dict(msg: Message, *, reads: int = 1) -> celenv.Deferred:
     # Deferred: cel-cpp reads the JSON document as it is; CEL values only if cel-python must
     # answer (to_cel cannot fail on MessageToDict's output, so converting late is safe).
+    # ``reads``: how many rules will read it (two or more: it enters cel-cpp once).
     return celenv.deferred_json(
-        message_to_dict(msg, preserving_proto_field_name=True, use_integers_for_enums=True)
+        message_to_dict(msg, preserving_proto_field_name=True, use_integers_for_enums=True),
+        reads=reads,
     )
 
 
@@ -973,15 +1155,22 @@ def _run_cel(
     rule: Any, this: celtypes.Value | celenv.Deferred, path: str, out: list[Violation]
 ) -> None:
     expression = rule.expression
-    if not expression.strip():
-        return
-    rule_id = rule.id or expression  # upstream: an id-less rule is identified by its text
+    compiled = None
+    if type(rule) is _CelRule:  # compiled with its plan: a non-blank text, id, program
+        rule_id, compiled, uses_now = rule.id, rule.program, rule.uses_now
+    else:
+        if not expression.strip():
+            return
+        rule_id = rule.id or expression  # upstream: an id-less rule is identified by its text
+        uses_now = _NOW.search(expression) is not None
     activation: dict[str, Any] = {"this": this}
-    if _NOW.search(expression):
+    if uses_now:
         # Only when used: a time in the activation keeps cel-cpp's fast path from answering.
         activation["now"] = celtypes.TimestampType(_dt.datetime.now(_dt.UTC))
     try:
-        result = validation_cel.program(expression).evaluate(activation)
+        if compiled is None:
+            compiled = validation_cel.program(expression)
+        result = compiled.evaluate(activation)
     except celenv.CelCompileError as exc:
         raise RuleError(path or "<message>", f"CEL rule {rule_id!r}: {exc}") from exc
     except celpy.CELEvalError as exc:

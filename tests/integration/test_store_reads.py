@@ -182,3 +182,17 @@ def test_close_is_idempotent(fresh_dsn):
     s.close()
     with pytest.raises(StoreError):
         s.job_get(uuid.uuid4())
+
+
+def test_a_created_records_documents_equal_a_read_of_them(store):
+    # job_insert does not read them back: it hands over what it stored.
+    new = new_job(
+        input={"text": "x", "t": (1, 2), "big": 1e16, "k\x00": "v\ud800"},
+        workflow_definition={"name": "wf", "keys": {1: "one"}, "f": 0.5, "steps": []},
+    )
+    created = store.job_insert(new).job
+    read = store.job_get(new.job_id)
+    assert created.input == read.input
+    assert created.workflow_definition == read.workflow_definition
+    assert created.input == {"text": "x", "t": [1, 2], "big": 10**16, "k\ufffd": "v\ufffd"}
+    assert created.workflow_definition["keys"] == {"1": "one"}

@@ -145,3 +145,18 @@ def test_types_of_the_same_name_in_two_pools_do_not_share_a_plan():
     assert "extra" not in cel.message_to_plain(Rich())
     assert "extra" in cel.message_to_plain(other())
     assert cel._plain_plan(other.DESCRIPTOR) is not cel._plain_plan(Rich.DESCRIPTOR)
+
+
+@pytest.mark.skipif(celenv._cx is None, reason="cel-cpp (cel-expr-python) is not installed")
+def test_a_value_known_to_be_read_twice_enters_cel_cpp_at_the_first_read():
+    doc = {"a": 1, "b": "x"}
+    once = celenv.deferred_json(doc)
+    assert once.cx_activation("this") is None  # the first read goes by data
+    assert once.cx_activation("this") is not None
+    twice = celenv.deferred_json(doc, reads=2)
+    first = twice.cx_activation("this")
+    assert first is not None and twice.cx_activation("this") is first
+    assert twice.cx_activation("that") is None  # another name: as always
+    for text, want in (("this.a == 1", True), ("this.b + 'y'", "xy"), ("this.a > 1", False)):
+        got = celenv.program(text).evaluate({"this": celenv.deferred_json(doc, reads=2)})
+        assert got == want

@@ -50,3 +50,21 @@ def test_a_short_or_mixed_schema_is_encoded_as_always() -> None:
     mixed = _definition()
     mixed["schema"] = {"descriptorSetBase64": B64, "x": 1}
     assert _text(mixed) == json.dumps(mixed)
+
+
+def test_the_stored_value_is_the_callers_object_only_when_it_decodes_back_to_itself() -> None:
+    plain = _definition(n=1, f=1.5, flag=True, none=None, items=[1, "a", {"k": [2.0]}])
+    assert checks.jsonb_value(checks.jsonb("d", plain, dict)) is plain
+    odd = [
+        {"t": (1, 2)},  # a tuple comes back a list
+        {"k": {1: "a"}},  # an int key comes back a string
+        {"f": 1e16},  # jsonb prints it without an exponent: an int comes back
+        {"f": 1e-05},
+        {"s": "a\x00b"},  # scrubbed
+        {"k\ud800": 1},
+    ]
+    for value in odd:
+        param = checks.jsonb("d", value, dict)
+        got = checks.jsonb_value(param)
+        assert got is not value
+        assert got == json.loads(param.dumps(value))

@@ -895,6 +895,30 @@ def test_rule_kind_gives_upstreams_id_and_message(pool, i, case):
     assert validate_message(_message(pool, i, good)) == []
 
 
+@pytest.mark.parametrize("i, case", list(enumerate(CASES)), ids=[c[0] for c in CASES])
+def test_a_fields_compiled_rules_answer_as_the_interpreted_ones(pool, i, case):
+    # The plan compiles a singular field's rules once per type (_value_check); the element
+    # rules of repeated fields and maps still read them per call (_check_value): both must
+    # give the same violations for the same value, set or not.
+    from protomolt_jobs.workflow import validation
+
+    _, _, _, bad, good, _, _ = case
+    msg = _message(pool, i, good)
+    (fp,) = validation._plan(msg.DESCRIPTOR).fields
+    if fp.check is None:
+        assert fp.fd.is_repeated or fp.is_map
+        return
+    zero = type(msg)()
+    for m in (_message(pool, i, bad), msg, zero):
+        value = m.v
+        for present in {True, m.HasField("v") if fp.has_presence else True}:
+            compiled: list = []
+            interpreted: list = []
+            fp.check(value, present, "v", compiled)
+            validation._check_value(fp.fd, fp.rules, value, present, "v", interpreted)
+            assert compiled == interpreted
+
+
 def test_message_rules_with_and_without_an_id(pool):
     cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("dialect.v1.Msg"))
     got = [(v.path, v.rule_id, v.message) for v in validate_message(cls(a=7, b=1))]
