@@ -49,7 +49,10 @@ class OutboxMixin(db.Database):
         version), ``ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED``, and lease them:
         ``claimed_until = now() + claim_s``. Under a backlog deeper than ``8 * limit`` a pass
         may hand out fewer than ``limit`` rows (those prefix rows belong to jobs whose first
-        row another relay holds); the next passes go on as rows are marked.
+        row another relay holds); the next passes go on as rows are marked. When the full
+        prefix yields nothing (every one of its jobs' first rows leased or locked, e.g. by a
+        relay that crashed holding them), the same statement takes each job's first PENDING
+        row past it by a probe per row, so another relay's leases never stop other jobs.
         Transaction: one, committed before returning; the lease (not a held lock) keeps other
         relays off these rows until this relay calls :meth:`outbox_mark_published` or
         :meth:`outbox_mark_failed`, or ``claim_s`` passes.

@@ -1148,7 +1148,7 @@ WITH event AS (
 SELECT pg_notify('protomolt_jobs', '') FROM event
 
 -- name: outbox_claim
--- description: lease up to limit PENDING rows by seq, skipping locked, leased and later-per-key rows (each job's first PENDING row only, found among the first 8 x limit PENDING rows by seq).
+-- description: lease up to limit PENDING rows by seq, skipping locked, leased and later-per-key rows (each job's first PENDING row only): found among the first 8 x limit PENDING rows by seq; only when that prefix is full and yields nothing (its jobs' first rows leased or locked elsewhere, e.g. by a crashed relay) by a probe per row over every PENDING row.
 WITH scanned AS (
     -- A prefix of the PENDING rows by seq holds every earlier row of each key it holds, so
     -- the first row per key here is that key's first PENDING row (no probe per row).
@@ -1161,7 +1161,7 @@ WITH scanned AS (
     SELECT DISTINCT ON (s.kafka_key) s.tid
       FROM scanned AS s
      ORDER BY s.kafka_key, s.seq
-), candidates AS (
+), prefix AS (
     -- Locked rows are skipped; a row changed since the scan is re-checked on its latest
     -- version (status, lease) before it is locked.
     SELECT o.ctid AS tid
@@ -1172,11 +1172,31 @@ WITH scanned AS (
      ORDER BY o.seq
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
+), beyond AS (
+    -- Only when the prefix is full and gave nothing: every job's first PENDING row past it,
+    -- by a probe per row (a crashed relay's leases on the prefix's jobs must not stop the rest).
+    SELECT o.ctid AS tid
+      FROM workflow_run_events_outbox AS o
+     WHERE NOT EXISTS (SELECT 1 FROM prefix)
+       AND (SELECT count(*) FROM scanned) >= 8 * %(limit)s
+       AND o.status = 'PENDING'
+       AND (o.claimed_until IS NULL OR o.claimed_until < now())
+       AND NOT EXISTS (SELECT 1
+                         FROM workflow_run_events_outbox AS earlier
+                        WHERE earlier.status = 'PENDING'
+                          AND earlier.kafka_key = o.kafka_key
+                          AND earlier.seq < o.seq)
+     ORDER BY o.seq
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), candidates AS (
+    SELECT tid FROM prefix
+    UNION ALL
+    SELECT tid FROM beyond
 )
 UPDATE workflow_run_events_outbox AS o
    SET claimed_until = now() + make_interval(secs => %(claim_s)s)
-  FROM candidates AS c
- WHERE o.ctid = c.tid
+ WHERE o.ctid = ANY (ARRAY(SELECT c.tid FROM candidates AS c))
    AND o.status = 'PENDING'
 RETURNING o.event_id, o.seq, o.event_type, o.payload, o.kafka_key, o.attempts, o.status,
           o.created_at, o.published_at, o.last_error,
