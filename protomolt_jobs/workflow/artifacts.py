@@ -234,7 +234,9 @@ def port_records(workflow: CompiledWorkflow, step: Step, response: Message) -> l
                     step.name,
                     f"output port '{port}' of step '{step.name}': {key} failed: {exc}",
                 ) from exc
-            rec[key] = int(value) if key == "sizeBytes" and value.isdigit() else value
+            # ASCII digits only: str.isdigit() is also true of "\u00b2", which int() refuses
+            digits = key == "sizeBytes" and value.isascii() and value.isdigit()
+            rec[key] = int(value) if digits else value
         for key in ("uri", "sha256"):
             if not rec.get(key):
                 raise WorkflowExecutionError(

@@ -734,3 +734,48 @@ def test_migrate_replace_writes_the_new_answers_port_row_in_its_own_statement(
     job = _settled(verbs, job_id)
     assert [c["name"] for c in job["checkpoints"]] == ["a", "b", "c"]
     assert services.step_calls("a") == 0
+
+
+def _sized(t: str) -> dict[str, Any]:
+    """a -> b, b with a port 'q' whose size is the response's text."""
+    size = "response.step"
+    uri = "'artifact://y/' + response.step"
+    return graph(
+        [
+            step("a", t),
+            step(
+                "b", t, reads=["a"], outputs={"q": {"uri": uri, "sha256": size, "sizeBytes": size}}
+            ),
+        ],
+        name="sized",
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["\u00b2", "99999999999999999999"],  # isdigit() but not int(); past BIGINT
+    ids=["superscript-two", "past-bigint"],
+)
+@pytest.mark.parametrize("verb", ["reconcile-step", "migrate-checkpoint"])
+def test_an_operator_answers_odd_port_size_never_fails_the_verb(verbs, services, store, text, verb):
+    # A port's sizeBytes is kept as a number only when it is one BIGINT holds; other text
+    # stays text in the entry, as for any other non-number: the answer is stored, not a 500.
+    job_id = _submit(verbs, _sized(services.target))
+    b_entry = {
+        "name": "b",
+        "skipped": False,
+        "response": {"step": "b"},
+        "artifacts": [{"port": "q", "kind": "file", "uri": "artifact://y/b", "sha256": "b"}],
+    }
+    if verb == "reconcile-step":
+        _stuck_on(store, job_id, "b", [_a_entry("a") | {"artifacts": []}])
+        body = {"jobId": job_id, "stepName": "b", "outcome": "done"}
+    else:
+        _stuck_on(store, job_id, "b", [_a_entry("a") | {"artifacts": []}, b_entry])
+        body = {"jobId": job_id, "stepName": "b", "action": "replace"}
+    done = verbs(verb, {**body, "response": {"step": text}})
+    assert done == {"ok": True, "status": "QUEUED"}, done
+    entry = store.job_get(job_id).checkpoints[-1]
+    assert entry["artifacts"][0]["sha256"] == text
+    (row,) = [r for r in store.artifact_kept(job_id) if r["sha256"] == text]
+    assert (row["port"], row["size_bytes"]) == ("q", None)
