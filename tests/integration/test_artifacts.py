@@ -779,3 +779,33 @@ def test_an_operator_answers_odd_port_size_never_fails_the_verb(verbs, services,
     assert entry["artifacts"][0]["sha256"] == text
     (row,) = [r for r in store.artifact_kept(job_id) if r["sha256"] == text]
     assert (row["port"], row["size_bytes"]) == ("q", None)
+
+
+@pytest.mark.parametrize("verb", ["reconcile-step", "migrate-checkpoint"])
+def test_an_operator_answers_port_uri_past_the_uri_index_is_invalid_input(
+    verbs, services, store, verb
+):
+    # workflow_artifact's uri index refuses an entry over ~2.7 KB: the statement failed
+    # (ProgramLimitExceeded, answered 'unavailable'). A uri over PORT_URI_MAX_BYTES is the
+    # answer's fault: invalid-input naming 'response', the run left as it was.
+    from protomolt_jobs.workflow.artifacts import PORT_URI_MAX_BYTES
+
+    job_id = _submit(verbs, _ported(services.target))
+    _stuck_on(store, job_id, "b", [_a_entry("a")])
+    before = store.job_get(job_id)
+    if verb == "reconcile-step":
+        body = {"jobId": job_id, "stepName": "b", "outcome": "done"}
+    else:
+        body = {"jobId": job_id, "stepName": "a", "action": "replace"}
+    # 3200 hex characters without repeats: the index cannot compress them below its bound
+    long = "".join(hashlib.sha256(str(i).encode()).hexdigest() for i in range(50))
+    with pytest.raises(InvalidInput) as info:
+        verbs(verb, {**body, "response": {"step": long}})
+    assert info.value.details["field"] == "response"
+    assert f"uri is longer than {PORT_URI_MAX_BYTES} bytes" in str(info.value)
+    after = store.job_get(job_id)
+    assert (after.status, after.history_seq) == ("RECOVERY_REQUIRED", before.history_seq)
+    # a uri at the bound is stored
+    step_text = ("0123456789abcdef" * 200)[: PORT_URI_MAX_BYTES - len("artifact://x/")]
+    done = verbs(verb, {**body, "response": {"step": step_text}})
+    assert done == {"ok": True, "status": "QUEUED"}, done
