@@ -207,7 +207,7 @@ def _text(value: Any) -> str:
 
 #: The longest port ``uri`` (UTF-8 bytes) a step may give: ``workflow_artifact``'s uri index
 #: (a btree) refuses an entry over about 2.7 KB, which failed the checkpoint's statement.
-PORT_URI_MAX_BYTES = 2048
+PORT_URI_MAX_BYTES = 2600
 
 
 def port_records(workflow: CompiledWorkflow, step: Step, response: Message) -> list[dict[str, Any]]:

@@ -806,6 +806,6 @@ def test_an_operator_answers_port_uri_past_the_uri_index_is_invalid_input(
     after = store.job_get(job_id)
     assert (after.status, after.history_seq) == ("RECOVERY_REQUIRED", before.history_seq)
     # a uri at the bound is stored
-    step_text = ("0123456789abcdef" * 200)[: PORT_URI_MAX_BYTES - len("artifact://x/")]
+    step_text = long[: PORT_URI_MAX_BYTES - len("artifact://x/")]
     done = verbs(verb, {**body, "response": {"step": step_text}})
     assert done == {"ok": True, "status": "QUEUED"}, done
