@@ -809,3 +809,53 @@ def test_an_operator_answers_port_uri_past_the_uri_index_is_invalid_input(
     step_text = long[: PORT_URI_MAX_BYTES - len("artifact://x/")]
     done = verbs(verb, {**body, "response": {"step": step_text}})
     assert done == {"ok": True, "status": "QUEUED"}, done
+
+
+def test_a_promote_that_loses_a_race_answers_the_state_it_lost_to(
+    verbs, services, store, fresh_dsn
+):
+    # promote-artifact reads the row verified, then its update waits on a change another
+    # operator has in flight (a retract) and finds it retracted: nothing is promoted, and the
+    # answer names the state the artifact is in now, not the verified it was read in.
+    import threading
+
+    import psycopg
+
+    job_id = _submit(verbs, _ported(services.target))
+    _stuck_on(store, job_id, "b", [_a_entry("a")])
+    body = {"jobId": job_id, "stepName": "b", "outcome": "done", "response": {"step": "b1"}}
+    assert verbs("reconcile-step", body)["ok"]
+    art = _by(verbs("list-artifacts", {"jobId": job_id})["artifacts"], "a")
+    assert art["state"] == "verified"
+    answer: dict[str, Any] = {}
+
+    def promote() -> None:
+        answer.update(
+            verbs("promote-artifact", {"artifactId": art["artifactId"], "reason": "ship it"})
+        )
+
+    # the watcher polls from its own autocommit session: pg_stat_activity is read once per
+    # transaction
+    with psycopg.connect(fresh_dsn) as other, psycopg.connect(fresh_dsn, autocommit=True) as w:
+        other.execute(
+            "UPDATE workflow_artifact SET state = 'retracted' WHERE artifact_id = %s",
+            (art["artifactId"],),
+        )
+        racer = threading.Thread(target=promote)
+        racer.start()
+
+        def waiting() -> bool | None:
+            rows = w.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND query LIKE '%%workflow_artifact%%'"
+            ).fetchone()
+            return True if rows and rows[0] else None
+
+        wait_for(waiting, timeout_s=10)
+        other.commit()
+    racer.join(10)
+    assert answer["ok"] is False and answer["changed"] is False
+    assert answer["state"] == "retracted", answer
+    assert "is retracted" in answer["error"]
+    got = verbs("get-artifact", {"artifactId": art["artifactId"]})["artifact"]
+    assert got["state"] == "retracted"
