@@ -859,3 +859,22 @@ def test_a_promote_that_loses_a_race_answers_the_state_it_lost_to(
     assert "is retracted" in answer["error"]
     got = verbs("get-artifact", {"artifactId": art["artifactId"]})["artifact"]
     assert got["state"] == "retracted"
+
+
+def test_a_step_whose_port_uri_is_past_the_bound_fails_artifact(verbs, services, worker):
+    # The worker's door to the same index: a called step's port uri over the bound fails the
+    # step ARTIFACT (never retried) instead of a checkpoint statement the index refuses.
+    long = "".join(hashlib.sha256(str(i).encode()).hexdigest() for i in range(50))
+
+    def run(request, context):
+        reply = services._do_run(request, context)
+        if request.step == "a":
+            reply.step = long
+        return reply
+
+    services.set_handler("Run", run)
+    job_id = _submit(verbs, _ported(services.target))
+    worker()
+    job = _settled(verbs, job_id, status="FAILED")
+    assert job["error"].startswith("ARTIFACT: output port 'p' of step 'a': uri is longer than")
+    assert services.step_calls("a") == 1
