@@ -32,6 +32,10 @@ def has_artifact_rows(entry: Mapping[str, Any]) -> bool:
     )
 
 
+#: The largest ``size_bytes`` the column (BIGINT) holds; a port's larger size is not kept.
+_BIGINT_MAX = 2**63 - 1
+
+
 def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
@@ -59,8 +63,9 @@ def artifact_rows(entry: Mapping[str, Any], job_id: Any) -> list[dict[str, Any]]
             for key in ("uri", "mediaType"):
                 if isinstance(rec.get(key), str):
                     row[key] = rec[key]
-            if isinstance(rec.get("sizeBytes"), int):
-                row["sizeBytes"] = rec["sizeBytes"]
+            size = rec.get("sizeBytes")
+            if type(size) is int and 0 <= size <= _BIGINT_MAX:  # else no size (the column's)
+                row["sizeBytes"] = size
             rows.append(row)
     receipt = entry.get("receipt")
     if isinstance(receipt, dict) and "evidence" in receipt:

@@ -408,6 +408,10 @@ class PromoteArtifactAction(_ArtifactVerb):
             changed, state = store.artifact_promote(
                 art, current=state, actor=actor(), reason=reason
             )
+            if not changed and state == "verified":
+                # read verified, but another operator's change (a retract, a promote) won the
+                # row first: answer the state it is in now (one more read, only here)
+                state = _row_states(store, art["jobId"]).get(str(art["artifactId"]), state)
         log.info(
             "promote-artifact %s of job %s",
             art["artifactId"],

@@ -53,6 +53,7 @@ from protomolt_jobs.workflow.types import (
 )
 
 __all__ = [
+    "PORT_URI_MAX_BYTES",
     "STATES",
     "ArtifactSpec",
     "artifact_id",
@@ -204,12 +205,18 @@ def _text(value: Any) -> str:
     return str(plain)
 
 
+#: The longest port ``uri`` (UTF-8 bytes) a step may give: ``workflow_artifact``'s uri index
+#: (a btree) refuses an entry over about 2.7 KB, which failed the checkpoint's statement.
+PORT_URI_MAX_BYTES = 2600
+
+
 def port_records(workflow: CompiledWorkflow, step: Step, response: Message) -> list[dict[str, Any]]:
     """The declared output ports of ``step`` over ``response``:
     ``[{port, kind: "file", uri, sha256, mediaType?, sizeBytes?}]`` (sorted by port: a stored definition keeps no key order).
 
     :raises WorkflowExecutionError: ARTIFACT naming the port when a port's expression fails or
-        yields no ``uri`` or ``sha256`` (never retried: the same response would fail again).
+        yields no ``uri`` or ``sha256``, or a ``uri`` over :data:`PORT_URI_MAX_BYTES` (never
+        retried: the same response would fail again).
     """
     declared = of(workflow, step.name).outputs
     if not declared:
@@ -234,7 +241,9 @@ def port_records(workflow: CompiledWorkflow, step: Step, response: Message) -> l
                     step.name,
                     f"output port '{port}' of step '{step.name}': {key} failed: {exc}",
                 ) from exc
-            rec[key] = int(value) if key == "sizeBytes" and value.isdigit() else value
+            # ASCII digits only: str.isdigit() is also true of "\u00b2", which int() refuses
+            digits = key == "sizeBytes" and value.isascii() and value.isdigit()
+            rec[key] = int(value) if digits else value
         for key in ("uri", "sha256"):
             if not rec.get(key):
                 raise WorkflowExecutionError(
@@ -242,6 +251,13 @@ def port_records(workflow: CompiledWorkflow, step: Step, response: Message) -> l
                     step.name,
                     f"output port '{port}' of step '{step.name}' has no {key} in the response",
                 )
+        if len(rec["uri"].encode("utf-8", "surrogatepass")) > PORT_URI_MAX_BYTES:
+            raise WorkflowExecutionError(
+                FailureKind.ARTIFACT,
+                step.name,
+                f"output port '{port}' of step '{step.name}': uri is longer than "
+                f"{PORT_URI_MAX_BYTES} bytes",
+            )
         out.append(rec)
     return out
 

@@ -734,3 +734,147 @@ def test_migrate_replace_writes_the_new_answers_port_row_in_its_own_statement(
     job = _settled(verbs, job_id)
     assert [c["name"] for c in job["checkpoints"]] == ["a", "b", "c"]
     assert services.step_calls("a") == 0
+
+
+def _sized(t: str) -> dict[str, Any]:
+    """a -> b, b with a port 'q' whose size is the response's text."""
+    size = "response.step"
+    uri = "'artifact://y/' + response.step"
+    return graph(
+        [
+            step("a", t),
+            step(
+                "b", t, reads=["a"], outputs={"q": {"uri": uri, "sha256": size, "sizeBytes": size}}
+            ),
+        ],
+        name="sized",
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["\u00b2", "99999999999999999999"],  # isdigit() but not int(); past BIGINT
+    ids=["superscript-two", "past-bigint"],
+)
+@pytest.mark.parametrize("verb", ["reconcile-step", "migrate-checkpoint"])
+def test_an_operator_answers_odd_port_size_never_fails_the_verb(verbs, services, store, text, verb):
+    # A port's sizeBytes is kept as a number only when it is one BIGINT holds; other text
+    # stays text in the entry, as for any other non-number: the answer is stored, not a 500.
+    job_id = _submit(verbs, _sized(services.target))
+    b_entry = {
+        "name": "b",
+        "skipped": False,
+        "response": {"step": "b"},
+        "artifacts": [{"port": "q", "kind": "file", "uri": "artifact://y/b", "sha256": "b"}],
+    }
+    if verb == "reconcile-step":
+        _stuck_on(store, job_id, "b", [_a_entry("a") | {"artifacts": []}])
+        body = {"jobId": job_id, "stepName": "b", "outcome": "done"}
+    else:
+        _stuck_on(store, job_id, "b", [_a_entry("a") | {"artifacts": []}, b_entry])
+        body = {"jobId": job_id, "stepName": "b", "action": "replace"}
+    done = verbs(verb, {**body, "response": {"step": text}})
+    assert done == {"ok": True, "status": "QUEUED"}, done
+    entry = store.job_get(job_id).checkpoints[-1]
+    assert entry["artifacts"][0]["sha256"] == text
+    (row,) = [r for r in store.artifact_kept(job_id) if r["sha256"] == text]
+    assert (row["port"], row["size_bytes"]) == ("q", None)
+
+
+@pytest.mark.parametrize("verb", ["reconcile-step", "migrate-checkpoint"])
+def test_an_operator_answers_port_uri_past_the_uri_index_is_invalid_input(
+    verbs, services, store, verb
+):
+    # workflow_artifact's uri index refuses an entry over ~2.7 KB: the statement failed
+    # (ProgramLimitExceeded, answered 'unavailable'). A uri over PORT_URI_MAX_BYTES is the
+    # answer's fault: invalid-input naming 'response', the run left as it was.
+    from protomolt_jobs.workflow.artifacts import PORT_URI_MAX_BYTES
+
+    job_id = _submit(verbs, _ported(services.target))
+    _stuck_on(store, job_id, "b", [_a_entry("a")])
+    before = store.job_get(job_id)
+    if verb == "reconcile-step":
+        body = {"jobId": job_id, "stepName": "b", "outcome": "done"}
+    else:
+        body = {"jobId": job_id, "stepName": "a", "action": "replace"}
+    # 3200 hex characters without repeats: the index cannot compress them below its bound
+    long = "".join(hashlib.sha256(str(i).encode()).hexdigest() for i in range(50))
+    with pytest.raises(InvalidInput) as info:
+        verbs(verb, {**body, "response": {"step": long}})
+    assert info.value.details["field"] == "response"
+    assert f"uri is longer than {PORT_URI_MAX_BYTES} bytes" in str(info.value)
+    after = store.job_get(job_id)
+    assert (after.status, after.history_seq) == ("RECOVERY_REQUIRED", before.history_seq)
+    # a uri at the bound is stored
+    step_text = long[: PORT_URI_MAX_BYTES - len("artifact://x/")]
+    done = verbs(verb, {**body, "response": {"step": step_text}})
+    assert done == {"ok": True, "status": "QUEUED"}, done
+
+
+def test_a_promote_that_loses_a_race_answers_the_state_it_lost_to(
+    verbs, services, store, fresh_dsn
+):
+    # promote-artifact reads the row verified, then its update waits on a change another
+    # operator has in flight (a retract) and finds it retracted: nothing is promoted, and the
+    # answer names the state the artifact is in now, not the verified it was read in.
+    import threading
+
+    import psycopg
+
+    job_id = _submit(verbs, _ported(services.target))
+    _stuck_on(store, job_id, "b", [_a_entry("a")])
+    body = {"jobId": job_id, "stepName": "b", "outcome": "done", "response": {"step": "b1"}}
+    assert verbs("reconcile-step", body)["ok"]
+    art = _by(verbs("list-artifacts", {"jobId": job_id})["artifacts"], "a")
+    assert art["state"] == "verified"
+    answer: dict[str, Any] = {}
+
+    def promote() -> None:
+        answer.update(
+            verbs("promote-artifact", {"artifactId": art["artifactId"], "reason": "ship it"})
+        )
+
+    # the watcher polls from its own autocommit session: pg_stat_activity is read once per
+    # transaction
+    with psycopg.connect(fresh_dsn) as other, psycopg.connect(fresh_dsn, autocommit=True) as w:
+        other.execute(
+            "UPDATE workflow_artifact SET state = 'retracted' WHERE artifact_id = %s",
+            (art["artifactId"],),
+        )
+        racer = threading.Thread(target=promote)
+        racer.start()
+
+        def waiting() -> bool | None:
+            rows = w.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND query LIKE '%%workflow_artifact%%'"
+            ).fetchone()
+            return True if rows and rows[0] else None
+
+        wait_for(waiting, timeout_s=10)
+        other.commit()
+    racer.join(10)
+    assert answer["ok"] is False and answer["changed"] is False
+    assert answer["state"] == "retracted", answer
+    assert "is retracted" in answer["error"]
+    got = verbs("get-artifact", {"artifactId": art["artifactId"]})["artifact"]
+    assert got["state"] == "retracted"
+
+
+def test_a_step_whose_port_uri_is_past_the_bound_fails_artifact(verbs, services, worker):
+    # The worker's door to the same index: a called step's port uri over the bound fails the
+    # step ARTIFACT (never retried) instead of a checkpoint statement the index refuses.
+    long = "".join(hashlib.sha256(str(i).encode()).hexdigest() for i in range(50))
+
+    def run(request, context):
+        reply = services._do_run(request, context)
+        if request.step == "a":
+            reply.step = long
+        return reply
+
+    services.set_handler("Run", run)
+    job_id = _submit(verbs, _ported(services.target))
+    worker()
+    job = _settled(verbs, job_id, status="FAILED")
+    assert job["error"].startswith("ARTIFACT: output port 'p' of step 'a': uri is longer than")
+    assert services.step_calls("a") == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import psycopg
@@ -196,3 +197,21 @@ def test_a_created_records_documents_equal_a_read_of_them(store):
     assert created.workflow_definition == read.workflow_definition
     assert created.input == {"text": "x", "t": [1, 2], "big": 10**16, "k\ufffd": "v\ufffd"}
     assert created.workflow_definition["keys"] == {"1": "one"}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [-0.0, 1e16, 1.5e-07, 1.2345678901234568e17, [-0.0, {"n": 1e16}]],
+    ids=["negative-zero", "1e16", "small-exponent", "big-exponent", "nested"],
+)
+@pytest.mark.parametrize("scrubbed", [False, True], ids=["as-is", "scrubbed"])
+def test_a_created_records_numbers_are_what_a_read_gives_in_type_and_sign(store, value, scrubbed):
+    # jsonb stores numbers as numeric: -0.0 reads back 0.0 and 1e+16 an integer. The record
+    # job_insert hands back (the caller's object, or its sent text decoded after a scrub)
+    # must print as a read of the row prints, not only compare equal to it.
+    extra = {"k\x00": "v"} if scrubbed else {}
+    new = new_job(input={"v": value, **extra}, workflow_definition={"name": "wf", "d": value})
+    created = store.job_insert(new).job
+    read = store.job_get(new.job_id)
+    assert json.dumps(created.input) == json.dumps(read.input)
+    assert json.dumps(created.workflow_definition["d"]) == json.dumps(read.workflow_definition["d"])
