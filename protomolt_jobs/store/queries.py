@@ -4,6 +4,11 @@ Each block of ``queries.sql`` opens with ``-- name: <verb_noun>`` and one
 ``-- description: ...`` line, and takes only ``%(name)s`` parameters. Store methods bear the
 name of the query they run. The values are typed :data:`typing.LiteralString` so a type
 checker flags SQL assembled from untrusted strings.
+
+A part several statements share verbatim is written once as a block opening with
+``-- fragment: <name>`` (and its description line), before its first use; a query takes it
+with a line ``-- include: <name>``, which is replaced by the fragment's lines. Fragments are
+not queries: they are in neither mapping.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from typing import LiteralString, cast
 
 __all__ = ["DESCRIPTIONS", "QUERIES", "parse_queries"]
 
-_NAME = re.compile(r"^--\s*name:\s*([a-z][a-z0-9_]*)\s*$")
+_NAME = re.compile(r"^--\s*(name|fragment):\s*([a-z][a-z0-9_]*)\s*$")
+_INCLUDE = re.compile(r"^\s*--\s*include:\s*([a-z][a-z0-9_]*)\s*$")
 _DESCRIPTION = re.compile(r"^--\s*description:\s*(.+?)\s*$")
 
 
@@ -40,39 +46,63 @@ def parse_queries(text: str) -> tuple[dict[str, LiteralString], dict[str, str]]:
         SQL without its header lines, whole-line comments, blank lines, indentation and
         trailing semicolon (:func:`_compact`).
     :raises ValueError: on a duplicate name, a block without a description line, text before
-        the first ``-- name:`` line, or an empty block; the message names the query.
+        the first ``-- name:`` line, an empty block, or an include of a fragment not defined
+        before it; the message names the query or fragment.
     """
     queries: dict[str, LiteralString] = {}
     descriptions: dict[str, str] = {}
+    fragments: dict[str, list[str]] = {}
     name: str | None = None
+    kind = "name"
+    described = False
     body: list[str] = []
 
     def flush() -> None:
         if name is None:
             return
+        what = "query" if kind == "name" else "fragment"
+        if not described:
+            raise ValueError(f"{what} {name!r} in queries.sql has no '-- description:' line")
+        if kind == "fragment":
+            if not _compact("\n".join(body)):
+                raise ValueError(f"fragment {name!r} in queries.sql has no SQL")
+            fragments[name] = list(body)
+            return
         sql = _compact("\n".join(body)).rstrip(";").strip()
         if not sql:
             raise ValueError(f"query {name!r} in queries.sql has no SQL")
-        if name not in descriptions:
-            raise ValueError(f"query {name!r} in queries.sql has no '-- description:' line")
         queries[name] = cast(LiteralString, sql)
 
     for line in text.splitlines():
         named = _NAME.match(line)
         if named:
             flush()
-            name = named.group(1)
-            if name in queries:
-                raise ValueError(f"query {name!r} is defined twice in queries.sql")
+            kind, name = named.group(1), named.group(2)
+            if name in queries or name in fragments:
+                what = "query" if kind == "name" else "fragment"
+                raise ValueError(f"{what} {name!r} is defined twice in queries.sql")
+            described = False
             body = []
             continue
         if name is None:
             if line.strip() and not line.lstrip().startswith("--"):
                 raise ValueError("queries.sql has SQL before its first '-- name:' line")
             continue
-        described = _DESCRIPTION.match(line)
-        if described and name not in descriptions:
-            descriptions[name] = described.group(1)
+        description = _DESCRIPTION.match(line)
+        if description and not described:
+            described = True
+            if kind == "name":
+                descriptions[name] = description.group(1)
+            continue
+        include = _INCLUDE.match(line)
+        if include:
+            part = fragments.get(include.group(1))
+            if part is None:
+                raise ValueError(
+                    f"query {name!r} in queries.sql includes {include.group(1)!r}, which no "
+                    "'-- fragment:' block before it defines"
+                )
+            body.extend(part)
             continue
         body.append(line)
     flush()

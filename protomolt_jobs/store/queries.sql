@@ -378,6 +378,43 @@ SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
        (SELECT count(*) FROM events) AS events
   FROM moved
 
+-- fragment: artifact_rows
+-- description: the last CTEs of a statement whose CTE "moved" holds the run's row as written (job_id): it opens with the ")" that closes the CTE before it; they upsert its artifact rows %(rows)s (a JSON array of store/artifact_rows.py's rows) into workflow_artifact, a promoted or retracted state never changed, and log each state change in workflow_artifact_transition by %(actor)s; "logged" holds one row per change.
+), wanted AS (
+    SELECT DISTINCT ON (1)
+           (r->>'artifactId')::uuid AS artifact_id,
+           m.job_id, r->>'step' AS step, (r->>'iteration')::int AS iteration,
+           r->>'port' AS port, r->>'kind' AS kind, r->>'sha256' AS sha256,
+           (r->>'sizeBytes')::bigint AS size_bytes, r->>'mediaType' AS media_type,
+           r->>'uri' AS uri, r->>'state' AS state, r->>'reason' AS reason
+      FROM moved AS m
+     CROSS JOIN jsonb_array_elements(%(rows)s::jsonb) AS r
+     ORDER BY 1, CASE r->>'state' WHEN 'promoted' THEN 0 WHEN 'verified' THEN 1 ELSE 2 END
+), prior AS (
+    SELECT a.artifact_id, a.state
+      FROM workflow_artifact AS a
+      JOIN wanted AS w ON w.artifact_id = a.artifact_id
+), upserted AS (
+    INSERT INTO workflow_artifact AS a
+        (artifact_id, job_id, step, iteration, port, kind, sha256, size_bytes, media_type,
+         uri, state)
+    SELECT artifact_id, job_id, step, iteration, port, kind, sha256, size_bytes, media_type,
+           uri, state
+      FROM wanted
+    ON CONFLICT (artifact_id) DO UPDATE
+       SET state = EXCLUDED.state
+     WHERE a.state NOT IN ('promoted', 'retracted') AND a.state <> EXCLUDED.state
+    RETURNING a.artifact_id, a.state
+), logged AS (
+    INSERT INTO workflow_artifact_transition (artifact_id, actor, from_state, to_state, reason)
+    SELECT u.artifact_id, %(actor)s,
+           COALESCE(p.state, CASE WHEN u.state <> 'draft' THEN 'draft' END), u.state, w.reason
+      FROM upserted AS u
+      JOIN wanted AS w ON w.artifact_id = u.artifact_id
+      LEFT JOIN prior AS p ON p.artifact_id = u.artifact_id
+    RETURNING 1
+)
+
 -- name: job_checkpoint_artifacts
 -- description: job_checkpoint for an entry that asks for artifact rows (store/artifact_rows.py; migration 0027): the same fenced append and events, and in the same statement the rows %(rows)s (ports and a declared receipt as draft, validated artifacts verified, consumed ones promoted) upserted into workflow_artifact, a promoted or retracted state never changed by a worker, each change logged in workflow_artifact_transition with actor 'worker:<owner>'; nothing is written when the fence matches no row.
 WITH moved AS (
@@ -407,40 +444,7 @@ WITH moved AS (
      WHERE e.event_type IS NOT NULL
      ORDER BY e.ord
     RETURNING 1
-), wanted AS (
-    SELECT DISTINCT ON (1)
-           (r->>'artifactId')::uuid AS artifact_id,
-           m.job_id, r->>'step' AS step, (r->>'iteration')::int AS iteration,
-           r->>'port' AS port, r->>'kind' AS kind, r->>'sha256' AS sha256,
-           (r->>'sizeBytes')::bigint AS size_bytes, r->>'mediaType' AS media_type,
-           r->>'uri' AS uri, r->>'state' AS state, r->>'reason' AS reason
-      FROM moved AS m
-     CROSS JOIN jsonb_array_elements(%(rows)s::jsonb) AS r
-     ORDER BY 1, CASE r->>'state' WHEN 'promoted' THEN 0 WHEN 'verified' THEN 1 ELSE 2 END
-), prior AS (
-    SELECT a.artifact_id, a.state
-      FROM workflow_artifact AS a
-      JOIN wanted AS w ON w.artifact_id = a.artifact_id
-), upserted AS (
-    INSERT INTO workflow_artifact AS a
-        (artifact_id, job_id, step, iteration, port, kind, sha256, size_bytes, media_type,
-         uri, state)
-    SELECT artifact_id, job_id, step, iteration, port, kind, sha256, size_bytes, media_type,
-           uri, state
-      FROM wanted
-    ON CONFLICT (artifact_id) DO UPDATE
-       SET state = EXCLUDED.state
-     WHERE a.state NOT IN ('promoted', 'retracted') AND a.state <> EXCLUDED.state
-    RETURNING a.artifact_id, a.state
-), logged AS (
-    INSERT INTO workflow_artifact_transition (artifact_id, actor, from_state, to_state, reason)
-    SELECT u.artifact_id, 'worker:' || %(owner)s,
-           COALESCE(p.state, CASE WHEN u.state <> 'draft' THEN 'draft' END), u.state, w.reason
-      FROM upserted AS u
-      JOIN wanted AS w ON w.artifact_id = u.artifact_id
-      LEFT JOIN prior AS p ON p.artifact_id = u.artifact_id
-    RETURNING 1
-)
+-- include: artifact_rows
 SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
        (SELECT count(*) FROM events) AS events,
        (SELECT count(*) FROM logged) AS artifact_changes
@@ -905,40 +909,7 @@ WITH moved AS (
            change_step = %(step)s
      WHERE job_id = %(job_id)s AND status = 'WAITING' AND outstanding_step = %(step)s
     RETURNING job_id, workflow_name, status, attempt, error
-), wanted AS (
-    SELECT DISTINCT ON (1)
-           (r->>'artifactId')::uuid AS artifact_id,
-           m.job_id, r->>'step' AS step, (r->>'iteration')::int AS iteration,
-           r->>'port' AS port, r->>'kind' AS kind, r->>'sha256' AS sha256,
-           (r->>'sizeBytes')::bigint AS size_bytes, r->>'mediaType' AS media_type,
-           r->>'uri' AS uri, r->>'state' AS state, r->>'reason' AS reason
-      FROM moved AS m
-     CROSS JOIN jsonb_array_elements(%(rows)s::jsonb) AS r
-     ORDER BY 1, CASE r->>'state' WHEN 'promoted' THEN 0 WHEN 'verified' THEN 1 ELSE 2 END
-), prior AS (
-    SELECT a.artifact_id, a.state
-      FROM workflow_artifact AS a
-      JOIN wanted AS w ON w.artifact_id = a.artifact_id
-), upserted AS (
-    INSERT INTO workflow_artifact AS a
-        (artifact_id, job_id, step, iteration, port, kind, sha256, size_bytes, media_type,
-         uri, state)
-    SELECT artifact_id, job_id, step, iteration, port, kind, sha256, size_bytes, media_type,
-           uri, state
-      FROM wanted
-    ON CONFLICT (artifact_id) DO UPDATE
-       SET state = EXCLUDED.state
-     WHERE a.state NOT IN ('promoted', 'retracted') AND a.state <> EXCLUDED.state
-    RETURNING a.artifact_id, a.state
-), logged AS (
-    INSERT INTO workflow_artifact_transition (artifact_id, actor, from_state, to_state, reason)
-    SELECT u.artifact_id, %(actor)s,
-           COALESCE(p.state, CASE WHEN u.state <> 'draft' THEN 'draft' END), u.state, w.reason
-      FROM upserted AS u
-      JOIN wanted AS w ON w.artifact_id = u.artifact_id
-      LEFT JOIN prior AS p ON p.artifact_id = u.artifact_id
-    RETURNING 1
-)
+-- include: artifact_rows
 SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
        (SELECT count(*) FROM logged) AS artifact_changes
   FROM moved
@@ -1542,40 +1513,7 @@ WITH moved AS (
      WHERE job_id = %(job_id)s AND status = 'RECOVERY_REQUIRED'
        AND history_seq = %(history_seq)s
     RETURNING job_id, workflow_name, status, attempt, error
-), wanted AS (
-    SELECT DISTINCT ON (1)
-           (r->>'artifactId')::uuid AS artifact_id,
-           m.job_id, r->>'step' AS step, (r->>'iteration')::int AS iteration,
-           r->>'port' AS port, r->>'kind' AS kind, r->>'sha256' AS sha256,
-           (r->>'sizeBytes')::bigint AS size_bytes, r->>'mediaType' AS media_type,
-           r->>'uri' AS uri, r->>'state' AS state, r->>'reason' AS reason
-      FROM moved AS m
-     CROSS JOIN jsonb_array_elements(%(rows)s::jsonb) AS r
-     ORDER BY 1, CASE r->>'state' WHEN 'promoted' THEN 0 WHEN 'verified' THEN 1 ELSE 2 END
-), prior AS (
-    SELECT a.artifact_id, a.state
-      FROM workflow_artifact AS a
-      JOIN wanted AS w ON w.artifact_id = a.artifact_id
-), upserted AS (
-    INSERT INTO workflow_artifact AS a
-        (artifact_id, job_id, step, iteration, port, kind, sha256, size_bytes, media_type,
-         uri, state)
-    SELECT artifact_id, job_id, step, iteration, port, kind, sha256, size_bytes, media_type,
-           uri, state
-      FROM wanted
-    ON CONFLICT (artifact_id) DO UPDATE
-       SET state = EXCLUDED.state
-     WHERE a.state NOT IN ('promoted', 'retracted') AND a.state <> EXCLUDED.state
-    RETURNING a.artifact_id, a.state
-), logged AS (
-    INSERT INTO workflow_artifact_transition (artifact_id, actor, from_state, to_state, reason)
-    SELECT u.artifact_id, %(actor)s,
-           COALESCE(p.state, CASE WHEN u.state <> 'draft' THEN 'draft' END), u.state, w.reason
-      FROM upserted AS u
-      JOIN wanted AS w ON w.artifact_id = u.artifact_id
-      LEFT JOIN prior AS p ON p.artifact_id = u.artifact_id
-    RETURNING 1
-)
+-- include: artifact_rows
 SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
        (SELECT count(*) FROM logged) AS artifact_changes
   FROM moved

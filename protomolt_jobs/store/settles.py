@@ -73,6 +73,7 @@ class SettlesMixin(db.Database):
             # its artifact rows go in with it, in the same statement (store/artifact_rows.py)
             query = "job_checkpoint_artifacts"
             params["rows"] = checks.jsonb("rows", artifact_rows(entry, lease.job_id), list)
+            params["actor"] = f"worker:{lease.owner}"
         status = self._fenced_status(query, lease, params)
         if status != "RUNNING":
             raise ControlApplied(lease.job_id, lease.owner, lease.attempt, "job_checkpoint", status)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH, MAX_CACHED_STATEMENT_PARAMS
 
 from protomolt_jobs.store.queries import QUERIES, parse_queries
@@ -60,3 +61,70 @@ def test_no_string_literal_spans_lines_so_compacting_cannot_change_one():
         if not line.lstrip().startswith("--") and line.split("--")[0].count("'") % 2
     ]
     assert open_literals == []
+
+
+def test_a_fragment_is_included_where_a_query_names_it_and_is_no_query():
+    text = """
+-- fragment: tail
+-- description: a shared tail
+), b AS (
+    SELECT 2 AS y
+)
+
+-- name: one_thing
+-- description: first
+WITH a AS (
+    SELECT 1 AS x
+-- include: tail
+SELECT x FROM a, b
+
+-- name: other_thing
+-- description: second
+WITH a AS (
+    SELECT 3 AS x
+-- include: tail
+SELECT y FROM a, b
+"""
+    queries, descriptions = parse_queries(text)
+    assert set(queries) == set(descriptions) == {"one_thing", "other_thing"}
+    assert (
+        queries["one_thing"]
+        == "WITH a AS (\nSELECT 1 AS x\n), b AS (\nSELECT 2 AS y\n)\nSELECT x FROM a, b"
+    )
+    assert queries["other_thing"].endswith("), b AS (\nSELECT 2 AS y\n)\nSELECT y FROM a, b")
+
+
+def test_an_include_of_an_unknown_or_later_fragment_is_refused_naming_both():
+    later = """
+-- name: one_thing
+-- description: first
+SELECT 1
+-- include: tail
+
+-- fragment: tail
+-- description: defined too late
+, 2
+"""
+    with pytest.raises(ValueError, match="'one_thing' in queries.sql includes 'tail'"):
+        parse_queries(later)
+    with pytest.raises(ValueError, match="fragment 'tail' in queries.sql has no '-- description:'"):
+        parse_queries("-- fragment: tail\nSELECT 1\n")
+    with pytest.raises(ValueError, match="fragment 'tail' is defined twice"):
+        parse_queries(
+            "-- fragment: tail\n-- description: a\n, 1\n-- fragment: tail\n-- description: b\n, 2\n"
+        )
+
+
+def test_the_three_artifact_statements_share_one_artifact_rows_text():
+    tails = {
+        name: QUERIES[name][QUERIES[name].index("), wanted AS (") :]
+        for name in (
+            "job_checkpoint_artifacts",
+            "job_complete_parked_artifacts",
+            "job_recover_artifacts",
+        )
+    }
+    shared = "INSERT INTO workflow_artifact_transition (artifact_id, actor, from_state, to_state, reason)\nSELECT u.artifact_id, %(actor)s,"
+    assert all(shared in t for t in tails.values())
+    bodies = {t[: t.index("RETURNING 1\n)")] for t in tails.values()}
+    assert len(bodies) == 1
