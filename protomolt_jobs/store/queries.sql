@@ -344,8 +344,8 @@ SELECT job_id, control::text AS control
   FROM workflow_run
  WHERE job_id = ANY(%(job_ids)s) AND control IS NOT NULL
 
--- name: job_checkpoint
--- description: fenced (status, lease_owner, attempt, lease_token): append one entry to checkpoints and write its STEP_CHECKPOINT event (detail.status RUNNING), then the CANCELLED/PAUSED event when the trigger applied a pending request; one statement. The second event's created_at (and so its occurred_at) is now() + 1 microsecond, so it sorts after the first by (created_at, event_id), the order a Java relay claims in.
+-- fragment: checkpoint_append
+-- description: job_checkpoint's CTEs, open at the end: "moved" (the fenced append of %(entry)s, recorded as checkpoint by worker:<owner>) and "events" (its STEP_CHECKPOINT event, then the CANCELLED/PAUSED event when the trigger applied a pending request); the statement closes "events" with ")" or goes on with artifact_rows.
 WITH moved AS (
     UPDATE workflow_run
        SET checkpoints = checkpoints || jsonb_build_array(workflow_checkpoint_stamp(%(entry)s::jsonb)),
@@ -373,6 +373,10 @@ WITH moved AS (
      WHERE e.event_type IS NOT NULL
      ORDER BY e.ord
     RETURNING 1
+
+-- name: job_checkpoint
+-- description: fenced (status, lease_owner, attempt, lease_token): append one entry to checkpoints and write its STEP_CHECKPOINT event (detail.status RUNNING), then the CANCELLED/PAUSED event when the trigger applied a pending request; one statement. The second event's created_at (and so its occurred_at) is now() + 1 microsecond, so it sorts after the first by (created_at, event_id), the order a Java relay claims in.
+-- include: checkpoint_append
 )
 SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
        (SELECT count(*) FROM events) AS events
@@ -417,33 +421,7 @@ SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
 
 -- name: job_checkpoint_artifacts
 -- description: job_checkpoint for an entry that asks for artifact rows (store/artifact_rows.py; migration 0027): the same fenced append and events, and in the same statement the rows %(rows)s (ports and a declared receipt as draft, validated artifacts verified, consumed ones promoted) upserted into workflow_artifact, a promoted or retracted state never changed by a worker, each change logged in workflow_artifact_transition with actor 'worker:<owner>'; nothing is written when the fence matches no row.
-WITH moved AS (
-    UPDATE workflow_run
-       SET checkpoints = checkpoints || jsonb_build_array(workflow_checkpoint_stamp(%(entry)s::jsonb)),
-           updated_at = now(),
-           change_kind = 'checkpoint',
-           change_actor = 'worker:' || %(owner)s,
-           change_step = %(step)s
-     WHERE job_id = %(job_id)s AND status = 'RUNNING'
-       AND lease_owner = %(owner)s AND attempt = %(attempt)s
-       AND lease_token = %(token)s
-    RETURNING job_id, workflow_name, status, attempt, error
-), events AS (
-    INSERT INTO workflow_run_events_outbox
-        (event_id, event_type, kafka_key, created_at, workflow_name, attempt, status_after,
-         step, verdict, error)
-    SELECT gen_random_uuid(), e.event_type, m.job_id::text,
-           now() + (e.ord - 1) * interval '1 microsecond', m.workflow_name, m.attempt,
-           e.status_after, %(step)s, NULL, e.error
-      FROM moved AS m
-     CROSS JOIN LATERAL (VALUES
-           (1, 'STEP_CHECKPOINT', 'RUNNING', NULL),
-           (2, CASE WHEN m.status IN ('CANCELLED', 'PAUSED') THEN m.status END, m.status,
-            CASE WHEN m.status = 'CANCELLED' THEN m.error END)
-         ) AS e (ord, event_type, status_after, error)
-     WHERE e.event_type IS NOT NULL
-     ORDER BY e.ord
-    RETURNING 1
+-- include: checkpoint_append
 -- include: artifact_rows
 SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
        (SELECT count(*) FROM events) AS events,
@@ -879,8 +857,8 @@ SELECT count(*) AS pauses
  WHERE job_id = %(job_id)s AND kind = 'budget' AND new_status = 'PAUSED'
    AND reason LIKE 'BUDGET: budget.maxCost%%'
 
--- name: job_complete_parked
--- description: append the parked step's checkpoint and requeue (WAITING -> QUEUED, attempt reset to 0; the next claim's fresh lease_token keeps earlier leases dead).
+-- fragment: parked_requeue
+-- description: job_complete_parked's UPDATE without its RETURNING: append the parked step's entry %(entry)s and requeue (WAITING -> QUEUED at that outstanding step, attempt 0), recorded as complete-step by %(actor)s.
 UPDATE workflow_run
    SET status = 'QUEUED',
        checkpoints = checkpoints || jsonb_build_array(workflow_checkpoint_stamp(%(entry)s::jsonb)),
@@ -892,22 +870,16 @@ UPDATE workflow_run
        change_actor = %(actor)s,
        change_step = %(step)s
  WHERE job_id = %(job_id)s AND status = 'WAITING' AND outstanding_step = %(step)s
+
+-- name: job_complete_parked
+-- description: append the parked step's checkpoint and requeue (WAITING -> QUEUED, attempt reset to 0; the next claim's fresh lease_token keeps earlier leases dead).
+-- include: parked_requeue
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
 -- name: job_complete_parked_artifacts
 -- description: job_complete_parked for an entry that asks for artifact rows (store/artifact_rows.py; migration 0027; a complete-step answer to a step declaring outputs, a receipt or validates): the same append and requeue, and in the same statement the rows %(rows)s upserted into workflow_artifact as job_checkpoint_artifacts does (a promoted or retracted state never changed), each change logged in workflow_artifact_transition with the caller as actor.
 WITH moved AS (
-    UPDATE workflow_run
-       SET status = 'QUEUED',
-           checkpoints = checkpoints || jsonb_build_array(workflow_checkpoint_stamp(%(entry)s::jsonb)),
-           outstanding_step = NULL,
-           attempt = 0,
-           run_after = now(),
-           updated_at = now(),
-           change_kind = 'complete-step',
-           change_actor = %(actor)s,
-           change_step = %(step)s
-     WHERE job_id = %(job_id)s AND status = 'WAITING' AND outstanding_step = %(step)s
+-- include: parked_requeue
     RETURNING job_id, workflow_name, status, attempt, error
 -- include: artifact_rows
 SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,
@@ -1467,8 +1439,8 @@ UPDATE workflow_run
    AND lease_token = %(token)s
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
--- name: job_recover
--- description: reconcile-step / migrate-checkpoint: a RECOVERY_REQUIRED run at the history_seq the caller read -> QUEUED now, attempt 0, with the caller's checkpoints and intents (entries stamped with the database's time where fingerprinted), error and outstanding_step cleared; the change is recorded with its kind and actor.
+-- fragment: recovery_requeue
+-- description: job_recover's UPDATE without its RETURNING: a RECOVERY_REQUIRED run at %(history_seq)s -> QUEUED with the caller's checkpoints and intents, recorded with %(kind)s and %(actor)s.
 UPDATE workflow_run
    SET status = 'QUEUED',
        checkpoints = (SELECT coalesce(jsonb_agg(CASE WHEN e ? 'at' THEN e
@@ -1488,30 +1460,16 @@ UPDATE workflow_run
        change_step = %(step)s
  WHERE job_id = %(job_id)s AND status = 'RECOVERY_REQUIRED'
    AND history_seq = %(history_seq)s
+
+-- name: job_recover
+-- description: reconcile-step / migrate-checkpoint: a RECOVERY_REQUIRED run at the history_seq the caller read -> QUEUED now, attempt 0, with the caller's checkpoints and intents (entries stamped with the database's time where fingerprinted), error and outstanding_step cleared; the change is recorded with its kind and actor.
+-- include: recovery_requeue
 RETURNING job_id, workflow_name, status, attempt, error, now() AS tx_now
 
 -- name: job_recover_artifacts
 -- description: job_recover for an operator's answer that asks for artifact rows (store/artifact_rows.py; migration 0027; reconcile-step done or migrate-checkpoint replace of a step declaring outputs, a receipt or validates): the same optimistic move to QUEUED with the caller's checkpoints and intents, and in the same statement the rows %(rows)s upserted into workflow_artifact as job_complete_parked_artifacts does (a promoted or retracted state never changed), each change logged in workflow_artifact_transition with the caller as actor; nothing is written when the row is no longer RECOVERY_REQUIRED at that history_seq.
 WITH moved AS (
-    UPDATE workflow_run
-       SET status = 'QUEUED',
-           checkpoints = (SELECT coalesce(jsonb_agg(CASE WHEN e ? 'at' THEN e
-                                                         ELSE workflow_checkpoint_stamp(e) END
-                                                    ORDER BY n), '[]'::jsonb)
-                            FROM jsonb_array_elements(%(checkpoints)s::jsonb)
-                                 WITH ORDINALITY AS x (e, n)),
-           effect_intents = %(intents)s::jsonb,
-           attempt = 0,
-           run_after = now(),
-           error = NULL,
-           outstanding_step = NULL,
-           updated_at = now(),
-           change_kind = %(kind)s,
-           change_actor = %(actor)s,
-           change_reason = %(reason)s,
-           change_step = %(step)s
-     WHERE job_id = %(job_id)s AND status = 'RECOVERY_REQUIRED'
-       AND history_seq = %(history_seq)s
+-- include: recovery_requeue
     RETURNING job_id, workflow_name, status, attempt, error
 -- include: artifact_rows
 SELECT job_id, workflow_name, status, attempt, error, now() AS tx_now,

@@ -128,3 +128,14 @@ def test_the_three_artifact_statements_share_one_artifact_rows_text():
     assert all(shared in t for t in tails.values())
     bodies = {t[: t.index("RETURNING 1\n)")] for t in tails.values()}
     assert len(bodies) == 1
+
+
+def test_each_artifact_statement_writes_its_base_statements_row_change_verbatim():
+    # The base's change (without its own RETURNING / final SELECT) is the variant's "moved".
+    for base in ("job_checkpoint", "job_complete_parked", "job_recover"):
+        text = QUERIES[base]
+        cut = (
+            text.index("\nSELECT job_id") if base == "job_checkpoint" else text.index("\nRETURNING")
+        )
+        change = text[:cut].rstrip(")").rstrip()
+        assert change in QUERIES[base + "_artifacts"], base
