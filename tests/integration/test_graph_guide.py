@@ -6,13 +6,8 @@ servers on loopback (every ``host:port`` target of the doc pointed at them)."""
 from __future__ import annotations
 
 import base64
-import importlib.resources
 import json
-import subprocess
-import sys
-import tempfile
 from concurrent import futures
-from pathlib import Path
 
 import grpc
 import pytest
@@ -26,7 +21,7 @@ from protomolt_jobs.workflow import (
     parse_workflow,
     run_segment,
 )
-from tests.support.guides import DOCS, doc_blocks
+from tests.support.guides import DOCS, compile_protos, doc_blocks
 
 GUIDE = DOCS / "workflows.md"
 
@@ -50,34 +45,9 @@ def blocks() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def descriptor_set(blocks) -> bytes:
-    with tempfile.TemporaryDirectory() as tmp:
-        files = []
-        for directive, body in blocks.items():
-            if directive.startswith("proto "):
-                path = Path(tmp) / directive.split(" ", 1)[1]
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(body, encoding="utf-8")
-                files.append(directive.split(" ", 1)[1])
-        out = Path(tmp) / "site.pb"
-        wkt = importlib.resources.files("grpc_tools") / "_proto"
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "grpc_tools.protoc",
-                f"-I{tmp}",
-                f"-I{wkt}",
-                "--include_imports",
-                f"--descriptor_set_out={out}",
-                *files,
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            cwd=tmp,
-        )
-        assert proc.returncode == 0, proc.stderr
-        return out.read_bytes()
+    return compile_protos(
+        {d.split(" ", 1)[1]: body for d, body in blocks.items() if d.startswith("proto ")}
+    )
 
 
 class SiteServer:

@@ -48,15 +48,21 @@ def doc_blocks(guide: Path, marker: str, *, tables: bool = False) -> dict[str, s
 
 
 def compile_proto(proto_path: str, text: str) -> bytes:
-    """The serialized ``FileDescriptorSet`` (imports included) of one proto file's ``text``
-    placed at ``proto_path``; the well-known types come from ``grpc_tools``.
+    """:func:`compile_protos` of one file ``text`` placed at ``proto_path``."""
+    return compile_protos({proto_path: text})
 
-    :raises AssertionError: protoc refused the file (its stderr is the message).
+
+def compile_protos(files: dict[str, str]) -> bytes:
+    """The serialized ``FileDescriptorSet`` (imports included) of proto files given as
+    ``{path: text}``; the well-known types come from ``grpc_tools``.
+
+    :raises AssertionError: protoc refused a file (its stderr is the message).
     """
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / proto_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        for proto_path, text in files.items():
+            path = Path(tmp) / proto_path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
         out = Path(tmp) / "set.pb"
         wkt = importlib.resources.files("grpc_tools") / "_proto"
         proc = subprocess.run(
@@ -68,7 +74,7 @@ def compile_proto(proto_path: str, text: str) -> bytes:
                 f"-I{wkt}",
                 "--include_imports",
                 f"--descriptor_set_out={out}",
-                proto_path,
+                *files,
             ],
             capture_output=True,
             text=True,
